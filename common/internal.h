@@ -1,0 +1,55 @@
+/* kiln — helpers shared by every layer: error recording, checked arithmetic,
+ * hashing, time. Not API. */
+#ifndef KILN_COMMON_INTERNAL_H
+#define KILN_COMMON_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/status.h"
+
+#define KILN__ERRSLOT_CAP 4096
+
+/* The detailed message an object owns. Writes are serialized; the text stays
+ * readable (never freed) for the object's lifetime. */
+typedef struct kiln__errslot {
+    pthread_mutex_t lock;
+    char msg[KILN__ERRSLOT_CAP];
+} kiln__errslot;
+
+void kiln__errslot_init(kiln__errslot *slot);
+void kiln__errslot_destroy(kiln__errslot *slot);
+
+/* Records a failure: formats the message into the calling thread's last
+ * message and, when slot is not NULL, into slot. Returns st. */
+kiln_status kiln__fail(kiln__errslot *slot, kiln_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+kiln_status kiln__vfail(kiln__errslot *slot, kiln_status st, const char *fmt, va_list ap);
+/* Copies the calling thread's last message into slot (a failure passed up). */
+kiln_status kiln__propagate(kiln__errslot *slot, kiln_status st);
+
+static inline int kiln__add_overflows(size_t a, size_t b, size_t *r) { return __builtin_add_overflow(a, b, r); }
+static inline int kiln__mul_overflows(size_t a, size_t b, size_t *r) { return __builtin_mul_overflow(a, b, r); }
+
+/* SHA-256 of one buffer (OpenSSL libcrypto). 0 on success. */
+int kiln__sha256(const void *data, size_t len, uint8_t out[32]);
+
+/* An incremental SHA-256 over length-prefixed parts: each part is hashed as
+ * its 8-byte little-endian length, then its bytes, so that no two different
+ * part lists can give the same stream. */
+typedef struct kiln__hasher kiln__hasher;
+kiln__hasher *kiln__hasher_new(void);
+void kiln__hasher_part(kiln__hasher *h, const void *data, size_t len);
+void kiln__hasher_str(kiln__hasher *h, const char *s);
+int kiln__hasher_final(kiln__hasher *h, uint8_t out[32]); /* frees h */
+void kiln__hasher_free(kiln__hasher *h);
+
+/* Monotonic seconds. */
+double kiln__now(void);
+
+/* strdup that reports failure instead of aborting; NULL in, NULL out. */
+char *kiln__strdup(const char *s);
+
+#endif

@@ -1,0 +1,130 @@
+/* kiln — the cubin database.
+ *
+ * One SQLite file holds one row per compiled kernel, keyed by the kernel's
+ * fingerprint (32 bytes of SHA-256, see jit.h): the zstd-compressed cubin, its
+ * raw size and SHA-256 checksum, the template id, the specialization constants,
+ * the architecture, the NVRTC version, the kernel entry names, created and
+ * last-used times and a hit count. Every load verifies size and checksum; a
+ * row that fails (flipped bytes, a truncated blob, a wrong size, a blob zstd
+ * cannot decode) is reported as a miss, dropped from the database and counted
+ * (kiln_cache_counters.corrupt_dropped, and the on_event callback).
+ *
+ * Threading: one kiln_cache may be used from several threads at once (the
+ * connection is serialized inside); several processes may share one file
+ * (WAL journal, a busy timeout, short write transactions).
+ */
+#ifndef KILN_CACHE_H
+#define KILN_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_FINGERPRINT_SIZE 32
+/* The schema this library reads and writes (PRAGMA user_version). */
+#define KILN_CACHE_SCHEMA_VERSION 1
+
+typedef struct kiln_cache kiln_cache;
+
+typedef enum kiln_cache_event_kind {
+    KILN_CACHE_EVENT_CORRUPT_DROPPED = 1 /* a row failed verification and was dropped */
+} kiln_cache_event_kind;
+
+typedef struct kiln_cache_event {
+    kiln_cache_event_kind kind;
+    uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
+    const char *detail; /* what failed, with the values; valid during the callback */
+} kiln_cache_event;
+
+typedef struct kiln_cache_options {
+    uint32_t size;           /* sizeof(kiln_cache_options), or 0 */
+    const char *path;        /* NULL: kiln_cache_default_path() */
+    int read_only;           /* open without writing (a shipped database) */
+    int busy_timeout_ms;     /* 0: 10000 */
+    /* Called (on the thread that found it) for each event; may be NULL. */
+    void (*on_event)(void *user, const kiln_cache_event *event);
+    void *user;
+} kiln_cache_options;
+
+/* One row, as handed to kiln_cache_put (the cache copies every field). */
+typedef struct kiln_cache_record {
+    uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
+    const char *template_id;
+    const char *constants;   /* canonical "NAME=value;..." text */
+    const char *arch;        /* "sm_90" */
+    int nvrtc_major, nvrtc_minor;
+    const char *entries;     /* kernel entry names, separated by ',' */
+    const void *cubin;
+    size_t cubin_size;
+} kiln_cache_record;
+
+/* One row's description, as listed by kiln_cache_foreach. */
+typedef struct kiln_cache_entry_info {
+    uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
+    const char *template_id, *constants, *arch, *entries;
+    int nvrtc_major, nvrtc_minor;
+    uint64_t raw_size, stored_size, hits;
+    int64_t created, last_used; /* seconds since the epoch */
+} kiln_cache_entry_info;
+
+typedef struct kiln_cache_stats {
+    uint64_t entries, raw_bytes, stored_bytes;
+} kiln_cache_stats;
+
+/* What this handle has done since it was opened. */
+typedef struct kiln_cache_counters {
+    uint64_t hits, misses, inserts, corrupt_dropped;
+} kiln_cache_counters;
+
+/* Resolves the default database path into buf: $KILN_CACHE_DIR/kernels.db,
+ * else $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db.
+ * KILN_ERR_INVALID_ARGUMENT when buf is too small or no variable is set. */
+KILN_API kiln_status kiln_cache_default_path(char *buf, size_t cap);
+
+/* Opens (creating the file and its folder when writable) the database.
+ * KILN_ERR_CACHE_IO: the file cannot be opened or created;
+ * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema;
+ * KILN_ERR_HOST_OUT_OF_MEMORY. On failure *out is NULL and kiln_errmsg() says why. */
+KILN_API kiln_status kiln_cache_open(const kiln_cache_options *opts, kiln_cache **out);
+/* Flushes pending hit counts and closes. NULL is a no-op. */
+KILN_API void kiln_cache_close(kiln_cache *cache);
+KILN_API const char *kiln_cache_path(const kiln_cache *cache);
+KILN_API const char *kiln_cache_errmsg(const kiln_cache *cache);
+
+/* Looks a fingerprint up. On a verified hit *found = 1 and *cubin (freed with
+ * kiln_free) holds the raw cubin of *size bytes; on a miss or a dropped
+ * corrupt row *found = 0. KILN_ERR_CACHE_IO / KILN_ERR_CACHE_BUSY when SQLite fails. */
+KILN_API kiln_status kiln_cache_get(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                    void **cubin, size_t *size, int *found);
+/* Whether a row exists for the fingerprint (no verification, no hit counted). */
+KILN_API kiln_status kiln_cache_contains(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                         int *found);
+/* Stores a row in one transaction; an existing row is kept as it is.
+ * KILN_ERR_INVALID_ARGUMENT (read-only cache, empty cubin, missing text),
+ * KILN_ERR_CACHE_IO, KILN_ERR_CACHE_BUSY. */
+KILN_API kiln_status kiln_cache_put(kiln_cache *cache, const kiln_cache_record *record);
+/* Calls fn for each row in fingerprint order; fn returning nonzero stops. */
+KILN_API kiln_status kiln_cache_foreach(kiln_cache *cache,
+                                        int (*fn)(void *user, const kiln_cache_entry_info *info), void *user);
+KILN_API kiln_status kiln_cache_get_stats(kiln_cache *cache, kiln_cache_stats *out);
+KILN_API void kiln_cache_get_counters(const kiln_cache *cache, kiln_cache_counters *out);
+/* Writes the hit counts and last-used times gathered in memory (also done by close). */
+KILN_API kiln_status kiln_cache_flush(kiln_cache *cache);
+
+/* The fingerprint as 64 lowercase hex digits and a NUL. */
+KILN_API void kiln_fingerprint_hex(const uint8_t fp[KILN_FINGERPRINT_SIZE], char out[2 * KILN_FINGERPRINT_SIZE + 1]);
+/* Parses 64 hex digits; KILN_ERR_INVALID_ARGUMENT otherwise. */
+KILN_API kiln_status kiln_fingerprint_parse(const char *hex, uint8_t out[KILN_FINGERPRINT_SIZE]);
+
+/* Frees memory that kiln handed out. NULL is a no-op. */
+KILN_API void kiln_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,59 @@
+/* kiln — model configurations and the specializations they need.
+ *
+ * A model config carries the sizes that kernels are specialized on. It comes
+ * from a Hugging Face config.json or from the built-in default (Llama-3-8B).
+ * kiln_model_specializations lists every kernel specialization the providers
+ * will ask for on that model: what `kiln prewarm` compiles.
+ */
+#ifndef KILN_MODEL_H
+#define KILN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Limits a config must respect; beyond them a size is absurd, not a model. */
+#define KILN_MODEL_MAX_VOCAB 16777216    /* 2^24 */
+#define KILN_MODEL_MAX_HIDDEN 65536
+#define KILN_MODEL_MAX_INTERMEDIATE 262144
+#define KILN_MODEL_MAX_HEADS 1024
+#define KILN_MODEL_MAX_HEAD_DIM 1024
+
+typedef struct kiln_model_config {
+    char name[64];                 /* "llama-3-8b" for the default, else "config" */
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_attention_heads;
+    int64_t num_key_value_heads;   /* num_attention_heads when the file has none */
+    int64_t head_dim;              /* hidden_size / num_attention_heads when absent */
+    double rms_norm_eps;
+    double rope_theta;
+    int tie_word_embeddings;
+} kiln_model_config;
+
+/* The built-in default shape: Llama-3-8B. */
+KILN_API void kiln_model_config_default(kiln_model_config *out);
+/* Parses a config.json held in memory (len bytes, no NUL needed).
+ * KILN_ERR_CONFIG names the field and the value that is wrong (not JSON, a
+ * missing field, a zero, negative, fractional or absurd size, heads that do
+ * not divide); KILN_ERR_HOST_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out);
+/* Reads and parses a file: KILN_ERR_IO when it cannot be read, else as parse. */
+KILN_API kiln_status kiln_model_config_load(const char *path, kiln_model_config *out);
+
+/* Lists the specializations a model needs, deduplicated, in a stable order.
+ * *specs is freed with kiln_free. */
+KILN_API kiln_status kiln_model_specializations(const kiln_model_config *config, kiln_spec **specs,
+                                                size_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,63 @@
+/* kiln — operations (providers).
+ *
+ * Each operation validates its invocation against its contract (bindings,
+ * element types, dimensions) and fails with KILN_ERR_RUNTIME_CONTRACT naming
+ * the binding, the expected and the actual value; then it acquires its
+ * specialized kernel through the jit (compiled at most once, ever, thanks to
+ * the cache database) and enqueues it on the jit's runtime.
+ */
+#ifndef KILN_OPS_H
+#define KILN_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/runtime.h"
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_dtype {
+    KILN_DTYPE_F16 = 1,
+    KILN_DTYPE_F32 = 2,
+    KILN_DTYPE_U32 = 3,
+    KILN_DTYPE_U8 = 4,
+    KILN_DTYPE_BF16 = 5,
+    KILN_DTYPE_I32 = 6
+} kiln_dtype;
+
+KILN_API const char *kiln_dtype_name(kiln_dtype t);
+KILN_API size_t kiln_dtype_size(kiln_dtype t);
+
+#define KILN_TENSOR_MAX_RANK 4
+
+/* A view of a buffer: dense, row-major, starting offset bytes in. */
+typedef struct kiln_tensor {
+    kiln_buffer *buffer; /* borrowed */
+    size_t offset;
+    kiln_dtype dtype;
+    uint32_t rank;
+    int64_t dims[KILN_TENSOR_MAX_RANK];
+} kiln_tensor;
+
+/* Token embedding: out[t, :] = table[ids[t], :].
+ *   table f16 [vocab, hidden], ids u32 [tokens], out f16 [tokens, hidden].
+ * Specialized on hidden and vocab. Any number of tokens (launches are chunked
+ * at 65535 tokens). A token id at or past vocab is never read: its output row
+ * is zeroed and the next kiln_runtime_synchronize returns
+ * KILN_ERR_DEVICE_CONTRACT with the first such index and id. Enqueued on the
+ * jit's runtime; needs one (KILN_ERR_NO_DEVICE offline). */
+KILN_API kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
+                                             const kiln_tensor *out);
+
+/* The specialization kiln_op_token_embedding uses for these sizes when every
+ * row is 16-byte aligned (the case buffers from kiln_buffer_create give). */
+KILN_API kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden, int vector_width, kiln_spec *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,83 @@
+/* Contract checks shared by every provider. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "providers/internal.h"
+
+const char *kiln_dtype_name(kiln_dtype t)
+{
+    switch (t) {
+    case KILN_DTYPE_F16: return "f16";
+    case KILN_DTYPE_F32: return "f32";
+    case KILN_DTYPE_U32: return "u32";
+    case KILN_DTYPE_U8: return "u8";
+    case KILN_DTYPE_BF16: return "bf16";
+    case KILN_DTYPE_I32: return "i32";
+    }
+    return "unknown";
+}
+
+size_t kiln_dtype_size(kiln_dtype t)
+{
+    switch (t) {
+    case KILN_DTYPE_F16:
+    case KILN_DTYPE_BF16: return 2;
+    case KILN_DTYPE_F32:
+    case KILN_DTYPE_U32:
+    case KILN_DTYPE_I32: return 4;
+    case KILN_DTYPE_U8: return 1;
+    }
+    return 0;
+}
+
+static void dims_text(const kiln_tensor *t, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t i = 0; i < t->rank && i < KILN_TENSOR_MAX_RANK && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%" PRId64, i ? ", " : "", t->dims[i]);
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
+kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
+                               kiln_runtime *rt, kiln_dtype dtype, uint32_t rank, const int64_t *want,
+                               size_t *bytes)
+{
+    char dims[128];
+    if (!t || !t->buffer)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s has no buffer", op, binding);
+    if (kiln__buffer_runtime(t->buffer) != rt)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s belongs to another runtime", op, binding);
+    if (t->dtype != dtype)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s must be %s, got %s", op, binding,
+                          kiln_dtype_name(dtype), kiln_dtype_name(t->dtype));
+    if (t->rank != rank)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s must have rank %u, got %u", op, binding,
+                          rank, t->rank);
+    dims_text(t, dims, sizeof dims);
+    size_t n = kiln_dtype_size(dtype);
+    for (uint32_t i = 0; i < rank; i++) {
+        if (t->dims[i] <= 0 || (want && want[i] >= 0 && t->dims[i] != want[i]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              "%s: binding %s has dims %s; dim %u must be %s%" PRId64, op, binding, dims, i,
+                              want && want[i] >= 0 ? "" : "> 0, got ", want && want[i] >= 0 ? want[i] : t->dims[i]);
+        if (kiln__mul_overflows(n, (size_t)t->dims[i], &n))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s dims %s overflow", op, binding, dims);
+    }
+    size_t end, size = kiln_buffer_size(t->buffer);
+    if (kiln__add_overflows(t->offset, n, &end) || end > size)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: binding %s %s at offset %zu needs %zu bytes; the buffer has %zu", op, binding, dims,
+                          t->offset, n, size);
+    if (t->offset % kiln_dtype_size(dtype))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s offset %zu is not a multiple of %zu", op,
+                          binding, t->offset, kiln_dtype_size(dtype));
+    *bytes = n;
+    return KILN_OK;
+}
+
+int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes)
+{
+    return a->buffer == b->buffer && a->offset < b->offset + b_bytes && b->offset < a->offset + a_bytes;
+}

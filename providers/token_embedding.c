@@ -1,0 +1,92 @@
+/* Token embedding: out[t, :] = table[ids[t], :]. */
+#include <stdio.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/internal.h"
+
+#define OP "token_embedding"
+/* The seed launches at most 65535 blocks per launch; so does kiln. */
+#define MAX_TOKENS_PER_LAUNCH 65535u
+
+/* About four vectors per thread, a whole number of warps, 32..256 threads. */
+static int64_t threads_for(int64_t hidden, int vec)
+{
+    int64_t vecs = hidden / vec, t = ((vecs + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 256 ? 256 : t;
+}
+
+kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden, int vec, kiln_spec *out)
+{
+    if (vocab < 1 || vocab > KILN_MODEL_MAX_VOCAB || hidden < 1 || hidden > KILN_MODEL_MAX_HIDDEN ||
+        (vec != 1 && vec != 8) || hidden % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": vocab %lld (1..%d), hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
+                          (long long)vocab, KILN_MODEL_MAX_VOCAB, (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+        (st = kiln_spec_set(out, "VOCAB", vocab)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    kiln_spec spec;
+    /* Buffers from kiln_buffer_create are aligned, so encode takes the vector path when hidden allows it. */
+    kiln_status st = kiln_op_token_embedding_spec(cfg->vocab_size, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8,
+                                                  &spec);
+    return st ? st : sink(user, &spec);
+}
+
+kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
+                                    const kiln_tensor *out)
+{
+    if (!jit)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit is NULL");
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t table_bytes, ids_bytes, out_bytes;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "table", table, rt, KILN_DTYPE_F16, 2, NULL, &table_bytes)))
+        return st;
+    int64_t vocab = table->dims[0], hidden = table->dims[1];
+    if ((st = kiln__check_tensor(err, OP, "ids", ids, rt, KILN_DTYPE_U32, 1, NULL, &ids_bytes)))
+        return st;
+    int64_t tokens = ids->dims[0];
+    const int64_t want_out[2] = {tokens, hidden};
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_out, &out_bytes)))
+        return st;
+    if (tokens > UINT32_MAX)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": %lld tokens; at most %u", (long long)tokens,
+                          UINT32_MAX);
+    if (kiln__tensors_overlap(out, out_bytes, table, table_bytes) ||
+        kiln__tensors_overlap(out, out_bytes, ids, ids_bytes))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": out overlaps %s",
+                          kiln__tensors_overlap(out, out_bytes, table, table_bytes) ? "table" : "ids");
+    CUdeviceptr p_table = kiln__buffer_ptr(table->buffer) + table->offset;
+    CUdeviceptr p_ids = kiln__buffer_ptr(ids->buffer) + ids->offset;
+    CUdeviceptr p_out = kiln__buffer_ptr(out->buffer) + out->offset;
+    int vec = (hidden % 8 == 0 && p_table % 16 == 0 && p_out % 16 == 0) ? 8 : 1;
+    kiln_spec spec;
+    if ((st = kiln_op_token_embedding_spec(vocab, hidden, vec, &spec)))
+        return kiln__propagate(err, st);
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    unsigned threads = (unsigned)threads_for(hidden, vec);
+    CUdeviceptr fault = kiln__runtime_fault(rt);
+    for (uint64_t base = 0; base < (uint64_t)tokens; base += MAX_TOKENS_PER_LAUNCH) {
+        uint64_t n = (uint64_t)tokens - base;
+        unsigned grid = n > MAX_TOKENS_PER_LAUNCH ? MAX_TOKENS_PER_LAUNCH : (unsigned)n;
+        unsigned token_base = (unsigned)base;
+        void *args[] = {&p_table, &p_ids, &p_out, &token_base, &fault};
+        if ((st = kiln__runtime_launch(rt, (CUfunction)fn, grid, threads, 0, args)))
+            return st;
+    }
+    return KILN_OK;
+}

@@ -1,0 +1,59 @@
+// kiln's own prelude for every template: what the kernels need, without any
+// toolkit header (a deployment may ship libnvrtc without them, and including
+// cuda_fp16.h costs compile time). Its bytes are part of every fingerprint.
+#pragma once
+
+typedef unsigned short kiln_f16;   // IEEE half, stored as its 16 bits
+typedef unsigned int kiln_u32;
+typedef unsigned long long kiln_u64;
+
+struct __align__(16) kiln_u32x4 { kiln_u32 x, y, z, w; };
+
+__device__ __forceinline__ float kiln_f16_to_f32(kiln_f16 h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ kiln_f16 kiln_f32_to_f16(float f)
+{
+    kiln_f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// 16-byte load through the read-only path; p must be 16-byte aligned.
+__device__ __forceinline__ kiln_u32x4 kiln_ldg16(const void *p)
+{
+    kiln_u32x4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void kiln_stg16(void *p, kiln_u32x4 v)
+{
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// The device fault record (common/fault.h restated): a kernel that finds bad
+// data reports it here and touches nothing it must not.
+struct kiln_fault {
+    kiln_u32 code;
+    kiln_u32 pad;
+    kiln_u64 first;  // min of (index << 32 | value): the lowest index wins
+    kiln_u64 limit;
+};
+
+#define KILN_FAULT_TOKEN_ID 1u
+
+__device__ __forceinline__ void kiln_report_fault(kiln_fault *f, kiln_u32 code, kiln_u32 index, kiln_u32 value,
+                                                  kiln_u64 limit)
+{
+    atomicMin(&f->first, ((kiln_u64)index << 32) | value);
+    f->limit = limit;
+    atomicExch(&f->code, code);
+}
