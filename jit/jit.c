@@ -285,8 +285,12 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         kiln_cache_counters cc;
         kiln_cache_get_counters(j->cache, &cc);
         dropped_before = cc.corrupt_dropped;
-        st = load ? kiln_cache_get(j->cache, e->fingerprint, &cubin, &size, &found)
-                  : kiln_cache_contains(j->cache, e->fingerprint, &found);
+        /* Verified even when only preparing: prewarm must not count a corrupt row as cached. */
+        st = kiln_cache_get(j->cache, e->fingerprint, &cubin, &size, &found);
+        if (!st && found && !load) {
+            free(cubin);
+            cubin = NULL;
+        }
         kiln_cache_get_counters(j->cache, &cc);
         dropped_after = cc.corrupt_dropped;
         pthread_mutex_lock(&j->lock);

@@ -1,0 +1,299 @@
+/* kiln prewarm: compile every kernel a model needs into the cache database. */
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define CMD "prewarm"
+#define DEFAULT_ARCH "sm_90"
+#define MAX_JOBS 256
+/* Characters of the fingerprint shown per kernel (ls shows all 64). */
+#define FP_SHORT 16
+/* What kiln_spec_constants_text can need for a full spec. */
+#define CONSTANTS_TEXT_MAX (KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24))
+
+static const char help_text[] =
+    "usage: kiln prewarm [--model CONFIG.json] [--arch ARCH] [--db PATH] [-j N]\n"
+    "\n"
+    "Compiles every kernel specialization the model needs for ARCH and stores\n"
+    "the cubins in the cache database; kernels already there are not compiled\n"
+    "again. Needs no GPU.\n"
+    "\n"
+    "options:\n"
+    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
+    "                           Llama-3-8B shape)\n"
+    "  -a, --arch ARCH          target architecture, sm_XY[a|f] (default: " DEFAULT_ARCH ")\n"
+    "  -d, --db PATH            the database to fill (default: $KILN_CACHE_DIR/kernels.db,\n"
+    "                           else $XDG_CACHE_HOME/kiln/kernels.db, else\n"
+    "                           $HOME/.cache/kiln/kernels.db); created when missing\n"
+    "  -j, --jobs N             compile with N threads, 1..256 (default: the number\n"
+    "                           of online CPUs)\n"
+    "  -h, --help               print this help and exit\n"
+    "\n"
+    "output: one line per specialization, in order,\n"
+    "  <template id> <constants> compiled|cached|failed <fingerprint prefix>\n"
+    "then one summary line,\n"
+    "  summary: model <name> (vocab_size V, hidden_size H, intermediate_size I,\n"
+    "  num_attention_heads A, num_key_value_heads K, head_dim D), arch <arch>:\n"
+    "  <N> specializations, <C> compiled, <R> already cached, <F> failed,\n"
+    "  <S> s, database <path>\n"
+    "(on one line).\n"
+    "\n"
+    "The config and the architecture are checked before the database is opened:\n"
+    "when either is bad, the database is neither created nor changed.\n"
+    "\n"
+    "exit status: 0 every kernel is in the database; 1 a bad config (the message\n"
+    "names the field and its value), a bad architecture, a database error or a\n"
+    "failed compile; 2 a usage error (unknown option, -j out of range).\n";
+
+typedef struct spec_result {
+    int done;      /* finished, successfully or not */
+    int compiled;  /* this run compiled it (else it was already cached) */
+    kiln_status st;
+    char *error;   /* the library's message when st != KILN_OK; may be NULL on OOM */
+    char fingerprint[2 * KILN_FINGERPRINT_SIZE + 1];
+} spec_result;
+
+/* Shared by the workers; lock guards next, printed and every result's done flag. */
+typedef struct prewarm_run {
+    kiln_jit *jit;
+    const kiln_spec *specs;
+    size_t n;
+    spec_result *results;
+    pthread_mutex_t lock;
+    size_t next;    /* the next spec to hand out */
+    size_t printed; /* specs [0, printed) have been reported */
+} prewarm_run;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void prepare_one(prewarm_run *r, size_t i)
+{
+    spec_result *res = &r->results[i];
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    int compiled = 0;
+    kiln_status st = kiln_jit_prepare(r->jit, &r->specs[i], &compiled);
+    if (st == KILN_OK)
+        st = kiln_jit_fingerprint(r->jit, &r->specs[i], fp);
+    res->st = st;
+    res->compiled = compiled;
+    if (st == KILN_OK) {
+        kiln_fingerprint_hex(fp, res->fingerprint);
+    } else {
+        /* kiln_errmsg() is per thread: copy it while still on this one. */
+        res->error = strdup(kiln_errmsg());
+    }
+}
+
+/* Reports the finished specs that follow the last reported one, so lines come
+ * out in spec order whatever order the workers finish in. */
+static void report_locked(prewarm_run *r)
+{
+    while (r->printed < r->n && r->results[r->printed].done) {
+        size_t i = r->printed++;
+        const spec_result *res = &r->results[i];
+        char consts[CONSTANTS_TEXT_MAX];
+        if (kiln_spec_constants_text(&r->specs[i], consts, sizeof consts) != KILN_OK)
+            snprintf(consts, sizeof consts, "?");
+        if (res->st == KILN_OK) {
+            printf("%s %s %s %.*s\n", r->specs[i].template_id, consts, res->compiled ? "compiled" : "cached",
+                   FP_SHORT, res->fingerprint);
+        } else {
+            printf("%s %s failed -\n", r->specs[i].template_id, consts);
+            fprintf(stderr, "kiln " CMD ": %s %s: %s: %s\n", r->specs[i].template_id, consts,
+                    kiln_status_code(res->st), res->error && *res->error ? res->error : kiln_status_string(res->st));
+        }
+        fflush(stdout);
+    }
+}
+
+static void *worker(void *arg)
+{
+    prewarm_run *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        if (r->next >= r->n) {
+            pthread_mutex_unlock(&r->lock);
+            return NULL;
+        }
+        size_t i = r->next++;
+        pthread_mutex_unlock(&r->lock);
+
+        prepare_one(r, i);
+
+        pthread_mutex_lock(&r->lock);
+        r->results[i].done = 1;
+        report_locked(r);
+        pthread_mutex_unlock(&r->lock);
+    }
+}
+
+/* Runs the specs on up to jobs threads; the calling thread works too. */
+static void run_all(prewarm_run *r, long jobs)
+{
+    size_t n_threads = (size_t)jobs < r->n ? (size_t)jobs : r->n;
+    pthread_t *threads = NULL;
+    size_t started = 0;
+    if (n_threads > 1) {
+        threads = calloc(n_threads - 1, sizeof *threads);
+        /* Fewer threads (even none) still finish the work: the caller is one. */
+        for (size_t t = 0; threads && t < n_threads - 1; t++) {
+            if (pthread_create(&threads[t], NULL, worker, r) != 0)
+                break;
+            started++;
+        }
+    }
+    worker(r);
+    for (size_t t = 0; t < started; t++)
+        pthread_join(threads[t], NULL);
+    free(threads);
+}
+
+static long default_jobs(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        return 1;
+    return n > MAX_JOBS ? MAX_JOBS : n;
+}
+
+int cli_prewarm(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
+                                             {"arch", required_argument, NULL, 'a'},
+                                             {"db", required_argument, NULL, 'd'},
+                                             {"jobs", required_argument, NULL, 'j'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    const char *model_path = NULL, *arch = DEFAULT_ARCH, *db = NULL;
+    long jobs = 0;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":m:a:d:j:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model_path = optarg;
+            break;
+        case 'a':
+            arch = optarg;
+            break;
+        case 'd':
+            db = optarg;
+            break;
+        case 'j':
+            if (cli_parse_long(optarg, 1, MAX_JOBS, &jobs))
+                return cli_usage_error(CMD, "-j %s: must be a whole number in [1, %d]", optarg, MAX_JOBS);
+            break;
+        case 'h':
+            fputs(help_text, stdout);
+            return CLI_EXIT_OK;
+        default:
+            return cli_getopt_error(CMD, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!jobs)
+        jobs = default_jobs();
+
+    /* Everything that can be wrong with the request is found before the
+     * database is touched, so a bad request leaves it as it was. */
+    kiln_model_config config;
+    if (model_path) {
+        if (kiln_model_config_load(model_path, &config) != KILN_OK)
+            return cli_fail(CMD, "bad model config: %s", kiln_errmsg());
+    } else {
+        kiln_model_config_default(&config);
+    }
+    kiln_jit *probe = NULL;
+    kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
+    if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
+        return cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
+    kiln_jit_destroy(probe);
+    char path[CLI_PATH_MAX];
+    int rc = cli_db_path(CMD, db, path, sizeof path);
+    if (rc)
+        return rc;
+    kiln_spec *specs = NULL;
+    size_t n_specs = 0;
+    if (kiln_model_specializations(&config, &specs, &n_specs) != KILN_OK)
+        return cli_fail(CMD, "model %s: %s", config.name, kiln_errmsg());
+
+    rc = CLI_EXIT_FAILURE;
+    kiln_cache *cache = NULL;
+    kiln_jit *jit = NULL;
+    prewarm_run run = {.specs = specs, .n = n_specs, .next = 0, .printed = 0};
+    kiln_cache_options cache_opts = {.size = sizeof cache_opts, .path = path};
+    if (kiln_cache_open(&cache_opts, &cache) != KILN_OK) {
+        cli_fail(CMD, "%s", kiln_errmsg());
+        goto out_free_specs;
+    }
+    kiln_jit_options jit_opts = {.size = sizeof jit_opts, .cache = cache, .arch = arch};
+    if (kiln_jit_create(&jit_opts, &jit) != KILN_OK) {
+        cli_fail(CMD, "%s", kiln_errmsg());
+        goto out_close_cache;
+    }
+    run.jit = jit;
+    run.results = calloc(n_specs ? n_specs : 1, sizeof *run.results);
+    if (!run.results) {
+        cli_fail(CMD, "out of memory");
+        goto out_destroy_jit;
+    }
+    if (pthread_mutex_init(&run.lock, NULL) != 0) {
+        cli_fail(CMD, "cannot create a mutex");
+        goto out_free_results;
+    }
+
+    double start = now_seconds();
+    run_all(&run, jobs);
+    double elapsed = now_seconds() - start;
+
+    size_t n_compiled = 0, n_cached = 0, n_failed = 0;
+    for (size_t i = 0; i < n_specs; i++) {
+        if (run.results[i].st != KILN_OK)
+            n_failed++;
+        else if (run.results[i].compiled)
+            n_compiled++;
+        else
+            n_cached++;
+    }
+    printf("summary: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
+           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld), arch %s: "
+           "%zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, database %s\n",
+           config.name, (long long)config.vocab_size, (long long)config.hidden_size,
+           (long long)config.intermediate_size, (long long)config.num_attention_heads,
+           (long long)config.num_key_value_heads, (long long)config.head_dim, kiln_jit_arch(jit), n_specs,
+           n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
+    fflush(stdout);
+    if (n_failed)
+        cli_fail(CMD, "%zu of %zu specializations failed", n_failed, n_specs);
+    else
+        rc = CLI_EXIT_OK;
+
+    pthread_mutex_destroy(&run.lock);
+out_free_results:
+    for (size_t i = 0; i < n_specs; i++)
+        free(run.results[i].error);
+    free(run.results);
+out_destroy_jit:
+    kiln_jit_destroy(jit);
+out_close_cache:
+    kiln_cache_close(cache);
+out_free_specs:
+    /* kiln_free is the documented release, but libkiln does not export it
+     * (common/error.c defines it without KILN_API in scope); the array comes
+     * from the library's realloc, in this process's one C allocator. */
+    free(specs);
+    return rc;
+}

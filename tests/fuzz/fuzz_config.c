@@ -1,0 +1,174 @@
+/* Fuzz target: kiln_model_config_parse on a config.json from outside.
+ *
+ * Accepted configs must respect every documented limit, list their
+ * specializations, and survive a round trip through JSON unchanged; rejected
+ * ones must say KILN_ERR_CONFIG with a message. The input is copied so that it
+ * ends against an unmapped page: cJSON is a system library that no sanitizer
+ * instruments, and a read past len must still crash.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kiln/cache.h"
+#include "kiln/model.h"
+#include "fuzz_common.h"
+
+#define GUARDED_CAP (1u << 20)
+
+static struct {
+    unsigned long long inputs, accepted, rejected, oom, specs;
+} g_stats;
+
+/* Returns a copy of data whose last byte sits just before a PROT_NONE page
+ * (or a plain heap copy, which ASan still guards, for inputs past the cap). */
+static const char *guarded_copy(const uint8_t *data, size_t size, char **heap)
+{
+    static uint8_t *region;
+    static size_t page;
+    *heap = NULL;
+    if (!region) {
+        page = (size_t)sysconf(_SC_PAGESIZE);
+        void *p = mmap(NULL, GUARDED_CAP + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        FUZZ_CHECK(p != MAP_FAILED, "mmap of %u bytes failed", GUARDED_CAP + (unsigned)page);
+        FUZZ_CHECK(mprotect((uint8_t *)p + GUARDED_CAP, page, PROT_NONE) == 0, "mprotect failed");
+        region = p;
+    }
+    if (size <= GUARDED_CAP) {
+        uint8_t *at = region + GUARDED_CAP - size;
+        if (size)
+            memcpy(at, data, size);
+        return (const char *)at;
+    }
+    *heap = malloc(size);
+    FUZZ_CHECK(*heap != NULL, "out of memory copying %zu bytes", size);
+    memcpy(*heap, data, size);
+    return *heap;
+}
+
+static void check_limits(const kiln_model_config *c)
+{
+    FUZZ_CHECK(memchr(c->name, 0, sizeof c->name) != NULL && c->name[0], "name not a non-empty C string");
+    FUZZ_CHECK(c->vocab_size >= 1 && c->vocab_size <= KILN_MODEL_MAX_VOCAB, "vocab_size %lld",
+               (long long)c->vocab_size);
+    FUZZ_CHECK(c->hidden_size >= 1 && c->hidden_size <= KILN_MODEL_MAX_HIDDEN, "hidden_size %lld",
+               (long long)c->hidden_size);
+    FUZZ_CHECK(c->intermediate_size >= 1 && c->intermediate_size <= KILN_MODEL_MAX_INTERMEDIATE,
+               "intermediate_size %lld", (long long)c->intermediate_size);
+    FUZZ_CHECK(c->num_attention_heads >= 1 && c->num_attention_heads <= KILN_MODEL_MAX_HEADS,
+               "num_attention_heads %lld", (long long)c->num_attention_heads);
+    FUZZ_CHECK(c->num_key_value_heads >= 1 && c->num_key_value_heads <= KILN_MODEL_MAX_HEADS,
+               "num_key_value_heads %lld", (long long)c->num_key_value_heads);
+    FUZZ_CHECK(c->head_dim >= 1 && c->head_dim <= KILN_MODEL_MAX_HEAD_DIM, "head_dim %lld", (long long)c->head_dim);
+    FUZZ_CHECK(c->num_attention_heads % c->num_key_value_heads == 0, "heads %lld, kv heads %lld",
+               (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+    FUZZ_CHECK(isfinite(c->rms_norm_eps) && c->rms_norm_eps > 0 && c->rms_norm_eps <= 1, "rms_norm_eps %.17g",
+               c->rms_norm_eps);
+    FUZZ_CHECK(isfinite(c->rope_theta) && c->rope_theta > 0, "rope_theta %.17g", c->rope_theta);
+    FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1, "tie_word_embeddings %d",
+               c->tie_word_embeddings);
+}
+
+static void check_specializations(const kiln_model_config *c)
+{
+    kiln_spec *specs = (kiln_spec *)1;
+    size_t count = 12345;
+    kiln_status st = kiln_model_specializations(c, &specs, &count);
+    if (st == KILN_ERR_HOST_OUT_OF_MEMORY) {
+        g_stats.oom++;
+        return;
+    }
+    FUZZ_CHECK(st == KILN_OK, "kiln_model_specializations on an accepted config: %s: %s", kiln_status_code(st),
+               kiln_errmsg());
+    FUZZ_CHECK(specs != NULL && count >= 1, "%zu specializations", count);
+    for (size_t i = 0; i < count; i++) {
+        FUZZ_CHECK(memchr(specs[i].template_id, 0, sizeof specs[i].template_id) && specs[i].template_id[0],
+                   "spec %zu has no template id", i);
+        FUZZ_CHECK(specs[i].n_constants <= KILN_SPEC_MAX_CONSTANTS, "spec %zu: %u constants", i,
+                   specs[i].n_constants);
+        char text[1024];
+        st = kiln_spec_constants_text(&specs[i], text, sizeof text);
+        FUZZ_CHECK(st == KILN_OK, "constants text of spec %zu: %s", i, kiln_errmsg());
+        for (size_t j = 0; j < i; j++)
+            FUZZ_CHECK(memcmp(&specs[i], &specs[j], sizeof specs[i]) != 0, "specs %zu and %zu are duplicates", j, i);
+    }
+    g_stats.specs += count;
+    kiln_free(specs);
+}
+
+/* Writes s as a JSON string body (no quotes). */
+static size_t json_escape(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char tmp[8];
+        int k = (*p == '"' || *p == '\\' || *p < 0x20) ? snprintf(tmp, sizeof tmp, "\\u%04x", *p)
+                                                       : snprintf(tmp, sizeof tmp, "%c", *p);
+        if (n + (size_t)k + 1 > cap)
+            break;
+        memcpy(out + n, tmp, (size_t)k);
+        n += (size_t)k;
+    }
+    out[n] = 0;
+    return n;
+}
+
+/* What the parser accepted, printed back as JSON, must parse to the same config. */
+static void check_round_trip(const kiln_model_config *c)
+{
+    char name[64 * 6 + 1], json[1024];
+    json_escape(name, sizeof name, c->name);
+    int n = snprintf(json, sizeof json,
+                     "{\"model_type\":\"%s\",\"vocab_size\":%lld,\"hidden_size\":%lld,\"intermediate_size\":%lld,"
+                     "\"num_attention_heads\":%lld,\"num_key_value_heads\":%lld,\"head_dim\":%lld,"
+                     "\"rms_norm_eps\":%.17g,\"rope_theta\":%.17g,\"tie_word_embeddings\":%s}",
+                     name, (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->intermediate_size,
+                     (long long)c->num_attention_heads, (long long)c->num_key_value_heads, (long long)c->head_dim,
+                     c->rms_norm_eps, c->rope_theta, c->tie_word_embeddings ? "true" : "false");
+    FUZZ_CHECK(n > 0 && (size_t)n < sizeof json, "round-trip JSON of %d bytes", n);
+    kiln_model_config r;
+    kiln_status st = kiln_model_config_parse(json, (size_t)n, &r);
+    if (st == KILN_ERR_HOST_OUT_OF_MEMORY)
+        return;
+    FUZZ_CHECK(st == KILN_OK, "round trip of an accepted config rejected: %s\n  %s", kiln_errmsg(), json);
+    FUZZ_CHECK(!strcmp(r.name, c->name) && r.vocab_size == c->vocab_size && r.hidden_size == c->hidden_size &&
+                   r.intermediate_size == c->intermediate_size && r.num_attention_heads == c->num_attention_heads &&
+                   r.num_key_value_heads == c->num_key_value_heads && r.head_dim == c->head_dim &&
+                   r.rms_norm_eps == c->rms_norm_eps && r.rope_theta == c->rope_theta &&
+                   r.tie_word_embeddings == c->tie_word_embeddings,
+               "round trip changed the config\n  %s", json);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *heap;
+    const char *json = guarded_copy(data, size, &heap);
+    kiln_model_config cfg;
+    g_stats.inputs++;
+    kiln_status st = kiln_model_config_parse(json, size, &cfg);
+    if (st == KILN_OK) {
+        g_stats.accepted++;
+        check_limits(&cfg);
+        check_specializations(&cfg);
+        check_round_trip(&cfg);
+    } else if (st == KILN_ERR_HOST_OUT_OF_MEMORY) {
+        g_stats.oom++;
+    } else {
+        const char *msg = kiln_errmsg();
+        FUZZ_CHECK(st == KILN_ERR_CONFIG, "status %d (%s): %s", (int)st, kiln_status_code(st), msg);
+        FUZZ_CHECK(msg && msg[0], "KILN_ERR_CONFIG with an empty kiln_errmsg()");
+        /* The message quotes values shortened; it never echoes the whole input. */
+        FUZZ_CHECK(strlen(msg) < 1024, "a message of %zu bytes", strlen(msg));
+        g_stats.rejected++;
+    }
+    free(heap);
+    return 0;
+}
+
+void kiln_fuzz_summary(FILE *f)
+{
+    fprintf(f, "fuzz_config: %llu inputs: %llu accepted (%llu specializations), %llu rejected, %llu out of memory\n",
+            g_stats.inputs, g_stats.accepted, g_stats.specs, g_stats.rejected, g_stats.oom);
+}

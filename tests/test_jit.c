@@ -1,0 +1,252 @@
+/* The jit offline, with the real NVRTC and a real database file: compile once,
+ * single flight, logs of failed compiles, corrupt rows recompiled. */
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include "testutil.h"
+
+typedef struct fixture {
+    char dir[512];
+    char path[600];
+    kiln_cache *cache;
+    kiln_jit *jit;
+} fixture;
+
+static kiln_jit *new_jit(kiln_cache *cache)
+{
+    kiln_jit_options o = {.cache = cache, .arch = "sm_90"};
+    kiln_jit *j = NULL;
+    KILN_CHECK(kiln_jit_create(&o, &j));
+    return j;
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(f->path, sizeof f->path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = f->path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    f->jit = new_jit(f->cache);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+static kiln_jit_counters counters(kiln_jit *j)
+{
+    kiln_jit_counters k;
+    kiln_jit_get_counters(j, &k);
+    return k;
+}
+
+static void test_compiles_once_then_memory_then_database(void **state)
+{
+    fixture *f = *state;
+    kiln_spec s;
+    int compiled = 0;
+    KILN_CHECK(kiln_op_token_embedding_spec(151936, 896, 8, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    assert_int_equal(compiled, 1);
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    assert_int_equal(compiled, 0);
+    kiln_jit_counters k = counters(f->jit);
+    assert_int_equal(k.compiles, 1);
+    assert_int_equal(k.memory_hits, 1);
+
+    /* A new jit (a new process, as far as memory goes) finds it in the database. */
+    kiln_jit *j2 = new_jit(f->cache);
+    KILN_CHECK(kiln_jit_prepare(j2, &s, &compiled));
+    assert_int_equal(compiled, 0);
+    assert_int_equal(counters(j2).compiles, 0);
+    kiln_jit_destroy(j2);
+
+    /* The row is what the jit says it is. */
+    uint8_t fp[32];
+    KILN_CHECK(kiln_jit_fingerprint(f->jit, &s, fp));
+    void *cubin;
+    size_t size;
+    int found;
+    KILN_CHECK(kiln_cache_get(f->cache, fp, &cubin, &size, &found));
+    assert_int_equal(found, 1);
+    /* An ELF file for the GPU. */
+    assert_true(size > 64);
+    assert_memory_equal(cubin, "\x7f" "ELF", 4);
+    kiln_free(cubin);
+
+    /* Offline, a jit can prepare but not load. */
+    kiln_kernel *k2;
+    KILN_EXPECT(kiln_jit_acquire(f->jit, &s, &k2), KILN_ERR_NO_DEVICE, kiln_errmsg(), "offline", NULL);
+}
+
+typedef struct racer {
+    kiln_jit *jit;
+    kiln_spec spec;
+    pthread_barrier_t *barrier;
+    kiln_status st;
+    int compiled;
+} racer;
+
+static void *race(void *arg)
+{
+    racer *r = arg;
+    pthread_barrier_wait(r->barrier);
+    r->st = kiln_jit_prepare(r->jit, &r->spec, &r->compiled);
+    return NULL;
+}
+
+static void run_racers(kiln_jit *jit, const kiln_spec *specs, int n)
+{
+    pthread_t th[16];
+    racer rs[16];
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, (unsigned)n);
+    for (int i = 0; i < n; i++) {
+        rs[i] = (racer){.jit = jit, .spec = specs[i], .barrier = &barrier};
+        pthread_create(&th[i], NULL, race, &rs[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        if (rs[i].st)
+            fail_msg("thread %d: %s", i, kiln_status_code(rs[i].st));
+    }
+    pthread_barrier_destroy(&barrier);
+}
+
+static void test_eight_threads_one_key_one_compile(void **state)
+{
+    fixture *f = *state;
+    kiln_spec specs[8];
+    for (int i = 0; i < 8; i++)
+        KILN_CHECK(kiln_op_token_embedding_spec(32000, 2048, 8, &specs[i]));
+    run_racers(f->jit, specs, 8);
+    kiln_jit_counters k = counters(f->jit);
+    assert_int_equal(k.compiles, 1);
+    assert_int_equal(k.memory_hits, 7);
+}
+
+static void test_different_keys_compile_in_parallel(void **state)
+{
+    fixture *f = *state;
+    kiln_spec specs[4];
+    for (int i = 0; i < 4; i++)
+        KILN_CHECK(kiln_op_token_embedding_spec(32000, 1024 + 8 * i, 8, &specs[i]));
+    run_racers(f->jit, specs, 4);
+    kiln_jit_counters k = counters(f->jit);
+    assert_int_equal(k.compiles, 4);
+    kiln_cache_stats s;
+    KILN_CHECK(kiln_cache_get_stats(f->cache, &s));
+    assert_int_equal(s.entries, 4);
+}
+
+static void test_compile_error_carries_the_log(void **state)
+{
+    fixture *f = *state;
+    kiln_spec s;
+    KILN_CHECK(kiln_spec_init(&s, "token_embedding"));
+    KILN_CHECK(kiln_spec_set(&s, "HIDDEN", 4096));
+    KILN_CHECK(kiln_spec_set(&s, "VOCAB", 100));
+    KILN_CHECK(kiln_spec_set(&s, "VEC", 3)); /* the template refuses it with #error */
+    KILN_CHECK(kiln_spec_set(&s, "THREADS", 128));
+    int compiled = 0;
+    kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
+    KILN_EXPECT(st, KILN_ERR_NVRTC_COMPILE, kiln_errmsg(), "KILN_VEC must", "token_embedding");
+    assert_non_null(strstr(kiln_jit_errmsg(f->jit), "KILN_VEC must"));
+    assert_int_equal(counters(f->jit).compile_errors, 1);
+    /* Nothing is stored, and a later call tries again (and fails again). */
+    kiln_cache_stats cs;
+    KILN_CHECK(kiln_cache_get_stats(f->cache, &cs));
+    assert_int_equal(cs.entries, 0);
+    assert_int_equal(kiln_jit_prepare(f->jit, &s, &compiled), KILN_ERR_NVRTC_COMPILE);
+    assert_int_equal(counters(f->jit).compile_errors, 2);
+}
+
+static void test_unknown_template_and_bad_options(void **state)
+{
+    fixture *f = *state;
+    kiln_spec s;
+    KILN_CHECK(kiln_spec_init(&s, "no_such_op"));
+    KILN_EXPECT(kiln_jit_prepare(f->jit, &s, NULL), KILN_ERR_NOT_FOUND, kiln_errmsg(), "no_such_op",
+                     "token_embedding");
+    kiln_jit *j = NULL;
+    const char *bad[] = {"-arch=sm_80"};
+    kiln_jit_options o = {.arch = "sm_90", .nvrtc_options = bad, .n_nvrtc_options = 1};
+    KILN_EXPECT(kiln_jit_create(&o, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "-arch=sm_80", NULL);
+    assert_null(j);
+    kiln_jit_options none = {0};
+    KILN_EXPECT(kiln_jit_create(&none, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "architecture", NULL);
+    kiln_jit_options badarch = {.arch = "gfx90a"};
+    KILN_EXPECT(kiln_jit_create(&badarch, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "gfx90a", NULL);
+    assert_non_null(kiln_template_id(0));
+    int seen = 0;
+    for (size_t i = 0; kiln_template_id(i); i++)
+        seen |= !strcmp(kiln_template_id(i), "token_embedding");
+    assert_true(seen);
+}
+
+static void test_corrupt_row_is_recompiled(void **state)
+{
+    fixture *f = *state;
+    kiln_spec s;
+    int compiled = 0;
+    KILN_CHECK(kiln_op_token_embedding_spec(50001, 1000, 1, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    assert_int_equal(compiled, 1);
+    /* Another process corrupts the row behind our back. */
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "UPDATE kernels SET checksum = zeroblob(32)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    kiln_jit *j2 = new_jit(f->cache);
+    KILN_CHECK(kiln_jit_prepare(j2, &s, &compiled));
+    assert_int_equal(compiled, 1); /* a miss, recompiled */
+    kiln_jit_counters k = counters(j2);
+    assert_int_equal(k.corrupt_dropped, 1);
+    assert_int_equal(k.compiles, 1);
+    kiln_jit_destroy(j2);
+    /* And the new row is whole. */
+    kiln_jit *j3 = new_jit(f->cache);
+    KILN_CHECK(kiln_jit_prepare(j3, &s, &compiled));
+    assert_int_equal(compiled, 0);
+    assert_int_equal(counters(j3).corrupt_dropped, 0);
+    kiln_jit_destroy(j3);
+}
+
+static void test_without_a_database(void **state)
+{
+    (void)state;
+    kiln_jit *j = new_jit(NULL);
+    kiln_spec s;
+    int compiled = 0;
+    KILN_CHECK(kiln_op_token_embedding_spec(1000, 64, 8, &s));
+    KILN_CHECK(kiln_jit_prepare(j, &s, &compiled));
+    assert_int_equal(compiled, 1);
+    KILN_CHECK(kiln_jit_prepare(j, &s, &compiled));
+    assert_int_equal(compiled, 0);
+    kiln_jit_destroy(j);
+    kiln_jit_destroy(NULL);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_compiles_once_then_memory_then_database),
+        T(test_eight_threads_one_key_one_compile),
+        T(test_different_keys_compile_in_parallel),
+        T(test_compile_error_carries_the_log),
+        T(test_unknown_template_and_bad_options),
+        T(test_corrupt_row_is_recompiled),
+        T(test_without_a_database),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

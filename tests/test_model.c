@@ -1,0 +1,138 @@
+/* Model configs: real config.json files parse; bad ones name the field and value. */
+#include "testutil.h"
+
+static kiln_status parse(const char *json, kiln_model_config *c) { return kiln_model_config_parse(json, strlen(json), c); }
+
+static void test_default_is_llama_3_8b(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 14336);
+    assert_int_equal(c.num_attention_heads, 32);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+}
+
+static void test_qwen2_config(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_CHECK(parse("{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 151936,"
+                     " \"hidden_size\": 896, \"intermediate_size\": 4864, \"num_attention_heads\": 14,"
+                     " \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0,"
+                     " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
+                     &c));
+    assert_string_equal(c.name, "qwen2");
+    assert_int_equal(c.vocab_size, 151936);
+    assert_int_equal(c.hidden_size, 896);
+    assert_int_equal(c.head_dim, 64);
+    assert_true(c.tie_word_embeddings);
+    assert_true(c.rms_norm_eps > 0.9e-6 && c.rms_norm_eps < 1.1e-6);
+    assert_true(c.rope_theta == 1e6);
+}
+
+static void test_defaults_and_text_config(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_CHECK(parse("{\"text_config\": {\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_attention_heads\": 4, \"head_dim\": 32}}",
+                     &c));
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 32);
+    assert_false(c.tie_word_embeddings);
+    assert_true(c.rope_theta == 10000.0);
+}
+
+static void test_bad_configs_name_field_and_value(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *field, *value;
+    } cases[] = {
+        {"not json", "not JSON", NULL},
+        {"[1, 2]", "object", NULL},
+        {"{\"vocab_size\": 1000, \"intermediate_size\": 1, \"num_attention_heads\": 1}", "hidden_size", "missing"},
+        {"{\"vocab_size\": 1000, \"hidden_size\": 0, \"intermediate_size\": 1, \"num_attention_heads\": 1}",
+         "hidden_size", "0"},
+        {"{\"vocab_size\": 1000, \"hidden_size\": -4096, \"intermediate_size\": 1, \"num_attention_heads\": 1}",
+         "hidden_size", "-4096"},
+        {"{\"vocab_size\": 1e12, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1}",
+         "vocab_size", "1000000000000"},
+        {"{\"vocab_size\": 10.5, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1}",
+         "vocab_size", "10.5"},
+        {"{\"vocab_size\": \"big\", \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1}",
+         "vocab_size", "\"big\""},
+        {"{\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 8,"
+         " \"num_key_value_heads\": 3}",
+         "num_key_value_heads", "3"},
+        {"{\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1,"
+         " \"rms_norm_eps\": -1}",
+         "rms_norm_eps", "-1"},
+        {"{\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1,"
+         " \"tie_word_embeddings\": 3}",
+         "tie_word_embeddings", "3"},
+        {"{\"vocab_size\": 100, \"hidden_size\": 100, \"intermediate_size\": 1, \"num_attention_heads\": 3}",
+         "num_attention_heads", "3"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_model_config c;
+        memset(&c, 0x5a, sizeof c);
+        kiln_model_config before = c;
+        KILN_EXPECT(parse(cases[i].json, &c), KILN_ERR_CONFIG, kiln_errmsg(), cases[i].field, cases[i].value);
+        assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
+    }
+}
+
+static void test_load_missing_file(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_EXPECT(kiln_model_config_load("/nonexistent/config.json", &c), KILN_ERR_IO, kiln_errmsg(),
+                     "/nonexistent/config.json", NULL);
+}
+
+static void test_specializations(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    kiln_spec *specs = NULL;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_true(n >= 1);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(specs[i].template_id, "token_embedding"))
+            continue;
+        kiln_spec want;
+        KILN_CHECK(kiln_op_token_embedding_spec(128256, 4096, 8, &want));
+        assert_memory_equal(&specs[i], &want, sizeof want);
+        found = 1;
+    }
+    assert_true(found);
+    kiln_free(specs);
+    /* An odd hidden size takes the scalar path. */
+    c.hidden_size = 1001;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    kiln_spec want;
+    KILN_CHECK(kiln_op_token_embedding_spec(128256, 1001, 1, &want));
+    assert_memory_equal(&specs[0], &want, sizeof want);
+    kiln_free(specs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_is_llama_3_8b),
+        cmocka_unit_test(test_qwen2_config),
+        cmocka_unit_test(test_defaults_and_text_config),
+        cmocka_unit_test(test_bad_configs_name_field_and_value),
+        cmocka_unit_test(test_load_missing_file),
+        cmocka_unit_test(test_specializations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
