@@ -264,7 +264,7 @@ int main(int argc, char **argv)
             bench_json_str(&j, "dtype", "f16");
             bench_json_int(&j, "iters", iters);
             bench_json_int(&j, "sets", (long long)sets);
-            bench_json_num(&j, "bytes", bytes);
+            bench_json_int(&j, "bytes", (long long)bytes);
             bench_json_num(&j, "per_launch_median_us", med);
             bench_json_num(&j, "per_launch_p10_us", bench_quantile(per, (size_t)iters, 0.1));
             bench_json_num(&j, "per_launch_p90_us", bench_quantile(per, (size_t)iters, 0.9));

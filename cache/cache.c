@@ -10,7 +10,7 @@
 #include <zstd.h>
 
 #include "common/internal.h"
-#include "kiln/cache.h"
+#include "cache/internal.h"
 
 /* PRAGMA application_id: "KILN" in ASCII. */
 #define KILN_APPLICATION_ID 0x4b494c4e
@@ -370,6 +370,12 @@ static void drop_corrupt_locked(kiln_cache *c, const uint8_t *fp, const char *de
 kiln_status kiln_cache_get(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], void **cubin, size_t *size,
                            int *found)
 {
+    return kiln__cache_load(c, fp, 1, cubin, size, found);
+}
+
+kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], int count_hit, void **cubin,
+                             size_t *size, int *found)
+{
     if (!c || !fp || !cubin || !size || !found)
         return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get: NULL argument");
     *cubin = NULL;
@@ -430,8 +436,10 @@ kiln_status kiln_cache_get(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE
         snprintf(detail, sizeof detail, "checksum mismatch over %lld bytes", (long long)raw_size);
         goto corrupt;
     }
-    c->counters.hits++;
-    record_hit_locked(c, fp);
+    if (count_hit) {
+        c->counters.hits++;
+        record_hit_locked(c, fp);
+    }
     *cubin = raw;
     *size = (size_t)raw_size;
     *found = 1;

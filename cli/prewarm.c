@@ -92,6 +92,10 @@ static void prepare_one(prewarm_run *r, size_t i)
     } else {
         /* kiln_errmsg() is per thread: copy it while still on this one. */
         res->error = strdup(kiln_errmsg());
+        /* An NVRTC log ends in a newline; the report adds its own. */
+        for (size_t len = res->error ? strlen(res->error) : 0;
+             len && (res->error[len - 1] == '\n' || res->error[len - 1] == ' '); len--)
+            res->error[len - 1] = 0;
     }
 }
 
@@ -291,9 +295,6 @@ out_destroy_jit:
 out_close_cache:
     kiln_cache_close(cache);
 out_free_specs:
-    /* kiln_free is the documented release, but libkiln does not export it
-     * (common/error.c defines it without KILN_API in scope); the array comes
-     * from the library's realloc, in this process's one C allocator. */
-    free(specs);
+    kiln_free(specs);
     return rc;
 }

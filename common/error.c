@@ -3,29 +3,66 @@
 #include <string.h>
 
 #include "common/internal.h"
+#include "kiln/cache.h"
 
-static _Thread_local char *tl_msg;
-static _Thread_local size_t tl_cap;
+/* The calling thread's last message, freed when the thread exits. */
+typedef struct thread_msg {
+    char *msg;
+    size_t cap;
+} thread_msg;
 
-const char *kiln_errmsg(void) { return tl_msg ? tl_msg : ""; }
+static pthread_key_t msg_key;
+static pthread_once_t msg_once = PTHREAD_ONCE_INIT;
+
+static void free_thread_msg(void *p)
+{
+    thread_msg *t = p;
+    free(t->msg);
+    free(t);
+}
+
+static void make_key(void) { pthread_key_create(&msg_key, free_thread_msg); }
+
+static thread_msg *get_thread_msg(int create)
+{
+    pthread_once(&msg_once, make_key);
+    thread_msg *t = pthread_getspecific(msg_key);
+    if (!t && create) {
+        t = calloc(1, sizeof *t);
+        if (t && pthread_setspecific(msg_key, t) != 0) {
+            free(t);
+            t = NULL;
+        }
+    }
+    return t;
+}
+
+const char *kiln_errmsg(void)
+{
+    thread_msg *t = get_thread_msg(0);
+    return t && t->msg ? t->msg : "";
+}
 
 static void set_thread_msg(const char *text)
 {
+    thread_msg *t = get_thread_msg(1);
+    if (!t)
+        return;
     size_t n = strlen(text) + 1;
-    if (n > tl_cap) {
-        char *p = realloc(tl_msg, n);
+    if (n > t->cap) {
+        char *p = realloc(t->msg, n);
         if (!p) {
             /* Keep what fits: a truncated message beats none. */
-            if (tl_cap) {
-                memcpy(tl_msg, text, tl_cap - 1);
-                tl_msg[tl_cap - 1] = 0;
+            if (t->cap) {
+                memcpy(t->msg, text, t->cap - 1);
+                t->msg[t->cap - 1] = 0;
             }
             return;
         }
-        tl_msg = p;
-        tl_cap = n;
+        t->msg = p;
+        t->cap = n;
     }
-    memcpy(tl_msg, text, n);
+    memcpy(t->msg, text, n);
 }
 
 void kiln__errslot_init(kiln__errslot *slot)

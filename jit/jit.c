@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/internal.h"
+#include "cache/internal.h"
 #include "jit/internal.h"
 #include "runtime/internal.h"
 
@@ -286,7 +287,7 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         kiln_cache_get_counters(j->cache, &cc);
         dropped_before = cc.corrupt_dropped;
         /* Verified even when only preparing: prewarm must not count a corrupt row as cached. */
-        st = kiln_cache_get(j->cache, e->fingerprint, &cubin, &size, &found);
+        st = kiln__cache_load(j->cache, e->fingerprint, load, &cubin, &size, &found);
         if (!st && found && !load) {
             free(cubin);
             cubin = NULL;

@@ -97,7 +97,22 @@ kiln_status kiln__arch_check(const char *arch)
         p++;
     if (*p || p - arch > 10)
         goto bad;
-    return KILN_OK;
+    /* The spelling is right; does this NVRTC know the architecture? */
+    int n = 0, want = atoi(arch + 3);
+    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
+        return KILN_OK; /* cannot tell: the compile will say */
+    int archs[256];
+    if (nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS)
+        return KILN_OK;
+    char list[256 * 5] = "";
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (archs[i] == want)
+            return KILN_OK;
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", i ? " " : "", archs[i]);
+    }
+    return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "architecture %s is not supported by this NVRTC (it knows sm_: %s)",
+                      arch, list);
 bad:
     return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "architecture \"%s\" is not of the form sm_XY (e.g. sm_90)",
                       arch ? arch : "(null)");

@@ -145,6 +145,7 @@ static void test_bad_options_and_names_refused(void **state)
                      NULL);
     KILN_EXPECT(kiln__arch_check("sm_9"), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "sm_9", NULL);
     KILN_EXPECT(kiln__arch_check("compute_90"), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln__arch_check("sm_10"), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "not supported", "90");
     KILN_CHECK(kiln__arch_check("sm_90a"));
     KILN_CHECK(kiln__arch_check("sm_100"));
 }

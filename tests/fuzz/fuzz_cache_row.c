@@ -131,13 +131,16 @@ typedef struct bytes {
     size_t n;
 } bytes;
 
+/* Appends n bytes: a copy of p, or n zero bytes when p is NULL. */
 static void append(bytes *b, const void *p, size_t n)
 {
     uint8_t *q = realloc(b->p, b->n + n + 1);
     FUZZ_CHECK(q != NULL, "out of memory");
     b->p = q;
-    if (n)
+    if (n && p)
         memcpy(b->p + b->n, p, n);
+    else if (n)
+        memset(b->p + b->n, 0, n);
     b->n += n;
 }
 
@@ -217,9 +220,7 @@ static void make_blob(const row_input *in, bytes *blob, const uint8_t **real, si
         size_t span = (in->edit & 0x80000000u) && blob->n > 12 ? 12 : blob->n; /* the header holds the sizes */
         for (unsigned k = 0; k < n_edits; k++) {
             size_t pos = ((in->edit & 0xffff) + k * 7919u) % span;
-            blob->p[pos] ^= (uint8_t)((((in->edit >> 16) & 0xff) | 1) << k);
-            if (!blob->p[pos] && !(blob->p[pos] ^= 0x80)) /* keep every edit an edit */
-                blob->p[pos] = 1;
+            blob->p[pos] ^= (uint8_t)((((in->edit >> 16) & 0xff) | 1) << k); /* never 0: always an edit */
         }
     } else if (in->blob_mode == BLOB_FRAME_RESIZED) {
         switch (in->edit >> 30) {
@@ -374,8 +375,11 @@ static void count_reason(const char *msg)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    static const uint8_t empty[1];
     if (!g.cache)
         setup();
+    if (!data)
+        data = empty;
     g_stats.inputs++;
     row_input in;
     split(data, size, &in);

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The one script that runs on the GPU machine. It builds nothing: build here
+# (cmake -B build ... && cmake --build build), send build/ and .device-libs/
+# along, and run
+#     scripts/gpu-run.sh [build-dir]          (default: build)
+# from anywhere in the checkout. Everything it writes lands in "${OUT:-./gpu-out}":
+#     summary.txt     one line per step: its name, its exit status, its seconds
+#     gpu-tests.log   ctest -L gpu
+#     memcheck.log    compute-sanitizer --tool memcheck over each build/tests/test_*_gpu
+#     bench.jsonl     the benchmarks' JSON lines (kiln and its peers), nothing else
+#     bench.err       the benchmarks' stderr
+#     env.txt         the machine: nvidia-smi -L, driver, python packages
+# A failing step does not stop the others; the script exits 1 when any failed.
+# Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
+# default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
+# of it to the benchmarks): a step that would start past the budget is
+# recorded as "skipped-budget" and counts as failed.
+set -u
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+BUILD="${1:-build}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+OUT="${OUT:-./gpu-out}"
+mkdir -p "$OUT" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+BUDGET_S="${GPU_RUN_BUDGET_S:-480}"
+
+export LD_LIBRARY_PATH="$ROOT/.device-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$PATH:/usr/local/cuda/bin"
+export PYTHONUNBUFFERED=1
+
+SUMMARY="$OUT/summary.txt"
+BENCH_JSONL="$OUT/bench.jsonl"
+BENCH_ERR="$OUT/bench.err"
+: >"$SUMMARY"
+: >"$BENCH_JSONL"
+: >"$BENCH_ERR"
+START=$SECONDS
+FAILED=0
+
+# record NAME RC SECONDS [NOTE]
+record() {
+    printf '%-28s rc=%-4s %5ss %s\n' "$1" "$2" "$3" "${4:-}" >>"$SUMMARY"
+    echo "== $1: rc=$2 (${3}s) ${4:-}" >&2
+}
+
+# step NAME LIMIT_S RESERVE_S CMD...   runs CMD under a time limit, keeping
+# RESERVE_S of the budget for the steps after it; its output goes where the
+# caller redirects it. Returns CMD's status.
+step() {
+    local name="$1" limit="$2" reserve="$3"
+    shift 3
+    local left=$((BUDGET_S - (SECONDS - START) - reserve))
+    if [ "$left" -lt 10 ]; then
+        record "$name" skipped-budget 0 "(budget of ${BUDGET_S}s spent, ${reserve}s kept for later steps)"
+        FAILED=1
+        return 125
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    local t0=$SECONDS rc=0
+    timeout -k 10 "$limit" "$@" || rc=$?
+    local note=""
+    [ "$rc" -eq 124 ] && note="(timed out after ${limit}s)"
+    record "$name" "$rc" $((SECONDS - t0)) "$note"
+    [ "$rc" -ne 0 ] && FAILED=1
+    return "$rc"
+}
+
+# A benchmark: its stdout, JSON lines only, appended to bench.jsonl.
+bench() {
+    local name="$1" limit="$2"
+    shift 2
+    echo "== $name: $*" >>"$BENCH_ERR"
+    step "$name" "$limit" 0 "$@" >>"$BENCH_JSONL" 2>>"$BENCH_ERR"
+}
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "root: $ROOT"
+    echo "build: $BUILD"
+    echo "git: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null) $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed"
+    nvidia-smi -L 2>&1
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+    python3 -c 'import sys; print("python", sys.version.split()[0])' 2>&1
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+    python3 -c 'import cupy; print("cupy", cupy.__version__)' 2>&1 | tail -1
+    command -v compute-sanitizer || echo "compute-sanitizer: not found"
+} >"$OUT/env.txt" 2>&1
+nvidia-smi -L 2>&1 || true
+
+# 1. The GPU tests. Tests and memcheck keep BENCH_RESERVE_S for the benchmarks.
+BENCH_RESERVE_S="${BENCH_RESERVE_S:-180}"
+step gpu-tests 240 "$BENCH_RESERVE_S" ctest --test-dir "$BUILD" --output-on-failure -L gpu >"$OUT/gpu-tests.log" 2>&1
+cat "$OUT/gpu-tests.log"
+
+# 2. memcheck over each GPU test binary, run as CTest runs it (from
+# BUILD/tests, TMPDIR there); exit 86 when memcheck finds an error.
+: >"$OUT/memcheck.log"
+SANITIZER="$(command -v compute-sanitizer || true)"
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [ -n "$SANITIZER" ] && break
+    [ -x "$c" ] && SANITIZER="$c"
+done
+found=0
+for t in "$BUILD"/tests/test_*_gpu; do
+    if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
+    found=1
+    name="memcheck-$(basename "$t")"
+    echo "===== $name" >>"$OUT/memcheck.log"
+    cd "$BUILD/tests" || exit 2
+    step "$name" 150 "$BENCH_RESERVE_S" env TMPDIR="$BUILD/tests" \
+        "${SANITIZER:-compute-sanitizer}" --tool memcheck --error-exitcode 86 --print-limit 50 "$t" >>"$OUT/memcheck.log" 2>&1
+    cd "$ROOT" || exit 2
+done
+if [ "$found" -eq 0 ]; then
+    record memcheck none 0 "(no $BUILD/tests/test_*_gpu)"
+    FAILED=1
+fi
+tail -n 5 "$OUT/memcheck.log"
+
+# 3. The benchmarks, each kiln measurement followed by its peer.
+if [ -x "$BUILD/bench/bench_acquire" ]; then
+    bench bench_acquire 120 "$BUILD/bench/bench_acquire" --n 60
+else
+    record bench_acquire missing 0 "($BUILD/bench/bench_acquire)"
+    FAILED=1
+fi
+bench peer_cupy 150 python3 "$ROOT/bench/peer_cupy.py" --n 60
+if [ -x "$BUILD/bench/bench_embedding" ]; then
+    bench bench_embedding 120 "$BUILD/bench/bench_embedding"
+else
+    record bench_embedding missing 0 "($BUILD/bench/bench_embedding)"
+    FAILED=1
+fi
+bench peer_torch 150 python3 "$ROOT/bench/peer_torch.py"
+
+# Every line of bench.jsonl must be one JSON object.
+step bench-jsonl-valid 30 0 python3 -c '
+import json, sys
+bad = 0
+for n, line in enumerate(open(sys.argv[1]), 1):
+    try:
+        assert isinstance(json.loads(line), dict)
+    except Exception:
+        bad += 1
+        sys.stderr.write("bench.jsonl line %d is not a JSON object: %r\n" % (n, line[:200]))
+sys.exit(1 if bad else 0)
+' "$BENCH_JSONL"
+
+echo "total: $((SECONDS - START))s failed: $FAILED" >>"$SUMMARY"
+cat "$SUMMARY" >&2
+exit "$FAILED"
