@@ -126,7 +126,9 @@ def import_cupy():
     if cupy.cuda.runtime.getDeviceCount() < 1:
         raise RuntimeError("no CUDA device")
     cupy.cuda.Device(0).use()
-    cupy.zeros(1, dtype=cupy.float32).sum().item()  # the context and CuPy's own kernels
+    # The context, without compiling any of CuPy's own kernels (a memset).
+    cupy.zeros(1, dtype=cupy.float32)
+    cupy.cuda.runtime.deviceSynchronize()
     return cupy
 
 

@@ -113,6 +113,14 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
         (st = get_real(root, "rms_norm_eps", 1e-6, 0.0, 1.0, &c.rms_norm_eps)) ||
         (st = get_real(root, "rope_theta", 10000.0, 0.0, 1e12, &c.rope_theta)))
         goto out;
+    if (c.head_dim > KILN_MODEL_MAX_HEAD_DIM) {
+        /* Only a derived head_dim gets here: an explicit one was range-checked. */
+        st = kiln__fail(NULL, KILN_ERR_CONFIG,
+                        "config: no head_dim, and hidden_size / num_attention_heads = %lld / %lld = %lld exceeds %d",
+                        (long long)c.hidden_size, (long long)c.num_attention_heads, (long long)c.head_dim,
+                        KILN_MODEL_MAX_HEAD_DIM);
+        goto out;
+    }
     if (c.num_attention_heads % c.num_key_value_heads) {
         st = kiln__fail(NULL, KILN_ERR_CONFIG,
                         "config: num_key_value_heads = %lld does not divide num_attention_heads = %lld",

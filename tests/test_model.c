@@ -77,6 +77,8 @@ static void test_bad_configs_name_field_and_value(void **state)
          "tie_word_embeddings", "3"},
         {"{\"vocab_size\": 100, \"hidden_size\": 100, \"intermediate_size\": 1, \"num_attention_heads\": 3}",
          "num_attention_heads", "3"},
+        {"{\"vocab_size\": 100, \"hidden_size\": 4096, \"intermediate_size\": 1, \"num_attention_heads\": 2}",
+         "head_dim", "2048"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_model_config c;
