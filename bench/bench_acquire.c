@@ -160,6 +160,27 @@ static void usage(const char *argv0)
     exit(2);
 }
 
+/* Times kiln_jit_acquire of every spec, reps calls each (the mean per call),
+ * into t[]; the counters before and after go to *delta. */
+static void time_acquire_all(kiln_jit *jit, const kiln_spec *specs, long n, long reps, double *t, const char *phase,
+                             kiln_jit_counters *delta)
+{
+    kiln_jit_counters c0, c1;
+    kiln_kernel *k = NULL;
+    kiln_jit_get_counters(jit, &c0);
+    for (long i = 0; i < n; i++) {
+        kiln_status st = KILN_OK;
+        double t0 = bench_now_us();
+        for (long r = 0; r < reps && !st; r++)
+            st = kiln_jit_acquire(jit, &specs[i], &k);
+        t[i] = (bench_now_us() - t0) / (double)reps;
+        if (st)
+            fail(phase, st, NULL);
+    }
+    kiln_jit_get_counters(jit, &c1);
+    counters_delta(&c0, &c1, delta);
+}
+
 int main(int argc, char **argv)
 {
     long n = 60, reps = 1000;
@@ -265,16 +286,7 @@ int main(int argc, char **argv)
     kiln_kernel *k = NULL;
     if ((st = kiln_jit_acquire(jit, &warm, &k)))
         fail("cold_compile", st, NULL);
-    kiln_jit_get_counters(jit, &c0);
-    for (long i = 0; i < n; i++) {
-        double t0 = bench_now_us();
-        st = kiln_jit_acquire(jit, &specs[i], &k);
-        t[i] = bench_now_us() - t0;
-        if (st)
-            fail("cold_compile", st, NULL);
-    }
-    kiln_jit_get_counters(jit, &c1);
-    counters_delta(&c0, &c1, &d_cold);
+    time_acquire_all(jit, specs, n, 1, t, "cold_compile", &d_cold);
     print_timing("cold_compile", "kiln_jit_acquire, fresh database: fingerprint + SQLite miss + NVRTC compile + "
                  "zstd + SQLite insert + cuModuleLoadData + cuModuleGetFunction", arch, t, (size_t)n, 1, 0);
 
@@ -285,33 +297,13 @@ int main(int argc, char **argv)
     jit = jit_create(cache, rt, arch, "database_hit");
     if ((st = kiln_jit_acquire(jit, &warm, &k)))
         fail("database_hit", st, NULL);
-    kiln_jit_get_counters(jit, &c0);
-    for (long i = 0; i < n; i++) {
-        double t0 = bench_now_us();
-        st = kiln_jit_acquire(jit, &specs[i], &k);
-        t[i] = bench_now_us() - t0;
-        if (st)
-            fail("database_hit", st, NULL);
-    }
-    kiln_jit_get_counters(jit, &c1);
-    counters_delta(&c0, &c1, &d_db);
+    time_acquire_all(jit, specs, n, 1, t, "database_hit", &d_db);
     print_timing("database_hit", "kiln_jit_acquire, new jit on the reopened database: fingerprint + SQLite read + "
                  "zstd decode + SHA-256 check + cuModuleLoadData + cuModuleGetFunction", arch, t, (size_t)n, 1,
                  TARGET_DATABASE_HIT_US);
 
     /* (c) Memory hit: the same jit again, reps calls per spec. */
-    kiln_jit_get_counters(jit, &c0);
-    for (long i = 0; i < n; i++) {
-        st = KILN_OK;
-        double t0 = bench_now_us();
-        for (long r = 0; r < reps && !st; r++)
-            st = kiln_jit_acquire(jit, &specs[i], &k);
-        t[i] = (bench_now_us() - t0) / (double)reps;
-        if (st)
-            fail("memory_hit", st, NULL);
-    }
-    kiln_jit_get_counters(jit, &c1);
-    counters_delta(&c0, &c1, &d_mem);
+    time_acquire_all(jit, specs, n, reps, t, "memory_hit", &d_mem);
     print_timing("memory_hit", "kiln_jit_acquire on the same jit: the in-memory table (mean of reps calls per spec)",
                  arch, t, (size_t)n, reps, TARGET_MEMORY_HIT_US);
 
