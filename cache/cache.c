@@ -581,12 +581,18 @@ kiln_status kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out)
     kiln_status st = KILN_OK;
     pthread_mutex_lock(&c->lock);
     int rc = sqlite3_prepare_v2(
-        c->db, "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(length(cubin)), 0) FROM kernels", -1, &q,
-        NULL);
+        c->db,
+        /* total() never overflows, and a row lying about its size (dropped at
+         * its next load) must not poison the sums meanwhile. */
+        "SELECT count(*), total(CASE WHEN typeof(raw_size) = 'integer' AND raw_size BETWEEN 1 AND ?1"
+        " THEN raw_size ELSE 0 END), total(length(cubin)) FROM kernels",
+        -1, &q, NULL);
+    if (rc == SQLITE_OK)
+        sqlite3_bind_int64(q, 1, KILN_CACHE_MAX_CUBIN);
     if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         out->entries = (uint64_t)sqlite3_column_int64(q, 0);
-        out->raw_bytes = (uint64_t)sqlite3_column_int64(q, 1);
-        out->stored_bytes = (uint64_t)sqlite3_column_int64(q, 2);
+        out->raw_bytes = (uint64_t)sqlite3_column_double(q, 1);
+        out->stored_bytes = (uint64_t)sqlite3_column_double(q, 2);
     } else {
         st = db_fail(c, rc, "counting kernels");
     }

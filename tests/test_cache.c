@@ -264,6 +264,28 @@ static void test_lying_rows_are_a_miss(void **state)
     }
 }
 
+/* A row lying about its size must not break the totals (found by fuzz_cache_row). */
+static void test_stats_survive_a_lying_row(void **state)
+{
+    fixture *f = *state;
+    uint8_t cubin[1000];
+    kiln_cache_record rec;
+    make_record(&f->rng, &rec, cubin, sizeof cubin);
+    kiln_cache *c = open_db(f->path, 0);
+    KILN_CHECK(kiln_cache_put(c, &rec));
+    kiln_cache_close(c);
+    corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (zeroblob(32), 't', '', 'sm_90', 12, 4, 'k', x'00',"
+                              " 9223372036854775807, zeroblob(32), 0, 0, 0)");
+    corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (x'0101010101010101010101010101010101010101010101010101010101010101',"
+                              " 't', '', 'sm_90', 12, 4, 'k', x'00', -7, zeroblob(32), 0, 0, 0)");
+    c = open_db(f->path, 1);
+    kiln_cache_stats s;
+    KILN_CHECK(kiln_cache_get_stats(c, &s));
+    assert_int_equal(s.entries, 3);
+    assert_int_equal(s.raw_bytes, sizeof cubin);
+    kiln_cache_close(c);
+}
+
 static void test_read_only_layer_is_never_written(void **state)
 {
     fixture *f = *state;
@@ -468,6 +490,7 @@ int main(void)
         T(test_hits_are_recorded),
         T(test_flipped_bytes_in_the_file_are_a_miss),
         T(test_lying_rows_are_a_miss),
+        T(test_stats_survive_a_lying_row),
         T(test_read_only_layer_is_never_written),
         T(test_foreign_and_newer_databases_are_refused),
         T(test_default_path),

@@ -6,7 +6,9 @@
  * kiln_cache_get. The row is judged independently here (types as stored,
  * sizes, zstd, SHA-256 over OpenSSL EVP), and kiln must agree exactly: a valid
  * row is a hit with the very bytes; any other row is a miss that is dropped
- * from the file and counted.
+ * from the file and counted. Each input starts from the same database, one
+ * valid row stored by kiln_cache_put, so that a failure reproduces from its
+ * input alone.
  *
  * Input layout (short inputs read as zero-padded):
  *   bytes 0..7    raw_size field: int64, little-endian
@@ -35,6 +37,8 @@
 /* Raw-fuzz blobs that declare more than this are not decoded here for a checksum. */
 #define MAX_DECODE_FOR_CHECKSUM (1u << 20)
 #define N_FINGERPRINTS 4
+/* The fingerprint index of the row every input finds beside its own. */
+#define ANCHOR N_FINGERPRINTS
 
 enum { BLOB_RAW, BLOB_FRAME, BLOB_FRAME_EDITED, BLOB_FRAME_RESIZED };
 enum { SIZE_FIELD, SIZE_REAL, SIZE_NEAR, SIZE_TYPED };
@@ -44,7 +48,8 @@ static struct {
     char dir[4096], path[4200];
     kiln_cache *cache;
     sqlite3 *db;
-    sqlite3_stmt *insert, *peek, *count;
+    sqlite3_stmt *insert, *peek, *count, *reset;
+    uint8_t anchor[KILN_FINGERPRINT_SIZE];
     uint64_t events;
     uint8_t event_fp[KILN_FINGERPRINT_SIZE];
 } g;
@@ -71,6 +76,7 @@ static void cleanup(void)
     sqlite3_finalize(g.insert);
     sqlite3_finalize(g.peek);
     sqlite3_finalize(g.count);
+    sqlite3_finalize(g.reset);
     sqlite3_close(g.db);
     kiln_cache_close(g.cache);
     static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
@@ -86,6 +92,8 @@ static void prepare(const char *sql, sqlite3_stmt **st)
     int rc = sqlite3_prepare_v2(g.db, sql, -1, st, NULL);
     FUZZ_CHECK(rc == SQLITE_OK, "prepare %s: %s", sql, sqlite3_errmsg(g.db));
 }
+
+static void fingerprint(int index, uint8_t fp[KILN_FINGERPRINT_SIZE]);
 
 static void setup(void)
 {
@@ -106,7 +114,24 @@ static void setup(void)
             &g.insert);
     prepare("SELECT typeof(raw_size), raw_size, checksum, cubin FROM kernels WHERE fingerprint = ?1", &g.peek);
     prepare("SELECT count(*) FROM kernels WHERE fingerprint = ?1", &g.count);
+    prepare("DELETE FROM kernels WHERE fingerprint <> ?1", &g.reset);
     atexit(cleanup);
+    static const char anchor_cubin[] = "\x7f" "ELF anchor cubin, stored by kiln_cache_put";
+    kiln_cache_record r = {.template_id = "anchor", .constants = "N=1", .arch = "sm_90", .nvrtc_major = 12,
+                           .nvrtc_minor = 4, .entries = "k", .cubin = anchor_cubin, .cubin_size = sizeof anchor_cubin};
+    fingerprint(ANCHOR, g.anchor);
+    memcpy(r.fingerprint, g.anchor, KILN_FINGERPRINT_SIZE);
+    st = kiln_cache_put(g.cache, &r);
+    FUZZ_CHECK(st == KILN_OK, "kiln_cache_put: %s", kiln_errmsg());
+}
+
+/* Back to the database setup() made: the anchor row alone. */
+static void reset_database(void)
+{
+    sqlite3_bind_blob(g.reset, 1, g.anchor, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
+    int rc = sqlite3_step(g.reset);
+    FUZZ_CHECK(rc == SQLITE_DONE, "reset: %s", sqlite3_errmsg(g.db));
+    sqlite3_reset(g.reset);
 }
 
 /* ---- helpers ---- */
@@ -380,6 +405,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         setup();
     if (!data)
         data = empty;
+    reset_database();
     g_stats.inputs++;
     row_input in;
     split(data, size, &in);
@@ -481,6 +507,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(msg && strstr(msg, "dropped"), "drop without a message: \"%s\"", msg ? msg : "(null)");
         FUZZ_CHECK(kiln_cache_contains(g.cache, fp, &present) == KILN_OK && !present, "a dropped row is still there");
         FUZZ_CHECK(rows_with(fp) == 0, "a dropped row is still in the file");
+        FUZZ_CHECK(rows_with(g.anchor) == 1, "dropping a row took another row with it");
         count_reason(msg);
     }
     kiln_free(cubin);
