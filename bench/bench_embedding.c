@@ -129,7 +129,7 @@ int main(int argc, char **argv)
     g_d = kiln__runtime_driver(rt);
     if ((st = kiln__runtime_enter(rt)))
         fail("setup", st, NULL);
-    CUstream stream = kiln__runtime_stream(rt);
+    CUstream stream = (CUstream)kiln_stream_handle(kiln_runtime_stream(rt));
 
     /* Sizes: one table for the widest row, one ids and one out buffer for the largest need. */
     int64_t max_hidden = 0;

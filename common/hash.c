@@ -66,15 +66,17 @@ double kiln__now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void kiln_fingerprint_hex(const uint8_t fp[32], char out[65])
+void kiln__hex(const uint8_t *bytes, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        out[2 * i] = digits[fp[i] >> 4];
-        out[2 * i + 1] = digits[fp[i] & 15];
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[bytes[i] >> 4];
+        out[2 * i + 1] = digits[bytes[i] & 15];
     }
-    out[64] = 0;
+    out[2 * n] = 0;
 }
+
+void kiln_fingerprint_hex(const uint8_t fp[32], char out[65]) { kiln__hex(fp, 32, out); }
 
 static int hexval(char c)
 {

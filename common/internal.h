@@ -46,6 +46,13 @@ void kiln__hasher_str(kiln__hasher *h, const char *s);
 int kiln__hasher_final(kiln__hasher *h, uint8_t out[32]); /* frees h */
 void kiln__hasher_free(kiln__hasher *h);
 
+/* SHA-256 over every embedded template file (names and bytes, in table
+ * order) and provider_versions: what makes this build's kernels what they are. */
+void kiln__implementation_digest(const char *provider_versions, uint8_t out[32]);
+
+/* n bytes as 2n lowercase hex digits and a NUL. */
+void kiln__hex(const uint8_t *bytes, size_t n, char *out);
+
 /* Monotonic seconds. */
 double kiln__now(void);
 

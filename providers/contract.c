@@ -5,32 +5,6 @@
 
 #include "providers/internal.h"
 
-const char *kiln_dtype_name(kiln_dtype t)
-{
-    switch (t) {
-    case KILN_DTYPE_F16: return "f16";
-    case KILN_DTYPE_F32: return "f32";
-    case KILN_DTYPE_U32: return "u32";
-    case KILN_DTYPE_U8: return "u8";
-    case KILN_DTYPE_BF16: return "bf16";
-    case KILN_DTYPE_I32: return "i32";
-    }
-    return "unknown";
-}
-
-size_t kiln_dtype_size(kiln_dtype t)
-{
-    switch (t) {
-    case KILN_DTYPE_F16:
-    case KILN_DTYPE_BF16: return 2;
-    case KILN_DTYPE_F32:
-    case KILN_DTYPE_U32:
-    case KILN_DTYPE_I32: return 4;
-    case KILN_DTYPE_U8: return 1;
-    }
-    return 0;
-}
-
 static void dims_text(const kiln_tensor *t, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, "[");

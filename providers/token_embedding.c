@@ -1,5 +1,6 @@
 /* Token embedding: out[t, :] = table[ids[t], :]. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "jit/internal.h"
@@ -40,11 +41,37 @@ kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec
     return st ? st : sink(user, &spec);
 }
 
-kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
-                                    const kiln_tensor *out)
+/* What the command launches: the kernel and its fixed arguments. */
+typedef struct embedding_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr table, ids, out;
+    uint32_t tokens;
+    unsigned threads;
+} embedding_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
-    if (!jit)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit is NULL");
+    embedding_launch *l = user;
+    CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
+    for (uint64_t base = 0; base < l->tokens; base += MAX_TOKENS_PER_LAUNCH) {
+        uint64_t n = l->tokens - base;
+        unsigned grid = n > MAX_TOKENS_PER_LAUNCH ? MAX_TOKENS_PER_LAUNCH : (unsigned)n;
+        unsigned token_base = (unsigned)base;
+        void *args[] = {&l->table, &l->ids, &l->out, &token_base, &fault};
+        kiln_status st = kiln__launch(ctx, l->rt, l->fn, grid, l->threads, 0, args);
+        if (st)
+            return st;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
+                                           const kiln_tensor *out, kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
     kiln_runtime *rt = kiln__jit_runtime(jit);
     if (!rt)
         return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
@@ -67,10 +94,12 @@ kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, con
         kiln__tensors_overlap(out, out_bytes, ids, ids_bytes))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": out overlaps %s",
                           kiln__tensors_overlap(out, out_bytes, table, table_bytes) ? "table" : "ids");
-    CUdeviceptr p_table = kiln__buffer_ptr(table->buffer) + table->offset;
-    CUdeviceptr p_ids = kiln__buffer_ptr(ids->buffer) + ids->offset;
-    CUdeviceptr p_out = kiln__buffer_ptr(out->buffer) + out->offset;
-    int vec = (hidden % 8 == 0 && p_table % 16 == 0 && p_out % 16 == 0) ? 8 : 1;
+    embedding_launch l = {.rt = rt, .tokens = (uint32_t)tokens};
+    l.table = kiln__buffer_ptr(table->buffer) + table->offset;
+    l.ids = kiln__buffer_ptr(ids->buffer) + ids->offset;
+    l.out = kiln__buffer_ptr(out->buffer) + out->offset;
+    int vec = (hidden % 8 == 0 && l.table % 16 == 0 && l.out % 16 == 0) ? 8 : 1;
+    l.threads = (unsigned)threads_for(hidden, vec);
     kiln_spec spec;
     if ((st = kiln_op_token_embedding_spec(vocab, hidden, vec, &spec)))
         return kiln__propagate(err, st);
@@ -78,15 +107,44 @@ kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, con
     void *fn;
     if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
         return kiln__propagate(err, st);
-    unsigned threads = (unsigned)threads_for(hidden, vec);
-    CUdeviceptr fault = kiln__runtime_fault(rt);
-    for (uint64_t base = 0; base < (uint64_t)tokens; base += MAX_TOKENS_PER_LAUNCH) {
-        uint64_t n = (uint64_t)tokens - base;
-        unsigned grid = n > MAX_TOKENS_PER_LAUNCH ? MAX_TOKENS_PER_LAUNCH : (unsigned)n;
-        unsigned token_base = (unsigned)base;
-        void *args[] = {&p_table, &p_ids, &p_out, &token_base, &fault};
-        if ((st = kiln__runtime_launch(rt, (CUfunction)fn, grid, threads, 0, args)))
-            return st;
-    }
-    return KILN_OK;
+    l.fn = (CUfunction)fn;
+    embedding_launch *user = malloc(sizeof *user);
+    if (!user)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    *user = l;
+    /* The replay key: the kernel (its fingerprint) and everything it is launched with. */
+    uint8_t key[KILN_FINGERPRINT_SIZE + 4 * sizeof(uint64_t)];
+    uint64_t params[4] = {l.table, l.ids, l.out, l.tokens};
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_region regions[3] = {{table->buffer, table->offset, table->offset + table_bytes},
+                              {ids->buffer, ids->offset, ids->offset + ids_bytes},
+                              {out->buffer, out->offset, out->offset + out_bytes}};
+    kiln_command_desc d = {.op_id = OP,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = 1,
+                           .tokens = (uint32_t)tokens,
+                           .dispatches = (uint32_t)((tokens + MAX_TOKENS_PER_LAUNCH - 1) / MAX_TOKENS_PER_LAUNCH),
+                           .regions = regions,
+                           .n_regions = 3,
+                           .enqueue = enqueue,
+                           .user = user,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(user);
+    return st;
+}
+
+kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
+                                    const kiln_tensor *out)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_token_embedding_encode(jit, table, ids, out, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
 }

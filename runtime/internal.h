@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cublasLt.h>
 
 #include "common/internal.h"
 #include "kiln/runtime.h"
@@ -41,7 +42,18 @@
     X(cuEventDestroy, PFN_cuEventDestroy_v4000)                                                                     \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                                                       \
     X(cuEventSynchronize, PFN_cuEventSynchronize_v2000)                                                             \
-    X(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000)
+    X(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000)                                                             \
+    X(cuEventQuery, PFN_cuEventQuery_v2000)                                                                         \
+    X(cuStreamQuery, PFN_cuStreamQuery_v2000)                                                                       \
+    X(cuMemcpyAsync, PFN_cuMemcpyAsync_v4000)                                                                       \
+    X(cuMemcpyHtoDAsync, PFN_cuMemcpyHtoDAsync_v3020)                                                               \
+    X(cuMemcpyDtoH, PFN_cuMemcpyDtoH_v3020)                                                                         \
+    X(cuStreamBeginCapture, PFN_cuStreamBeginCapture_v10010)                                                        \
+    X(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000)                                                            \
+    X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)                                          \
+    X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                                      \
+    X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                                                            \
+    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)
 
 typedef struct kiln__driver {
 #define KILN__DRIVER_FIELD(name, type) type name;
@@ -56,17 +68,158 @@ const kiln__driver *kiln__driver_get(const char **why);
 /* Maps a CUresult to a status and records "what: NAME (code): text". */
 kiln_status kiln__cuda_fail(kiln__errslot *slot, CUresult r, const char *what);
 
-/* Makes the runtime's context current on the calling thread. */
+/* cuBLASLt entry points, loaded at run time (runtime/blas.c). */
+#define KILN__BLAS_FUNCS(X) X(cublasLtCreate) X(cublasLtDestroy)
+
+typedef struct kiln__blas {
+#define KILN__BLAS_FIELD(name) __typeof__(&name) name;
+    KILN__BLAS_FUNCS(KILN__BLAS_FIELD)
+#undef KILN__BLAS_FIELD
+} kiln__blas;
+
+/* The loaded cuBLASLt, or NULL with *why saying what failed. Thread-safe. */
+const kiln__blas *kiln__blas_get(const char **why);
+
+/* ---- objects, shared by the files of runtime/ ---- */
+
+struct kiln_runtime {
+    const kiln__driver *d;
+    CUdevice dev;
+    CUcontext ctx;
+    kiln_runtime_info info;
+    _Atomic int broken;         /* a sticky device error: every later call fails with it */
+    struct kiln_stream *own;    /* the stream of the immediate calls */
+    kiln__errslot err;
+};
+
+struct kiln_buffer {
+    kiln_runtime *rt;
+    _Atomic long refs;          /* the caller's handle + each command naming it */
+    CUdeviceptr base;           /* what cuMemAlloc returned */
+    CUdeviceptr ptr;            /* base rounded up to the alignment */
+    size_t size;
+    kiln_dtype dtype;
+    kiln_buffer_usage usage;
+};
+
+struct kiln_command {
+    kiln_runtime *rt;
+    _Atomic long refs;          /* the caller's handle + each batch holding it */
+    char op_id[KILN_OP_ID_MAX];
+    kiln_batching batching;
+    uint32_t participants, tokens, dispatches, transfers;
+    kiln_region *regions;       /* each holds a reference on its buffer */
+    size_t n_regions;
+    void *host_data;
+    size_t host_bytes;
+    kiln_enqueue_fn enqueue;
+    void *user;
+    void (*user_free)(void *);
+    uint8_t *replay_key;
+    size_t replay_key_bytes;
+};
+
+struct kiln_launch_context {
+    CUstream stream;
+    CUdeviceptr fault;
+    const kiln_command *cmd;
+};
+
+/* A submitted batch. The fence handle a caller gets is the batch itself. */
+struct kiln_fence {
+    struct kiln_stream *stream;
+    int refs;                   /* the stream's pending list + the caller's handle */
+    kiln_command **cmds;
+    size_t n;
+    char *phase;
+    kiln_timing timing;
+    CUevent done;               /* recorded after the batch */
+    CUevent start;              /* with timing on */
+    CUevent *span_events;       /* two per span */
+    kiln_span *spans;
+    size_t n_spans;
+    kiln_attribution *rows;
+    CUgraphExec *execs;         /* replayed segments, destroyed after completion */
+    size_t n_execs;
+    kiln_fence_state state;
+    int timed;                  /* timings read back */
+    struct kiln_fence *next;    /* in the stream's pending or quarantine list */
+};
+
+struct kiln_stream {
+    kiln_runtime *rt;
+    CUstream handle;
+    void *cublaslt;             /* cublasLtHandle_t */
+    CUdeviceptr fault;          /* one kiln__fault */
+    kiln_stream_state state;
+    struct kiln_fence *pending; /* submitted, not known complete (oldest first) */
+    struct kiln_fence *quarantine;
+};
+
+struct kiln_binding_arena {
+    kiln_runtime *rt;
+    kiln_buffer *buffer;
+    uint8_t *mirror;
+    kiln_binding_slot *slots;
+    size_t n_slots, total;
+    uint64_t uploads;
+};
+
+/* Makes the runtime's context current on the calling thread, or returns the
+ * sticky error of a broken runtime. */
 kiln_status kiln__runtime_enter(kiln_runtime *rt);
+/* Records a driver failure; a sticky one breaks the runtime for good. */
+kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what);
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
-CUstream kiln__runtime_stream(const kiln_runtime *rt);
-CUdeviceptr kiln__runtime_fault(const kiln_runtime *rt);
+const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
 kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out);
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module);
-kiln_status kiln__runtime_launch(kiln_runtime *rt, CUfunction fn, unsigned grid_x, unsigned block_x,
-                                 unsigned shared_bytes, void **args);
-const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
+/* Launches fn on the context's stream. */
+kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
+                         unsigned block_x, unsigned shared_bytes, void **args);
 kiln_runtime *kiln__buffer_runtime(const kiln_buffer *buf);
 CUdeviceptr kiln__buffer_ptr(const kiln_buffer *buf);
+void kiln__buffer_retain(kiln_buffer *buf);
+
+/* A transfer command that sets every byte of dst to value (zero is value 0). */
+kiln_status kiln__command_fill(kiln_runtime *rt, const kiln_region *dst, uint8_t value, kiln_command **out);
+void kiln__command_retain(kiln_command *cmd);
+
+/* Streams (runtime/stream.c). */
+
+/* What moves a stream between states. */
+typedef enum kiln__stream_event {
+    KILN__EV_BEGIN,          /* a submission starts enqueueing */
+    KILN__EV_ENQUEUED,       /* it was enqueued whole */
+    KILN__EV_ENQUEUE_FAILED, /* it failed half-way */
+    KILN__EV_DRAINED,        /* every submitted batch is known complete */
+    KILN__EV_SYNCED,         /* synchronize waited and released everything */
+    KILN__EV_DEVICE_FAILED   /* the device failed */
+} kiln__stream_event;
+
+/* The state machine, pure: Ready -> Recording -> Submitted -> Ready, and
+ * Failed. KILN_ERR_RUNTIME_CONTRACT (recorded in err) for a move it forbids. */
+kiln_status kiln__stream_next(kiln__errslot *err, kiln_stream_state from, kiln__stream_event ev,
+                              kiln_stream_state *to);
+const char *kiln__stream_state_name(kiln_stream_state s);
+/* Every check of a submission that needs no device: the stream's state, each
+ * command's runtime, the compute path's requirement, the patches. */
+kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, size_t n,
+                                  const kiln_submit_options *o);
+/* A binding layout's slots tile [0, total) exactly. */
+kiln_status kiln__binding_layout_check(kiln__errslot *err, const kiln_binding_slot *slots, size_t n,
+                                       size_t total);
+/* Patches inside their slots, sorted by (slot, offset), disjoint. */
+kiln_status kiln__binding_patches_check(kiln__errslot *err, const kiln_binding_slot *slots, size_t n_slots,
+                                        const kiln_binding_patch *p, size_t n);
+kiln_status kiln__binding_validate(kiln_binding_arena *a, kiln_runtime *rt, const kiln_binding_patch *p, size_t n);
+kiln_status kiln__binding_apply(kiln_binding_arena *a, const kiln_binding_patch *p, size_t n, CUstream stream);
+/* The bytes to allocate for bytes at align (cuMemAlloc aligns to 256), and
+ * the aligned address inside an allocation at base; 0, or -1 on overflow. */
+int kiln__alloc_size(size_t bytes, size_t align, size_t *total);
+uint64_t kiln__align_up(uint64_t base, size_t align);
+kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out);
+/* Reads and clears the stream's fault record; KILN_ERR_DEVICE_CONTRACT when a kernel reported. */
+kiln_status kiln__stream_check_fault(kiln_stream *s);
 
 #endif

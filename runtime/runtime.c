@@ -1,5 +1,6 @@
-/* The runtime: one device's primary context, one stream, buffers, module
- * loading, launches and the device fault record. */
+/* The runtime: one device's primary context, its descriptor, module loading,
+ * launches and the sticky-failure rule. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,63 +8,63 @@
 #include "common/fault.h"
 #include "runtime/internal.h"
 
-struct kiln_runtime {
-    const kiln__driver *d;
-    CUdevice dev;
-    CUcontext ctx;
-    CUstream stream;
-    CUdeviceptr fault; /* one kiln__fault */
-    kiln_runtime_info info;
-    kiln_status broken; /* a sticky device error: every later call fails with it */
-    kiln__errslot err;
-};
+/* Every piece of kiln whose change changes what a kernel computes. Bumped by
+ * hand when a provider's host-side logic changes; the templates' bytes are
+ * hashed as they are. */
+#define KILN_PROVIDER_VERSIONS "token_embedding:1"
 
-struct kiln_buffer {
-    kiln_runtime *rt;
-    CUdeviceptr base; /* what cuMemAlloc returned */
-    CUdeviceptr ptr;  /* base rounded up to the alignment */
-    size_t size;
-};
+static _Atomic uint64_t next_instance = 1;
 
 static int is_sticky(kiln_status st)
 {
     return st == KILN_ERR_CUDA_ILLEGAL_ADDRESS || st == KILN_ERR_CUDA_INVALID_CONTEXT;
 }
 
-/* Records a driver failure; a sticky one breaks the runtime for good. */
-static kiln_status cu_fail(kiln_runtime *rt, CUresult r, const char *what)
+kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what)
 {
     kiln_status st = kiln__cuda_fail(&rt->err, r, what);
-    if (is_sticky(st) && !rt->broken)
-        rt->broken = st;
+    int none = 0;
+    if (is_sticky(st))
+        atomic_compare_exchange_strong(&rt->broken, &none, (int)st);
     return st;
-}
-
-static kiln_status check_usable(kiln_runtime *rt)
-{
-    if (rt->broken)
-        return kiln__fail(&rt->err, rt->broken,
-                          "the runtime on device %d failed earlier (%s) and can only be destroyed",
-                          rt->info.device_ordinal, kiln_status_code(rt->broken));
-    return KILN_OK;
 }
 
 kiln_status kiln__runtime_enter(kiln_runtime *rt)
 {
-    kiln_status st = check_usable(rt);
-    if (st)
-        return st;
+    int broken = atomic_load(&rt->broken);
+    if (broken)
+        return kiln__fail(&rt->err, (kiln_status)broken,
+                          "the runtime on device %d failed earlier (%s) and can only be destroyed",
+                          rt->info.device_ordinal, kiln_status_code((kiln_status)broken));
     CUcontext cur = NULL;
     if (rt->d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == rt->ctx)
         return KILN_OK;
     CUresult r = rt->d->cuCtxSetCurrent(rt->ctx);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(rt, r, "cuCtxSetCurrent");
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuCtxSetCurrent");
 }
 
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d; }
-CUstream kiln__runtime_stream(const kiln_runtime *rt) { return rt->stream; }
-CUdeviceptr kiln__runtime_fault(const kiln_runtime *rt) { return rt->fault; }
+
+/* SHA-256 over every embedded template file and the provider versions. */
+static void implementation_fingerprint(char out[65])
+{
+    uint8_t fp[32];
+    kiln__implementation_digest(KILN_PROVIDER_VERSIONS, fp);
+    kiln__hex(fp, sizeof fp, out);
+}
+
+static void describe(kiln_runtime *rt, int major)
+{
+    kiln_runtime_info *i = &rt->info;
+    i->instance_id = atomic_fetch_add(&next_instance, 1);
+    i->capabilities = KILN_CAP_LAUNCH | KILN_CAP_TIMING | KILN_CAP_GRAPHS | KILN_CAP_CUBLASLT | KILN_CAP_F16 |
+                      KILN_CAP_PAGED_KV | (major >= 8 ? KILN_CAP_BF16 : 0);
+    implementation_fingerprint(i->implementation_fingerprint);
+    i->n_storage_profiles = 2;
+    i->storage_profiles[0] = (kiln_storage_profile){"linear", KILN_STORAGE_LINEAR_ARENA, 0, 256};
+    i->storage_profiles[1] = (kiln_storage_profile){"paged_kv", KILN_STORAGE_FIXED_BLOCK, 65536, 65536};
+}
 
 kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime **out)
 {
@@ -106,30 +107,18 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     rt->info.device_ordinal = opts->device_ordinal;
     rt->info.total_memory = total;
     snprintf(rt->info.arch, sizeof rt->info.arch, "sm_%d%d", major, minor);
+    describe(rt, major);
     if ((r = d->cuDevicePrimaryCtxRetain(&rt->ctx, rt->dev)) != CUDA_SUCCESS) {
         rt->ctx = NULL;
         st = kiln__cuda_fail(NULL, r, "cuDevicePrimaryCtxRetain");
         goto out_free;
     }
-    if ((r = d->cuCtxSetCurrent(rt->ctx)) != CUDA_SUCCESS ||
-        (r = d->cuStreamCreate(&rt->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-        rt->stream = NULL;
-        st = kiln__cuda_fail(NULL, r, "creating the stream");
+    if ((st = kiln__runtime_enter(rt)) || (st = kiln__stream_init(rt, &rt->own)))
         goto out_free;
-    }
-    if ((r = d->cuMemAlloc(&rt->fault, sizeof(kiln__fault))) != CUDA_SUCCESS) {
-        rt->fault = 0;
-        st = kiln__cuda_fail(NULL, r, "allocating the fault record");
-        goto out_free;
-    }
-    kiln__fault clean = {.first = UINT64_MAX};
-    if ((r = d->cuMemcpyHtoD(rt->fault, &clean, sizeof clean)) != CUDA_SUCCESS) {
-        st = kiln__cuda_fail(NULL, r, "clearing the fault record");
-        goto out_free;
-    }
     *out = rt;
     return KILN_OK;
 out_free:
+    kiln__propagate(NULL, st);
     kiln_runtime_destroy(rt);
     return st;
 }
@@ -138,14 +127,10 @@ void kiln_runtime_destroy(kiln_runtime *rt)
 {
     if (!rt)
         return;
+    kiln_stream_destroy(rt->own);
     if (rt->ctx) {
-        rt->d->cuCtxSetCurrent(rt->ctx);
-        if (rt->stream)
-            rt->d->cuStreamSynchronize(rt->stream);
-        if (rt->fault)
-            rt->d->cuMemFree(rt->fault);
-        if (rt->stream)
-            rt->d->cuStreamDestroy(rt->stream);
+        /* A broken context is destroyed with the last release, so that a new
+         * runtime on the device starts clean. */
         rt->d->cuDevicePrimaryCtxRelease(rt->dev);
     }
     kiln__errslot_destroy(&rt->err);
@@ -159,41 +144,14 @@ void kiln_runtime_get_info(const kiln_runtime *rt, kiln_runtime_info *out)
 }
 
 const char *kiln_runtime_errmsg(const kiln_runtime *rt) { return rt ? rt->err.msg : ""; }
-
-/* Turns a fault a kernel recorded into an error naming it, and clears it. */
-static kiln_status fault_to_error(kiln_runtime *rt, const kiln__fault *f)
-{
-    uint32_t index = (uint32_t)(f->first >> 32), value = (uint32_t)f->first;
-    kiln__fault clean = {.first = UINT64_MAX};
-    CUresult r = rt->d->cuMemcpyHtoD(rt->fault, &clean, sizeof clean);
-    if (r != CUDA_SUCCESS)
-        return cu_fail(rt, r, "clearing the fault record");
-    switch (f->code) {
-    case KILN__FAULT_TOKEN_ID:
-        return kiln__fail(&rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "token_embedding: ids[%u] = %u is at or past the vocabulary size %llu (lowest bad index); "
-                          "its output row was zeroed",
-                          index, value, (unsigned long long)f->limit);
-    default:
-        return kiln__fail(&rt->err, KILN_ERR_DEVICE_CONTRACT, "a kernel reported fault code %u (index %u, value %u)",
-                          f->code, index, value);
-    }
-}
+kiln_stream *kiln_runtime_stream(kiln_runtime *rt) { return rt ? rt->own : NULL; }
 
 kiln_status kiln_runtime_synchronize(kiln_runtime *rt)
 {
     if (!rt)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_runtime_synchronize: runtime is NULL");
-    kiln_status st = kiln__runtime_enter(rt);
-    if (st)
-        return st;
-    kiln__fault f;
-    CUresult r = rt->d->cuMemcpyDtoHAsync(&f, rt->fault, sizeof f, rt->stream);
-    if (r == CUDA_SUCCESS)
-        r = rt->d->cuStreamSynchronize(rt->stream);
-    if (r != CUDA_SUCCESS)
-        return cu_fail(rt, r, "synchronizing the stream");
-    return f.code ? fault_to_error(rt, &f) : KILN_OK;
+    kiln_status st = kiln_stream_synchronize(rt->own);
+    return st ? kiln__propagate(&rt->err, st) : KILN_OK;
 }
 
 kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out)
@@ -202,7 +160,7 @@ kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmod
     if (st)
         return st;
     CUresult r = rt->d->cuModuleLoadData(out, cubin);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(rt, r, "cuModuleLoadData");
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuModuleLoadData");
 }
 
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
@@ -211,117 +169,19 @@ void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
         rt->d->cuModuleUnload(module);
 }
 
-kiln_status kiln__runtime_launch(kiln_runtime *rt, CUfunction fn, unsigned grid_x, unsigned block_x,
-                                 unsigned shared_bytes, void **args)
+kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
+                         unsigned block_x, unsigned shared_bytes, void **args)
 {
-    kiln_status st = kiln__runtime_enter(rt);
-    if (st)
-        return st;
-    CUresult r = rt->d->cuLaunchKernel(fn, grid_x, 1, 1, block_x, 1, 1, shared_bytes, rt->stream, args, NULL);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(rt, r, "cuLaunchKernel");
+    CUresult r = rt->d->cuLaunchKernel(fn, grid_x, 1, 1, block_x, 1, 1, shared_bytes, ctx->stream, args, NULL);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuLaunchKernel");
 }
 
-/* ---- buffers ---- */
+void *kiln_launch_stream(const kiln_launch_context *ctx) { return ctx ? (void *)ctx->stream : NULL; }
+uint64_t kiln_launch_fault_record(const kiln_launch_context *ctx) { return ctx ? (uint64_t)ctx->fault : 0; }
 
-kiln_runtime *kiln__buffer_runtime(const kiln_buffer *buf) { return buf->rt; }
-CUdeviceptr kiln__buffer_ptr(const kiln_buffer *buf) { return buf->ptr; }
-size_t kiln_buffer_size(const kiln_buffer *buf) { return buf ? buf->size : 0; }
-uint64_t kiln_buffer_device_address(const kiln_buffer *buf) { return buf ? (uint64_t)buf->ptr : 0; }
-
-kiln_status kiln_buffer_create(kiln_runtime *rt, size_t bytes, size_t align, kiln_buffer **out)
+const void *kiln_launch_host_data(const kiln_launch_context *ctx, size_t *bytes)
 {
-    if (!rt || !out)
-        return kiln__fail(rt ? &rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_create: NULL argument");
-    *out = NULL;
-    if (!align)
-        align = 256;
-    if (bytes == 0 || (align & (align - 1)) != 0 || align > ((size_t)1 << 30))
-        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
-                          "buffer: %zu bytes aligned to %zu; need bytes > 0 and a power-of-two alignment <= 2^30",
-                          bytes, align);
-    size_t total;
-    /* cuMemAlloc gives 256-byte alignment; over-allocate for more. */
-    if (kiln__add_overflows(bytes, align > 256 ? align - 256 : 0, &total))
-        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "buffer: %zu bytes + alignment %zu overflows", bytes,
-                          align);
-    kiln_status st = kiln__runtime_enter(rt);
-    if (st)
-        return st;
-    kiln_buffer *b = calloc(1, sizeof *b);
-    if (!b)
-        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    CUresult r = rt->d->cuMemAlloc(&b->base, total);
-    if (r != CUDA_SUCCESS) {
-        free(b);
-        char what[96];
-        snprintf(what, sizeof what, "cuMemAlloc of %zu bytes", total);
-        return cu_fail(rt, r, what);
-    }
-    b->rt = rt;
-    b->size = bytes;
-    b->ptr = (b->base + (align - 1)) & ~(CUdeviceptr)(align - 1);
-    *out = b;
-    return KILN_OK;
-}
-
-void kiln_buffer_destroy(kiln_buffer *b)
-{
-    if (!b)
-        return;
-    if (kiln__runtime_enter(b->rt) == KILN_OK) {
-        /* The GPU may still use it: wait for the stream first. */
-        b->rt->d->cuStreamSynchronize(b->rt->stream);
-        b->rt->d->cuMemFree(b->base);
-    }
-    free(b);
-}
-
-static kiln_status check_region(kiln_buffer *b, size_t offset, size_t bytes, const void *host, const char *what)
-{
-    size_t end;
-    if (!host)
-        return kiln__fail(&b->rt->err, KILN_ERR_INVALID_ARGUMENT, "%s: host pointer is NULL", what);
-    if (bytes == 0 || kiln__add_overflows(offset, bytes, &end) || end > b->size)
-        return kiln__fail(&b->rt->err, KILN_ERR_RUNTIME_CONTRACT,
-                          "%s: region [%zu, +%zu) is empty or outside the buffer of %zu bytes", what, offset, bytes,
-                          b->size);
-    return kiln__runtime_enter(b->rt);
-}
-
-kiln_status kiln_buffer_upload(kiln_buffer *b, size_t offset, const void *src, size_t bytes)
-{
-    if (!b)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_upload: buffer is NULL");
-    kiln_status st = check_region(b, offset, bytes, src, "upload");
-    if (st)
-        return st;
-    /* Ordered after the stream's earlier work that may read the region. */
-    CUresult r = b->rt->d->cuStreamSynchronize(b->rt->stream);
-    if (r == CUDA_SUCCESS)
-        r = b->rt->d->cuMemcpyHtoD(b->ptr + offset, src, bytes);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(b->rt, r, "upload");
-}
-
-kiln_status kiln_buffer_readback(kiln_buffer *b, size_t offset, void *dst, size_t bytes)
-{
-    if (!b)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_readback: buffer is NULL");
-    kiln_status st = check_region(b, offset, bytes, dst, "readback");
-    if (st)
-        return st;
-    CUresult r = b->rt->d->cuMemcpyDtoHAsync(dst, b->ptr + offset, bytes, b->rt->stream);
-    if (r == CUDA_SUCCESS)
-        r = b->rt->d->cuStreamSynchronize(b->rt->stream);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(b->rt, r, "readback");
-}
-
-kiln_status kiln_buffer_fill(kiln_buffer *b, size_t offset, uint8_t value, size_t bytes)
-{
-    if (!b)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_fill: buffer is NULL");
-    kiln_status st = check_region(b, offset, bytes, b, "fill");
-    if (st)
-        return st;
-    CUresult r = b->rt->d->cuMemsetD8Async(b->ptr + offset, value, bytes, b->rt->stream);
-    return r == CUDA_SUCCESS ? KILN_OK : cu_fail(b->rt, r, "fill");
+    if (bytes)
+        *bytes = ctx && ctx->cmd ? ctx->cmd->host_bytes : 0;
+    return ctx && ctx->cmd ? ctx->cmd->host_data : NULL;
 }

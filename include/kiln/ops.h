@@ -15,22 +15,11 @@
 #include "kiln/jit.h"
 #include "kiln/runtime.h"
 #include "kiln/status.h"
+#include "kiln/types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum kiln_dtype {
-    KILN_DTYPE_F16 = 1,
-    KILN_DTYPE_F32 = 2,
-    KILN_DTYPE_U32 = 3,
-    KILN_DTYPE_U8 = 4,
-    KILN_DTYPE_BF16 = 5,
-    KILN_DTYPE_I32 = 6
-} kiln_dtype;
-
-KILN_API const char *kiln_dtype_name(kiln_dtype t);
-KILN_API size_t kiln_dtype_size(kiln_dtype t);
 
 #define KILN_TENSOR_MAX_RANK 4
 
@@ -48,10 +37,17 @@ typedef struct kiln_tensor {
  * Specialized on hidden and vocab. Any number of tokens (launches are chunked
  * at 65535 tokens). A token id at or past vocab is never read: its output row
  * is zeroed and the next kiln_runtime_synchronize returns
- * KILN_ERR_DEVICE_CONTRACT with the first such index and id. Enqueued on the
- * jit's runtime; needs one (KILN_ERR_NO_DEVICE offline). */
+ * KILN_ERR_DEVICE_CONTRACT with the lowest such index and its id. Enqueued
+ * on the runtime's own stream (kiln_runtime_stream); needs a runtime
+ * (KILN_ERR_NO_DEVICE offline). */
 KILN_API kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
                                              const kiln_tensor *out);
+
+/* The same, as a command to submit on any stream of the jit's runtime (it
+ * retains the three regions; replayable: its key is the kernel's fingerprint
+ * and its launch arguments). Released with kiln_command_release. */
+KILN_API kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
+                                                    const kiln_tensor *out, kiln_command **cmd);
 
 /* The specialization kiln_op_token_embedding uses for these sizes when every
  * row is 16-byte aligned (the case buffers from kiln_buffer_create give). */

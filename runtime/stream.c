@@ -1,0 +1,660 @@
+/* Streams: batched submission, replayed segments, fences, timing,
+ * attribution, and the quarantine of batches that failed half-way. */
+#include <cublasLt.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fault.h"
+#include "runtime/internal.h"
+
+static const kiln__fault clean_fault = {.first = UINT64_MAX};
+
+kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out)
+{
+    *out = NULL;
+    kiln_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    s->rt = rt;
+    s->state = KILN_STREAM_READY;
+    kiln_status st;
+    CUresult r;
+    if ((r = rt->d->cuStreamCreate(&s->handle, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+        s->handle = NULL;
+        st = kiln__runtime_cu_fail(rt, r, "cuStreamCreate");
+        goto out_free;
+    }
+    if ((r = rt->d->cuMemAlloc(&s->fault, sizeof(kiln__fault))) != CUDA_SUCCESS) {
+        s->fault = 0;
+        st = kiln__runtime_cu_fail(rt, r, "allocating the fault record");
+        goto out_free;
+    }
+    if ((r = rt->d->cuMemcpyHtoD(s->fault, &clean_fault, sizeof clean_fault)) != CUDA_SUCCESS) {
+        st = kiln__runtime_cu_fail(rt, r, "clearing the fault record");
+        goto out_free;
+    }
+    const char *why = NULL;
+    const kiln__blas *blas = kiln__blas_get(&why);
+    if (!blas) {
+        st = kiln__fail(&rt->err, KILN_ERR_CUDA_BLAS, "%s", why);
+        goto out_free;
+    }
+    cublasLtHandle_t lt = NULL;
+    cublasStatus_t bs = blas->cublasLtCreate(&lt);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        st = kiln__fail(&rt->err, KILN_ERR_CUDA_BLAS, "cublasLtCreate: status %d", (int)bs);
+        goto out_free;
+    }
+    s->cublaslt = lt;
+    *out = s;
+    return KILN_OK;
+out_free:
+    kiln_stream_destroy(s);
+    return st;
+}
+
+kiln_status kiln_stream_create(kiln_runtime *rt, kiln_stream **out)
+{
+    if (!rt || !out)
+        return kiln__fail(rt ? &rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_create: NULL argument");
+    kiln_status st = kiln__runtime_enter(rt);
+    return st ? st : kiln__stream_init(rt, out);
+}
+
+void *kiln_stream_cublaslt(const kiln_stream *s) { return s ? s->cublaslt : NULL; }
+void *kiln_stream_handle(const kiln_stream *s) { return s ? (void *)s->handle : NULL; }
+
+/* ---- the state machine ---- */
+
+const char *kiln__stream_state_name(kiln_stream_state s)
+{
+    switch (s) {
+    case KILN_STREAM_READY: return "Ready";
+    case KILN_STREAM_RECORDING: return "Recording";
+    case KILN_STREAM_SUBMITTED: return "Submitted";
+    case KILN_STREAM_FAILED: return "Failed";
+    }
+    return "unknown";
+}
+
+kiln_status kiln__stream_next(kiln__errslot *err, kiln_stream_state from, kiln__stream_event ev,
+                              kiln_stream_state *to)
+{
+    kiln_stream_state next = from;
+    const char *why = NULL;
+    switch (ev) {
+    case KILN__EV_BEGIN:
+        if (from == KILN_STREAM_READY || from == KILN_STREAM_SUBMITTED)
+            next = KILN_STREAM_RECORDING;
+        else if (from == KILN_STREAM_RECORDING)
+            why = "it is already Recording a batch";
+        else
+            why = "it is Failed: kiln_stream_synchronize it first";
+        break;
+    case KILN__EV_ENQUEUED:
+    case KILN__EV_ENQUEUE_FAILED:
+        if (from == KILN_STREAM_RECORDING)
+            next = ev == KILN__EV_ENQUEUED ? KILN_STREAM_SUBMITTED : KILN_STREAM_FAILED;
+        else
+            why = "no batch is being recorded";
+        break;
+    case KILN__EV_DRAINED:
+        if (from == KILN_STREAM_SUBMITTED)
+            next = KILN_STREAM_READY;
+        break;
+    case KILN__EV_SYNCED:
+        if (from == KILN_STREAM_RECORDING)
+            why = "it is Recording a batch";
+        else
+            next = KILN_STREAM_READY;
+        break;
+    case KILN__EV_DEVICE_FAILED:
+        next = KILN_STREAM_FAILED;
+        break;
+    default:
+        why = "unknown event";
+    }
+    if (why)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "stream in state %s: %s", kiln__stream_state_name(from),
+                          why);
+    *to = next;
+    return KILN_OK;
+}
+
+/* Applies a move the code knows to be allowed. */
+static void move(kiln_stream *s, kiln__stream_event ev)
+{
+    kiln_stream_state to;
+    if (kiln__stream_next(NULL, s->state, ev, &to) == KILN_OK)
+        s->state = to;
+}
+
+/* ---- batches (fences) ---- */
+
+static void batch_free(kiln_fence *b)
+{
+    const kiln__driver *d = b->stream->rt->d;
+    for (size_t i = 0; i < b->n; i++)
+        kiln_command_release(b->cmds[i]);
+    for (size_t i = 0; i < b->n_execs; i++)
+        d->cuGraphExecDestroy(b->execs[i]);
+    if (b->done)
+        d->cuEventDestroy(b->done);
+    if (b->start)
+        d->cuEventDestroy(b->start);
+    for (size_t i = 0; i < 2 * b->n_spans; i++)
+        if (b->span_events && b->span_events[i])
+            d->cuEventDestroy(b->span_events[i]);
+    free(b->span_events);
+    free(b->spans);
+    free(b->rows);
+    free(b->execs);
+    free(b->cmds);
+    free(b->phase);
+    free(b);
+}
+
+static void batch_unref(kiln_fence *b)
+{
+    if (b && --b->refs == 0)
+        batch_free(b);
+}
+
+/* Notes batches that have completed, oldest first, dropping the stream's
+ * reference to each; a failed query marks the batch indeterminate. */
+static void reap(kiln_stream *s)
+{
+    while (s->pending) {
+        kiln_fence *b = s->pending;
+        CUresult r = s->rt->d->cuEventQuery(b->done);
+        if (r == CUDA_ERROR_NOT_READY)
+            break;
+        if (r == CUDA_SUCCESS) {
+            b->state = KILN_FENCE_SUCCEEDED;
+        } else {
+            kiln__runtime_cu_fail(s->rt, r, "a submitted batch");
+            /* Whatever is still pending is as unknown as this one. */
+            for (kiln_fence *p = s->pending; p; p = p->next)
+                p->state = KILN_FENCE_INDETERMINATE;
+            move(s, KILN__EV_DEVICE_FAILED);
+            return;
+        }
+        s->pending = b->next;
+        b->next = NULL;
+        batch_unref(b);
+    }
+    if (!s->pending)
+        move(s, KILN__EV_DRAINED);
+}
+
+kiln_stream_state kiln_stream_get_state(kiln_stream *s)
+{
+    if (!s)
+        return KILN_STREAM_FAILED;
+    if (s->state == KILN_STREAM_SUBMITTED && kiln__runtime_enter(s->rt) == KILN_OK)
+        reap(s);
+    return s->state;
+}
+
+kiln_status kiln__stream_check_fault(kiln_stream *s)
+{
+    kiln__fault f;
+    const kiln__driver *d = s->rt->d;
+    CUresult r = d->cuMemcpyDtoH(&f, s->fault, sizeof f);
+    if (r != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(s->rt, r, "reading the fault record");
+    if (!f.code)
+        return KILN_OK;
+    if ((r = d->cuMemcpyHtoD(s->fault, &clean_fault, sizeof clean_fault)) != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(s->rt, r, "clearing the fault record");
+    uint32_t index = (uint32_t)(f.first >> 32), value = (uint32_t)f.first;
+    switch (f.code) {
+    case KILN__FAULT_TOKEN_ID:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "token_embedding: ids[%u] = %u is at or past the vocabulary size %llu (lowest bad index); "
+                          "its output row was zeroed",
+                          index, value, (unsigned long long)f.limit);
+    default:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "a kernel reported fault code %u (index %u, value %u)", f.code, index, value);
+    }
+}
+
+kiln_status kiln_stream_synchronize(kiln_stream *s)
+{
+    if (!s)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_synchronize: stream is NULL");
+    kiln_status st = kiln__runtime_enter(s->rt);
+    if (!st) {
+        CUresult r = s->rt->d->cuStreamSynchronize(s->handle);
+        if (r != CUDA_SUCCESS)
+            st = kiln__runtime_cu_fail(s->rt, r, "cuStreamSynchronize");
+    }
+    int device_ok = !st;
+    if (device_ok)
+        reap(s);
+    /* The GPU is done with the quarantine (or can touch nothing any more). */
+    while (s->quarantine) {
+        kiln_fence *b = s->quarantine;
+        s->quarantine = b->next;
+        b->next = NULL;
+        batch_unref(b);
+    }
+    if (!device_ok) {
+        while (s->pending) {
+            kiln_fence *b = s->pending;
+            b->state = KILN_FENCE_INDETERMINATE;
+            s->pending = b->next;
+            b->next = NULL;
+            batch_unref(b);
+        }
+        move(s, KILN__EV_DEVICE_FAILED);
+        return st;
+    }
+    move(s, KILN__EV_SYNCED);
+    return kiln__stream_check_fault(s);
+}
+
+void kiln_stream_destroy(kiln_stream *s)
+{
+    if (!s)
+        return;
+    kiln_runtime *rt = s->rt;
+    if (kiln__runtime_enter(rt) == KILN_OK && s->handle)
+        rt->d->cuStreamSynchronize(s->handle);
+    kiln_fence *lists[2] = {s->pending, s->quarantine};
+    for (int l = 0; l < 2; l++) {
+        while (lists[l]) {
+            kiln_fence *b = lists[l];
+            lists[l] = b->next;
+            b->next = NULL;
+            if (b->state == KILN_FENCE_PENDING)
+                b->state = KILN_FENCE_INDETERMINATE;
+            batch_unref(b);
+        }
+    }
+    if (s->cublaslt)
+        kiln__blas_get(NULL)->cublasLtDestroy((cublasLtHandle_t)s->cublaslt);
+    if (s->fault)
+        rt->d->cuMemFree(s->fault);
+    if (s->handle)
+        rt->d->cuStreamDestroy(s->handle);
+    free(s);
+}
+
+kiln_status kiln_stream_readback(kiln_stream *s, const kiln_region *src, void *dst)
+{
+    if (!s || !src || !dst)
+        return kiln__fail(s ? &s->rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_readback: NULL argument");
+    kiln_status st = kiln_region_check(src);
+    if (st)
+        return kiln__fail(&s->rt->err, st, "readback: %s", kiln_errmsg());
+    if (src->buffer->rt != s->rt)
+        return kiln__fail(&s->rt->err, KILN_ERR_RUNTIME_CONTRACT, "readback: the region is of another runtime");
+    if ((st = kiln__runtime_enter(s->rt)))
+        return st;
+    const kiln__driver *d = s->rt->d;
+    CUresult r = d->cuStreamSynchronize(s->handle);
+    if (r == CUDA_SUCCESS)
+        r = d->cuMemcpyDtoH(dst, src->buffer->ptr + src->start, src->end - src->start);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(s->rt, r, "readback");
+}
+
+/* ---- submission ---- */
+
+static int is_boundary(const kiln_submit_options *o, uint32_t i)
+{
+    for (size_t k = 0; k < o->n_eager_boundaries; k++)
+        if (o->eager_boundaries[k] == i)
+            return 1;
+    return 0;
+}
+
+/* Whether command i runs replayed under the options (after validation). */
+static int replayed(const kiln_submit_options *o, kiln_command *const *cmds, uint32_t i)
+{
+    switch (o->path) {
+    case KILN_PATH_REPLAYED_ONLY:
+        return 1;
+    case KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES:
+        return !is_boundary(o, i);
+    default:
+        /* Adaptive replays what the graph cache holds; without one, eager. */
+        (void)cmds;
+        return 0;
+    }
+}
+
+/* Everything that can be known before enqueueing anything. */
+kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *o)
+{
+    kiln__errslot *err = &s->rt->err;
+    kiln_stream_state next;
+    if (kiln__stream_next(NULL, s->state, KILN__EV_BEGIN, &next))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: %s", kiln_errmsg());
+    if (n == 0 || !cmds || n > UINT32_MAX)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: a batch needs 1 to 2^32-1 commands, got %zu", n);
+    if ((unsigned)o->path > KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES || (unsigned)o->timing > KILN_TIMING_SPANS)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: unknown compute path %d or timing mode %d",
+                          (int)o->path, (int)o->timing);
+    for (size_t i = 0; i < n; i++) {
+        if (!cmds[i])
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: command %zu is NULL", i);
+        if (cmds[i]->rt != s->rt)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              "submit: command %zu (%s) belongs to runtime instance %llu, the stream to %llu", i,
+                              cmds[i]->op_id, (unsigned long long)cmds[i]->rt->info.instance_id,
+                              (unsigned long long)s->rt->info.instance_id);
+    }
+    if (o->n_eager_boundaries && !o->eager_boundaries)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "submit: eager boundaries missing");
+    if (o->path != KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES && o->n_eager_boundaries)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "submit: eager boundaries are declared for the replayed-with-eager-boundaries path only");
+    for (size_t k = 0; k < o->n_eager_boundaries; k++)
+        if (o->eager_boundaries[k] >= n || (k && o->eager_boundaries[k] <= o->eager_boundaries[k - 1]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              "submit: eager boundary %zu is %u; boundaries are increasing indices below %zu", k,
+                              o->eager_boundaries[k], n);
+    for (uint32_t i = 0; i < n; i++) {
+        if (replayed(o, cmds, i) && !cmds[i]->replay_key_bytes)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              "submit: command %u (%s) has no replay key, and the %s path %s", i, cmds[i]->op_id,
+                              o->path == KILN_PATH_REPLAYED_ONLY ? "replayed-only" : "replayed-with-eager-boundaries",
+                              o->path == KILN_PATH_REPLAYED_ONLY ? "replays every command"
+                                                                 : "does not declare it an eager boundary");
+    }
+    if (o->n_patches || o->arena) {
+        kiln_status st = kiln__binding_validate(o->arena, s->rt, o->patches, o->n_patches);
+        if (st)
+            return st;
+    }
+    return KILN_OK;
+}
+
+/* Splits the batch into spans: each eager command alone, each run of
+ * consecutive replayed commands one segment. */
+static kiln_status plan(kiln_fence *b, kiln_command *const *cmds, const kiln_submit_options *o)
+{
+    b->spans = calloc(b->n, sizeof *b->spans);
+    b->rows = calloc(b->n, sizeof *b->rows);
+    if (!b->spans || !b->rows)
+        return KILN_ERR_HOST_OUT_OF_MEMORY;
+    for (uint32_t i = 0; i < b->n; i++) {
+        int rep = replayed(o, cmds, i);
+        kiln_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
+        if (rep && last && last->path == KILN_EXEC_REPLAYED && last->last == i - 1) {
+            last->last = i;
+        } else {
+            b->spans[b->n_spans++] = (kiln_span){.first = i, .last = i,
+                                                 .path = rep ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER,
+                                                 .start_ms = -1, .duration_ms = -1};
+        }
+        const kiln_command *c = cmds[i];
+        b->rows[i] = (kiln_attribution){.index = i, .phase = b->phase, .op_id = c->op_id,
+                                        .path = rep ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER, .batching = c->batching,
+                                        .participants = c->participants, .tokens = c->tokens,
+                                        .dispatches = c->dispatches, .transfers = c->transfers,
+                                        .span = o->timing == KILN_TIMING_SPANS ? (int32_t)(b->n_spans - 1) : -1};
+    }
+    return KILN_OK;
+}
+
+static kiln_status make_event(kiln_runtime *rt, CUevent *ev, int timed)
+{
+    CUresult r = rt->d->cuEventCreate(ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+        *ev = NULL;
+        return kiln__runtime_cu_fail(rt, r, "cuEventCreate");
+    }
+    return KILN_OK;
+}
+
+static kiln_status record(kiln_runtime *rt, CUevent ev, CUstream stream)
+{
+    CUresult r = rt->d->cuEventRecord(ev, stream);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuEventRecord");
+}
+
+/* Captures commands [first, last] into a graph and launches it. */
+static kiln_status run_replayed(kiln_stream *s, kiln_fence *b, const kiln_span *sp)
+{
+    kiln_runtime *rt = s->rt;
+    const kiln__driver *d = rt->d;
+    CUresult r = d->cuStreamBeginCapture(s->handle, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(rt, r, "cuStreamBeginCapture");
+    kiln_status st = KILN_OK;
+    for (uint32_t i = sp->first; i <= sp->last && !st; i++) {
+        kiln_launch_context ctx = {s->handle, s->fault, b->cmds[i]};
+        st = b->cmds[i]->enqueue(b->cmds[i]->user, &ctx);
+    }
+    CUgraph graph = NULL;
+    r = d->cuStreamEndCapture(s->handle, &graph);
+    if (st || r != CUDA_SUCCESS) {
+        if (graph)
+            d->cuGraphDestroy(graph);
+        return st ? st : kiln__runtime_cu_fail(rt, r, "cuStreamEndCapture");
+    }
+    CUgraphExec exec = NULL;
+    r = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
+    d->cuGraphDestroy(graph);
+    if (r != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(rt, r, "cuGraphInstantiate");
+    b->execs[b->n_execs++] = exec; /* destroyed with the batch, after it completed */
+    r = d->cuGraphLaunch(exec, s->handle);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuGraphLaunch");
+}
+
+static kiln_status run(kiln_stream *s, kiln_fence *b)
+{
+    kiln_runtime *rt = s->rt;
+    kiln_status st = KILN_OK;
+    int spans = b->timing == KILN_TIMING_SPANS;
+    if (b->timing != KILN_TIMING_OFF && (st = record(rt, b->start, s->handle)))
+        return st;
+    for (size_t k = 0; k < b->n_spans && !st; k++) {
+        const kiln_span *sp = &b->spans[k];
+        if (spans && (st = record(rt, b->span_events[2 * k], s->handle)))
+            break;
+        if (sp->path == KILN_EXEC_REPLAYED) {
+            st = run_replayed(s, b, sp);
+        } else {
+            kiln_launch_context ctx = {s->handle, s->fault, b->cmds[sp->first]};
+            st = b->cmds[sp->first]->enqueue(b->cmds[sp->first]->user, &ctx);
+            if (st && !kiln_errmsg()[0])
+                kiln__fail(&rt->err, st, "command %u (%s) failed to enqueue", sp->first, b->cmds[sp->first]->op_id);
+        }
+        if (!st && spans)
+            st = record(rt, b->span_events[2 * k + 1], s->handle);
+    }
+    if (!st)
+        st = record(rt, b->done, s->handle);
+    return st;
+}
+
+kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
+                               kiln_fence **fence)
+{
+    kiln_submit_options def = {0};
+    if (fence)
+        *fence = NULL;
+    if (!s)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_submit: stream is NULL");
+    if (!opts)
+        opts = &def;
+    kiln_runtime *rt = s->rt;
+    kiln_status st = kiln__runtime_enter(rt);
+    if (st)
+        return st;
+    if (s->state == KILN_STREAM_SUBMITTED)
+        reap(s);
+    if ((st = kiln__submit_validate(s, cmds, n, opts)))
+        return st;
+
+    kiln_fence *b = calloc(1, sizeof *b);
+    if (!b)
+        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    b->stream = s;
+    b->refs = 1;
+    b->n = n;
+    b->timing = opts->timing;
+    b->state = KILN_FENCE_PENDING;
+    b->phase = kiln__strdup(opts->phase ? opts->phase : "");
+    b->cmds = malloc(n * sizeof *b->cmds);
+    b->execs = calloc(n, sizeof *b->execs);
+    if (!b->phase || !b->cmds || !b->execs || plan(b, cmds, opts) != KILN_OK) {
+        b->n = 0;
+        batch_free(b);
+        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        b->cmds[i] = cmds[i];
+        kiln__command_retain(cmds[i]);
+    }
+    int timed = opts->timing != KILN_TIMING_OFF;
+    /* done is timed only when the batch is: a timed event costs more to record. */
+    if ((st = make_event(rt, &b->done, timed)) || (timed && (st = make_event(rt, &b->start, 1))))
+        goto out_unwind;
+    if (opts->timing == KILN_TIMING_SPANS) {
+        b->span_events = calloc(2 * b->n_spans, sizeof *b->span_events);
+        if (!b->span_events) {
+            st = kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+            goto out_unwind;
+        }
+        for (size_t i = 0; i < 2 * b->n_spans && !st; i++)
+            st = make_event(rt, &b->span_events[i], 1);
+        if (st)
+            goto out_unwind;
+    }
+
+    /* Nothing has been enqueued yet: failures above leave the stream as it was. */
+    move(s, KILN__EV_BEGIN);
+    if (opts->n_patches)
+        st = kiln__binding_apply(opts->arena, opts->patches, opts->n_patches, s->handle);
+    if (!st)
+        st = run(s, b);
+    if (st) {
+        /* Half-enqueued: the GPU may run part of it. Keep it all until synchronize. */
+        kiln__propagate(&rt->err, st);
+        move(s, KILN__EV_ENQUEUE_FAILED);
+        b->state = KILN_FENCE_INDETERMINATE;
+        b->next = s->quarantine;
+        s->quarantine = b;
+        return st;
+    }
+    move(s, KILN__EV_ENQUEUED);
+    kiln_fence **tail = &s->pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = b;
+    if (fence) {
+        b->refs++;
+        *fence = b;
+    }
+    return KILN_OK;
+out_unwind:
+    batch_free(b);
+    return st;
+}
+
+/* ---- fences ---- */
+
+kiln_status kiln_fence_query(kiln_fence *b, kiln_fence_state *state)
+{
+    if (!b || !state)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_query: NULL argument");
+    if (b->state == KILN_FENCE_PENDING && kiln__runtime_enter(b->stream->rt) == KILN_OK)
+        reap(b->stream);
+    if (b->state == KILN_FENCE_PENDING && atomic_load(&b->stream->rt->broken))
+        b->state = KILN_FENCE_INDETERMINATE;
+    *state = b->state;
+    return KILN_OK;
+}
+
+kiln_status kiln_fence_wait(kiln_fence *b)
+{
+    if (!b)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_wait: fence is NULL");
+    kiln_stream *s = b->stream;
+    kiln_runtime *rt = s->rt;
+    if (b->state == KILN_FENCE_INDETERMINATE)
+        return kiln__fail(&rt->err, atomic_load(&rt->broken) ? (kiln_status)atomic_load(&rt->broken)
+                                                             : KILN_ERR_RUNTIME_CONTRACT,
+                          "the batch failed to enqueue or the device failed; its outcome is unknown");
+    kiln_status st = kiln__runtime_enter(rt);
+    if (st) {
+        b->state = KILN_FENCE_INDETERMINATE;
+        return st;
+    }
+    if (b->state == KILN_FENCE_PENDING) {
+        CUresult r = rt->d->cuEventSynchronize(b->done);
+        if (r != CUDA_SUCCESS) {
+            b->state = KILN_FENCE_INDETERMINATE;
+            return kiln__runtime_cu_fail(rt, r, "waiting for a batch");
+        }
+        reap(s);
+    }
+    return kiln__stream_check_fault(s);
+}
+
+/* Reads the events once the batch is done. */
+static void read_timings(kiln_fence *b)
+{
+    if (b->timed || b->state != KILN_FENCE_SUCCEEDED || b->timing == KILN_TIMING_OFF)
+        return;
+    const kiln__driver *d = b->stream->rt->d;
+    if (kiln__runtime_enter(b->stream->rt))
+        return;
+    for (size_t k = 0; b->timing == KILN_TIMING_SPANS && k < b->n_spans; k++) {
+        float start = 0, len = 0;
+        if (d->cuEventElapsedTime(&start, b->start, b->span_events[2 * k]) == CUDA_SUCCESS &&
+            d->cuEventElapsedTime(&len, b->span_events[2 * k], b->span_events[2 * k + 1]) == CUDA_SUCCESS) {
+            b->spans[k].start_ms = start;
+            b->spans[k].duration_ms = len;
+        }
+    }
+    b->timed = 1;
+}
+
+kiln_status kiln_fence_receipt(kiln_fence *b, kiln_receipt *out)
+{
+    if (!b || !out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_receipt: NULL argument");
+    kiln_fence_state state;
+    kiln_fence_query(b, &state);
+    read_timings(b);
+    *out = (kiln_receipt){.state = state, .timing = b->timing, .elapsed_ms = -1, .n_commands = b->n,
+                          .n_spans = b->timing == KILN_TIMING_SPANS ? b->n_spans : 0};
+    float ms = 0;
+    if (state == KILN_FENCE_SUCCEEDED && b->timing != KILN_TIMING_OFF &&
+        b->stream->rt->d->cuEventElapsedTime(&ms, b->start, b->done) == CUDA_SUCCESS)
+        out->elapsed_ms = ms;
+    return KILN_OK;
+}
+
+kiln_status kiln_fence_span(kiln_fence *b, size_t index, kiln_span *out)
+{
+    if (!b || !out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_span: NULL argument");
+    if (b->timing != KILN_TIMING_SPANS || index >= b->n_spans)
+        return kiln__fail(NULL, KILN_ERR_NOT_FOUND, "span %zu: the batch has %zu spans", index,
+                          b->timing == KILN_TIMING_SPANS ? b->n_spans : 0);
+    read_timings(b);
+    *out = b->spans[index];
+    return KILN_OK;
+}
+
+kiln_status kiln_fence_attribution(const kiln_fence *b, size_t index, kiln_attribution *out)
+{
+    if (!b || !out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_attribution: NULL argument");
+    if (index >= b->n)
+        return kiln__fail(NULL, KILN_ERR_NOT_FOUND, "attribution row %zu: the batch has %zu commands", index, b->n);
+    *out = b->rows[index];
+    return KILN_OK;
+}
+
+void kiln_fence_release(kiln_fence *b) { batch_unref(b); }
