@@ -124,7 +124,9 @@ kiln_status kiln__binding_validate(kiln_binding_arena *a, kiln_runtime *rt, cons
     if (!a)
         return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "binding patches: %zu patches and no arena", n);
     if (a->rt != rt)
-        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "binding patches: the arena belongs to another runtime");
+        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
+                          "binding patches: the arena belongs to another runtime (instance %llu, not %llu)",
+                          (unsigned long long)a->rt->info.instance_id, (unsigned long long)rt->info.instance_id);
     return kiln__binding_patches_check(&rt->err, a->slots, a->n_slots, p, n);
 }
 

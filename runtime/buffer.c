@@ -80,7 +80,7 @@ void kiln_buffer_destroy(kiln_buffer *b)
         return;
     /* The last user is gone: no command, fence or quarantined batch names it,
      * so no submitted work can touch it. */
-    if (kiln__runtime_enter(b->rt) == KILN_OK)
+    if (kiln__runtime_usable(b->rt))
         b->rt->d->cuMemFree(b->base);
     free(b);
 }
@@ -100,7 +100,8 @@ kiln_status kiln_region_check(const kiln_region *r)
 
 int kiln_region_overlaps(const kiln_region *a, const kiln_region *b)
 {
-    return a && b && a->buffer == b->buffer && a->start < b->end && b->start < a->end;
+    return a && b && a->buffer == b->buffer && a->start < a->end && b->start < b->end && a->start < b->end &&
+           b->start < a->end;
 }
 
 /* A region of [offset, offset + bytes), checked for overflow and bounds. */

@@ -23,6 +23,7 @@
     X(cuDeviceTotalMem, PFN_cuDeviceTotalMem_v3020)                                                                 \
     X(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000)                                                 \
     X(cuDevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v11000)                                              \
+    X(cuDevicePrimaryCtxReset, PFN_cuDevicePrimaryCtxReset_v11000)                                                  \
     X(cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000)                                                                   \
     X(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000)                                                                   \
     X(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000)                                                                 \
@@ -170,6 +171,10 @@ struct kiln_binding_arena {
 kiln_status kiln__runtime_enter(kiln_runtime *rt);
 /* Records a driver failure; a sticky one breaks the runtime for good. */
 kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what);
+/* The same for cleanup paths: 1 when the context is usable and current, and
+ * no message is recorded either way (a destroy must not hide the error that
+ * led to it). */
+int kiln__runtime_usable(kiln_runtime *rt);
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
 kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out);

@@ -43,6 +43,16 @@ kiln_status kiln__runtime_enter(kiln_runtime *rt)
     return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuCtxSetCurrent");
 }
 
+int kiln__runtime_usable(kiln_runtime *rt)
+{
+    if (atomic_load(&rt->broken))
+        return 0;
+    CUcontext cur = NULL;
+    if (rt->d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == rt->ctx)
+        return 1;
+    return rt->d->cuCtxSetCurrent(rt->ctx) == CUDA_SUCCESS;
+}
+
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d; }
 
@@ -118,7 +128,11 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     *out = rt;
     return KILN_OK;
 out_free:
-    kiln__propagate(NULL, st);
+    if (is_sticky(st))
+        kiln__fail(NULL, st,
+                   "%s (an earlier device fault in this process left the CUDA driver unusable, as the driver "
+                   "documents; restart the process)",
+                   kiln_errmsg());
     kiln_runtime_destroy(rt);
     return st;
 }
@@ -129,8 +143,11 @@ void kiln_runtime_destroy(kiln_runtime *rt)
         return;
     kiln_stream_destroy(rt->own);
     if (rt->ctx) {
-        /* A broken context is destroyed with the last release, so that a new
-         * runtime on the device starts clean. */
+        /* A broken context is unusable for everyone sharing it (cuBLASLt's
+         * runtime holds it too): reset it, so that a new runtime on the
+         * device starts clean. */
+        if (atomic_load(&rt->broken))
+            rt->d->cuDevicePrimaryCtxReset(rt->dev);
         rt->d->cuDevicePrimaryCtxRelease(rt->dev);
     }
     kiln__errslot_destroy(&rt->err);
@@ -165,7 +182,7 @@ kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmod
 
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
 {
-    if (module && kiln__runtime_enter(rt) == KILN_OK)
+    if (module && kiln__runtime_usable(rt))
         rt->d->cuModuleUnload(module);
 }
 

@@ -193,7 +193,7 @@ kiln_stream_state kiln_stream_get_state(kiln_stream *s)
 {
     if (!s)
         return KILN_STREAM_FAILED;
-    if (s->state == KILN_STREAM_SUBMITTED && kiln__runtime_enter(s->rt) == KILN_OK)
+    if (s->state == KILN_STREAM_SUBMITTED && kiln__runtime_usable(s->rt))
         reap(s);
     return s->state;
 }
@@ -262,7 +262,7 @@ void kiln_stream_destroy(kiln_stream *s)
     if (!s)
         return;
     kiln_runtime *rt = s->rt;
-    if (kiln__runtime_enter(rt) == KILN_OK && s->handle)
+    if (kiln__runtime_usable(rt) && s->handle)
         rt->d->cuStreamSynchronize(s->handle);
     kiln_fence *lists[2] = {s->pending, s->quarantine};
     for (int l = 0; l < 2; l++) {
@@ -566,7 +566,7 @@ kiln_status kiln_fence_query(kiln_fence *b, kiln_fence_state *state)
 {
     if (!b || !state)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_query: NULL argument");
-    if (b->state == KILN_FENCE_PENDING && kiln__runtime_enter(b->stream->rt) == KILN_OK)
+    if (b->state == KILN_FENCE_PENDING && kiln__runtime_usable(b->stream->rt))
         reap(b->stream);
     if (b->state == KILN_FENCE_PENDING && atomic_load(&b->stream->rt->broken))
         b->state = KILN_FENCE_INDETERMINATE;
@@ -606,7 +606,7 @@ static void read_timings(kiln_fence *b)
     if (b->timed || b->state != KILN_FENCE_SUCCEEDED || b->timing == KILN_TIMING_OFF)
         return;
     const kiln__driver *d = b->stream->rt->d;
-    if (kiln__runtime_enter(b->stream->rt))
+    if (!kiln__runtime_usable(b->stream->rt))
         return;
     for (size_t k = 0; b->timing == KILN_TIMING_SPANS && k < b->n_spans; k++) {
         float start = 0, len = 0;

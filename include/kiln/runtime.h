@@ -22,7 +22,9 @@
  * Failed and quarantines the batch (its commands and so their memory) until
  * kiln_stream_synchronize. A device fault (an illegal address) breaks the
  * runtime for good: every later call returns the fault's code, and the
- * runtime can only be destroyed (after which a new one works).
+ * runtime can only be destroyed. The CUDA driver makes such a fault sticky
+ * for the whole process: a new runtime in that process fails with the same
+ * code and a message saying to restart; a new process works (tested).
  *
  * Threading: a stream (and what it submits) is used by one thread at a time;
  * different streams of one runtime may be used from different threads.
