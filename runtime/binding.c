@@ -100,7 +100,10 @@ kiln_status kiln__binding_patches_check(kiln__errslot *err, const kiln_binding_s
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "binding patch %zu: slot %u of %zu", i, p[i].slot,
                               n_slots);
         const kiln_binding_slot *s = &slots[p[i].slot];
-        if (!p[i].bytes || !p[i].data || kiln__add_overflows(p[i].offset, p[i].bytes, &end) || end > s->bytes)
+        if (!p[i].data)
+            return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "binding patch %zu (slot %u): data is NULL", i,
+                              p[i].slot);
+        if (!p[i].bytes || kiln__add_overflows(p[i].offset, p[i].bytes, &end) || end > s->bytes)
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                               "binding patch %zu: [%zu, +%zu) is empty or outside slot %u of %zu bytes", i,
                               p[i].offset, p[i].bytes, p[i].slot, s->bytes);

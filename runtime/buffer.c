@@ -90,10 +90,10 @@ kiln_status kiln_region_check(const kiln_region *r)
     if (!r || !r->buffer)
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, "region has no buffer");
     if (r->start >= r->end)
-        return kiln__fail(&r->buffer->rt->err, KILN_ERR_RUNTIME_CONTRACT, "region [%zu, %zu) is empty%s", r->start,
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, "region [%zu, %zu) is empty%s", r->start,
                           r->end, r->start > r->end ? " (start past end)" : "");
     if (r->end > r->buffer->size)
-        return kiln__fail(&r->buffer->rt->err, KILN_ERR_RUNTIME_CONTRACT,
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           "region [%zu, %zu) is outside the buffer of %zu bytes", r->start, r->end, r->buffer->size);
     return KILN_OK;
 }

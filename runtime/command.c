@@ -57,8 +57,8 @@ kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *d, ki
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "command %s: unknown batching form %d", d->op_id,
                           (int)d->batching);
     if (d->replay_key_bytes > KILN_REPLAY_KEY_MAX || (d->replay_key_bytes && !d->replay_key))
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "command %s: replay key of %zu bytes (at most %d)",
-                          d->op_id, d->replay_key_bytes, KILN_REPLAY_KEY_MAX);
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "command %s: replay key of %zu bytes%s (at most %d)",
+                          d->op_id, d->replay_key_bytes, d->replay_key ? "" : " and no key", KILN_REPLAY_KEY_MAX);
     if ((d->n_regions && !d->regions) || (d->host_bytes && !d->host_data))
         return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "command %s: regions or host data missing", d->op_id);
     for (size_t i = 0; i < d->n_regions; i++) {

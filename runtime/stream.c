@@ -90,8 +90,10 @@ kiln_status kiln__stream_next(kiln__errslot *err, kiln_stream_state from, kiln__
             next = KILN_STREAM_RECORDING;
         else if (from == KILN_STREAM_RECORDING)
             why = "it is already Recording a batch";
-        else
+        else if (from == KILN_STREAM_FAILED)
             why = "it is Failed: kiln_stream_synchronize it first";
+        else
+            why = "unknown state";
         break;
     case KILN__EV_ENQUEUED:
     case KILN__EV_ENQUEUE_FAILED:
@@ -107,6 +109,8 @@ kiln_status kiln__stream_next(kiln__errslot *err, kiln_stream_state from, kiln__
     case KILN__EV_SYNCED:
         if (from == KILN_STREAM_RECORDING)
             why = "it is Recording a batch";
+        else if ((unsigned)from > KILN_STREAM_FAILED)
+            why = "unknown state";
         else
             next = KILN_STREAM_READY;
         break;
@@ -334,7 +338,9 @@ kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, siz
     kiln_stream_state next;
     if (kiln__stream_next(NULL, s->state, KILN__EV_BEGIN, &next))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: %s", kiln_errmsg());
-    if (n == 0 || !cmds || n > UINT32_MAX)
+    if (!cmds)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "submit: the command list is NULL (n = %zu)", n);
+    if (n == 0 || n > UINT32_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: a batch needs 1 to 2^32-1 commands, got %zu", n);
     if ((unsigned)o->path > KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES || (unsigned)o->timing > KILN_TIMING_SPANS)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "submit: unknown compute path %d or timing mode %d",

@@ -110,14 +110,15 @@ static void test_region_check(void **state)
     r = (kiln_region){b, 5, 5};
     KILN_EXPECT(kiln_region_check(&r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "[5, 5) is empty", NULL);
     assert_null(strstr(kiln_errmsg(), "start past end"));
-    assert_non_null(strstr(rt->err.msg, "[5, 5) is empty"));
+    /* A check, not an object's failure: the buffer's runtime keeps its own message. */
+    assert_null(strstr(rt->err.msg, "[5, 5) is empty"));
 
     r = (kiln_region){b, 9, 4};
     KILN_EXPECT(kiln_region_check(&r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "[9, 4)", "start past end");
 
     r = (kiln_region){b, 60, 65};
     KILN_EXPECT(kiln_region_check(&r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "[60, 65)", "buffer of 64 bytes");
-    assert_non_null(strstr(rt->err.msg, "buffer of 64 bytes"));
+    assert_null(strstr(rt->err.msg, "buffer of 64 bytes"));
 
     r = (kiln_region){b, 0, 64};
     KILN_CHECK(kiln_region_check(&r));
@@ -650,7 +651,7 @@ static void test_submit_batch_and_state(void **state)
     kiln_command *cmds[4] = {f->rep[0], f->plain, f->rep[1], f->rep[2]};
 
     KILN_EXPECT(validate(f, cmds, 0, &o), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "got 0", NULL);
-    KILN_EXPECT(validate(f, NULL, 2, &o), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "submit", NULL);
+    KILN_EXPECT(validate(f, NULL, 2, &o), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "command list is NULL", "n = 2");
 
     kiln_command *with_null[3] = {f->rep[0], f->rep[1], NULL};
     KILN_EXPECT(validate(f, with_null, 3, &o), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "command 2 is NULL", NULL);
@@ -880,8 +881,8 @@ static void test_binding_patches(void **state)
     KILN_EXPECT(kiln__binding_patches_check(&err, slots, 3, q, 1), KILN_ERR_RUNTIME_CONTRACT, err.msg,
                 "[2, +0) is empty", "slot 1 of 8 bytes");
     q[0] = (kiln_binding_patch){1, 0, NULL, 4};
-    KILN_EXPECT(kiln__binding_patches_check(&err, slots, 3, q, 1), KILN_ERR_RUNTIME_CONTRACT, err.msg,
-                "binding patch 0", "slot 1");
+    KILN_EXPECT(kiln__binding_patches_check(&err, slots, 3, q, 1), KILN_ERR_INVALID_ARGUMENT, err.msg,
+                "binding patch 0 (slot 1)", "data is NULL");
     q[0] = (kiln_binding_patch){1, 4, data, 5};
     KILN_EXPECT(kiln__binding_patches_check(&err, slots, 3, q, 1), KILN_ERR_RUNTIME_CONTRACT, err.msg,
                 "[4, +5) is empty or outside slot 1 of 8 bytes", NULL);

@@ -134,7 +134,8 @@ typedef struct kiln_buffer_desc {
 } kiln_buffer_desc;
 
 /* KILN_ERR_RUNTIME_CONTRACT (zero bytes, a bad alignment, bytes not a whole
- * number of elements), KILN_ERR_CUDA_OUT_OF_MEMORY (retryable). */
+ * number of elements, an unknown dtype or usage), KILN_ERR_CUDA_OUT_OF_MEMORY
+ * (retryable), KILN_ERR_INVALID_ARGUMENT (NULL arguments). */
 KILN_API kiln_status kiln_buffer_create_ex(kiln_runtime *rt, const kiln_buffer_desc *desc, kiln_buffer **out);
 /* An untyped buffer: kiln_buffer_create_ex with dtype bytes, usage general. */
 KILN_API kiln_status kiln_buffer_create(kiln_runtime *rt, size_t bytes, size_t align, kiln_buffer **out);
@@ -207,7 +208,9 @@ typedef struct kiln_command_desc {
     size_t replay_key_bytes;    /* 0: not replayable; at most KILN_REPLAY_KEY_MAX */
 } kiln_command_desc;
 
-/* KILN_ERR_RUNTIME_CONTRACT names what is wrong (the op id, a region, a key). */
+/* KILN_ERR_RUNTIME_CONTRACT names what is wrong (the op id, a region, a key,
+ * a buffer of another runtime); KILN_ERR_INVALID_ARGUMENT for regions or host
+ * data declared but NULL. */
 KILN_API kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *desc, kiln_command **out);
 /* Transfers. copy: the element types of both buffers must match, the regions
  * be of one size and not overlap. upload: the host bytes are copied now and
@@ -257,9 +260,9 @@ typedef struct kiln_submit_options {
     kiln_compute_path path;
     kiln_timing timing;
     const char *phase;           /* a label for attribution ("prefill", "decode"); NULL: "" */
-    const uint32_t *eager_boundaries; /* command indices, for REPLAYED_WITH_EAGER_BOUNDARIES */
+    const uint32_t *eager_boundaries; /* strictly increasing command indices, for REPLAYED_WITH_EAGER_BOUNDARIES */
     size_t n_eager_boundaries;
-    kiln_binding_arena *arena;   /* where patches go; may be NULL when there are none */
+    kiln_binding_arena *arena;   /* where patches go; may be NULL when there are none (checked when given) */
     const kiln_binding_patch *patches; /* sorted by (slot, offset), none overlapping */
     size_t n_patches;
 } kiln_submit_options;
@@ -279,7 +282,8 @@ KILN_API void *kiln_stream_handle(const kiln_stream *stream);
  * enqueued (the stream's state, each command's runtime, the compute path's
  * requirement, the patches): a batch refused there returns
  * KILN_ERR_RUNTIME_CONTRACT, is definitely not submitted and leaves the
- * stream as it was. A failure while enqueueing marks the stream Failed,
+ * stream as it was (KILN_ERR_INVALID_ARGUMENT for a NULL list, boundaries or
+ * patch data). A failure while enqueueing marks the stream Failed,
  * quarantines the batch and returns the failure. On success *fence (released
  * with kiln_fence_release) tracks the batch; fence may be NULL when the
  * caller does not want one. */
@@ -349,7 +353,9 @@ typedef struct kiln_binding_slot {
  * sequence lengths, block tables), laid out in slots that must be sorted,
  * non-empty, non-overlapping and cover [0, total_bytes) exactly. Patches
  * submitted with a batch land in a host mirror and go up in one coalesced
- * host-to-device copy before the batch. */
+ * host-to-device copy before the batch. An arena is used by one thread at a
+ * time (its mirror is written at submit), and its patches take effect in the
+ * order of the stream they are submitted on. */
 KILN_API kiln_status kiln_binding_arena_create(kiln_runtime *rt, const kiln_binding_slot *slots, size_t n_slots,
                                                size_t total_bytes, kiln_binding_arena **out);
 KILN_API void kiln_binding_arena_destroy(kiln_binding_arena *arena);
