@@ -56,13 +56,7 @@ static void cleanup(void)
 /* Prints an error line and exits 1. */
 static void fail(const char *phase, kiln_status st, const char *detail)
 {
-    bench_json j;
-    bench_json_begin(&j, BENCH);
-    bench_json_str(&j, "phase", phase);
-    bench_json_bool(&j, "peer", 0);
-    bench_json_str(&j, "error", st ? kiln_status_code(st) : "bench");
-    bench_json_str(&j, "message", detail && *detail ? detail : kiln_errmsg());
-    bench_json_end(&j);
+    bench_json_error(BENCH, phase, st ? kiln_status_code(st) : "bench", detail, kiln_errmsg());
     cleanup();
     exit(1);
 }

@@ -180,4 +180,18 @@ static inline long bench_parse_positive(const char *s)
     return (*end || v <= 0) ? 0 : v;
 }
 
+/* The error line every benchmark prints before it exits 1: the phase, the
+ * status code and the detail (kiln_errmsg() when detail is empty). */
+static inline void bench_json_error(const char *bench, const char *phase, const char *code, const char *detail,
+                                    const char *fallback)
+{
+    bench_json j;
+    bench_json_begin(&j, bench);
+    bench_json_bool(&j, "peer", 0);
+    bench_json_str(&j, "phase", phase);
+    bench_json_str(&j, "error", code);
+    bench_json_str(&j, "message", detail && *detail ? detail : fallback);
+    bench_json_end(&j);
+}
+
 #endif

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "bench_cuda.h"
 #include "kiln/kiln.h"
 #include "runtime/internal.h"
 
@@ -46,13 +47,7 @@ static const kiln__driver *g_d;
 
 static void fail(const char *what, kiln_status st, const char *detail)
 {
-    bench_json j;
-    bench_json_begin(&j, BENCH);
-    bench_json_bool(&j, "peer", 0);
-    bench_json_str(&j, "phase", what);
-    bench_json_str(&j, "error", st ? kiln_status_code(st) : "bench");
-    bench_json_str(&j, "message", detail && *detail ? detail : kiln_errmsg());
-    bench_json_end(&j);
+    bench_json_error(BENCH, what, st ? kiln_status_code(st) : "bench", detail, kiln_errmsg());
     exit(1);
 }
 
@@ -60,11 +55,8 @@ static void cu_check(CUresult r, const char *what)
 {
     if (r == CUDA_SUCCESS)
         return;
-    const char *name = NULL, *text = NULL;
-    g_d->cuGetErrorName(r, &name);
-    g_d->cuGetErrorString(r, &text);
     char msg[512];
-    snprintf(msg, sizeof msg, "%s: %s (%d): %s", what, name ? name : "?", (int)r, text ? text : "?");
+    bench_cu_message(g_d, r, what, msg, sizeof msg);
     fail(what, KILN_ERR_CUDA_DRIVER, msg);
 }
 

@@ -1,41 +1,9 @@
 /* Token embedding on the GPU: every element against a host gather, at the
  * sizes of real models and odd ones, chunked launches, bad ids, bad bindings. */
 #include "embedding_check.h"
+#include "gpu_fixture.h"
 
-typedef struct fixture {
-    char dir[512];
-    kiln_runtime *rt;
-    kiln_cache *cache;
-    kiln_jit *jit;
-    kiln_rng rng;
-} fixture;
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
-    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    f->rng = kiln_rng_new();
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_runtime_destroy(f->rt);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
+typedef gpu_fixture fixture;
 
 static void test_model_sizes(void **state)
 {
@@ -176,7 +144,7 @@ static void test_buffers(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_model_sizes),
         T(test_real_vocabularies_and_odd_sizes),

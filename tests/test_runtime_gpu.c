@@ -4,45 +4,10 @@
 #include <stdatomic.h>
 
 #include "embedding_check.h"
+#include "gpu_fixture.h"
 #include "runtime/internal.h"
 
-typedef struct fixture {
-    char dir[512];
-    kiln_runtime *rt;
-    kiln_cache *cache;
-    kiln_jit *jit;
-    kiln_stream *s;
-    kiln_rng rng;
-} fixture;
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
-    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    KILN_CHECK(kiln_stream_create(f->rt, &f->s));
-    f->rng = kiln_rng_new();
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_stream_destroy(f->s);
-    kiln_jit_destroy(f->jit);
-    kiln_runtime_destroy(f->rt);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
+typedef gpu_fixture fixture;
 
 static kiln_buffer *typed(kiln_runtime *rt, size_t bytes, kiln_dtype t)
 {
@@ -440,7 +405,7 @@ static void test_cross_runtime_misuse(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_transfers),
         T(test_fences_timing_attribution),

@@ -1,0 +1,46 @@
+/* The fixture of the GPU tests: a scratch folder with a fresh cache database,
+ * a runtime on device 0, a jit on both, a stream, and a seeded generator. */
+#ifndef KILN_TESTS_GPU_FIXTURE_H
+#define KILN_TESTS_GPU_FIXTURE_H
+
+#include "testutil.h"
+
+typedef struct gpu_fixture {
+    char dir[512];
+    kiln_runtime *rt;
+    kiln_cache *cache;
+    kiln_jit *jit;
+    kiln_stream *s;
+    kiln_rng rng;
+} gpu_fixture;
+
+static inline int gpu_fixture_setup(void **state)
+{
+    gpu_fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
+    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    KILN_CHECK(kiln_stream_create(f->rt, &f->s));
+    f->rng = kiln_rng_new();
+    *state = f;
+    return 0;
+}
+
+static inline int gpu_fixture_teardown(void **state)
+{
+    gpu_fixture *f = *state;
+    kiln_stream_destroy(f->s);
+    kiln_jit_destroy(f->jit);
+    kiln_runtime_destroy(f->rt);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+#endif
