@@ -16,7 +16,9 @@ typedef struct kiln__fault {
 
 enum {
     KILN__FAULT_NONE = 0,
-    KILN__FAULT_TOKEN_ID = 1 /* token_embedding: ids[index] = value >= vocab (limit) */
+    KILN__FAULT_TOKEN_ID = 1,       /* token_embedding: ids[index] = value >= vocab (limit) */
+    KILN__FAULT_EMPTY_SPAN = 2,     /* last_token_linear: participant index has an empty span */
+    KILN__FAULT_SPAN_PAST_END = 3   /* last_token_linear: participant index's span ends at value > limit */
 };
 
 #endif

@@ -208,7 +208,8 @@ kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec *
     /* Every provider, in a stable order. */
     static const struct {
         kiln_status (*fn)(const kiln_model_config *, kiln__spec_sink, void *);
-    } providers[] = {{kiln__token_embedding_specs}};
+    } providers[] = {{kiln__token_embedding_specs}, {kiln__dense_swiglu_specs}, {kiln__last_token_linear_specs},
+                     {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs}};
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
         kiln_status st = providers[i].fn(cfg, add_spec, &l);
         if (st) {

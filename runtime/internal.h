@@ -70,7 +70,11 @@ const kiln__driver *kiln__driver_get(const char **why);
 kiln_status kiln__cuda_fail(kiln__errslot *slot, CUresult r, const char *what);
 
 /* cuBLASLt entry points, loaded at run time (runtime/blas.c). */
-#define KILN__BLAS_FUNCS(X) X(cublasLtCreate) X(cublasLtDestroy)
+#define KILN__BLAS_FUNCS(X)                                                                                         \
+    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusString) X(cublasLtMatmul)                               \
+    X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                      \
+    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                  \
+    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)
 
 typedef struct kiln__blas {
 #define KILN__BLAS_FIELD(name) __typeof__(&name) name;

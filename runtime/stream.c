@@ -220,6 +220,16 @@ kiln_status kiln__stream_check_fault(kiln_stream *s)
                           "token_embedding: ids[%u] = %u is at or past the vocabulary size %llu (lowest bad index); "
                           "its output row was zeroed",
                           index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_EMPTY_SPAN:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "last_token_linear: participant %u has an empty span (lowest such participant); its row "
+                          "was zeroed",
+                          index);
+    case KILN__FAULT_SPAN_PAST_END:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "last_token_linear: participant %u's span ends at row %u, past the %llu rows it may read "
+                          "(lowest such participant); its row was zeroed",
+                          index, value, (unsigned long long)f.limit);
     default:
         return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
                           "a kernel reported fault code %u (index %u, value %u)", f.code, index, value);

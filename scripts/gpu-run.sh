@@ -144,6 +144,16 @@ else
     FAILED=1
 fi
 
+if [ -x "$BUILD/bench/bench_dense" ]; then
+    bench bench_dense 150 "$BUILD/bench/bench_dense"
+else
+    record bench_dense missing 0 "($BUILD/bench/bench_dense)"
+    FAILED=1
+fi
+bench peer_torch_dense 150 python3 "$ROOT/bench/peer_torch_dense.py" --kiln "$BENCH_JSONL"
+
+bench bench_ops1 120 "$BUILD/bench/bench_ops1" && bench peer_torch_ops1 180 python3 "$ROOT/bench/peer_torch_ops1.py" --kiln "$BENCH_JSONL"
+
 # Every line of bench.jsonl must be one JSON object.
 step bench-jsonl-valid 30 0 python3 -c '
 import json, sys

@@ -56,4 +56,8 @@ KILN_API kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden,
 #ifdef __cplusplus
 }
 #endif
+
+#include "kiln/op_dense.h"
+#include "kiln/op_norm.h"
+#include "kiln/op_sample.h"
 #endif

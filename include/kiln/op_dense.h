@@ -1,0 +1,126 @@
+/* kiln — dense operations: linear, SwiGLU, last-token linear.
+ *
+ * Shared by all three:
+ *   - f16 storage, f32 accumulation (cuBLASLt with CUBLAS_COMPUTE_32F and f32
+ *     scale); tensors are dense and row-major (kiln_tensor);
+ *   - weights are [out, in] as Hugging Face stores them; the product is
+ *     x · Wᵀ (+ bias), bias optional (NULL), f16 [out];
+ *   - the caller gives a workspace: a region of at least the op's
+ *     *_workspace bytes, starting 256-byte aligned (buffers from
+ *     kiln_buffer_create are), overlapping no other binding. A smaller one is
+ *     refused naming both sizes. The cuBLASLt algorithm is chosen once per
+ *     shape and process (cublasLtMatmulAlgoGetHeuristic) and kept;
+ *   - encode returns a command to submit on any stream of the jit's runtime;
+ *     it retains its regions, allocates nothing when enqueued and never
+ *     waits on the device, so it is replayable: its replay key is the provider
+ *     id, the kernel fingerprint (when there is a kernel), the cuBLASLt
+ *     algorithm, the sizes and the addresses it runs with;
+ *   - the immediate kiln_op_* variants encode and submit on the runtime's
+ *     own stream (kiln_runtime_stream);
+ *   - errors: KILN_ERR_INVALID_ARGUMENT (NULL jit or cmd), KILN_ERR_NO_DEVICE
+ *     (an offline jit), KILN_ERR_RUNTIME_CONTRACT (a binding's type, rank,
+ *     dims, bounds, alignment or overlap; the message names the binding, what
+ *     was expected and what was given), KILN_ERR_CUDA_BLAS (cuBLASLt missing
+ *     or without an algorithm), the jit's errors (the SwiGLU and gather
+ *     kernels), KILN_ERR_HOST_OUT_OF_MEMORY.
+ * Threading: as kiln_jit (any thread); a command as kiln_runtime.h says.
+ */
+#ifndef KILN_OP_DENSE_H
+#define KILN_OP_DENSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/runtime.h"
+#include "kiln/status.h"
+#include "kiln/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kiln_tensor;
+
+/* ---- dense linear ----
+ * out[t, o] = sum_i x[t, i] · weight[o, i] (+ bias[o]).
+ *   x f16 [tokens, in], weight f16 [out, in], bias f16 [out] or NULL,
+ *   out f16 [tokens, out]; tokens, in, out at most 2^31 - 1.
+ * One cuBLASLt call. Attribution: op "dense_linear", packed, 1 participant,
+ * tokens, 1 dispatch. Needs no NVRTC kernel: nothing to prewarm. */
+KILN_API kiln_status kiln_op_dense_linear_workspace(int64_t tokens, int64_t in, int64_t out, size_t *bytes);
+KILN_API kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                                 const struct kiln_tensor *weight, const struct kiln_tensor *bias,
+                                                 const struct kiln_tensor *out, const kiln_region *workspace,
+                                                 kiln_command **cmd);
+KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tensor *x, const struct kiln_tensor *weight,
+                                          const struct kiln_tensor *bias, const struct kiln_tensor *out,
+                                          const kiln_region *workspace);
+
+/* ---- dense SwiGLU ----
+ * out[t, i] = silu(g[t, i]) · u[t, i], silu(v) = v / (1 + e^-v), where
+ *   [g | u] = x · gate_upᵀ, x f16 [tokens, hidden],
+ *   gate_up f16 [2·intermediate, hidden]: rows [0, intermediate) are the gate
+ *   projection (HF's gate_proj), rows [intermediate, 2·intermediate) the up
+ *   projection (up_proj), stacked in that order;
+ *   out f16 [tokens, intermediate].
+ * One cuBLASLt call writes [g | u] as f16 [tokens, 2·intermediate] at the
+ * start of the workspace, past its first 32 MiB (it stays there after the
+ * command ran: offset kiln_op_dense_swiglu_product_offset()); then the
+ * kernel specialized on intermediate computes silu(g)·u in f32 and rounds to
+ * f16. Attribution: op "dense_swiglu", packed, 1 participant, tokens, 2
+ * dispatches. */
+KILN_API kiln_status kiln_op_dense_swiglu_workspace(int64_t tokens, int64_t hidden, int64_t intermediate,
+                                                    size_t *bytes);
+/* Where in the workspace the [g | u] product lies (bytes from its start). */
+KILN_API size_t kiln_op_dense_swiglu_product_offset(void);
+KILN_API kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                                 const struct kiln_tensor *gate_up, const struct kiln_tensor *out,
+                                                 const kiln_region *workspace, kiln_command **cmd);
+KILN_API kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const struct kiln_tensor *x, const struct kiln_tensor *gate_up,
+                                          const struct kiln_tensor *out, const kiln_region *workspace);
+/* The elementwise kernel's specialization for an intermediate size; vector
+ * width 8 (16-byte accesses: intermediate a multiple of 8 and out 16-byte
+ * aligned, what encode takes for buffers from kiln_buffer_create) or 1. */
+KILN_API kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vector_width, kiln_spec *out);
+
+/* ---- last-token dense linear ----
+ * For each participant p, the last token of its span times weightᵀ:
+ *   out[p, o] = sum_i x[row(p), i] · weight[o, i] (+ bias[o]).
+ * spans u32 [participants, 2]: spans[p] = (start, length), in device memory
+ * (so one command serves every batch whose spans change but whose sizes do
+ * not). Coordinates follow x's rank:
+ *   packed: x f16 [tokens, in], row(p) = start + length - 1, which must be
+ *           below tokens (start indexes the packed rows of the batch);
+ *   source: x f16 [participants, seq, in], row(p) = the participant's own
+ *           row start + length - 1, which must be below seq.
+ * weight f16 [out, in], bias f16 [out] or NULL, out f16 [participants, out].
+ * A kernel specialized on in gathers the participants' rows into the
+ * workspace (past its first 32 MiB, [participants, in]); then one cuBLASLt
+ * call computes all participants at once. A span with length 0 or past the
+ * end is never read: its gathered row is zeroed (its output row is the bias,
+ * or 0) and the next synchronize returns KILN_ERR_DEVICE_CONTRACT naming the
+ * lowest such participant (fault code KILN_FAULT_EMPTY_SPAN or
+ * KILN_FAULT_SPAN_PAST_END below). Attribution: op "last_token_linear",
+ * packed, participants, tokens = the rows of x, 2 dispatches. */
+#define KILN_FAULT_EMPTY_SPAN 2u    /* index: participant; value 0 */
+#define KILN_FAULT_SPAN_PAST_END 3u /* index: participant; value start + length; limit tokens or seq */
+KILN_API kiln_status kiln_op_last_token_linear_workspace(int64_t participants, int64_t in, int64_t out,
+                                                         size_t *bytes);
+KILN_API kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                                      const struct kiln_tensor *spans,
+                                                      const struct kiln_tensor *weight,
+                                                      const struct kiln_tensor *bias, const struct kiln_tensor *out,
+                                                      const kiln_region *workspace, kiln_command **cmd);
+KILN_API kiln_status kiln_op_last_token_linear(kiln_jit *jit, const struct kiln_tensor *x,
+                                               const struct kiln_tensor *spans, const struct kiln_tensor *weight,
+                                               const struct kiln_tensor *bias, const struct kiln_tensor *out,
+                                               const kiln_region *workspace);
+/* The gather kernel's specialization for a row length; vector width 8 (in a
+ * multiple of 8 and x 16-byte aligned) or 1. */
+KILN_API kiln_status kiln_op_last_token_linear_spec(int64_t in, int vector_width, kiln_spec *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,82 @@
+/* kiln — RMSNorm and residual add (included by kiln/ops.h).
+ *
+ * f16 storage, f32 arithmetic, one rounding to f16 per output element. Every
+ * row is one token of a packed batch: the token count is a launch argument,
+ * not a specialization constant, so one kernel serves every batch of a
+ * model. The kernels are specialized on hidden (and on the vector width:
+ * 16-byte accesses when hidden % 8 == 0 and every binding starts 16-byte
+ * aligned, which buffers from kiln_buffer_create give; scalar otherwise).
+ * Workspace: none.
+ *
+ * Validation fails with KILN_ERR_RUNTIME_CONTRACT and a message naming the
+ * binding, the expected and the actual value (dtype, rank, dims, bytes,
+ * alignment, overlaps, eps). Needs a runtime: KILN_ERR_NO_DEVICE offline.
+ * Errors from acquiring the kernel (KILN_ERR_NVRTC_COMPILE, KILN_ERR_CACHE_*,
+ * KILN_ERR_CUDA_*) pass through. The _encode forms return a command to submit
+ * on any stream of the jit's runtime: it retains its regions and is
+ * replayable (its key: the kernel's fingerprint, the entry, every binding's
+ * address and bytes, the token count and eps). The plain forms encode and
+ * submit on the runtime's own stream (kiln_runtime_stream).
+ */
+#ifndef KILN_OP_NORM_H
+#define KILN_OP_NORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/runtime.h"
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kiln_tensor;
+
+/* RMSNorm: out[t, :] = x[t, :] * weight / sqrt(mean(x[t, :]^2) + eps).
+ *   x f16 [tokens, hidden], weight f16 [hidden], out f16 [tokens, hidden];
+ *   eps a finite number > 0; 1 <= tokens <= 2^31 - 1, hidden <= KILN_MODEL_MAX_HIDDEN.
+ * out may be x itself (the same bytes); any other overlap is refused. */
+KILN_API kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                             const struct kiln_tensor *weight, float eps,
+                                             const struct kiln_tensor *out, kiln_command **cmd);
+KILN_API kiln_status kiln_op_rms_norm(kiln_jit *jit, const struct kiln_tensor *x, const struct kiln_tensor *weight,
+                                      float eps, const struct kiln_tensor *out);
+
+/* The fused form a decoder layer wants, with the residual updated in place:
+ *   h = f16(x + residual); residual = h; out = rms_norm(h) as above.
+ * The same bits as kiln_op_residual_add(x, residual -> residual) followed by
+ * kiln_op_rms_norm(residual -> out). x, residual, out f16 [tokens, hidden],
+ * weight f16 [hidden]. out may be x itself; residual overlaps nothing. */
+KILN_API kiln_status kiln_op_rms_norm_residual_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                                      const struct kiln_tensor *residual,
+                                                      const struct kiln_tensor *weight, float eps,
+                                                      const struct kiln_tensor *out, kiln_command **cmd);
+KILN_API kiln_status kiln_op_rms_norm_residual(kiln_jit *jit, const struct kiln_tensor *x,
+                                               const struct kiln_tensor *residual, const struct kiln_tensor *weight,
+                                               float eps, const struct kiln_tensor *out);
+
+/* The specialization both RMSNorm forms use (one module, two entries), for a
+ * vector width of 8 (hidden % 8 == 0, aligned bindings) or 1. */
+KILN_API kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vector_width, kiln_spec *out);
+
+/* Residual add: out = f16(a + b), all f16 [tokens, hidden]. out may be a or b
+ * itself (the same bytes); a and b may overlap each other; any other overlap
+ * is refused. */
+KILN_API kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const struct kiln_tensor *a,
+                                                 const struct kiln_tensor *b, const struct kiln_tensor *out,
+                                                 kiln_command **cmd);
+KILN_API kiln_status kiln_op_residual_add(kiln_jit *jit, const struct kiln_tensor *a, const struct kiln_tensor *b,
+                                          const struct kiln_tensor *out);
+KILN_API kiln_status kiln_op_residual_add_spec(int64_t hidden, int vector_width, kiln_spec *out);
+
+/* Workspace the operations need, in bytes: always 0 (kept for the uniform
+ * provider interface). KILN_ERR_INVALID_ARGUMENT for a NULL out. */
+KILN_API kiln_status kiln_op_rms_norm_workspace(int64_t tokens, int64_t hidden, size_t *bytes);
+KILN_API kiln_status kiln_op_residual_add_workspace(int64_t tokens, int64_t hidden, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,90 @@
+/* Dense matrix products through cuBLASLt, shared by the dense providers
+ * (linear, SwiGLU, last-token linear). Not API.
+ *
+ * Every product here is, in row-major terms,
+ *     D[rows, out] = X[rows, in] · W[out, in]ᵀ (+ bias[out]),
+ * f16 storage, f32 accumulation and scale (CUBLAS_COMPUTE_32F, CUDA_R_32F).
+ * cuBLASLt is column-major: a row-major [R, C] matrix with leading dimension C
+ * is the column-major [C, R] matrix with the same leading dimension. So the
+ * call computes Dᵀ (column-major [out, rows], ld out) = op(A) · B with
+ *     A = W as column-major [in, out], ld in, op(A) = Aᵀ  (transa = T),
+ *     B = X as column-major [in, rows], ld in, op(B) = B  (transb = N),
+ *     m = out, n = rows, k = in,
+ * the "TN" product tensor cores like best. The bias epilogue adds a vector of
+ * length m to every column of Dᵀ, which is bias[o] added to out[t, o].
+ *
+ * The algorithm comes from cublasLtMatmulAlgoGetHeuristic, queried once per
+ * (runtime, m, n, k, bias, pointer alignments, workspace size) and kept in a
+ * bounded per-process cache (thread-safe). An enqueue allocates nothing and
+ * never synchronizes, so it can be captured into a CUDA graph. */
+#ifndef KILN_PROVIDERS_BLAS_H
+#define KILN_PROVIDERS_BLAS_H
+
+#include <cublasLt.h>
+
+#include "providers/internal.h"
+
+/* The workspace every cuBLASLt call is given (what cuBLAS uses on Hopper). */
+#define KILN__BLAS_WORKSPACE ((size_t)32 << 20)
+/* Alignment of the workspace and of anything providers carve out of it. */
+#define KILN__WORKSPACE_ALIGN ((size_t)256)
+
+typedef struct kiln__gemm_desc {
+    uint64_t rows, in, out;  /* X [rows, in], W [out, in], D [rows, out] */
+    CUdeviceptr x, w, bias, d; /* bias 0: none */
+    CUdeviceptr workspace;     /* KILN__BLAS_WORKSPACE bytes, 256-byte aligned */
+} kiln__gemm_desc;
+
+/* A prepared product: descriptors and the algorithm, ready to enqueue. */
+typedef struct kiln__gemm {
+    kiln_runtime *rt;
+    const kiln__blas *lt;
+    cublasLtHandle_t handle;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    kiln__gemm_desc desc;
+} kiln__gemm;
+
+/* Creates the descriptors and finds the algorithm (from the cache, or one
+ * heuristic query). KILN_ERR_CUDA_BLAS (cuBLASLt missing, a descriptor
+ * refused, no algorithm), KILN_ERR_RUNTIME_CONTRACT (a size past what
+ * cuBLASLt takes), recorded in err and prefixed with op. On failure g holds
+ * nothing to destroy. */
+kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,
+                               kiln__gemm *g);
+/* Enqueues the product on the launch context's stream. */
+kiln_status kiln__gemm_enqueue(const kiln__gemm *g, const kiln_launch_context *ctx, const char *op);
+/* Destroys the descriptors. A zeroed g is a no-op. */
+void kiln__gemm_destroy(kiln__gemm *g);
+
+/* What a replay key needs of a product: the algorithm and every size and
+ * address it runs with. */
+typedef struct kiln__gemm_key {
+    cublasLtMatmulAlgo_t algo;
+    uint64_t rows, in, out, x, w, bias, d, workspace;
+} kiln__gemm_key;
+void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out);
+
+/* The heuristic cache's counters since the process started: queries made
+ * (misses) and lookups served from the cache (hits). */
+void kiln__blas_cache_counters(uint64_t *queries, uint64_t *hits);
+
+/* Rounds up to the workspace alignment; 0 on overflow. */
+static inline int kiln__ws_align(size_t n, size_t *out)
+{
+    size_t r;
+    if (kiln__add_overflows(n, KILN__WORKSPACE_ALIGN - 1, &r))
+        return 0;
+    *out = r & ~(KILN__WORKSPACE_ALIGN - 1);
+    return 1;
+}
+
+/* Checks a workspace region: on rt, in bounds, 256-byte aligned, at least
+ * need bytes, overlapping none of the n bindings. Names op, the binding
+ * "workspace", both sizes. */
+kiln_status kiln__check_workspace(kiln__errslot *err, const char *op, const kiln_region *ws, kiln_runtime *rt,
+                                  size_t need, const kiln_tensor *const *bindings, const size_t *bytes,
+                                  const char *const *names, size_t n);
+
+#endif

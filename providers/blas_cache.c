@@ -1,0 +1,280 @@
+/* cuBLASLt products for the dense providers, and the per-process cache of
+ * their heuristic results (see providers/blas.h for the layout algebra). */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "providers/blas.h"
+
+/* The cache: 64 sets of 8 ways, least recently used evicted within a set.
+ * Token counts change from batch to batch, so shapes keep coming; a bound
+ * keeps a long-running process from growing without end. */
+#define SETS 64
+#define WAYS 8
+
+typedef struct heur_key {
+    uint64_t instance; /* the runtime (instance ids are never reused) */
+    uint64_t m, n, k;
+    uint64_t workspace;
+    uint32_t align_a, align_b, align_d, bias;
+} heur_key;
+
+typedef struct heur_entry {
+    heur_key key;
+    cublasLtMatmulAlgo_t algo;
+    uint64_t used; /* 0: empty */
+} heur_entry;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static heur_entry cache[SETS][WAYS];
+static uint64_t tick, queries, hits;
+
+void kiln__blas_cache_counters(uint64_t *q, uint64_t *h)
+{
+    pthread_mutex_lock(&cache_lock);
+    if (q)
+        *q = queries;
+    if (h)
+        *h = hits;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+static size_t set_of(const heur_key *k)
+{
+    /* FNV-1a over the key's bytes (the key is zeroed before it is filled). */
+    uint64_t h = 1469598103934665603ULL;
+    const uint8_t *p = (const uint8_t *)k;
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return (size_t)(h % SETS);
+}
+
+/* The largest power of two dividing the address, at most 256 (the heuristic's default). */
+static uint32_t alignment_of(CUdeviceptr p)
+{
+    uint32_t a = 1;
+    while (a < 256 && !(p & a))
+        a <<= 1;
+    return a;
+}
+
+static kiln_status blas_fail(kiln__errslot *err, const kiln__blas *lt, const char *op, const char *what,
+                             cublasStatus_t s)
+{
+    return kiln__fail(err, KILN_ERR_CUDA_BLAS, "%s: %s: %s (%d)", op, what, lt->cublasLtGetStatusString(s), (int)s);
+}
+
+/* Finds the algorithm for key, querying the heuristic on a miss (under the
+ * lock, so that each shape is queried once however many threads ask). */
+static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gemm *g, const heur_key *key,
+                             cublasLtMatmulAlgo_t *algo)
+{
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&cache_lock);
+    heur_entry *set = cache[set_of(key)], *victim = &set[0];
+    for (int w = 0; w < WAYS; w++) {
+        if (set[w].used && !memcmp(&set[w].key, key, sizeof *key)) {
+            set[w].used = ++tick;
+            hits++;
+            *algo = set[w].algo;
+            goto out_unlock;
+        }
+        if (set[w].used < victim->used)
+            victim = &set[w];
+    }
+    const kiln__blas *lt = g->lt;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t s = lt->cublasLtMatmulPreferenceCreate(&pref);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        st = blas_fail(err, lt, op, "cublasLtMatmulPreferenceCreate", s);
+        goto out_unlock;
+    }
+    uint64_t ws = key->workspace;
+    uint32_t c_align = key->align_d;
+    if ((s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                      sizeof ws)) ||
+        (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                      &key->align_a, sizeof key->align_a)) ||
+        (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                      &key->align_b, sizeof key->align_b)) ||
+        (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align,
+                                                      sizeof c_align)) ||
+        (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                      &key->align_d, sizeof key->align_d))) {
+        st = blas_fail(err, lt, op, "cublasLtMatmulPreferenceSetAttribute", s);
+        goto out_pref;
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    memset(&result, 0, sizeof result);
+    s = lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, 1, &result, &found);
+    queries++;
+    if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+        st = kiln__fail(err, KILN_ERR_CUDA_BLAS,
+                        "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (f16, f32 compute%s, alignments "
+                        "%u/%u/%u bytes, %llu workspace bytes): %s",
+                        op, (unsigned long long)key->m, (unsigned long long)key->n, (unsigned long long)key->k,
+                        key->bias ? ", bias" : "", key->align_a, key->align_b, key->align_d,
+                        (unsigned long long)key->workspace,
+                        lt->cublasLtGetStatusString(s != CUBLAS_STATUS_SUCCESS ? s : CUBLAS_STATUS_NOT_SUPPORTED));
+        goto out_pref;
+    }
+    victim->key = *key;
+    victim->algo = result.algo;
+    victim->used = ++tick;
+    *algo = result.algo;
+out_pref:
+    lt->cublasLtMatmulPreferenceDestroy(pref);
+out_unlock:
+    pthread_mutex_unlock(&cache_lock);
+    return st;
+}
+
+void kiln__gemm_destroy(kiln__gemm *g)
+{
+    if (!g || !g->lt)
+        return;
+    if (g->a)
+        g->lt->cublasLtMatrixLayoutDestroy(g->a);
+    if (g->b)
+        g->lt->cublasLtMatrixLayoutDestroy(g->b);
+    if (g->d)
+        g->lt->cublasLtMatrixLayoutDestroy(g->d);
+    if (g->op)
+        g->lt->cublasLtMatmulDescDestroy(g->op);
+    memset(g, 0, sizeof *g);
+}
+
+kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,
+                               kiln__gemm *g)
+{
+    memset(g, 0, sizeof *g);
+    /* cuBLASLt takes sizes as uint64 but leading dimensions as int64, and m, n
+     * past 2^31 are outside what its kernels are tested for. */
+    if (desc->rows > INT32_MAX || desc->in > INT32_MAX || desc->out > INT32_MAX)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: rows %llu, in %llu, out %llu: each at most %d", op,
+                          (unsigned long long)desc->rows, (unsigned long long)desc->in,
+                          (unsigned long long)desc->out, INT32_MAX);
+    const char *why = NULL;
+    const kiln__blas *lt = kiln__blas_get(&why);
+    if (!lt)
+        return kiln__fail(err, KILN_ERR_CUDA_BLAS, "%s: %s", op, why ? why : "cuBLASLt is not loaded");
+    /* The runtime's own stream's handle: cuBLASLt takes the CUDA stream on
+     * each call, and a handle keeps no per-stream state. The launch context
+     * does not say which kiln stream it belongs to (see the report). */
+    cublasLtHandle_t handle = (cublasLtHandle_t)kiln_stream_cublaslt(kiln_runtime_stream(rt));
+    if (!handle)
+        return kiln__fail(err, KILN_ERR_CUDA_BLAS, "%s: the runtime's stream has no cuBLASLt handle", op);
+    g->rt = rt;
+    g->lt = lt;
+    g->handle = handle;
+    g->desc = *desc;
+    const uint64_t m = desc->out, n = desc->rows, k = desc->in;
+    cublasStatus_t s;
+    const char *what = "cublasLtMatmulDescCreate";
+    if ((s = lt->cublasLtMatmulDescCreate(&g->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)))
+        goto out_blas;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    what = "cublasLtMatmulDescSetAttribute";
+    if ((s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
+        goto out_blas;
+    if (desc->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const void *bias = (const void *)(uintptr_t)desc->bias;
+        if ((s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+            (s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+            goto out_blas;
+    }
+    what = "cublasLtMatrixLayoutCreate";
+    if ((s = lt->cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16F, k, m, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16F, k, n, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->d, CUDA_R_16F, m, n, (int64_t)m)))
+        goto out_blas;
+    heur_key key;
+    memset(&key, 0, sizeof key);
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    key.instance = info.instance_id;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.workspace = KILN__BLAS_WORKSPACE;
+    key.align_a = alignment_of(desc->w);
+    key.align_b = alignment_of(desc->x);
+    key.align_d = alignment_of(desc->d);
+    key.bias = desc->bias != 0;
+    kiln_status st = find_algo(err, op, g, &key, &g->algo);
+    if (st)
+        kiln__gemm_destroy(g);
+    return st;
+out_blas:
+    st = blas_fail(err, lt, op, what, s);
+    kiln__gemm_destroy(g);
+    return st;
+}
+
+kiln_status kiln__gemm_enqueue(const kiln__gemm *g, const kiln_launch_context *ctx, const char *op)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    const kiln__gemm_desc *d = &g->desc;
+    void *dp = (void *)(uintptr_t)d->d;
+    cublasStatus_t s = g->lt->cublasLtMatmul(g->handle, g->op, &alpha, (const void *)(uintptr_t)d->w, g->a,
+                                             (const void *)(uintptr_t)d->x, g->b, &beta, dp, g->d, dp, g->d,
+                                             &g->algo, (void *)(uintptr_t)d->workspace, KILN__BLAS_WORKSPACE,
+                                             (cudaStream_t)kiln_launch_stream(ctx));
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return kiln__fail(kiln__runtime_errslot(g->rt), KILN_ERR_CUDA_BLAS,
+                          "%s: cublasLtMatmul (m=%llu n=%llu k=%llu): %s (%d)", op, (unsigned long long)d->out,
+                          (unsigned long long)d->rows, (unsigned long long)d->in,
+                          g->lt->cublasLtGetStatusString(s), (int)s);
+    return KILN_OK;
+}
+
+void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out)
+{
+    memset(out, 0, sizeof *out);
+    out->algo = g->algo;
+    out->rows = g->desc.rows;
+    out->in = g->desc.in;
+    out->out = g->desc.out;
+    out->x = g->desc.x;
+    out->w = g->desc.w;
+    out->bias = g->desc.bias;
+    out->d = g->desc.d;
+    out->workspace = g->desc.workspace;
+}
+
+kiln_status kiln__check_workspace(kiln__errslot *err, const char *op, const kiln_region *ws, kiln_runtime *rt,
+                                  size_t need, const kiln_tensor *const *bindings, const size_t *bytes,
+                                  const char *const *names, size_t n)
+{
+    if (!ws || !ws->buffer)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding workspace has no buffer; it needs %zu bytes",
+                          op, need);
+    if (kiln__buffer_runtime(ws->buffer) != rt)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding workspace belongs to another runtime", op);
+    if (kiln_region_check(ws))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding workspace: %s", op, kiln_errmsg());
+    size_t have = ws->end - ws->start;
+    if (have < need)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: binding workspace has %zu bytes; it must have at least %zu", op, have, need);
+    CUdeviceptr at = kiln__buffer_ptr(ws->buffer) + ws->start;
+    if (at % KILN__WORKSPACE_ALIGN)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: binding workspace must start %zu-byte aligned; it starts at offset %zu of a buffer "
+                          "aligned to %llu",
+                          op, KILN__WORKSPACE_ALIGN, ws->start,
+                          (unsigned long long)(kiln__buffer_ptr(ws->buffer) & -kiln__buffer_ptr(ws->buffer)));
+    for (size_t i = 0; i < n; i++) {
+        if (!bindings[i])
+            continue;
+        kiln_region r = {bindings[i]->buffer, bindings[i]->offset, bindings[i]->offset + bytes[i]};
+        if (kiln_region_overlaps(ws, &r))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              "%s: binding workspace [%zu, %zu) overlaps binding %s [%zu, %zu)", op, ws->start,
+                              ws->end, names[i], r.start, r.end);
+    }
+    return KILN_OK;
+}

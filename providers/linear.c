@@ -1,0 +1,145 @@
+/* Dense linear: out[t, o] = sum_i x[t, i] · weight[o, i] (+ bias[o]), one
+ * cuBLASLt call (providers/blas.h has the layout algebra). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/blas.h"
+
+#define OP "dense_linear"
+/* The provider's part of the replay key; bumped when what it enqueues changes. */
+#define KEY_TAG "kiln.dense_linear.1"
+
+static kiln_status check_size(const char *name, int64_t v)
+{
+    if (v < 1 || v > INT32_MAX)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": %s = %lld; it must be in [1, %d]", name,
+                          (long long)v, INT32_MAX);
+    return KILN_OK;
+}
+
+kiln_status kiln_op_dense_linear_workspace(int64_t tokens, int64_t in, int64_t out, size_t *bytes)
+{
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    kiln_status st;
+    if ((st = check_size("tokens", tokens)) || (st = check_size("in", in)) || (st = check_size("out", out)))
+        return st;
+    *bytes = KILN__BLAS_WORKSPACE;
+    return KILN_OK;
+}
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    return kiln__gemm_enqueue(user, ctx, OP);
+}
+
+static void launch_free(void *user)
+{
+    kiln__gemm_destroy(user);
+    free(user);
+}
+
+kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                        const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *workspace,
+                                        kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t x_bytes, w_bytes, b_bytes = 0, o_bytes;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+        return st;
+    const int64_t tokens = x->dims[0], in = x->dims[1];
+    const int64_t want_w[2] = {-1, in};
+    if ((st = kiln__check_tensor(err, OP, "weight", weight, rt, KILN_DTYPE_F16, 2, want_w, &w_bytes)))
+        return st;
+    const int64_t n_out = weight->dims[0];
+    if (bias) {
+        const int64_t want_b[1] = {n_out};
+        if ((st = kiln__check_tensor(err, OP, "bias", bias, rt, KILN_DTYPE_F16, 1, want_b, &b_bytes)))
+            return st;
+        CUdeviceptr b = kiln__buffer_ptr(bias->buffer) + bias->offset;
+        if (b % 16)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              OP ": binding bias must start 16-byte aligned; it starts %llu bytes past that", 
+                              (unsigned long long)(b % 16));
+    }
+    const int64_t want_o[2] = {tokens, n_out};
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
+        return st;
+    size_t need;
+    if ((st = kiln_op_dense_linear_workspace(tokens, in, n_out, &need)))
+        return kiln__propagate(err, st);
+    const kiln_tensor *reads[3] = {x, weight, bias};
+    const size_t read_bytes[3] = {x_bytes, w_bytes, b_bytes};
+    static const char *const read_names[3] = {"x", "weight", "bias"};
+    for (int i = 0; i < 3; i++)
+        if (reads[i] && kiln__tensors_overlap(out, o_bytes, reads[i], read_bytes[i]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s", read_names[i]);
+    const kiln_tensor *all[4] = {x, weight, bias, out};
+    const size_t all_bytes[4] = {x_bytes, w_bytes, b_bytes, o_bytes};
+    static const char *const all_names[4] = {"x", "weight", "bias", "out"};
+    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 4)))
+        return st;
+
+    kiln__gemm *g = malloc(sizeof *g);
+    if (!g)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)n_out};
+    d.x = kiln__buffer_ptr(x->buffer) + x->offset;
+    d.w = kiln__buffer_ptr(weight->buffer) + weight->offset;
+    d.bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0;
+    d.d = kiln__buffer_ptr(out->buffer) + out->offset;
+    d.workspace = kiln__buffer_ptr(workspace->buffer) + workspace->start;
+    if ((st = kiln__gemm_prepare(rt, err, OP, &d, g))) {
+        free(g);
+        return st;
+    }
+    /* The replay key: the provider, the algorithm, every size and address. */
+    uint8_t key[sizeof KEY_TAG + sizeof(kiln__gemm_key)];
+    kiln__gemm_key gk;
+    kiln__gemm_key_of(g, &gk);
+    memcpy(key, KEY_TAG, sizeof KEY_TAG);
+    memcpy(key + sizeof KEY_TAG, &gk, sizeof gk);
+    kiln_region regions[5];
+    size_t n = 0;
+    regions[n++] = (kiln_region){x->buffer, x->offset, x->offset + x_bytes};
+    regions[n++] = (kiln_region){weight->buffer, weight->offset, weight->offset + w_bytes};
+    if (bias)
+        regions[n++] = (kiln_region){bias->buffer, bias->offset, bias->offset + b_bytes};
+    regions[n++] = (kiln_region){out->buffer, out->offset, out->offset + o_bytes};
+    regions[n++] = *workspace;
+    kiln_command_desc cd = {.op_id = OP,
+                            .batching = KILN_BATCHING_PACKED,
+                            .participants = 1,
+                            .tokens = (uint32_t)tokens,
+                            .dispatches = 1,
+                            .regions = regions,
+                            .n_regions = n,
+                            .enqueue = enqueue,
+                            .user = g,
+                            .user_free = launch_free,
+                            .replay_key = key,
+                            .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &cd, cmd)))
+        launch_free(g);
+    return st;
+}
+
+kiln_status kiln_op_dense_linear(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                 const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *workspace)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_dense_linear_encode(jit, x, weight, bias, out, workspace, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}

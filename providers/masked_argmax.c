@@ -1,0 +1,215 @@
+/* Last-token masked argmax with repetition penalty (templates/masked_argmax.cu). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/internal.h"
+
+#define OP "masked_argmax"
+#define CLUSTER 8                 /* blocks per participant: the portable cluster size */
+#define MAX_PARTICIPANTS 65535u
+
+static int64_t threads_for(int64_t vocab, int vec)
+{
+    int64_t chunk = (vocab / vec + CLUSTER - 1) / CLUSTER, unroll = vec == 8 ? 4 : 8;
+    int64_t t = ((chunk + unroll - 1) / unroll + 31) / 32 * 32;
+    return t < 64 ? 64 : t > 1024 ? 1024 : t;
+}
+
+kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vec, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
+    if (vocab < 1 || vocab > KILN_MODEL_MAX_VOCAB || (vec != 1 && vec != 8) || vocab % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": vocab %lld (1..%d), vector width %d (1, or 8 dividing vocab)", (long long)vocab,
+                          KILN_MODEL_MAX_VOCAB, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
+        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(vocab, vec))) ||
+        (st = kiln_spec_set(out, "CLUSTER", CLUSTER)))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants, size_t *bytes)
+{
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    if (vocab < 1 || vocab > KILN_MODEL_MAX_VOCAB || participants < 1 || participants > MAX_PARTICIPANTS)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": vocab %lld (1..%d), participants %lld (1..%u)",
+                          (long long)vocab, KILN_MODEL_MAX_VOCAB, (long long)participants, MAX_PARTICIPANTS);
+    /* The seed's contract: align16(vocab * 2) bytes per sequence. */
+    *bytes = (size_t)participants * (((size_t)vocab * 2 + 15) & ~(size_t)15);
+    return KILN_OK;
+}
+
+kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    kiln_spec spec;
+    kiln_status st = kiln_op_masked_argmax_spec(cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
+    return st ? st : sink(user, &spec);
+}
+
+enum { B_LOGITS, B_VALID, B_IDS, B_OFFSETS, B_PENALTY, B_WORKSPACE, B_OUT, N_BINDINGS };
+static const char *const names[N_BINDINGS] = {"logits",  "valid",     "rep_ids", "rep_offsets",
+                                              "penalty", "workspace", "out"};
+
+static void views(const kiln_masked_argmax_bindings *b, const kiln_tensor *t[N_BINDINGS])
+{
+    t[B_LOGITS] = b->logits;
+    t[B_VALID] = b->valid;
+    t[B_IDS] = b->rep_ids;
+    t[B_OFFSETS] = b->rep_offsets;
+    t[B_PENALTY] = b->penalty;
+    t[B_WORKSPACE] = b->workspace;
+    t[B_OUT] = b->out;
+}
+
+kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
+                                      int *vec)
+{
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    if (!b)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings is NULL");
+    if (b->size && b->size < sizeof *b)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings size %u; expected %zu", b->size,
+                          sizeof *b);
+    const kiln_tensor *t[N_BINDINGS];
+    views(b, t);
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "logits", t[B_LOGITS], rt, KILN_DTYPE_F16, 2, NULL, &bytes[B_LOGITS])))
+        return st;
+    const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
+    if (vocab > KILN_MODEL_MAX_VOCAB || P > MAX_PARTICIPANTS)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding logits is [%lld, %lld]; at most %u participants and vocab %d", (long long)P,
+                          (long long)vocab, MAX_PARTICIPANTS, KILN_MODEL_MAX_VOCAB);
+    size_t ws_need;
+    if ((st = kiln_op_masked_argmax_workspace(vocab, P, &ws_need)))
+        return kiln__propagate(err, st);
+    const int64_t want_valid[1] = {vocab}, want_ids[1] = {-1}, want_off[1] = {P + 1}, want_pen[1] = {1},
+                  want_ws[1] = {-1}, want_out[1] = {P};
+    if ((st = kiln__check_tensor(err, OP, "valid", t[B_VALID], rt, KILN_DTYPE_U8, 1, want_valid, &bytes[B_VALID])) ||
+        (st = kiln__check_tensor(err, OP, "rep_ids", t[B_IDS], rt, KILN_DTYPE_U32, 1, want_ids, &bytes[B_IDS])) ||
+        (st = kiln__check_tensor(err, OP, "rep_offsets", t[B_OFFSETS], rt, KILN_DTYPE_U32, 1, want_off,
+                                 &bytes[B_OFFSETS])) ||
+        (st = kiln__check_tensor(err, OP, "penalty", t[B_PENALTY], rt, KILN_DTYPE_F32, 1, want_pen,
+                                 &bytes[B_PENALTY])) ||
+        (st = kiln__check_tensor(err, OP, "workspace", t[B_WORKSPACE], rt, KILN_DTYPE_U8, 1, want_ws,
+                                 &bytes[B_WORKSPACE])) ||
+        (st = kiln__check_tensor(err, OP, "out", t[B_OUT], rt, KILN_DTYPE_U32, 1, want_out, &bytes[B_OUT])))
+        return st;
+    if (t[B_IDS]->dims[0] > UINT32_MAX)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding rep_ids has %lld ids; at most %u",
+                          (long long)t[B_IDS]->dims[0], UINT32_MAX);
+    if (bytes[B_WORKSPACE] < ws_need)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding workspace has %zu bytes; it needs at least %zu (%lld participants x "
+                          "align16(vocab %lld x 2))",
+                          bytes[B_WORKSPACE], ws_need, (long long)P, (long long)vocab);
+    /* What is written (out, workspace) overlaps nothing else. */
+    for (int w = B_WORKSPACE; w <= B_OUT; w++)
+        for (int i = 0; i < N_BINDINGS; i++)
+            if (i != w && kiln__tensors_overlap(t[w], bytes[w], t[i], bytes[i]))
+                return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": %s overlaps %s", names[w], names[i]);
+    const uint64_t lp = kiln__buffer_ptr(t[B_LOGITS]->buffer) + t[B_LOGITS]->offset,
+                   vp = kiln__buffer_ptr(t[B_VALID]->buffer) + t[B_VALID]->offset;
+    *vec = (vocab % 8 == 0 && lp % 16 == 0 && vp % 8 == 0) ? 8 : 1;
+    return KILN_OK;
+}
+
+typedef struct argmax_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr logits, valid, ids, offsets, penalty, out;
+    uint32_t capacity, participants;
+    unsigned threads;
+} argmax_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    argmax_launch *l = user;
+    void *args[] = {&l->logits, &l->valid, &l->ids, &l->offsets, &l->penalty, &l->capacity, &l->out};
+    return kiln__launch(ctx, l->rt, l->fn, l->participants * CLUSTER, l->threads, 0, args);
+}
+
+kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax_bindings *b, kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t bytes[N_BINDINGS];
+    int vec;
+    kiln_status st = kiln__masked_argmax_check(rt, b, bytes, &vec);
+    if (st)
+        return st;
+    const kiln_tensor *t[N_BINDINGS];
+    views(b, t);
+    const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
+    kiln_spec spec;
+    if ((st = kiln_op_masked_argmax_spec(vocab, vec, &spec)))
+        return kiln__propagate(err, st);
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    argmax_launch *l = malloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+#define PTR(i) (kiln__buffer_ptr(t[i]->buffer) + t[i]->offset)
+    *l = (argmax_launch){.rt = rt,
+                         .fn = (CUfunction)fn,
+                         .logits = PTR(B_LOGITS),
+                         .valid = PTR(B_VALID),
+                         .ids = PTR(B_IDS),
+                         .offsets = PTR(B_OFFSETS),
+                         .penalty = PTR(B_PENALTY),
+                         .out = PTR(B_OUT),
+                         .capacity = (uint32_t)t[B_IDS]->dims[0],
+                         .participants = (uint32_t)P,
+                         .threads = (unsigned)threads_for(vocab, vec)};
+    /* The replay key: the kernel and every binding (address, bytes); P and R are in the bytes. */
+    uint64_t params[2 * N_BINDINGS];
+    kiln_region regions[N_BINDINGS];
+    for (int i = 0; i < N_BINDINGS; i++) {
+        params[2 * i] = PTR(i);
+        params[2 * i + 1] = bytes[i];
+        regions[i] = (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + bytes[i]};
+    }
+#undef PTR
+    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_command_desc d = {.op_id = OP,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = (uint32_t)P,
+                           .tokens = (uint32_t)P, /* the last token of each */
+                           .dispatches = 1,
+                           .regions = regions,
+                           .n_regions = N_BINDINGS,
+                           .enqueue = enqueue,
+                           .user = l,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(l);
+    return st;
+}
+
+kiln_status kiln_op_masked_argmax(kiln_jit *jit, const kiln_masked_argmax_bindings *b)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_masked_argmax_encode(jit, b, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}

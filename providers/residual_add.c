@@ -1,0 +1,170 @@
+/* Residual add: out = a + b, f16 rows (templates/residual_add.cu). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/internal.h"
+
+#define OP "residual_add"
+#define MAX_TOKENS 0x7fffffffu /* one block per token; the grid's x limit */
+
+static int64_t threads_for(int64_t hidden, int vec)
+{
+    int64_t vecs = hidden / vec, t = ((vecs + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 1024 ? 1024 : t;
+}
+
+kiln_status kiln_op_residual_add_spec(int64_t hidden, int vec, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
+    if (hidden < 1 || hidden > KILN_MODEL_MAX_HIDDEN || (vec != 1 && vec != 8) || hidden % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)", (long long)hidden,
+                          KILN_MODEL_MAX_HIDDEN, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln_op_residual_add_workspace(int64_t tokens, int64_t hidden, size_t *bytes)
+{
+    (void)tokens;
+    (void)hidden;
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    *bytes = 0;
+    return KILN_OK;
+}
+
+kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    kiln_spec spec;
+    kiln_status st = kiln_op_residual_add_spec(cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    return st ? st : sink(user, &spec);
+}
+
+static int same_view(const kiln_tensor *a, const kiln_tensor *b)
+{
+    return a->buffer == b->buffer && a->offset == b->offset;
+}
+
+kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, const kiln_tensor *b,
+                                     const kiln_tensor *out, int *vec)
+{
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t ab, bb, ob;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "a", a, rt, KILN_DTYPE_F16, 2, NULL, &ab)))
+        return st;
+    const int64_t tokens = a->dims[0], hidden = a->dims[1];
+    const int64_t want[2] = {tokens, hidden};
+    if ((st = kiln__check_tensor(err, OP, "b", b, rt, KILN_DTYPE_F16, 2, want, &bb)) ||
+        (st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want, &ob)))
+        return st;
+    if (hidden > KILN_MODEL_MAX_HIDDEN)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding a has hidden %lld; at most %d",
+                          (long long)hidden, KILN_MODEL_MAX_HIDDEN);
+    if (tokens > (int64_t)MAX_TOKENS)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding a has %lld tokens; at most %u",
+                          (long long)tokens, MAX_TOKENS);
+    /* In place is fine (out is a or b); a partial overlap would read what another thread wrote. */
+    if (kiln__tensors_overlap(out, ob, a, ab) && !same_view(out, a))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": out (offset %zu) partly overlaps a (offset %zu); it may only be a itself", out->offset,
+                          a->offset);
+    if (kiln__tensors_overlap(out, ob, b, bb) && !same_view(out, b))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": out (offset %zu) partly overlaps b (offset %zu); it may only be b itself", out->offset,
+                          b->offset);
+    uint64_t addr_bits = kiln__buffer_ptr(a->buffer) | kiln__buffer_ptr(b->buffer) | kiln__buffer_ptr(out->buffer) |
+                         a->offset | b->offset | out->offset;
+    *vec = (hidden % 8 == 0 && addr_bits % 16 == 0) ? 8 : 1;
+    return KILN_OK;
+}
+
+typedef struct add_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr a, b, out;
+    uint32_t tokens;
+    unsigned threads;
+} add_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    add_launch *l = user;
+    void *args[] = {&l->a, &l->b, &l->out};
+    return kiln__launch(ctx, l->rt, l->fn, l->tokens, l->threads, 0, args);
+}
+
+kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, const kiln_tensor *b,
+                                        const kiln_tensor *out, kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    int vec;
+    kiln_status st = kiln__residual_add_check(rt, a, b, out, &vec);
+    if (st)
+        return st;
+    const int64_t tokens = a->dims[0], hidden = a->dims[1];
+    kiln_spec spec;
+    if ((st = kiln_op_residual_add_spec(hidden, vec, &spec)))
+        return kiln__propagate(err, st);
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    add_launch *l = malloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    const size_t bytes = (size_t)tokens * (size_t)hidden * 2;
+    *l = (add_launch){.rt = rt,
+                      .fn = (CUfunction)fn,
+                      .a = kiln__buffer_ptr(a->buffer) + a->offset,
+                      .b = kiln__buffer_ptr(b->buffer) + b->offset,
+                      .out = kiln__buffer_ptr(out->buffer) + out->offset,
+                      .tokens = (uint32_t)tokens,
+                      .threads = (unsigned)threads_for(hidden, vec)};
+    const uint64_t params[5] = {l->a, l->b, l->out, bytes, l->tokens};
+    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_region regions[3] = {{a->buffer, a->offset, a->offset + bytes},
+                              {b->buffer, b->offset, b->offset + bytes},
+                              {out->buffer, out->offset, out->offset + bytes}};
+    kiln_command_desc d = {.op_id = OP,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = 1,
+                           .tokens = (uint32_t)tokens,
+                           .dispatches = 1,
+                           .regions = regions,
+                           .n_regions = 3,
+                           .enqueue = enqueue,
+                           .user = l,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(l);
+    return st;
+}
+
+kiln_status kiln_op_residual_add(kiln_jit *jit, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *out)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_residual_add_encode(jit, a, b, out, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}

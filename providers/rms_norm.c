@@ -1,0 +1,231 @@
+/* RMSNorm, plain and fused with the residual add (templates/rms_norm.cu). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/internal.h"
+
+#define TEMPLATE "rms_norm"
+#define MAX_TOKENS 0x7fffffffu /* one block per token; the grid's x limit */
+
+/* About four vectors per thread, a whole number of warps, 32..1024 threads. */
+static int64_t threads_for(int64_t hidden, int vec)
+{
+    int64_t vecs = hidden / vec, t = ((vecs + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 1024 ? 1024 : t;
+}
+
+kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vec, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": out is NULL");
+    if (hidden < 1 || hidden > KILN_MODEL_MAX_HIDDEN || (vec != 1 && vec != 8) || hidden % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          TEMPLATE ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
+                          (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln_op_rms_norm_workspace(int64_t tokens, int64_t hidden, size_t *bytes)
+{
+    (void)tokens;
+    (void)hidden;
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": bytes is NULL");
+    *bytes = 0;
+    return KILN_OK;
+}
+
+kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    kiln_spec spec;
+    /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when hidden allows it. */
+    kiln_status st = kiln_op_rms_norm_spec(cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    return st ? st : sink(user, &spec);
+}
+
+/* Overlap rules: out may be x exactly; residual overlaps nothing; nothing written overlaps weight. */
+static int same_view(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes)
+{
+    return a->buffer == b->buffer && a->offset == b->offset && a_bytes == b_bytes;
+}
+
+kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const kiln_tensor *residual,
+                                 const kiln_tensor *weight, float eps, const kiln_tensor *out, int *vec)
+{
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    const char *op = residual ? "rms_norm_residual" : "rms_norm";
+    size_t xb, rb = 0, wb, ob;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, op, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
+        return st;
+    const int64_t tokens = x->dims[0], hidden = x->dims[1];
+    const int64_t want_w[1] = {hidden}, want_x[2] = {tokens, hidden};
+    if ((st = kiln__check_tensor(err, op, "weight", weight, rt, KILN_DTYPE_F16, 1, want_w, &wb)) ||
+        (residual && (st = kiln__check_tensor(err, op, "residual", residual, rt, KILN_DTYPE_F16, 2, want_x, &rb))) ||
+        (st = kiln__check_tensor(err, op, "out", out, rt, KILN_DTYPE_F16, 2, want_x, &ob)))
+        return st;
+    if (hidden > KILN_MODEL_MAX_HIDDEN)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding x has hidden %lld; at most %d", op,
+                          (long long)hidden, KILN_MODEL_MAX_HIDDEN);
+    if (tokens > (int64_t)MAX_TOKENS)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding x has %lld tokens; at most %u", op,
+                          (long long)tokens, MAX_TOKENS);
+    if (!isfinite(eps) || !(eps > 0.0f))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: eps must be a finite number > 0, got %g", op,
+                          (double)eps);
+    if (kiln__tensors_overlap(out, ob, weight, wb))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: out overlaps weight", op);
+    if (kiln__tensors_overlap(out, ob, x, xb) && !same_view(out, ob, x, xb))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: out (offset %zu) partly overlaps x (offset %zu); it may only be x itself", op,
+                          out->offset, x->offset);
+    if (residual) {
+        const char *other = kiln__tensors_overlap(residual, rb, x, xb)        ? "x"
+                            : kiln__tensors_overlap(residual, rb, weight, wb) ? "weight"
+                            : kiln__tensors_overlap(residual, rb, out, ob)    ? "out"
+                                                                              : NULL;
+        if (other)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: residual (updated in place) overlaps %s", op,
+                              other);
+    }
+    uint64_t addr_bits = kiln__buffer_ptr(x->buffer) | kiln__buffer_ptr(weight->buffer) | kiln__buffer_ptr(out->buffer);
+    addr_bits |= x->offset | weight->offset | out->offset;
+    if (residual)
+        addr_bits |= kiln__buffer_ptr(residual->buffer) | residual->offset;
+    *vec = (hidden % 8 == 0 && addr_bits % 16 == 0) ? 8 : 1;
+    return KILN_OK;
+}
+
+typedef struct norm_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr x, residual, weight, out;
+    float eps;
+    uint32_t tokens;
+    unsigned threads;
+} norm_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    norm_launch *l = user;
+    if (l->residual) {
+        void *args[] = {&l->x, &l->residual, &l->weight, &l->out, &l->eps};
+        return kiln__launch(ctx, l->rt, l->fn, l->tokens, l->threads, 0, args);
+    }
+    void *args[] = {&l->x, &l->weight, &l->out, &l->eps};
+    return kiln__launch(ctx, l->rt, l->fn, l->tokens, l->threads, 0, args);
+}
+
+static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual, const kiln_tensor *weight,
+                          float eps, const kiln_tensor *out, kiln_command **cmd)
+{
+    const char *op = residual ? "rms_norm_residual" : "rms_norm";
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: jit or cmd is NULL", op);
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, "%s: the jit has no runtime (offline)", op);
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    int vec;
+    kiln_status st = kiln__rms_norm_check(rt, x, residual, weight, eps, out, &vec);
+    if (st)
+        return st;
+    const int64_t tokens = x->dims[0], hidden = x->dims[1];
+    kiln_spec spec;
+    if ((st = kiln_op_rms_norm_spec(hidden, vec, &spec)))
+        return kiln__propagate(err, st);
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = kiln_kernel_function(k, residual ? "kiln_rms_norm_residual" : "kiln_rms_norm", &fn)))
+        return kiln__propagate(err, st);
+    norm_launch *l = malloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    const size_t bytes = (size_t)tokens * (size_t)hidden * 2, wbytes = (size_t)hidden * 2;
+    *l = (norm_launch){.rt = rt,
+                       .fn = (CUfunction)fn,
+                       .x = kiln__buffer_ptr(x->buffer) + x->offset,
+                       .residual = residual ? kiln__buffer_ptr(residual->buffer) + residual->offset : 0,
+                       .weight = kiln__buffer_ptr(weight->buffer) + weight->offset,
+                       .out = kiln__buffer_ptr(out->buffer) + out->offset,
+                       .eps = eps,
+                       .tokens = (uint32_t)tokens,
+                       .threads = (unsigned)threads_for(hidden, vec)};
+    /* The replay key: the kernel, its entry, and everything it is launched with. */
+    uint32_t eps_bits;
+    memcpy(&eps_bits, &eps, sizeof eps_bits);
+    const uint64_t params[8] = {residual ? 2 : 1, l->x,   l->residual, l->weight,
+                                l->out,           bytes,  wbytes,      ((uint64_t)eps_bits << 32) | l->tokens};
+    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_region regions[4] = {{x->buffer, x->offset, x->offset + bytes},
+                              {weight->buffer, weight->offset, weight->offset + wbytes},
+                              {out->buffer, out->offset, out->offset + bytes},
+                              {0}};
+    size_t n_regions = 3;
+    if (residual)
+        regions[n_regions++] = (kiln_region){residual->buffer, residual->offset, residual->offset + bytes};
+    kiln_command_desc d = {.op_id = op,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = 1,
+                           .tokens = (uint32_t)tokens,
+                           .dispatches = 1,
+                           .regions = regions,
+                           .n_regions = n_regions,
+                           .enqueue = enqueue,
+                           .user = l,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(l);
+    return st;
+}
+
+static kiln_status submit_one(kiln_jit *jit, kiln_command *cmd)
+{
+    kiln_status st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}
+
+kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight, float eps,
+                                    const kiln_tensor *out, kiln_command **cmd)
+{
+    return encode(jit, x, NULL, weight, eps, out, cmd);
+}
+
+kiln_status kiln_op_rms_norm(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight, float eps,
+                             const kiln_tensor *out)
+{
+    kiln_command *cmd;
+    kiln_status st = encode(jit, x, NULL, weight, eps, out, &cmd);
+    return st ? st : submit_one(jit, cmd);
+}
+
+kiln_status kiln_op_rms_norm_residual_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual,
+                                             const kiln_tensor *weight, float eps, const kiln_tensor *out,
+                                             kiln_command **cmd)
+{
+    if (!residual)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, "rms_norm_residual: binding residual has no buffer");
+    return encode(jit, x, residual, weight, eps, out, cmd);
+}
+
+kiln_status kiln_op_rms_norm_residual(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual,
+                                      const kiln_tensor *weight, float eps, const kiln_tensor *out)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_rms_norm_residual_encode(jit, x, residual, weight, eps, out, &cmd);
+    return st ? st : submit_one(jit, cmd);
+}

@@ -1,0 +1,208 @@
+/* Dense SwiGLU: [g | u] = x · gate_upᵀ through cuBLASLt into the workspace,
+ * then out = silu(g) · u in the kernel of templates/swiglu.cu. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/blas.h"
+
+#define OP "dense_swiglu"
+#define KEY_TAG "kiln.dense_swiglu.1"
+
+/* About four vectors per thread, a whole number of warps, 32..256 threads. */
+static int64_t threads_for(int64_t n, int vec)
+{
+    int64_t vecs = n / vec, t = ((vecs + 3) / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 256 ? 256 : t;
+}
+
+kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vec, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
+    if (intermediate < 1 || intermediate > KILN_MODEL_MAX_INTERMEDIATE || (vec != 1 && vec != 8) ||
+        intermediate % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": intermediate %lld (1..%d), vector width %d (1, or 8 dividing intermediate)",
+                          (long long)intermediate, KILN_MODEL_MAX_INTERMEDIATE, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, "swiglu")) || (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)) ||
+        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(intermediate, vec))))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    kiln_spec spec;
+    /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when the size allows. */
+    kiln_status st = kiln_op_dense_swiglu_spec(cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
+    return st ? st : sink(user, &spec);
+}
+
+size_t kiln_op_dense_swiglu_product_offset(void) { return KILN__BLAS_WORKSPACE; }
+
+static kiln_status sizes_check(int64_t tokens, int64_t hidden, int64_t intermediate)
+{
+    if (tokens < 1 || tokens > INT32_MAX || hidden < 1 || hidden > INT32_MAX || intermediate < 1 ||
+        intermediate > INT32_MAX / 2)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": tokens %lld, hidden %lld, intermediate %lld: tokens and hidden must be in [1, %d], "
+                          "intermediate in [1, %d]",
+                          (long long)tokens, (long long)hidden, (long long)intermediate, INT32_MAX, INT32_MAX / 2);
+    return KILN_OK;
+}
+
+kiln_status kiln_op_dense_swiglu_workspace(int64_t tokens, int64_t hidden, int64_t intermediate, size_t *bytes)
+{
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    kiln_status st = sizes_check(tokens, hidden, intermediate);
+    if (st)
+        return st;
+    size_t product, aligned, total;
+    if (kiln__mul_overflows((size_t)tokens, (size_t)intermediate * 4, &product) || !kiln__ws_align(product, &aligned) ||
+        kiln__add_overflows(KILN__BLAS_WORKSPACE, aligned, &total))
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": a workspace for %lld tokens x %lld overflows",
+                          (long long)tokens, (long long)(2 * intermediate));
+    *bytes = total;
+    return KILN_OK;
+}
+
+typedef struct swiglu_launch {
+    kiln__gemm gemm;
+    CUfunction fn;
+    CUdeviceptr product, out;
+    uint32_t tokens;
+    unsigned threads;
+} swiglu_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    swiglu_launch *l = user;
+    kiln_status st = kiln__gemm_enqueue(&l->gemm, ctx, OP);
+    if (st)
+        return st;
+    void *args[] = {&l->product, &l->out};
+    return kiln__launch(ctx, l->gemm.rt, l->fn, l->tokens, l->threads, 0, args);
+}
+
+static void launch_free(void *user)
+{
+    swiglu_launch *l = user;
+    kiln__gemm_destroy(&l->gemm);
+    free(l);
+}
+
+kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up,
+                                        const kiln_tensor *out, const kiln_region *workspace, kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t x_bytes, w_bytes, o_bytes;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+        return st;
+    const int64_t tokens = x->dims[0], hidden = x->dims[1];
+    const int64_t want_w[2] = {-1, hidden};
+    if ((st = kiln__check_tensor(err, OP, "gate_up", gate_up, rt, KILN_DTYPE_F16, 2, want_w, &w_bytes)))
+        return st;
+    if (gate_up->dims[0] % 2)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding gate_up has %lld rows; it must have 2 x intermediate (gate rows, then up "
+                          "rows), an even number",
+                          (long long)gate_up->dims[0]);
+    const int64_t inter = gate_up->dims[0] / 2;
+    const int64_t want_o[2] = {tokens, inter};
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
+        return st;
+    size_t need;
+    if ((st = kiln_op_dense_swiglu_workspace(tokens, hidden, inter, &need)))
+        return kiln__propagate(err, st);
+    if (kiln__tensors_overlap(out, o_bytes, x, x_bytes) || kiln__tensors_overlap(out, o_bytes, gate_up, w_bytes))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s",
+                          kiln__tensors_overlap(out, o_bytes, x, x_bytes) ? "x" : "gate_up");
+    const kiln_tensor *all[3] = {x, gate_up, out};
+    const size_t all_bytes[3] = {x_bytes, w_bytes, o_bytes};
+    static const char *const all_names[3] = {"x", "gate_up", "out"};
+    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 3)))
+        return st;
+
+    swiglu_launch *l = calloc(1, sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    CUdeviceptr ws = kiln__buffer_ptr(workspace->buffer) + workspace->start;
+    l->product = ws + KILN__BLAS_WORKSPACE;
+    l->out = kiln__buffer_ptr(out->buffer) + out->offset;
+    l->tokens = (uint32_t)tokens;
+    const int vec = (inter % 8 == 0 && l->out % 16 == 0) ? 8 : 1;
+    l->threads = (unsigned)threads_for(inter, vec);
+    kiln_spec spec;
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_op_dense_swiglu_spec(inter, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = kiln_kernel_function(k, NULL, &fn))) {
+        free(l);
+        return kiln__propagate(err, st);
+    }
+    l->fn = (CUfunction)fn;
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)hidden, .out = (uint64_t)(2 * inter)};
+    d.x = kiln__buffer_ptr(x->buffer) + x->offset;
+    d.w = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset;
+    d.d = l->product;
+    d.workspace = ws;
+    if ((st = kiln__gemm_prepare(rt, err, OP, &d, &l->gemm))) {
+        free(l);
+        return st;
+    }
+    /* The replay key: the provider, the kernel, the algorithm, every size and address. */
+    struct {
+        char tag[sizeof KEY_TAG];
+        uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
+        kiln__gemm_key gemm;
+        uint64_t out, tokens, threads;
+    } key;
+    memset(&key, 0, sizeof key);
+    memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);
+    memcpy(key.fingerprint, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    kiln__gemm_key_of(&l->gemm, &key.gemm);
+    key.out = l->out;
+    key.tokens = l->tokens;
+    key.threads = l->threads;
+    kiln_region regions[4] = {{x->buffer, x->offset, x->offset + x_bytes},
+                              {gate_up->buffer, gate_up->offset, gate_up->offset + w_bytes},
+                              {out->buffer, out->offset, out->offset + o_bytes},
+                              *workspace};
+    kiln_command_desc cd = {.op_id = OP,
+                            .batching = KILN_BATCHING_PACKED,
+                            .participants = 1,
+                            .tokens = (uint32_t)tokens,
+                            .dispatches = 2,
+                            .regions = regions,
+                            .n_regions = 4,
+                            .enqueue = enqueue,
+                            .user = l,
+                            .user_free = launch_free,
+                            .replay_key = &key,
+                            .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &cd, cmd)))
+        launch_free(l);
+    return st;
+}
+
+kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up,
+                                 const kiln_tensor *out, const kiln_region *workspace)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_dense_swiglu_encode(jit, x, gate_up, out, workspace, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}

@@ -1,0 +1,186 @@
+// RMSNorm over rows of f16, f32 accumulation, one block per token:
+//   kiln_rms_norm:          out = x * w / sqrt(mean(x^2) + eps)
+//   kiln_rms_norm_residual: h = f16(x + residual); residual = h;
+//                           out = h * w / sqrt(mean(h^2) + eps)
+// (the fused form equals residual_add then rms_norm, bit for bit). One
+// rounding to f16 per output. Constants: KILN_HIDDEN (row length), KILN_VEC
+// (halves per access: 8 = 16-byte vectors, 1 = scalar), KILN_THREADS. The
+// grid is the token count, a launch argument: one kernel serves every batch.
+// out may be x itself (in place): each element is read by the thread that
+// writes it, before it writes it.
+#include "kiln_reduce.cuh"
+
+//! kiln:entry kiln_rms_norm
+//! kiln:entry kiln_rms_norm_residual
+
+#if KILN_HIDDEN % KILN_VEC != 0
+#error "KILN_VEC must divide KILN_HIDDEN"
+#endif
+#if KILN_THREADS % 32 != 0 || KILN_THREADS > 1024
+#error "KILN_THREADS must be a multiple of 32, at most 1024"
+#endif
+#define VECS (KILN_HIDDEN / KILN_VEC)
+#define ITEMS ((VECS + KILN_THREADS - 1) / KILN_THREADS)
+#define WARPS (KILN_THREADS / 32)
+#define FULL (ITEMS * KILN_THREADS == VECS)
+// Rows that fit keep x (and w) in registers; longer rows are read twice.
+#define CACHED (ITEMS * (KILN_VEC == 8 ? 4 : 1) <= 16)
+
+#if KILN_VEC == 8
+typedef kiln_u32x4 vec_t;
+__device__ __forceinline__ vec_t load_nc(const vec_t *p) { return kiln_ldg16(p); }
+__device__ __forceinline__ vec_t load_co(const vec_t *p) { return kiln_ld16(p); }
+__device__ __forceinline__ void store(vec_t *p, vec_t v) { kiln_stg16(p, v); }
+__device__ __forceinline__ void to_f32(vec_t v, float *f) { kiln_h8_to_f32(v, f); }
+__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_h8(f); }
+#elif KILN_VEC == 1
+typedef kiln_f16 vec_t;
+__device__ __forceinline__ vec_t load_nc(const vec_t *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ vec_t load_co(const vec_t *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void store(vec_t *p, vec_t v) { asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory"); }
+__device__ __forceinline__ void to_f32(vec_t v, float *f) { f[0] = kiln_f16_to_f32(v); }
+__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_f16(f[0]); }
+#else
+#error "KILN_VEC must be 8 or 1"
+#endif
+
+__device__ __forceinline__ bool in_row(int i, int k) { return FULL || (i < ITEMS - 1) || k < VECS; }
+
+__device__ __forceinline__ float sum_squares(vec_t v)
+{
+    float f[KILN_VEC], s = 0.0f;
+    to_f32(v, f);
+#pragma unroll
+    for (int e = 0; e < KILN_VEC; e++)
+        s += f[e] * f[e];
+    return s;
+}
+
+// h = f16(x + r), as f16 (the value residual keeps).
+__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
+{
+    float a[KILN_VEC], b[KILN_VEC];
+    to_f32(x, a);
+    to_f32(r, b);
+#pragma unroll
+    for (int e = 0; e < KILN_VEC; e++)
+        a[e] += b[e];
+    return from_f32(a);
+}
+
+__device__ __forceinline__ vec_t scale(vec_t h, vec_t w, float inv)
+{
+    float a[KILN_VEC], b[KILN_VEC];
+    to_f32(h, a);
+    to_f32(w, b);
+#pragma unroll
+    for (int e = 0; e < KILN_VEC; e++)
+        a[e] = a[e] * inv * b[e];
+    return from_f32(a);
+}
+
+__device__ __forceinline__ float inverse_rms(float sum_sq, float eps)
+{
+    return 1.0f / kiln_sqrt_rn(sum_sq / (float)KILN_HIDDEN + eps);
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_THREADS)
+kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps)
+{
+    __shared__ float scratch[WARPS];
+    const kiln_u64 row = (kiln_u64)blockIdx.x * KILN_HIDDEN;
+    const vec_t *xr = (const vec_t *)(x + row), *wr = (const vec_t *)weight;
+    vec_t *orow = (vec_t *)(out + row);
+    float ss = 0.0f;
+#if CACHED
+    vec_t v[ITEMS], w[ITEMS];
+    // All loads first: more bytes in flight per thread.
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k)) {
+            v[i] = load_nc(xr + k);
+            w[i] = load_nc(wr + k);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k))
+            ss += sum_squares(v[i]);
+    }
+    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k))
+            store(orow + k, scale(v[i], w[i], inv));
+    }
+#else
+    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+        ss += sum_squares(load_nc(xr + k));
+    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+        store(orow + k, scale(load_nc(xr + k), load_nc(wr + k), inv));
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_THREADS)
+kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__restrict__ weight, kiln_f16 *out,
+                       float eps)
+{
+    __shared__ float scratch[WARPS];
+    const kiln_u64 row = (kiln_u64)blockIdx.x * KILN_HIDDEN;
+    const vec_t *xr = (const vec_t *)(x + row), *wr = (const vec_t *)weight;
+    vec_t *rr = (vec_t *)(residual + row), *orow = (vec_t *)(out + row);
+    float ss = 0.0f;
+#if CACHED
+    vec_t h[ITEMS], w[ITEMS];
+    vec_t r[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k)) {
+            h[i] = load_nc(xr + k);
+            r[i] = load_co(rr + k);
+            w[i] = load_nc(wr + k);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k)) {
+            h[i] = add_round(h[i], r[i]);
+            store(rr + k, h[i]);
+            ss += sum_squares(h[i]);
+        }
+    }
+    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k))
+            store(orow + k, scale(h[i], w[i], inv));
+    }
+#else
+    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS) {
+        const vec_t h = add_round(load_nc(xr + k), load_co(rr + k));
+        store(rr + k, h);
+        ss += sum_squares(h);
+    }
+    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+    // The second pass reads back what this thread stored: a coherent load.
+    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+        store(orow + k, scale(load_co(rr + k), load_nc(wr + k), inv));
+#endif
+}

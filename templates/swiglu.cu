@@ -1,0 +1,79 @@
+// Dense SwiGLU, the elementwise half: out[t, i] = silu(gu[t, i]) * gu[t, I + i]
+// with silu(g) = g / (1 + exp(-g)), computed in f32, stored as f16.
+// gu [tokens, 2 * I] is the gate/up product (gate first: the weight's first I
+// rows are HF's gate_proj, the next I its up_proj); out is [tokens, I].
+// Constants: KILN_INTERMEDIATE (I), KILN_VEC (halves per access: 8 = 16-byte
+// vectors, 1 = scalar), KILN_THREADS (threads per block; the provider
+// computes it). One block per token (gridDim.x = tokens); the token count is
+// a launch parameter, not a constant, so one kernel serves every batch.
+#include "kiln_prelude.cuh"
+
+//! kiln:entry kiln_swiglu
+
+#if KILN_INTERMEDIATE % KILN_VEC != 0
+#error "KILN_VEC must divide KILN_INTERMEDIATE"
+#endif
+#define KILN_VECS (KILN_INTERMEDIATE / KILN_VEC)
+#define KILN_ITEMS ((KILN_VECS + KILN_THREADS - 1) / KILN_THREADS)
+#define KILN_CHUNK (KILN_ITEMS < 8 ? KILN_ITEMS : 8)
+
+__device__ __forceinline__ float silu_mul(kiln_f16 g16, kiln_f16 u16)
+{
+    const float g = kiln_f16_to_f32(g16), u = kiln_f16_to_f32(u16);
+    float e;
+    // exp(-g) = 2^(-g * log2(e)); ex2.approx is exact to about 2 ulp and gives
+    // +inf for large arguments, where g / inf = -0 is silu's limit.
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-g * 1.4426950408889634f));
+    return g / (1.0f + e) * u;
+}
+
+#if KILN_VEC == 8
+__device__ __forceinline__ kiln_u32 pair(kiln_u32 g, kiln_u32 u)
+{
+    const float lo = silu_mul((kiln_f16)(g & 0xffffu), (kiln_f16)(u & 0xffffu));
+    const float hi = silu_mul((kiln_f16)(g >> 16), (kiln_f16)(u >> 16));
+    return (kiln_u32)kiln_f32_to_f16(lo) | ((kiln_u32)kiln_f32_to_f16(hi) << 16);
+}
+#elif KILN_VEC != 1
+#error "KILN_VEC must be 8 or 1"
+#endif
+
+extern "C" __global__ void __launch_bounds__(KILN_THREADS)
+kiln_swiglu(const kiln_f16 *__restrict__ gu, kiln_f16 *__restrict__ out)
+{
+    const kiln_u64 t = blockIdx.x;
+    const kiln_f16 *gate = gu + t * (2ull * KILN_INTERMEDIATE);
+    const kiln_f16 *up = gate + KILN_INTERMEDIATE;
+    kiln_f16 *dst = out + t * (kiln_u64)KILN_INTERMEDIATE;
+#if KILN_VEC == 8
+    // KILN_CHUNK vectors' loads first, then their arithmetic and stores: bytes
+    // in flight without holding a whole row in registers.
+#pragma unroll 1
+    for (int base = 0; base < KILN_ITEMS; base += KILN_CHUNK) {
+        kiln_u32x4 g[KILN_CHUNK], u[KILN_CHUNK];
+#pragma unroll
+        for (int i = 0; i < KILN_CHUNK; i++) {
+            const int k = threadIdx.x + (base + i) * KILN_THREADS;
+            if (k < KILN_VECS) {
+                g[i] = kiln_ldg16(gate + k * 8);
+                u[i] = kiln_ldg16(up + k * 8);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < KILN_CHUNK; i++) {
+            const int k = threadIdx.x + (base + i) * KILN_THREADS;
+            if (k < KILN_VECS) {
+                kiln_u32x4 r;
+                r.x = pair(g[i].x, u[i].x);
+                r.y = pair(g[i].y, u[i].y);
+                r.z = pair(g[i].z, u[i].z);
+                r.w = pair(g[i].w, u[i].w);
+                kiln_stg16(dst + k * 8, r);
+            }
+        }
+    }
+#else
+    for (int k = threadIdx.x; k < KILN_INTERMEDIATE; k += KILN_THREADS)
+        dst[k] = kiln_f32_to_f16(silu_mul(gate[k], up[k]));
+#endif
+}

@@ -1,0 +1,446 @@
+/* RMSNorm, residual add and the masked argmax without a GPU: the
+ * specializations a model config lists, each compiled offline by NVRTC for
+ * sm_90 (every code path of the three templates), the spec and workspace
+ * arguments, and the validation of bindings against fake buffers (a fake
+ * runtime has no driver table: a check that let a bad call through to the
+ * driver would crash here). */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "providers/internal.h"
+#include "testutil.h"
+
+/* ---- configs ---- */
+
+static void llama(kiln_model_config *c) { kiln_model_config_default(c); }
+
+static void qwen(kiln_model_config *c)
+{
+    kiln_model_config_default(c);
+    c->vocab_size = 151936;
+    c->hidden_size = 896;
+    c->intermediate_size = 4864;
+    c->num_attention_heads = 14;
+    c->num_key_value_heads = 2;
+    c->head_dim = 64;
+}
+
+static void odd(kiln_model_config *c)
+{
+    kiln_model_config_default(c);
+    c->vocab_size = 50001;
+    c->hidden_size = 1000;
+}
+
+static void (*const configs[])(kiln_model_config *) = {llama, qwen, odd};
+
+static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(&specs[i], want, sizeof *want))
+            return 1;
+    return 0;
+}
+
+static void test_model_lists_every_ops1_spec(void **state)
+{
+    (void)state;
+    for (size_t m = 0; m < 3; m++) {
+        kiln_model_config c;
+        configs[m](&c);
+        kiln_spec *specs = NULL, want;
+        size_t n = 0;
+        KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+        int hv = c.hidden_size % 8 ? 1 : 8, vv = c.vocab_size % 8 ? 1 : 8;
+        KILN_CHECK(kiln_op_rms_norm_spec(c.hidden_size, hv, &want));
+        assert_true(has_spec(specs, n, &want));
+        KILN_CHECK(kiln_op_residual_add_spec(c.hidden_size, hv, &want));
+        assert_true(has_spec(specs, n, &want));
+        KILN_CHECK(kiln_op_masked_argmax_spec(c.vocab_size, vv, &want));
+        assert_true(has_spec(specs, n, &want));
+        kiln_free(specs);
+    }
+}
+
+/* ---- offline compiles ---- */
+
+typedef struct fixture {
+    char dir[512];
+    kiln_cache *cache;
+    kiln_jit *jit;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+static void prepare(kiln_jit *jit, const kiln_spec *s)
+{
+    int compiled = 0;
+    char text[256];
+    KILN_CHECK(kiln_spec_constants_text(s, text, sizeof text));
+    kiln_status st = kiln_jit_prepare(jit, s, &compiled);
+    if (st)
+        fail_msg("%s %s: %s: %s", s->template_id, text, kiln_status_code(st), kiln_errmsg());
+}
+
+static void test_every_model_spec_compiles_for_sm90(void **state)
+{
+    fixture *f = *state;
+    size_t total = 0;
+    for (size_t m = 0; m < 3; m++) {
+        kiln_model_config c;
+        configs[m](&c);
+        kiln_spec *specs = NULL;
+        size_t n = 0;
+        KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+        for (size_t i = 0; i < n; i++) {
+            const char *t = specs[i].template_id;
+            if (!strcmp(t, "rms_norm") || !strcmp(t, "residual_add") || !strcmp(t, "masked_argmax")) {
+                prepare(f->jit, &specs[i]);
+                total++;
+            }
+        }
+        kiln_free(specs);
+    }
+    assert_int_equal(total, 9);
+    kiln_jit_counters k;
+    kiln_jit_get_counters(f->jit, &k);
+    assert_int_equal(k.compiles, 9);
+    assert_int_equal(k.compile_errors, 0);
+}
+
+/* The paths the model configs do not reach: scalar rows, rows too long for
+ * registers, the longest rows, vocabularies in several slices, the tiniest. */
+static void test_every_code_path_compiles(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t n; int vec; } rows[] = {{1001, 1}, {1000, 8}, {8, 8}, {1, 1},
+                                                         {65536, 8}, {65535, 1}, {4096, 1}};
+    static const struct { int64_t n; int vec; } vocabs[] = {
+        {7, 1}, {8, 8}, {50001, 1}, {151936, 1}, {2000000, 8}, {1999999, 1}, {16777216, 8}};
+    kiln_spec s;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        KILN_CHECK(kiln_op_rms_norm_spec(rows[i].n, rows[i].vec, &s));
+        prepare(f->jit, &s);
+        KILN_CHECK(kiln_op_residual_add_spec(rows[i].n, rows[i].vec, &s));
+        prepare(f->jit, &s);
+    }
+    for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
+        KILN_CHECK(kiln_op_masked_argmax_spec(vocabs[i].n, vocabs[i].vec, &s));
+        prepare(f->jit, &s);
+    }
+}
+
+static void test_spec_arguments(void **state)
+{
+    (void)state;
+    kiln_spec s;
+    KILN_EXPECT(kiln_op_rms_norm_spec(0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden 0", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 8", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(4096, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "width 4", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(4096, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln_op_residual_add_spec(-1, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden -1", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_spec(50001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vocab 50001",
+                NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_spec(16777217, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "16777217",
+                NULL);
+    /* The constants a kernel is specialized on. */
+    KILN_CHECK(kiln_op_rms_norm_spec(4096, 8, &s));
+    char text[256];
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "HIDDEN=4096;THREADS=128;VEC=8");
+    KILN_CHECK(kiln_op_masked_argmax_spec(151936, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "CLUSTER=8;THREADS=608;VEC=8;VOCAB=151936");
+}
+
+static void test_workspace_estimates(void **state)
+{
+    (void)state;
+    size_t b = 1;
+    KILN_CHECK(kiln_op_masked_argmax_workspace(151936, 1, &b));
+    assert_int_equal(b, 303872);
+    KILN_CHECK(kiln_op_masked_argmax_workspace(50001, 3, &b));
+    assert_int_equal(b, 3 * 100016); /* align16(100002) */
+    KILN_CHECK(kiln_op_masked_argmax_workspace(128256, 64, &b));
+    assert_int_equal(b, 64 * 256512);
+    KILN_EXPECT(kiln_op_masked_argmax_workspace(0, 1, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vocab 0", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_workspace(10, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "participants 0", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_workspace(10, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    b = 1;
+    KILN_CHECK(kiln_op_rms_norm_workspace(2048, 4096, &b));
+    assert_int_equal(b, 0);
+    b = 1;
+    KILN_CHECK(kiln_op_residual_add_workspace(2048, 4096, &b));
+    assert_int_equal(b, 0);
+}
+
+static void test_offline_encode_needs_a_device(void **state)
+{
+    fixture *f = *state;
+    kiln_tensor t = {0};
+    kiln_command *cmd = (kiln_command *)1;
+    KILN_EXPECT(kiln_op_rms_norm_encode(f->jit, &t, &t, 1e-5f, &t, &cmd), KILN_ERR_NO_DEVICE, kiln_errmsg(),
+                "offline", NULL);
+    assert_null(cmd);
+    KILN_EXPECT(kiln_op_rms_norm_residual(f->jit, &t, &t, &t, 1e-5f, &t), KILN_ERR_NO_DEVICE, kiln_errmsg(),
+                "rms_norm_residual", NULL);
+    KILN_EXPECT(kiln_op_residual_add(f->jit, &t, &t, &t), KILN_ERR_NO_DEVICE, kiln_errmsg(), "residual_add", NULL);
+    kiln_masked_argmax_bindings b = {0};
+    KILN_EXPECT(kiln_op_masked_argmax(f->jit, &b), KILN_ERR_NO_DEVICE, kiln_errmsg(), "masked_argmax", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_encode(NULL, &b, &cmd), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+}
+
+/* ---- validation against fake buffers ---- */
+
+#define FAKE_PTR 0x7f4000000000ull
+
+static kiln_runtime *fake_runtime(void)
+{
+    kiln_runtime *rt = calloc(1, sizeof *rt);
+    assert_non_null(rt);
+    kiln__errslot_init(&rt->err);
+    rt->info.instance_id = 4242;
+    return rt;
+}
+
+static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
+{
+    static uint64_t next = FAKE_PTR;
+    kiln_buffer *b = calloc(1, sizeof *b);
+    assert_non_null(b);
+    b->rt = rt;
+    atomic_init(&b->refs, 1);
+    b->size = size;
+    b->dtype = KILN_DTYPE_BYTES;
+    b->base = b->ptr = next;
+    next += (size + 0xffff) & ~(uint64_t)0xffff;
+    return b;
+}
+
+static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, int64_t d0, int64_t d1)
+{
+    kiln_tensor t = {.buffer = b, .offset = offset, .dtype = dt, .rank = d1 ? 2 : 1, .dims = {d0, d1}};
+    return t;
+}
+
+static void test_norm_validation_names_binding_and_values(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20), *small = fake_buffer(rt, 4096), *foreign = fake_buffer(other, 1 << 20);
+    const size_t MB = 1 << 20;
+    kiln_tensor x = view(buf, 0, KILN_DTYPE_F16, 16, 4096), w = view(buf, 8 * MB, KILN_DTYPE_F16, 4096, 0),
+                r = view(buf, 16 * MB, KILN_DTYPE_F16, 16, 4096), o = view(buf, 24 * MB, KILN_DTYPE_F16, 16, 4096);
+    int vec = 0;
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &o, &vec));
+    assert_int_equal(vec, 8);
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, &r, &w, 1e-6f, &o, &vec));
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, &r, &w, 1e-6f, &x, &vec)); /* out = x: in place */
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-6f, &x, &vec));
+
+    kiln_tensor t = x;
+    t.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &t, NULL, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(rt), "rms_norm: binding x must be f16", "got f32");
+    t = w;
+    t.dims[0] = 4095;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &t, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding weight has dims [4095]", "must be 4096");
+    t = o;
+    t.dims[0] = 17;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has dims [17, 4096]", "must be 16");
+    t = r;
+    t.rank = 1;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, &t, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rms_norm_residual: binding residual must have rank 2", "got 1");
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, 0.0f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "eps must be a finite number > 0", "got 0");
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, NAN, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "eps", "nan");
+    t = o;
+    t.offset = 64; /* partly over x */
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "out (offset 64) partly overlaps x (offset 0)", NULL);
+    t = o;
+    t.offset = 8 * MB - 2;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "out overlaps weight", NULL);
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, &o, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual (updated in place) overlaps out", NULL);
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, &x, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual (updated in place) overlaps x", NULL);
+    t = view(small, 0, KILN_DTYPE_F16, 16, 4096);
+    KILN_EXPECT(kiln__rms_norm_check(rt, &t, NULL, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "needs 131072 bytes", "has 4096");
+    t = view(foreign, 0, KILN_DTYPE_F16, 4096, 0);
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &t, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "weight belongs to another runtime", NULL);
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, NULL, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding weight has no buffer", NULL);
+    /* Misaligned or odd rows take the scalar path. */
+    t = o;
+    t.offset += 2;
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &t, &vec));
+    assert_int_equal(vec, 1);
+    kiln_tensor x2 = view(buf, 0, KILN_DTYPE_F16, 3, 1001), w2 = view(buf, 8 * MB, KILN_DTYPE_F16, 1001, 0),
+                o2 = view(buf, 24 * MB, KILN_DTYPE_F16, 3, 1001);
+    KILN_CHECK(kiln__rms_norm_check(rt, &x2, NULL, &w2, 1e-5f, &o2, &vec));
+    assert_int_equal(vec, 1);
+
+    /* Residual add. */
+    KILN_CHECK(kiln__residual_add_check(rt, &x, &r, &o, &vec));
+    assert_int_equal(vec, 8);
+    KILN_CHECK(kiln__residual_add_check(rt, &x, &r, &r, &vec)); /* in place, either side */
+    KILN_CHECK(kiln__residual_add_check(rt, &x, &r, &x, &vec));
+    KILN_CHECK(kiln__residual_add_check(rt, &x, &x, &o, &vec)); /* a + a */
+    t = r;
+    t.dims[1] = 4095;
+    KILN_EXPECT(kiln__residual_add_check(rt, &x, &t, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual_add: binding b has dims [16, 4095]", "must be 4096");
+    t = o;
+    t.dtype = KILN_DTYPE_BF16;
+    KILN_EXPECT(kiln__residual_add_check(rt, &x, &r, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out must be f16", "got bf16");
+    t = r;
+    t.offset += 4096;
+    KILN_EXPECT(kiln__residual_add_check(rt, &x, &r, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "partly overlaps b", NULL);
+    t = x;
+    t.offset = 3;
+    KILN_EXPECT(kiln__residual_add_check(rt, &t, &r, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding a offset 3 is not a multiple of 2", NULL);
+
+    free(buf);
+    free(small);
+    free(foreign);
+    kiln__errslot_destroy(&rt->err);
+    kiln__errslot_destroy(&other->err);
+    free(rt);
+    free(other);
+}
+
+static void test_argmax_validation_names_binding_and_values(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime();
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20);
+    const size_t MB = 1 << 20;
+    const int64_t P = 3, V = 151936;
+    kiln_tensor logits = view(buf, 0, KILN_DTYPE_F16, P, V), valid = view(buf, 4 * MB, KILN_DTYPE_U8, V, 0),
+                ids = view(buf, 5 * MB, KILN_DTYPE_U32, 1000, 0), offs = view(buf, 6 * MB, KILN_DTYPE_U32, P + 1, 0),
+                pen = view(buf, 7 * MB, KILN_DTYPE_F32, 1, 0), ws = view(buf, 8 * MB, KILN_DTYPE_U8, P * 303872, 0),
+                out = view(buf, 12 * MB, KILN_DTYPE_U32, P, 0);
+    kiln_masked_argmax_bindings b = {sizeof b, &logits, &valid, &ids, &offs, &pen, &ws, &out};
+    size_t bytes[7];
+    int vec = 0;
+    KILN_CHECK(kiln__masked_argmax_check(rt, &b, bytes, &vec));
+    assert_int_equal(vec, 8);
+    assert_int_equal(bytes[0], (size_t)P * V * 2);
+    assert_int_equal(bytes[5], (size_t)P * 303872);
+
+    kiln_masked_argmax_bindings c = b;
+    kiln_tensor t = offs;
+    t.dims[0] = P;
+    c.rep_offsets = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "masked_argmax: binding rep_offsets has dims [3]", "must be 4");
+    c = b;
+    t = ws;
+    t.dims[0] = P * 303872 - 1;
+    c.workspace = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace has 911615 bytes; it needs at least 911616", "3 participants");
+    c = b;
+    t = valid;
+    t.dims[0] = V - 1;
+    c.valid = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding valid has dims [151935]", "must be 151936");
+    c = b;
+    t = pen;
+    t.dtype = KILN_DTYPE_F16;
+    c.penalty = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding penalty must be f32", "got f16");
+    c = b;
+    t = out;
+    t.dims[0] = 1;
+    c.out = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has dims [1]", "must be 3");
+    c = b;
+    t = out;
+    t.offset = 4 * MB; /* over valid */
+    c.out = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "out overlaps valid", NULL);
+    c = b;
+    t = ws;
+    t.offset = 6 * MB; /* over the offsets */
+    c.workspace = &t;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace overlaps rep_offsets", NULL);
+    c = b;
+    c.rep_ids = NULL;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding rep_ids has no buffer", NULL);
+    c = b;
+    c.size = 8;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "bindings size 8", NULL);
+    /* Vector width: vocab % 8 and alignment. */
+    c = b;
+    t = valid;
+    t.offset += 4;
+    c.valid = &t;
+    KILN_CHECK(kiln__masked_argmax_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 1);
+    kiln_tensor l2 = view(buf, 0, KILN_DTYPE_F16, 1, 50001), v2 = view(buf, 4 * MB, KILN_DTYPE_U8, 50001, 0),
+                o2 = view(buf, 6 * MB, KILN_DTYPE_U32, 2, 0), out2 = view(buf, 12 * MB, KILN_DTYPE_U32, 1, 0);
+    c = (kiln_masked_argmax_bindings){0, &l2, &v2, &ids, &o2, &pen, &ws, &out2};
+    KILN_CHECK(kiln__masked_argmax_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 1);
+    free(buf);
+    kiln__errslot_destroy(&rt->err);
+    free(rt);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_lists_every_ops1_spec),
+        cmocka_unit_test_setup_teardown(test_every_model_spec_compiles_for_sm90, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_code_path_compiles, setup, teardown),
+        cmocka_unit_test(test_spec_arguments),
+        cmocka_unit_test(test_workspace_estimates),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, setup, teardown),
+        cmocka_unit_test(test_norm_validation_names_binding_and_values),
+        cmocka_unit_test(test_argmax_validation_names_binding_and_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

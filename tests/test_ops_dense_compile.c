@@ -1,0 +1,192 @@
+/* The dense operations without a GPU: their specializations for the three
+ * model configs compile offline with NVRTC for sm_90 (what `kiln prewarm`
+ * does), the model's list holds exactly what encode will ask for, and sizes
+ * out of contract are refused naming the value. */
+#include "testutil.h"
+
+typedef struct fixture {
+    char dir[512];
+    kiln_cache *cache;
+    kiln_jit *jit;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+static const char qwen_json[] =
+    "{\"model_type\": \"qwen2\", \"vocab_size\": 151936, \"hidden_size\": 896, \"intermediate_size\": 4864,"
+    " \"num_attention_heads\": 14, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-6,"
+    " \"tie_word_embeddings\": true}";
+static const char odd_json[] =
+    "{\"vocab_size\": 50001, \"hidden_size\": 1000, \"intermediate_size\": 2731, \"num_attention_heads\": 8}";
+
+/* The model's dense specializations: one SwiGLU kernel and one gather. */
+static void expect_dense_specs(const kiln_model_config *c, int64_t inter, int swiglu_vec, int64_t hidden,
+                               int gather_vec)
+{
+    kiln_spec *specs = NULL, want_swiglu, want_gather;
+    size_t n = 0, found_swiglu = 0, found_gather = 0;
+    KILN_CHECK(kiln_model_specializations(c, &specs, &n));
+    KILN_CHECK(kiln_op_dense_swiglu_spec(inter, swiglu_vec, &want_swiglu));
+    KILN_CHECK(kiln_op_last_token_linear_spec(hidden, gather_vec, &want_gather));
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(specs[i].template_id, "swiglu")) {
+            assert_memory_equal(&specs[i], &want_swiglu, sizeof want_swiglu);
+            found_swiglu++;
+        } else if (!strcmp(specs[i].template_id, "gather_last")) {
+            assert_memory_equal(&specs[i], &want_gather, sizeof want_gather);
+            found_gather++;
+        }
+    }
+    assert_int_equal(found_swiglu, 1);
+    assert_int_equal(found_gather, 1);
+    kiln_free(specs);
+}
+
+static void test_model_lists_what_encode_needs(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    expect_dense_specs(&c, 14336, 8, 4096, 8);
+    KILN_CHECK(kiln_model_config_parse(qwen_json, strlen(qwen_json), &c));
+    expect_dense_specs(&c, 4864, 8, 896, 8);
+    KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c));
+    expect_dense_specs(&c, 2731, 1, 1000, 8);
+}
+
+static void test_specializations_compile_offline(void **state)
+{
+    fixture *f = *state;
+    kiln_model_config configs[3];
+    kiln_model_config_default(&configs[0]);
+    KILN_CHECK(kiln_model_config_parse(qwen_json, strlen(qwen_json), &configs[1]));
+    KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &configs[2]));
+    size_t dense = 0;
+    for (int m = 0; m < 3; m++) {
+        kiln_spec *specs = NULL;
+        size_t n = 0;
+        KILN_CHECK(kiln_model_specializations(&configs[m], &specs, &n));
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(specs[i].template_id, "swiglu") && strcmp(specs[i].template_id, "gather_last"))
+                continue;
+            int compiled = 0;
+            KILN_CHECK(kiln_jit_prepare(f->jit, &specs[i], &compiled));
+            assert_int_equal(compiled, 1);
+            KILN_CHECK(kiln_jit_prepare(f->jit, &specs[i], &compiled));
+            assert_int_equal(compiled, 0);
+            dense++;
+        }
+        kiln_free(specs);
+    }
+    assert_int_equal(dense, 6);
+    /* The scalar variants encode falls back to (odd sizes, misaligned views). */
+    kiln_spec s;
+    int compiled = 0;
+    KILN_CHECK(kiln_op_dense_swiglu_spec(4864, 1, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    KILN_CHECK(kiln_op_last_token_linear_spec(1001, 1, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    /* The largest sizes a config may hold still compile (chunked loops, no spills into failure). */
+    KILN_CHECK(kiln_op_dense_swiglu_spec(262144, 8, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    KILN_CHECK(kiln_op_last_token_linear_spec(65536, 8, &s));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+}
+
+static void test_spec_sizes_out_of_contract(void **state)
+{
+    (void)state;
+    kiln_spec s;
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "intermediate 0",
+                NULL);
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(2731, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "2731",
+                "vector width 8");
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(262145, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "262145",
+                "262144");
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(64, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 4",
+                NULL);
+    KILN_EXPECT(kiln_op_last_token_linear_spec(65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537",
+                "65536");
+    KILN_EXPECT(kiln_op_last_token_linear_spec(1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in 1001",
+                NULL);
+    assert_int_equal(kiln_op_last_token_linear_spec(64, 8, NULL), KILN_ERR_INVALID_ARGUMENT);
+}
+
+static void test_workspace_estimates(void **state)
+{
+    (void)state;
+    const size_t blas = (size_t)32 << 20;
+    size_t b = 0;
+    KILN_CHECK(kiln_op_dense_linear_workspace(2048, 4096, 28672, &b));
+    assert_int_equal(b, blas);
+    KILN_CHECK(kiln_op_dense_swiglu_workspace(4096, 4096, 14336, &b));
+    assert_int_equal(b, blas + (size_t)4096 * 28672 * 2);
+    assert_int_equal(kiln_op_dense_swiglu_product_offset(), blas);
+    KILN_CHECK(kiln_op_dense_swiglu_workspace(1, 1000, 2731, &b));
+    assert_int_equal(b, blas + 11008); /* 10924 bytes, rounded up to 256 */
+    KILN_CHECK(kiln_op_last_token_linear_workspace(64, 4096, 128256, &b));
+    assert_int_equal(b, blas + (size_t)64 * 4096 * 2);
+    KILN_CHECK(kiln_op_last_token_linear_workspace(3, 1001, 50001, &b));
+    assert_int_equal(b, blas + 6144); /* 6006 bytes, rounded up */
+    KILN_EXPECT(kiln_op_dense_linear_workspace(0, 4096, 4096, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "tokens = 0", NULL);
+    KILN_EXPECT(kiln_op_dense_linear_workspace(1, 4096, (int64_t)1 << 31, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "out = 2147483648", "2147483647");
+    KILN_EXPECT(kiln_op_dense_swiglu_workspace(1, 4096, (int64_t)1 << 30, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "intermediate 1073741824", NULL);
+    KILN_EXPECT(kiln_op_last_token_linear_workspace(-1, 4096, 10, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "participants -1", NULL);
+    assert_int_equal(kiln_op_dense_linear_workspace(1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT);
+}
+
+static void test_encode_offline_is_a_clear_error(void **state)
+{
+    fixture *f = *state;
+    kiln_tensor t = {0};
+    kiln_region ws = {0};
+    kiln_command *cmd = (kiln_command *)1;
+    KILN_EXPECT(kiln_op_dense_linear_encode(f->jit, &t, &t, NULL, &t, &ws, &cmd), KILN_ERR_NO_DEVICE,
+                kiln_errmsg(), "dense_linear", "offline");
+    assert_null(cmd);
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &t, &t, &t, &ws), KILN_ERR_NO_DEVICE, kiln_errmsg(), "dense_swiglu",
+                "offline");
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &t, &t, &t, NULL, &t, &ws), KILN_ERR_NO_DEVICE, kiln_errmsg(),
+                "last_token_linear", "offline");
+    assert_int_equal(kiln_op_dense_linear(NULL, &t, &t, NULL, &t, &ws), KILN_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kiln_op_dense_swiglu_encode(f->jit, &t, &t, &t, &ws, NULL), KILN_ERR_INVALID_ARGUMENT);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_lists_what_encode_needs),
+        T(test_specializations_compile_offline),
+        cmocka_unit_test(test_spec_sizes_out_of_contract),
+        cmocka_unit_test(test_workspace_estimates),
+        T(test_encode_offline_is_a_clear_error),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,796 @@
+/* Dense linear, dense SwiGLU and last-token linear on the GPU: every output
+ * element (poisoned first) against a float64 host reference on fresh random
+ * data, at the sizes of Llama-3-8B, Qwen2.5-0.5B and odd ones; replayed
+ * commands with spans read from device memory; bad spans reported; bad
+ * bindings refused naming the binding, the expected and the actual value; a
+ * prewarmed model compiles nothing; one heuristic query per shape. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "providers/blas.h"
+#include "testutil.h"
+
+#define MIB ((size_t)1 << 20)
+
+typedef struct fixture {
+    char dir[512];
+    kiln_runtime *rt;
+    kiln_cache *cache;
+    kiln_jit *jit;
+    kiln_rng rng;
+} fixture;
+
+static float f16_table[65536];
+
+static float f16_to_float(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023u, bits;
+    if (e == 0) {
+        float v = ldexpf((float)m, -24);
+        return s ? -v : v;
+    }
+    bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even; inputs here are far inside the f16 range. */
+static uint16_t float_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t s = (x >> 16) & 0x8000u;
+    float a = fabsf(f);
+    if (a < 6.103515625e-05f) /* subnormal: multiples of 2^-24 */
+        return (uint16_t)(s | (uint32_t)lrintf(a * 16777216.0f));
+    uint32_t m = x & 0x7fffffffu, r = m + 0xfffu + ((m >> 13) & 1u);
+    return (uint16_t)(s | ((r >> 13) - (112u << 10)));
+}
+
+/* Random f16 values, uniform in (-scale, scale). */
+static void fill_f16(kiln_rng *r, uint16_t *p, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = float_to_f16(((float)(kiln_rng_next(r) >> 40) / 8388608.0f - 1.0f) * scale);
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    for (uint32_t i = 0; i < 65536; i++)
+        f16_table[i] = f16_to_float((uint16_t)i);
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
+    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    f->rng = kiln_rng_new();
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_runtime_destroy(f->rt);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+/* ---- the float64 reference: ref[t, o] = sum_k x[t, k] w[o, k] (+ bias[o]) ----
+ * Products of two f16 values are exact in float; sums are in double. mag
+ * gets sum_k |x w|, the scale of the accumulation's own rounding. */
+typedef struct ref_job {
+    const float *x;      /* [rows, k] */
+    const uint16_t *w;   /* [n, k] f16 */
+    const uint16_t *bias;/* [n] or NULL */
+    double *ref, *mag;   /* [rows, n] */
+    int64_t rows, k, n;
+    _Atomic int64_t *next; /* the next block of 4 output columns */
+} ref_job;
+
+static void *ref_worker(void *arg)
+{
+    ref_job *j = arg;
+    float *wf = malloc(sizeof(float) * 4 * (size_t)j->k);
+    assert_non_null(wf);
+    for (;;) {
+        int64_t o0 = atomic_fetch_add(j->next, 4);
+        if (o0 >= j->n)
+            break;
+        int64_t no = j->n - o0 < 4 ? j->n - o0 : 4;
+        for (int64_t q = 0; q < 4; q++)
+            for (int64_t i = 0; i < j->k; i++)
+                wf[q * j->k + i] = q < no ? f16_table[j->w[(size_t)(o0 + q) * j->k + i]] : 0.0f;
+        for (int64_t t = 0; t < j->rows; t++) {
+            const float *x = j->x + (size_t)t * j->k;
+            double a0 = 0, a1 = 0, a2 = 0, a3 = 0, m0 = 0, m1 = 0, m2 = 0, m3 = 0;
+            for (int64_t i = 0; i < j->k; i++) {
+                const float p0 = x[i] * wf[i], p1 = x[i] * wf[j->k + i], p2 = x[i] * wf[2 * j->k + i],
+                            p3 = x[i] * wf[3 * j->k + i];
+                a0 += p0, a1 += p1, a2 += p2, a3 += p3;
+                m0 += fabsf(p0), m1 += fabsf(p1), m2 += fabsf(p2), m3 += fabsf(p3);
+            }
+            const double a[4] = {a0, a1, a2, a3}, m[4] = {m0, m1, m2, m3};
+            for (int64_t q = 0; q < no; q++) {
+                double b = j->bias ? f16_table[j->bias[o0 + q]] : 0.0;
+                j->ref[(size_t)t * j->n + o0 + q] = a[q] + b;
+                j->mag[(size_t)t * j->n + o0 + q] = m[q] + fabs(b);
+            }
+        }
+    }
+    free(wf);
+    return NULL;
+}
+
+static void reference(const uint16_t *x16, int64_t rows, int64_t k, const uint16_t *w, int64_t n,
+                      const uint16_t *bias, double *ref, double *mag)
+{
+    float *x = malloc(sizeof(float) * (size_t)rows * (size_t)k);
+    assert_non_null(x);
+    for (size_t i = 0; i < (size_t)rows * (size_t)k; i++)
+        x[i] = f16_table[x16[i]];
+    _Atomic int64_t next = 0;
+    long nt = sysconf(_SC_NPROCESSORS_ONLN);
+    nt = nt < 1 ? 1 : nt > 64 ? 64 : nt;
+    pthread_t th[64];
+    ref_job job = {x, w, bias, ref, mag, rows, k, n, &next};
+    for (long i = 0; i < nt; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, ref_worker, &job), 0);
+    for (long i = 0; i < nt; i++)
+        pthread_join(th[i], NULL);
+    free(x);
+}
+
+/* Every element: |got - ref| <= 1e-3 |ref| + 1e-5 sum|x w| + 2^-24 (the
+ * f16 output's rounding, the f32 accumulation's, f16 subnormal spacing).
+ * Prints the worst relative error over elements not dwarfed by the others. */
+static void compare(const char *what, const uint16_t *got, const double *ref, const double *mag, size_t n)
+{
+    double ss = 0, worst = 0, worst_frac = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += ref[i] * ref[i];
+    const double rms = sqrt(ss / (double)n);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = f16_table[got[i]], e = fabs(g - ref[i]);
+        const double tol = 1e-3 * fabs(ref[i]) + 1e-5 * mag[i] + 5.96e-8;
+        if (!(e <= tol) && wrong++ < 5)
+            fprintf(stderr, "%s: element %zu = %.8g (0x%04x), want %.8g (tolerance %.3g)\n", what, i, g, got[i],
+                    ref[i], tol);
+        if (e / tol > worst_frac)
+            worst_frac = e / tol;
+        if (fabs(ref[i]) >= 0.1 * rms && e / fabs(ref[i]) > worst)
+            worst = e / fabs(ref[i]);
+    }
+    fprintf(stderr, "%s: %zu elements, worst relative error %.3g (|ref| >= rms/10), worst %.2f of tolerance\n",
+            what, n, worst, worst_frac);
+    if (wrong)
+        fail_msg("%s: %zu of %zu elements wrong", what, wrong, n);
+}
+
+/* ---- device helpers ---- */
+
+static kiln_buffer *upload(kiln_runtime *rt, const void *p, size_t bytes, size_t pad)
+{
+    kiln_buffer *b;
+    KILN_CHECK(kiln_buffer_create(rt, bytes + pad, 256, &b));
+    if (p)
+        KILN_CHECK(kiln_buffer_upload(b, pad, p, bytes));
+    return b;
+}
+
+static kiln_tensor t2(kiln_buffer *b, size_t off, kiln_dtype dt, int64_t d0, int64_t d1)
+{
+    kiln_tensor t = {.buffer = b, .offset = off, .dtype = dt, .rank = 2, .dims = {d0, d1}};
+    return t;
+}
+
+static kiln_tensor t1(kiln_buffer *b, size_t off, int64_t d0)
+{
+    kiln_tensor t = {.buffer = b, .offset = off, .dtype = KILN_DTYPE_F16, .rank = 1, .dims = {d0}};
+    return t;
+}
+
+static kiln_region whole(kiln_buffer *b)
+{
+    kiln_region r = {b, 0, kiln_buffer_size(b)};
+    return r;
+}
+
+/* ---- dense linear ---- */
+
+typedef struct lin_case {
+    int64_t tokens, in, out;
+    int bias;
+    size_t x_off, out_off; /* bytes; nonzero for misaligned views */
+} lin_case;
+
+static void run_linear(fixture *f, const lin_case *c)
+{
+    const size_t xn = (size_t)c->tokens * c->in, wn = (size_t)c->out * c->in, on = (size_t)c->tokens * c->out;
+    uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *b = malloc((size_t)c->out * 2), *got = malloc(on * 2);
+    double *ref = malloc(on * 8), *mag = malloc(on * 8);
+    assert_true(x && w && b && got && ref && mag);
+    fill_f16(&f->rng, x, xn, 1.0f);
+    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_f16(&f->rng, b, (size_t)c->out, 1.0f);
+    kiln_buffer *bx = upload(f->rt, x, xn * 2, c->x_off), *bw = upload(f->rt, w, wn * 2, 0),
+                *bb = upload(f->rt, b, (size_t)c->out * 2, 0), *bo = upload(f->rt, NULL, on * 2, c->out_off);
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_dense_linear_workspace(c->tokens, c->in, c->out, &ws_bytes));
+    kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, kiln_buffer_size(bo)));
+    kiln_tensor tx = t2(bx, c->x_off, KILN_DTYPE_F16, c->tokens, c->in), tw = t2(bw, 0, KILN_DTYPE_F16, c->out, c->in),
+                tb = t1(bb, 0, c->out), to = t2(bo, c->out_off, KILN_DTYPE_F16, c->tokens, c->out);
+    kiln_region ws = whole(bws);
+    KILN_CHECK(kiln_op_dense_linear(f->jit, &tx, &tw, c->bias ? &tb : NULL, &to, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    KILN_CHECK(kiln_buffer_readback(bo, c->out_off, got, on * 2));
+    reference(x, c->tokens, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
+    char what[128];
+    snprintf(what, sizeof what, "linear %lldx%lld -> %lld%s", (long long)c->tokens, (long long)c->in,
+             (long long)c->out, c->bias ? " +bias" : "");
+    compare(what, got, ref, mag, on);
+    kiln_buffer_destroy(bx);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(bb);
+    kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bws);
+    free(x), free(w), free(b), free(got), free(ref), free(mag);
+}
+
+static void test_linear(void **state)
+{
+    static const lin_case cases[] = {
+        {1, 4096, 4096, 1, 0, 0},      /* Llama-3-8B o_proj, decode */
+        {7, 4096, 14336, 0, 0, 0},     /* Llama-3-8B up_proj */
+        {300, 4096, 1024, 1, 0, 0},    /* Llama-3-8B k_proj */
+        {4096, 4096, 1024, 0, 0, 0},   /* 4096 tokens */
+        {4096, 896, 896, 1, 0, 0},     /* Qwen2.5-0.5B q_proj, with its bias */
+        {33, 896, 151936, 0, 0, 0},    /* Qwen2.5-0.5B vocabulary */
+        {1, 4096, 128256, 0, 0, 0},    /* Llama-3-8B vocabulary */
+        {2048, 1000, 1000, 1, 0, 0},   /* odd: hidden 1000 */
+        {5, 1000, 50001, 1, 0, 0},     /* odd: vocab 50001, rows of odd length */
+        {3, 64, 40, 1, 2, 2},          /* misaligned views: 2-byte aligned x and out */
+        {1, 1, 1, 0, 0, 0},            /* the smallest */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_linear(*state, &cases[i]);
+}
+
+/* ---- dense SwiGLU ---- */
+
+typedef struct swiglu_case {
+    int64_t tokens, hidden, inter;
+} swiglu_case;
+
+static void run_swiglu(fixture *f, const swiglu_case *c)
+{
+    const int64_t n2 = 2 * c->inter;
+    const size_t xn = (size_t)c->tokens * c->hidden, wn = (size_t)n2 * c->hidden, pn = (size_t)c->tokens * n2,
+                 on = (size_t)c->tokens * c->inter;
+    uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *prod = malloc(pn * 2), *got = malloc(on * 2);
+    double *ref = malloc(pn * 8), *mag = malloc(pn * 8), *oref = calloc(on, 8), *omag = calloc(on, 8);
+    assert_true(x && w && prod && got && ref && mag && oref && omag);
+    fill_f16(&f->rng, x, xn, 1.0f);
+    /* Gate and up pre-activations of a few units: silu's both tails get exercised. */
+    fill_f16(&f->rng, w, wn, 6.0f / sqrtf((float)c->hidden));
+    kiln_buffer *bx = upload(f->rt, x, xn * 2, 0), *bw = upload(f->rt, w, wn * 2, 0),
+                *bo = upload(f->rt, NULL, on * 2, 0);
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_dense_swiglu_workspace(c->tokens, c->hidden, c->inter, &ws_bytes));
+    kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
+    KILN_CHECK(kiln_buffer_fill(bws, 0, 0xff, ws_bytes));
+    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, c->tokens, c->hidden), tw = t2(bw, 0, KILN_DTYPE_F16, n2, c->hidden),
+                to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->inter);
+    kiln_region ws = whole(bws);
+    KILN_CHECK(kiln_op_dense_swiglu(f->jit, &tx, &tw, &to, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
+    KILN_CHECK(kiln_buffer_readback(bws, kiln_op_dense_swiglu_product_offset(), prod, pn * 2));
+    char what[128];
+    /* 1. The gate/up product, every element. */
+    reference(x, c->tokens, c->hidden, w, n2, NULL, ref, mag);
+    snprintf(what, sizeof what, "swiglu %lldx%lld -> 2x%lld: gate|up", (long long)c->tokens, (long long)c->hidden,
+             (long long)c->inter);
+    compare(what, prod, ref, mag, pn);
+    /* 2. silu(g) * u from the f16 g and u the product stored (f16 storage is the contract). */
+    double err2 = 0, ref2 = 0;
+    for (int64_t t = 0; t < c->tokens; t++) {
+        for (int64_t i = 0; i < c->inter; i++) {
+            const double g = f16_table[prod[(size_t)t * n2 + i]], u = f16_table[prod[(size_t)t * n2 + c->inter + i]];
+            const size_t o = (size_t)t * c->inter + i;
+            oref[o] = g / (1.0 + exp(-g)) * u;
+            omag[o] = 1e-1 * fabs(oref[o]); /* silu in f32: ~1e-6 relative, well inside 1e-3 */
+            /* End to end, from the exact g and u: norm-wise. */
+            const double ge = ref[(size_t)t * n2 + i], ue = ref[(size_t)t * n2 + c->inter + i];
+            const double exact = ge / (1.0 + exp(-ge)) * ue, d = f16_table[got[o]] - exact;
+            err2 += d * d;
+            ref2 += exact * exact;
+        }
+    }
+    snprintf(what, sizeof what, "swiglu %lldx%lld -> %lld: silu(g)*u", (long long)c->tokens, (long long)c->hidden,
+             (long long)c->inter);
+    compare(what, got, oref, omag, on);
+    const double norm_err = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
+    fprintf(stderr, "%s: end to end, norm-wise relative error %.3g\n", what, norm_err);
+    assert_true(norm_err <= 1e-3);
+    kiln_buffer_destroy(bx);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bws);
+    free(x), free(w), free(prod), free(got), free(ref), free(mag), free(oref), free(omag);
+}
+
+static void test_swiglu(void **state)
+{
+    static const swiglu_case cases[] = {
+        {1, 4096, 14336},   /* Llama-3-8B, decode */
+        {64, 4096, 14336},  /* Llama-3-8B */
+        {4096, 896, 4864},  /* Qwen2.5-0.5B, 4096 tokens */
+        {333, 1000, 2731},  /* odd: scalar kernel */
+        {2, 64, 8},         /* the smallest vector kernel */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_swiglu(*state, &cases[i]);
+}
+
+/* ---- last-token linear ---- */
+
+typedef struct last_case {
+    int64_t parts, in, out;
+    int bias, source;
+    int64_t seq; /* source: rows per participant */
+} last_case;
+
+/* Random spans: packed, consecutive with random lengths (a batch's layout);
+ * source, a random (start, length) inside each participant's seq rows. */
+static int64_t make_spans(kiln_rng *r, const last_case *c, uint32_t *spans, int64_t max_tokens)
+{
+    int64_t at = 0;
+    for (int64_t p = 0; p < c->parts; p++) {
+        if (c->source) {
+            uint32_t len = 1 + kiln_rng_below(r, (uint32_t)c->seq);
+            spans[2 * p] = kiln_rng_below(r, (uint32_t)(c->seq - len + 1));
+            spans[2 * p + 1] = len;
+        } else {
+            int64_t room = max_tokens - at - (c->parts - p - 1);
+            uint32_t len = 1 + kiln_rng_below(r, (uint32_t)(room / (c->parts - p) * 2 > 1 ? room / (c->parts - p) * 2 : 1));
+            if (len > room)
+                len = (uint32_t)room;
+            spans[2 * p] = (uint32_t)at;
+            spans[2 * p + 1] = len;
+            at += len;
+        }
+    }
+    return c->source ? c->parts * c->seq : at;
+}
+
+static void run_last(fixture *f, const last_case *c)
+{
+    uint32_t *spans = malloc(sizeof(uint32_t) * 2 * (size_t)c->parts);
+    assert_non_null(spans);
+    const int64_t rows = make_spans(&f->rng, c, spans, 4096);
+    const size_t xn = (size_t)rows * c->in, wn = (size_t)c->out * c->in, on = (size_t)c->parts * c->out;
+    uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *b = malloc((size_t)c->out * 2), *got = malloc(on * 2),
+             *sel = malloc((size_t)c->parts * c->in * 2);
+    double *ref = malloc(on * 8), *mag = malloc(on * 8);
+    assert_true(x && w && b && got && sel && ref && mag);
+    fill_f16(&f->rng, x, xn, 1.0f);
+    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_f16(&f->rng, b, (size_t)c->out, 1.0f);
+    for (int64_t p = 0; p < c->parts; p++) {
+        int64_t row = (c->source ? p * c->seq : 0) + spans[2 * p] + spans[2 * p + 1] - 1;
+        memcpy(sel + (size_t)p * c->in, x + (size_t)row * c->in, (size_t)c->in * 2);
+    }
+    kiln_buffer *bx = upload(f->rt, x, xn * 2, 0), *bs = upload(f->rt, spans, (size_t)c->parts * 8, 0),
+                *bw = upload(f->rt, w, wn * 2, 0), *bb = upload(f->rt, b, (size_t)c->out * 2, 0),
+                *bo = upload(f->rt, NULL, on * 2, 0);
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_last_token_linear_workspace(c->parts, c->in, c->out, &ws_bytes));
+    kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
+    kiln_tensor tx = c->source ? (kiln_tensor){.buffer = bx, .dtype = KILN_DTYPE_F16, .rank = 3,
+                                               .dims = {c->parts, c->seq, c->in}}
+                               : t2(bx, 0, KILN_DTYPE_F16, rows, c->in);
+    kiln_tensor ts = t2(bs, 0, KILN_DTYPE_U32, c->parts, 2), tw = t2(bw, 0, KILN_DTYPE_F16, c->out, c->in),
+                tb = t1(bb, 0, c->out), to = t2(bo, 0, KILN_DTYPE_F16, c->parts, c->out);
+    kiln_region ws = whole(bws);
+    KILN_CHECK(kiln_op_last_token_linear(f->jit, &tx, &ts, &tw, c->bias ? &tb : NULL, &to, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
+    reference(sel, c->parts, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
+    char what[128];
+    snprintf(what, sizeof what, "last_token_linear %lld participants (%s, %lld rows) x %lld -> %lld%s",
+             (long long)c->parts, c->source ? "source" : "packed", (long long)rows, (long long)c->in,
+             (long long)c->out, c->bias ? " +bias" : "");
+    compare(what, got, ref, mag, on);
+    kiln_buffer_destroy(bx);
+    kiln_buffer_destroy(bs);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(bb);
+    kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bws);
+    free(spans), free(x), free(w), free(b), free(got), free(sel), free(ref), free(mag);
+}
+
+static void test_last_token_linear(void **state)
+{
+    static const last_case cases[] = {
+        {1, 4096, 128256, 0, 0, 0},   /* Llama-3-8B lm head, one sequence */
+        {64, 4096, 128256, 0, 0, 0},  /* 64 participants, up to 4096 packed tokens */
+        {1, 896, 151936, 0, 0, 0},    /* Qwen2.5-0.5B lm head */
+        {17, 896, 151936, 1, 1, 300}, /* source coordinates */
+        {37, 1000, 50001, 1, 0, 0},   /* odd sizes */
+        {5, 1001, 77, 1, 1, 9},       /* odd row length: scalar gather */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_last(*state, &cases[i]);
+}
+
+/* ---- commands: replayed, spans read from device memory, attribution ---- */
+
+static void test_replayed_batch_reads_spans_from_device(void **state)
+{
+    fixture *f = *state;
+    const int64_t T = 40, H = 256, I = 512, V = 1000, P = 4;
+    uint16_t *x = malloc(T * H * 2), *wl = malloc(H * H * 2), *wg = malloc(2 * I * H * 2), *wv = malloc(V * H * 2);
+    uint16_t *got_l = malloc(T * H * 2), *got_s = malloc(T * I * 2), *got_v = malloc(P * V * 2);
+    uint16_t *want_s = malloc(T * I * 2), *sel = malloc(P * H * 2);
+    double *ref = malloc(sizeof(double) * T * 2 * I), *mag = malloc(sizeof(double) * T * 2 * I);
+    assert_true(x && wl && wg && wv && got_l && got_s && got_v && want_s && sel && ref && mag);
+    fill_f16(&f->rng, x, T * H, 1.0f);
+    fill_f16(&f->rng, wl, H * H, 0.125f);
+    fill_f16(&f->rng, wg, 2 * I * H, 0.125f);
+    fill_f16(&f->rng, wv, V * H, 0.125f);
+    kiln_buffer *bx = upload(f->rt, x, T * H * 2, 0), *bwl = upload(f->rt, wl, H * H * 2, 0),
+                *bwg = upload(f->rt, wg, 2 * I * H * 2, 0), *bwv = upload(f->rt, wv, V * H * 2, 0),
+                *bol = upload(f->rt, NULL, T * H * 2, 0), *bos = upload(f->rt, NULL, T * I * 2, 0),
+                *bov = upload(f->rt, NULL, P * V * 2, 0), *bsp = upload(f->rt, NULL, P * 8, 0);
+    size_t a, b, c;
+    KILN_CHECK(kiln_op_dense_linear_workspace(T, H, H, &a));
+    KILN_CHECK(kiln_op_dense_swiglu_workspace(T, H, I, &b));
+    KILN_CHECK(kiln_op_last_token_linear_workspace(P, H, V, &c));
+    /* One workspace each: commands of one batch may not share one. */
+    kiln_buffer *w1 = upload(f->rt, NULL, a, 0), *w2 = upload(f->rt, NULL, b, 0), *w3 = upload(f->rt, NULL, c, 0);
+    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, T, H), twl = t2(bwl, 0, KILN_DTYPE_F16, H, H),
+                twg = t2(bwg, 0, KILN_DTYPE_F16, 2 * I, H), twv = t2(bwv, 0, KILN_DTYPE_F16, V, H),
+                tol = t2(bol, 0, KILN_DTYPE_F16, T, H), tos = t2(bos, 0, KILN_DTYPE_F16, T, I),
+                tov = t2(bov, 0, KILN_DTYPE_F16, P, V), tsp = t2(bsp, 0, KILN_DTYPE_U32, P, 2);
+    kiln_region r1 = whole(w1), r2 = whole(w2), r3 = whole(w3);
+    kiln_command *cmds[3];
+    KILN_CHECK(kiln_op_dense_linear_encode(f->jit, &tx, &twl, NULL, &tol, &r1, &cmds[0]));
+    KILN_CHECK(kiln_op_dense_swiglu_encode(f->jit, &tx, &twg, &tos, &r2, &cmds[1]));
+    KILN_CHECK(kiln_op_last_token_linear_encode(f->jit, &tx, &tsp, &twv, NULL, &tov, &r3, &cmds[2]));
+    for (int i = 0; i < 3; i++)
+        assert_true(kiln_command_replayable(cmds[i]));
+    kiln_stream *s;
+    KILN_CHECK(kiln_stream_create(f->rt, &s));
+    /* Two batches, the same commands, different spans uploaded in between. */
+    static const uint32_t spans[2][8] = {{0, 10, 10, 5, 15, 20, 35, 5}, {0, 1, 1, 38, 39, 1, 20, 3}};
+    uint16_t *first_l = malloc(T * H * 2), *first_s = malloc(T * I * 2);
+    assert_true(first_l && first_s);
+    for (int round = 0; round < 2; round++) {
+        KILN_CHECK(kiln_buffer_upload(bsp, 0, spans[round], sizeof spans[round]));
+        KILN_CHECK(kiln_buffer_fill(bol, 0, 0xff, T * H * 2));
+        KILN_CHECK(kiln_buffer_fill(bos, 0, 0xff, T * I * 2));
+        KILN_CHECK(kiln_buffer_fill(bov, 0, 0xff, P * V * 2));
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+        kiln_submit_options o = {.path = KILN_PATH_REPLAYED_ONLY, .timing = KILN_TIMING_SPANS, .phase = "decode"};
+        kiln_fence *fence;
+        KILN_CHECK(kiln_stream_submit(s, cmds, 3, &o, &fence));
+        KILN_CHECK(kiln_fence_wait(fence));
+        static const char *const ids[3] = {"dense_linear", "dense_swiglu", "last_token_linear"};
+        static const uint32_t parts[3] = {1, 1, 4}, disp[3] = {1, 2, 2};
+        for (size_t i = 0; i < 3; i++) {
+            kiln_attribution row;
+            KILN_CHECK(kiln_fence_attribution(fence, i, &row));
+            assert_string_equal(row.op_id, ids[i]);
+            assert_int_equal(row.path, KILN_EXEC_REPLAYED);
+            assert_int_equal(row.batching, KILN_BATCHING_PACKED);
+            assert_int_equal(row.participants, parts[i]);
+            assert_int_equal(row.tokens, T);
+            assert_int_equal(row.dispatches, disp[i]);
+        }
+        kiln_fence_release(fence);
+        kiln_region ro = {bol, 0, T * H * 2}, rs = {bos, 0, T * I * 2}, rv = {bov, 0, P * V * 2};
+        KILN_CHECK(kiln_stream_readback(s, &ro, got_l));
+        KILN_CHECK(kiln_stream_readback(s, &rs, got_s));
+        KILN_CHECK(kiln_stream_readback(s, &rv, got_v));
+        if (round == 0) {
+            /* The dense results, checked once against the reference... */
+            reference(x, T, H, wl, H, NULL, ref, mag);
+            compare("replayed linear", got_l, ref, mag, T * H);
+            memcpy(first_l, got_l, T * H * 2);
+            memcpy(first_s, got_s, T * I * 2);
+        } else {
+            /* ...and the same bits when replayed again. */
+            assert_memory_equal(first_l, got_l, T * H * 2);
+            assert_memory_equal(first_s, got_s, T * I * 2);
+        }
+        for (int64_t p = 0; p < P; p++)
+            memcpy(sel + p * H, x + (spans[round][2 * p] + spans[round][2 * p + 1] - 1) * H, H * 2);
+        reference(sel, P, H, wv, V, NULL, ref, mag);
+        compare(round ? "replayed last_token_linear, new spans" : "replayed last_token_linear", got_v, ref, mag,
+                P * V);
+    }
+    for (int64_t i = 0; i < T * I; i++)
+        assert_int_not_equal(got_s[i], 0xffff);
+    KILN_CHECK(kiln_stream_synchronize(s));
+    kiln_stream_destroy(s);
+    for (int i = 0; i < 3; i++)
+        kiln_command_release(cmds[i]);
+    kiln_buffer *bufs[] = {bx, bwl, bwg, bwv, bol, bos, bov, bsp, w1, w2, w3};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kiln_buffer_destroy(bufs[i]);
+    free(x), free(wl), free(wg), free(wv), free(got_l), free(got_s), free(got_v), free(want_s), free(sel);
+    free(ref), free(mag), free(first_l), free(first_s);
+}
+
+/* ---- bad spans: reported through the fault record, never read ---- */
+
+static void test_bad_spans_are_reported_not_read(void **state)
+{
+    fixture *f = *state;
+    const int64_t T = 16, H = 64, V = 24, P = 6;
+    uint16_t x[16 * 64], w[24 * 64], b[24], got[6 * 24];
+    fill_f16(&f->rng, x, T * H, 1.0f);
+    fill_f16(&f->rng, w, V * H, 0.25f);
+    fill_f16(&f->rng, b, V, 1.0f);
+    kiln_buffer *bx = upload(f->rt, x, sizeof x, 0), *bw = upload(f->rt, w, sizeof w, 0),
+                *bb = upload(f->rt, b, sizeof b, 0), *bo = upload(f->rt, NULL, sizeof got, 0),
+                *bs = upload(f->rt, NULL, P * 8, 0);
+    size_t need;
+    KILN_CHECK(kiln_op_last_token_linear_workspace(P, H, V, &need));
+    kiln_buffer *bws = upload(f->rt, NULL, need, 0);
+    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, T, H), tw = t2(bw, 0, KILN_DTYPE_F16, V, H), tb = t1(bb, 0, V),
+                to = t2(bo, 0, KILN_DTYPE_F16, P, V), ts = t2(bs, 0, KILN_DTYPE_U32, P, 2);
+    kiln_region ws = whole(bws);
+    static const struct {
+        uint32_t spans[12];
+        uint32_t bad;
+        const char *code, *index;
+    } cases[] = {
+        {{0, 2, 2, 2, 4, 2, 6, 0, 6, 2, 8, 2}, 3, "participant 3 has an empty span", "zeroed"},    /* empty span */
+        {{0, 2, 2, 2, 4, 2, 6, 2, 8, 2, 10, 7}, 5, "participant 5's span ends at row 17", "past the 16 rows"},   /* 10 + 7 > 16 tokens */
+        {{0, 1, 0xffffffffu, 2, 4, 2, 6, 2, 8, 2, 10, 2}, 1, "participant 1's span ends at row 4294967295", "past the"}, /* start + length wraps u32 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        KILN_CHECK(kiln_buffer_upload(bs, 0, cases[k].spans, sizeof cases[k].spans));
+        KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, sizeof got));
+        KILN_CHECK(kiln_op_last_token_linear(f->jit, &tx, &ts, &tw, &tb, &to, &ws));
+        KILN_EXPECT(kiln_runtime_synchronize(f->rt), KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt),
+                    cases[k].code, cases[k].index);
+        KILN_CHECK(kiln_buffer_readback(bo, 0, got, sizeof got));
+        /* The bad participant's row was zeroed: its output is the bias. */
+        for (int64_t o = 0; o < V; o++)
+            assert_int_equal(got[cases[k].bad * V + o], b[o]);
+    }
+    /* The fault is cleared: good spans work again. */
+    static const uint32_t good[12] = {0, 2, 2, 2, 4, 2, 6, 2, 8, 2, 10, 6};
+    KILN_CHECK(kiln_buffer_upload(bs, 0, good, sizeof good));
+    KILN_CHECK(kiln_op_last_token_linear(f->jit, &tx, &ts, &tw, &tb, &to, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    kiln_buffer *bufs[] = {bx, bw, bb, bo, bs, bws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kiln_buffer_destroy(bufs[i]);
+}
+
+/* ---- validation: binding, expected, actual ---- */
+
+static void test_bad_bindings_are_refused_before_launch(void **state)
+{
+    fixture *f = *state;
+    kiln_buffer *b, *wsb, *small;
+    KILN_CHECK(kiln_buffer_create(f->rt, 8 * MIB, 0, &b));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * MIB, 0, &wsb));
+    KILN_CHECK(kiln_buffer_create(f->rt, 4096, 0, &small));
+    kiln_tensor x = t2(b, 0, KILN_DTYPE_F16, 8, 512);                  /* [0, 8 KiB) */
+    kiln_tensor w = t2(b, 65536, KILN_DTYPE_F16, 1024, 512);           /* [64 KiB, 1088 KiB) */
+    kiln_tensor bias = t1(b, 2 * MIB, 1024);
+    kiln_tensor out = t2(b, 3 * MIB, KILN_DTYPE_F16, 8, 1024);
+    kiln_tensor gu = t2(b, 65536, KILN_DTYPE_F16, 1024, 512);          /* intermediate 512 */
+    kiln_tensor sout = t2(b, 3 * MIB, KILN_DTYPE_F16, 8, 512);
+    kiln_tensor spans = t2(b, 4 * MIB, KILN_DTYPE_U32, 3, 2);
+    kiln_tensor lout = t2(b, 5 * MIB, KILN_DTYPE_F16, 3, 1024);
+    kiln_region ws = whole(wsb);
+    KILN_CHECK(kiln_buffer_fill(b, 0, 0, 8 * MIB));
+    KILN_CHECK(kiln_op_dense_linear(f->jit, &x, &w, &bias, &out, &ws));
+    KILN_CHECK(kiln_op_dense_swiglu(f->jit, &x, &gu, &sout, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+
+    kiln_tensor t;
+    kiln_region r;
+    t = x, t.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &t, &w, NULL, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(f->rt), "binding x must be f16", "got f32");
+    t = w, t.dims[1] = 511;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &t, NULL, &out, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding weight has dims [1024, 511]", "dim 1 must be 512");
+    t = out, t.dims[1] = 1000;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &t, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has dims [8, 1000]", "dim 1 must be 1024");
+    t = bias, t.dims[0] = 1023;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, &t, &out, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding bias has dims [1023]", "must be 1024");
+    t = bias, t.offset += 2;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, &t, &out, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "bias must start 16-byte aligned", "2 bytes past");
+    r = ws, r.end = r.start + 32 * MIB - 256;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &out, &r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace has 33554176 bytes", "at least 33554432");
+    r = ws, r.start = 128;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &out, &r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace must start 256-byte aligned", "offset 128");
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &out, NULL), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace has no buffer", "33554432");
+    r = (kiln_region){small, 0, 4096};
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &out, &r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace has 4096 bytes", NULL);
+    r = (kiln_region){b, 0, 8 * MIB};
+    KILN_EXPECT(kiln_op_dense_linear_workspace(8, 512, 1024, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
+    kiln_buffer *big;
+    KILN_CHECK(kiln_buffer_create(f->rt, 40 * MIB, 0, &big));
+    kiln_tensor xb = t2(big, 0, KILN_DTYPE_F16, 8, 512);
+    r = (kiln_region){big, 0, 40 * MIB};
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &xb, &w, NULL, &out, &r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace [0, 41943040) overlaps binding x", NULL);
+    kiln_buffer_destroy(big);
+    t = out, t.offset = 65536 + 4096;
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &w, NULL, &t, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out overlaps binding weight", NULL);
+
+    t = gu, t.dims[0] = 1023;
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &x, &t, &sout, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "gate_up has 1023 rows", "2 x intermediate");
+    t = sout, t.dims[1] = 1024;
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &x, &gu, &t, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has dims [8, 1024]", "dim 1 must be 512");
+    r = ws, r.end = r.start + 32 * MIB + 4096;
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &x, &gu, &sout, &r), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "workspace has 33558528 bytes", "at least 33570816");
+
+    t = spans, t.dims[1] = 3;
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &x, &t, &w, NULL, &lout, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding spans has dims [3, 3]", "dim 1 must be 2");
+    t = spans, t.dtype = KILN_DTYPE_I32;
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &x, &t, &w, NULL, &lout, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding spans must be u32", NULL);
+    t = lout, t.dims[0] = 4;
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &x, &spans, &w, NULL, &t, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding out has dims [4, 1024]", "dim 0 must be 3");
+    t = x, t.rank = 1;
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &t, &spans, &w, NULL, &lout, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding x must have rank 2", "got 1");
+    t = (kiln_tensor){.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {4, 2, 512}};
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &t, &spans, &w, NULL, &lout, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding spans has dims [3, 2]", "dim 0 must be 4");
+    /* Nothing was launched by the refused calls; the runtime is fine. */
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    kiln_buffer_destroy(small);
+    kiln_buffer_destroy(wsb);
+    kiln_buffer_destroy(b);
+}
+
+/* ---- prewarm, then encode: nothing compiles; the heuristic once per shape ---- */
+
+static void test_prewarmed_model_compiles_nothing(void **state)
+{
+    fixture *f = *state;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    char path[600];
+    snprintf(path, sizeof path, "%s/prewarmed.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    kiln_cache *cache;
+    KILN_CHECK(kiln_cache_open(&co, &cache));
+    static const char qwen[] = "{\"vocab_size\": 151936, \"hidden_size\": 896, \"intermediate_size\": 4864,"
+                               " \"num_attention_heads\": 14, \"num_key_value_heads\": 2}";
+    static const char odd[] = "{\"vocab_size\": 50001, \"hidden_size\": 1000, \"intermediate_size\": 2731,"
+                              " \"num_attention_heads\": 8}";
+    kiln_model_config cfg[3];
+    kiln_model_config_default(&cfg[0]);
+    KILN_CHECK(kiln_model_config_parse(qwen, strlen(qwen), &cfg[1]));
+    KILN_CHECK(kiln_model_config_parse(odd, strlen(odd), &cfg[2]));
+    /* `kiln prewarm`: an offline jit for the device's architecture. */
+    kiln_jit_options po = {.cache = cache, .arch = info.arch};
+    kiln_jit *pre;
+    KILN_CHECK(kiln_jit_create(&po, &pre));
+    for (int m = 0; m < 3; m++) {
+        kiln_spec *specs;
+        size_t n;
+        KILN_CHECK(kiln_model_specializations(&cfg[m], &specs, &n));
+        for (size_t i = 0; i < n; i++)
+            KILN_CHECK(kiln_jit_prepare(pre, &specs[i], NULL));
+        kiln_free(specs);
+    }
+    kiln_jit_destroy(pre);
+
+    kiln_jit_options jo = {.cache = cache, .runtime = f->rt};
+    kiln_jit *jit;
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    uint64_t q0, h0, q1, h1;
+    kiln_buffer *bw, *bx, *bo, *bws, *bs;
+    KILN_CHECK(kiln_buffer_create(f->rt, (size_t)128256 * 4096 * 2, 0, &bw));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * MIB, 0, &bx));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * MIB, 0, &bo));
+    KILN_CHECK(kiln_buffer_create(f->rt, 128 * MIB, 0, &bws));
+    KILN_CHECK(kiln_buffer_create(f->rt, 4096, 0, &bs));
+    KILN_CHECK(kiln_buffer_fill(bw, 0, 0, kiln_buffer_size(bw)));
+    KILN_CHECK(kiln_buffer_fill(bx, 0, 0, kiln_buffer_size(bx)));
+    static const uint32_t spans[4] = {0, 3, 3, 4};
+    KILN_CHECK(kiln_buffer_upload(bs, 0, spans, sizeof spans));
+    kiln_region ws = whole(bws);
+    kiln__blas_cache_counters(&q0, &h0);
+    for (int m = 0; m < 3; m++) {
+        const int64_t H = cfg[m].hidden_size, I = cfg[m].intermediate_size, V = cfg[m].vocab_size, T = 7;
+        kiln_tensor x = t2(bx, 0, KILN_DTYPE_F16, T, H), ids = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 1,
+                                                                 .dims = {4}};
+        kiln_tensor emb_table = t2(bw, 0, KILN_DTYPE_F16, V, H), emb_out = t2(bo, 0, KILN_DTYPE_F16, 4, H);
+        kiln_tensor wl = t2(bw, 0, KILN_DTYPE_F16, H, H), lo = t2(bo, 0, KILN_DTYPE_F16, T, H);
+        kiln_tensor wg = t2(bw, 0, KILN_DTYPE_F16, 2 * I, H), so = t2(bo, 0, KILN_DTYPE_F16, T, I);
+        kiln_tensor wv = t2(bw, 0, KILN_DTYPE_F16, V, H), sp = t2(bs, 0, KILN_DTYPE_U32, 2, 2),
+                    vo = t2(bo, 0, KILN_DTYPE_F16, 2, V);
+        kiln_command *cmds[4];
+        KILN_CHECK(kiln_op_token_embedding_encode(jit, &emb_table, &ids, &emb_out, &cmds[0]));
+        KILN_CHECK(kiln_op_dense_linear_encode(jit, &x, &wl, NULL, &lo, &ws, &cmds[1]));
+        KILN_CHECK(kiln_op_dense_swiglu_encode(jit, &x, &wg, &so, &ws, &cmds[2]));
+        KILN_CHECK(kiln_op_last_token_linear_encode(jit, &x, &sp, &wv, NULL, &vo, &ws, &cmds[3]));
+        /* One after the other on one stream: they may share the workspace. */
+        for (int i = 0; i < 4; i++) {
+            KILN_CHECK(kiln_stream_submit(kiln_runtime_stream(f->rt), &cmds[i], 1, NULL, NULL));
+            kiln_command_release(cmds[i]);
+        }
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    }
+    kiln__blas_cache_counters(&q1, &h1);
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    fprintf(stderr, "prewarmed: compiles %llu, database hits %llu; heuristic queries %llu, hits %llu\n",
+            (unsigned long long)k.compiles, (unsigned long long)k.database_hits, (unsigned long long)(q1 - q0),
+            (unsigned long long)(h1 - h0));
+    assert_int_equal(k.compiles, 0);
+    assert_int_equal(k.database_hits, 9); /* embedding, SwiGLU, gather for each model */
+    /* The same shapes again: served by the heuristic cache, no new query. */
+    kiln_command *again;
+    kiln_tensor x = t2(bx, 0, KILN_DTYPE_F16, 7, 4096), wl = t2(bw, 0, KILN_DTYPE_F16, 4096, 4096),
+                lo = t2(bo, 0, KILN_DTYPE_F16, 7, 4096);
+    KILN_CHECK(kiln_op_dense_linear_encode(jit, &x, &wl, NULL, &lo, &ws, &again));
+    kiln_command_release(again);
+    uint64_t q2, h2;
+    kiln__blas_cache_counters(&q2, &h2);
+    assert_int_equal(q2, q1);
+    assert_int_equal(h2, h1 + 1);
+    kiln_buffer *bufs[] = {bw, bx, bo, bws, bs};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kiln_buffer_destroy(bufs[i]);
+    kiln_jit_destroy(jit);
+    kiln_cache_close(cache);
+}
+
+int main(void)
+{
+    kiln_test_require_gpu();
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_linear),
+        T(test_swiglu),
+        T(test_last_token_linear),
+        T(test_replayed_batch_reads_spans_from_device),
+        T(test_bad_spans_are_reported_not_read),
+        T(test_bad_bindings_are_refused_before_launch),
+        T(test_prewarmed_model_compiles_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
