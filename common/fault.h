@@ -18,7 +18,13 @@ enum {
     KILN__FAULT_NONE = 0,
     KILN__FAULT_TOKEN_ID = 1,       /* token_embedding: ids[index] = value >= vocab (limit) */
     KILN__FAULT_EMPTY_SPAN = 2,     /* last_token_linear: participant index has an empty span */
-    KILN__FAULT_SPAN_PAST_END = 3   /* last_token_linear: participant index's span ends at value > limit */
+    KILN__FAULT_SPAN_PAST_END = 3,  /* last_token_linear: participant index's span ends at value > limit */
+    KILN__FAULT_GATED_DELTA_SPAN = 8, /* gated_delta: sequence index's span ends at value (saturated) > limit (tokens) */
+    /* paged_attention: index is the sequence. */
+    KILN__FAULT_KV_SPAN = 16,             /* its query span ends at value (saturated) > limit (tokens) */
+    KILN__FAULT_KV_QUERY_COUNT = 17,      /* its count (value) > limit = min(seq_len, max_query_tokens) */
+    KILN__FAULT_KV_SEQ_PAST_TABLE = 18,   /* its seq_len (value) > limit = max_blocks * page_tokens */
+    KILN__FAULT_KV_BLOCK_PAST_ARENA = 19  /* a block table entry (value) >= pages; limit = block << 32 | pages */
 };
 
 #endif

@@ -34,5 +34,19 @@ kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax
                                       int *vec);
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+/* bytes[8]: each binding's bytes, in the order of kiln_gated_delta_bindings. */
+kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bindings *b, size_t bytes[8], int *vec);
+
+/* Paged attention: what the host knows of an invocation once it is checked. */
+typedef struct kiln__paged_attention_info {
+    size_t bytes[9]; /* q, k, v, positions, block_table, seq_lens, query_spans, out, kv_pages */
+    uint32_t tokens, seqs, max_blocks, max_query, page_tokens, pages, append_tiles, attention_tiles;
+    int64_t heads, kv_heads, head_dim;
+    int decode;
+} kiln__paged_attention_info;
+kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
+                                        kiln__paged_attention_info *info);
 
 #endif

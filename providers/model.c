@@ -72,6 +72,42 @@ static kiln_status get_real(const cJSON *root, const char *field, double def, do
     return KILN_OK;
 }
 
+/* Qwen3-Next's linear-attention fields: optional, but all four or none. */
+static kiln_status get_linear_attention(const cJSON *root, kiln_model_config *c)
+{
+    static const char *const fields[4] = {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                          "linear_value_head_dim"};
+    static const int64_t max[4] = {KILN_MODEL_MAX_HEADS, KILN_MODEL_MAX_HEADS, KILN_MODEL_MAX_HEAD_DIM,
+                                   KILN_MODEL_MAX_HEAD_DIM};
+    int64_t v[4];
+    int present = -1, missing = -1;
+    kiln_status st;
+    for (int i = 0; i < 4; i++) {
+        if ((st = get_int(root, fields[i], 0, 0, max[i], &v[i])))
+            return st;
+        if (v[i])
+            present = present < 0 ? i : present;
+        else
+            missing = missing < 0 ? i : missing;
+    }
+    if (present < 0)
+        return KILN_OK;
+    if (missing >= 0)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s = %lld is given but %s is missing (all four of %s, %s, %s "
+                          "and %s, or none)",
+                          fields[present], (long long)v[present], fields[missing], fields[0], fields[1], fields[2],
+                          fields[3]);
+    if (v[1] % v[0])
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: linear_num_key_heads = %lld does not divide linear_num_value_heads = %lld",
+                          (long long)v[0], (long long)v[1]);
+    c->linear_num_key_heads = v[0];
+    c->linear_num_value_heads = v[1];
+    c->linear_key_head_dim = v[2];
+    c->linear_value_head_dim = v[3];
+    return KILN_OK;
+}
+
 kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out)
 {
     if (!json || !out)
@@ -133,6 +169,8 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
                         (long long)c.num_attention_heads, (long long)c.hidden_size);
         goto out;
     }
+    if ((st = get_linear_attention(root, &c)))
+        goto out;
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
     if (tie && !cJSON_IsNull(tie)) {
         if (!cJSON_IsBool(tie)) {
@@ -209,7 +247,8 @@ kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec *
     static const struct {
         kiln_status (*fn)(const kiln_model_config *, kiln__spec_sink, void *);
     } providers[] = {{kiln__token_embedding_specs}, {kiln__dense_swiglu_specs}, {kiln__last_token_linear_specs},
-                     {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs}};
+                     {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs},
+                     {kiln__gated_delta_specs}, {kiln__paged_attention_specs}};
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
         kiln_status st = providers[i].fn(cfg, add_spec, &l);
         if (st) {

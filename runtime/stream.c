@@ -230,6 +230,32 @@ kiln_status kiln__stream_check_fault(kiln_stream *s)
                           "last_token_linear: participant %u's span ends at row %u, past the %llu rows it may read "
                           "(lowest such participant); its row was zeroed",
                           index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_KV_SPAN:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "paged_attention: sequence %u's query span ends at token %u, past the %llu tokens of q "
+                          "(lowest bad sequence); the sequence was skipped",
+                          index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_KV_QUERY_COUNT:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "paged_attention: sequence %u has %u new tokens, more than its limit %llu (its seq_len, "
+                          "or max_query_tokens) (lowest bad sequence); the sequence was skipped",
+                          index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_KV_SEQ_PAST_TABLE:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "paged_attention: sequence %u has seq_len %u, longer than its block table holds (%llu "
+                          "tokens) (lowest bad sequence); the sequence was skipped",
+                          index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_GATED_DELTA_SPAN:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "gated_delta: sequence %u's span ends at token %u, past the %llu tokens of the batch "
+                          "(lowest bad sequence); nothing of that sequence was touched",
+                          index, value, (unsigned long long)f.limit);
+    case KILN__FAULT_KV_BLOCK_PAST_ARENA:
+        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
+                          "paged_attention: sequence %u's block table entry %llu is page %u, past the %llu pages of "
+                          "kv_pages (lowest bad sequence); the sequence was skipped",
+                          index, (unsigned long long)(f.limit >> 32), value,
+                          (unsigned long long)(f.limit & 0xffffffffu));
     default:
         return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
                           "a kernel reported fault code %u (index %u, value %u)", f.code, index, value);

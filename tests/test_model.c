@@ -126,6 +126,110 @@ static void test_specializations(void **state)
     kiln_free(specs);
 }
 
+/* Qwen3-Next's config.json (the fields kiln reads, and some it does not). */
+#define QWEN3_NEXT                                                                                                 \
+    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 151936,"     \
+    " \"hidden_size\": 2048, \"intermediate_size\": 5120, \"num_attention_heads\": 16,"                            \
+    " \"num_key_value_heads\": 2, \"head_dim\": 256, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000000,"          \
+    " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 128, \"linear_num_key_heads\": 16,"                 \
+    " \"linear_num_value_heads\": 32, \"linear_value_head_dim\": 128, \"full_attention_interval\": 4,"            \
+    " \"num_experts\": 512, \"tie_word_embeddings\": false"
+
+static void test_qwen3_next_linear_attention(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_CHECK(parse(QWEN3_NEXT "}", &c));
+    assert_string_equal(c.name, "qwen3_next");
+    assert_int_equal(c.head_dim, 256);
+    assert_int_equal(c.linear_num_key_heads, 16);
+    assert_int_equal(c.linear_num_value_heads, 32);
+    assert_int_equal(c.linear_key_head_dim, 128);
+    assert_int_equal(c.linear_value_head_dim, 128);
+    /* Absent: all 0, for a parsed config and for the default. */
+    KILN_CHECK(parse("{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_attention_heads\": 4, \"linear_num_key_heads\": null}",
+                     &c));
+    assert_int_equal(c.linear_num_key_heads, 0);
+    assert_int_equal(c.linear_num_value_heads, 0);
+    assert_int_equal(c.linear_key_head_dim, 0);
+    assert_int_equal(c.linear_value_head_dim, 0);
+    kiln_model_config_default(&c);
+    assert_int_equal(c.linear_num_key_heads + c.linear_num_value_heads + c.linear_key_head_dim +
+                         c.linear_value_head_dim,
+                     0);
+    /* The small odd shape of the GPU tests: 3 key heads shared by 6 value heads. */
+    KILN_CHECK(parse("{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_attention_heads\": 4, \"linear_num_key_heads\": 3, \"linear_num_value_heads\": 6,"
+                     " \"linear_key_head_dim\": 64, \"linear_value_head_dim\": 96}",
+                     &c));
+    assert_int_equal(c.linear_num_key_heads, 3);
+    assert_int_equal(c.linear_num_value_heads, 6);
+    assert_int_equal(c.linear_key_head_dim, 64);
+    assert_int_equal(c.linear_value_head_dim, 96);
+}
+
+static void test_bad_linear_attention_names_field_and_value(void **state)
+{
+    (void)state;
+#define BASE "{\"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 1, \"num_attention_heads\": 1, "
+#define FOUR(kh, vh, dk, dv)                                                                                       \
+    BASE "\"linear_num_key_heads\": " kh ", \"linear_num_value_heads\": " vh ", \"linear_key_head_dim\": " dk      \
+         ", \"linear_value_head_dim\": " dv "}"
+    static const struct {
+        const char *json, *field, *value;
+    } cases[] = {
+        {FOUR("0", "32", "128", "128"), "linear_num_key_heads", "= 0"},
+        {FOUR("16", "-32", "128", "128"), "linear_num_value_heads", "-32"},
+        {FOUR("16", "32", "1025", "128"), "linear_key_head_dim", "1025"},
+        {FOUR("16", "32", "128", "12.5"), "linear_value_head_dim", "12.5"},
+        {FOUR("16", "32", "128", "\"128\""), "linear_value_head_dim", "\"128\""},
+        {FOUR("16", "2000", "128", "128"), "linear_num_value_heads", "2000"},
+        {FOUR("16", "24", "128", "128"), "linear_num_key_heads = 16 does not divide linear_num_value_heads = 24",
+         NULL},
+        {FOUR("7", "3", "128", "128"), "linear_num_key_heads = 7", "linear_num_value_heads = 3"},
+        {BASE "\"linear_num_key_heads\": 16}", "linear_num_key_heads = 16 is given",
+         "linear_num_value_heads is missing"},
+        {BASE "\"linear_num_key_heads\": 16, \"linear_num_value_heads\": 32, \"linear_key_head_dim\": 128}",
+         "linear_value_head_dim is missing", NULL},
+        {BASE "\"linear_value_head_dim\": 128}", "linear_value_head_dim = 128 is given",
+         "linear_num_key_heads is missing"},
+    };
+#undef FOUR
+#undef BASE
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_model_config c;
+        memset(&c, 0x5a, sizeof c);
+        kiln_model_config before = c;
+        KILN_EXPECT(parse(cases[i].json, &c), KILN_ERR_CONFIG, kiln_errmsg(), cases[i].field, cases[i].value);
+        assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
+    }
+}
+
+static void test_linear_attention_specializations(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_spec *specs = NULL, want;
+    size_t n = 0, found = 0;
+    KILN_CHECK(parse(QWEN3_NEXT "}", &c));
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &want));
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(specs[i].template_id, "gated_delta")) {
+            assert_memory_equal(&specs[i], &want, sizeof want);
+            found++;
+        }
+    assert_int_equal(found, 1);
+    kiln_free(specs);
+    /* Without the fields, no gated delta kernel is listed. */
+    kiln_model_config_default(&c);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    for (size_t i = 0; i < n; i++)
+        assert_string_not_equal(specs[i].template_id, "gated_delta");
+    kiln_free(specs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -135,6 +239,9 @@ int main(void)
         cmocka_unit_test(test_bad_configs_name_field_and_value),
         cmocka_unit_test(test_load_missing_file),
         cmocka_unit_test(test_specializations),
+        cmocka_unit_test(test_qwen3_next_linear_attention),
+        cmocka_unit_test(test_bad_linear_attention_names_field_and_value),
+        cmocka_unit_test(test_linear_attention_specializations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,6 +36,14 @@ typedef struct kiln_model_config {
     double rms_norm_eps;
     double rope_theta;
     int tie_word_embeddings;
+    /* Qwen3-Next's linear-attention (gated delta) layers; all 0 when the
+     * config has none, else all four present, each in [1, KILN_MODEL_MAX_HEADS]
+     * (heads) or [1, KILN_MODEL_MAX_HEAD_DIM] (dims), key heads dividing
+     * value heads. */
+    int64_t linear_num_key_heads;
+    int64_t linear_num_value_heads;
+    int64_t linear_key_head_dim;
+    int64_t linear_value_head_dim;
 } kiln_model_config;
 
 /* The built-in default shape: Llama-3-8B. */
@@ -43,7 +51,7 @@ KILN_API void kiln_model_config_default(kiln_model_config *out);
 /* Parses a config.json held in memory (len bytes, no NUL needed).
  * KILN_ERR_CONFIG names the field and the value that is wrong (not JSON, a
  * missing field, a zero, negative, fractional or absurd size, heads that do
- * not divide); KILN_ERR_HOST_OUT_OF_MEMORY. */
+ * not divide, linear-attention fields given in part); KILN_ERR_HOST_OUT_OF_MEMORY. */
 KILN_API kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out);
 /* Reads and parses a file: KILN_ERR_IO when it cannot be read, else as parse. */
 KILN_API kiln_status kiln_model_config_load(const char *path, kiln_model_config *out);

@@ -60,4 +60,6 @@ KILN_API kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden,
 #include "kiln/op_dense.h"
 #include "kiln/op_norm.h"
 #include "kiln/op_sample.h"
+#include "kiln/op_recurrent.h"
+#include "kiln/op_attention.h"
 #endif

@@ -1,0 +1,188 @@
+/* Causal paged attention (RoPE, append, attention; one command, two
+ * dispatches): GPU time through kiln with CUDA events, back to back over
+ * iters submissions of the pre-encoded command, divided by iters (median of
+ * 5 such runs). Shapes: Llama-3-8B heads (32 q, 8 kv, head_dim 128) and
+ * Qwen2.5-7B heads (28 q, 4 kv, 128); decode of 1, 16 and 64 sequences at
+ * context 1024 and 4096 (reported: KV bytes read per second), prefill of 512
+ * and 4096 tokens of one sequence and 4 x 1024 packed (reported: attention
+ * TFLOP/s, 4 * heads * head_dim * causal pairs). bench/peer_torch_attention.py
+ * measures torch's scaled_dot_product_attention on the same shapes.
+ *
+ * Usage: bench_attention [--iters 50]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "kiln/kiln.h"
+#include "runtime/internal.h"
+
+#define BENCH "attention"
+
+static const kiln__driver *g_d;
+static kiln_runtime *g_rt;
+static kiln_jit *g_jit;
+static kiln_runtime_info g_info;
+
+static void fail(const char *what, kiln_status st, const char *detail)
+{
+    bench_json_error(BENCH, what, st ? kiln_status_code(st) : "bench", detail, kiln_errmsg());
+    exit(1);
+}
+
+static void ck(kiln_status st, const char *what)
+{
+    if (st)
+        fail(what, st, NULL);
+}
+
+static kiln_buffer *buf(size_t bytes)
+{
+    kiln_buffer *b;
+    ck(kiln_buffer_create(g_rt, bytes, 256, &b), "alloc");
+    return b;
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
+
+static void fill_random(kiln_buffer *b, size_t bytes)
+{
+    size_t n = bytes / 2;
+    uint16_t *h = malloc(n * 2);
+    if (!h)
+        fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        h[i] = (uint16_t)(((g_rng >> 20) & 0x8000) | ((9 + (g_rng >> 40) % 6) << 10) | (g_rng & 1023));
+    }
+    ck(kiln_buffer_upload(b, 0, h, n * 2), "upload");
+    free(h);
+}
+
+/* One case: S sequences, each with ctx cached tokens before and count new ones. */
+static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint32_t S, uint32_t ctx, uint32_t count,
+                     long iters)
+{
+    uint32_t pt;
+    ck(kiln_op_paged_attention_page_tokens(D, KVH, &pt), "page_tokens");
+    const uint32_t T = S * count, L = ctx + count, blocks = (L + pt - 1) / pt, pages = S * blocks;
+    kiln_buffer *bq = buf((size_t)T * H * D * 2), *bk = buf((size_t)T * KVH * D * 2), *bv = buf((size_t)T * KVH * D * 2),
+                *bo = buf((size_t)T * H * D * 2), *bi = buf(((size_t)T + (size_t)S * blocks + 3 * (size_t)S) * 4),
+                *bp = buf((size_t)pages * KILN_PAGED_KV_PAGE_BYTES);
+    fill_random(bq, (size_t)T * H * D * 2);
+    fill_random(bk, (size_t)T * KVH * D * 2);
+    fill_random(bv, (size_t)T * KVH * D * 2);
+    fill_random(bp, (size_t)pages * KILN_PAGED_KV_PAGE_BYTES);
+    uint32_t *ints = malloc(((size_t)T + (size_t)S * blocks + 3 * (size_t)S) * 4);
+    uint32_t *pos = ints, *table = pos + T, *lens = table + (size_t)S * blocks, *spans = lens + S;
+    for (uint32_t s = 0; s < S; s++) {
+        for (uint32_t j = 0; j < count; j++)
+            pos[s * count + j] = ctx + j;
+        for (uint32_t b = 0; b < blocks; b++)
+            table[(size_t)s * blocks + b] = (uint32_t)(((uint64_t)b * S + s) % pages); /* interleaved */
+        lens[s] = L;
+        spans[2 * s] = s * count;
+        spans[2 * s + 1] = count;
+    }
+    ck(kiln_buffer_upload(bi, 0, ints, ((size_t)T + (size_t)S * blocks + 3 * (size_t)S) * 4), "upload");
+    free(ints);
+    kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
+                to = {.buffer = bo, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
+                tk = {.buffer = bk, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
+                tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
+                tp = {.buffer = bi, .offset = 0, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
+                tt = {.buffer = bi, .offset = (size_t)T * 4, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, blocks}},
+                tl = {.buffer = bi, .offset = ((size_t)T + (size_t)S * blocks) * 4, .dtype = KILN_DTYPE_U32,
+                      .rank = 1, .dims = {S}},
+                ts = {.buffer = bi, .offset = ((size_t)T + (size_t)S * blocks + S) * 4, .dtype = KILN_DTYPE_U32,
+                      .rank = 2, .dims = {S, 2}};
+    kiln_region pr = {bp, 0, (size_t)pages * KILN_PAGED_KV_PAGE_BYTES};
+    kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 500000.0f,
+                                   count == 1 ? 1 : 0};
+    kiln_command *cmd;
+    ck(kiln_op_paged_attention_encode(g_jit, &d, &cmd), "encode");
+    kiln_stream *s = kiln_runtime_stream(g_rt);
+    CUstream cs = (CUstream)kiln_stream_handle(s);
+    CUevent e0, e1;
+    g_d->cuEventCreate(&e0, CU_EVENT_DEFAULT);
+    g_d->cuEventCreate(&e1, CU_EVENT_DEFAULT);
+    for (int i = 0; i < 5; i++)
+        ck(kiln_stream_submit(s, &cmd, 1, NULL, NULL), "warmup");
+    ck(kiln_stream_synchronize(s), "warmup");
+    double runs[5];
+    for (int r = 0; r < 5; r++) {
+        g_d->cuEventRecord(e0, cs);
+        for (long i = 0; i < iters; i++)
+            ck(kiln_stream_submit(s, &cmd, 1, NULL, NULL), "launch");
+        g_d->cuEventRecord(e1, cs);
+        ck(kiln_stream_synchronize(s), "launch");
+        float ms = 0;
+        g_d->cuEventElapsedTime(&ms, e0, e1);
+        runs[r] = (double)ms * 1e3 / (double)iters;
+    }
+    bench_sort(runs, 5);
+    const double us = runs[2];
+    bench_json j;
+    bench_json_begin(&j, BENCH);
+    bench_json_bool(&j, "peer", 0);
+    bench_json_str(&j, "phase", phase);
+    bench_json_int(&j, "heads", H);
+    bench_json_int(&j, "kv_heads", KVH);
+    bench_json_int(&j, "head_dim", D);
+    bench_json_int(&j, "seqs", S);
+    bench_json_int(&j, "context", ctx);
+    bench_json_int(&j, "new_tokens", count);
+    bench_json_num(&j, "median_us", us);
+    if (count == 1) {
+        const double kv = 2.0 * S * (double)L * (double)KVH * (double)D * 2;
+        bench_json_num(&j, "kv_gbps", kv / (us * 1e3));
+    } else {
+        const double pairs = (double)S * ((double)count * ctx + (double)count * (count + 1) / 2);
+        bench_json_num(&j, "tflops", 4.0 * pairs * (double)H * (double)D / (us * 1e6));
+    }
+    bench_json_str(&j, "device", g_info.name);
+    bench_json_end(&j);
+    g_d->cuEventDestroy(e0);
+    g_d->cuEventDestroy(e1);
+    kiln_command_release(cmd);
+    kiln_buffer *all[6] = {bq, bk, bv, bo, bi, bp};
+    for (int i = 0; i < 6; i++)
+        kiln_buffer_destroy(all[i]);
+}
+
+int main(int argc, char **argv)
+{
+    long iters = 50;
+    for (int i = 1; i + 1 < argc; i += 2)
+        if (!strcmp(argv[i], "--iters") && bench_parse_positive(argv[i + 1]))
+            iters = bench_parse_positive(argv[i + 1]);
+    const char *why = NULL;
+    if (!kiln_driver_available(&why)) {
+        bench_json j;
+        bench_json_begin(&j, BENCH);
+        bench_json_str(&j, "skipped", why ? why : "no driver");
+        bench_json_end(&j);
+        return 0;
+    }
+    g_d = kiln__driver_get(NULL);
+    ck(kiln_runtime_create(NULL, &g_rt), "runtime");
+    kiln_runtime_get_info(g_rt, &g_info);
+    kiln_jit_options jo = {.runtime = g_rt};
+    ck(kiln_jit_create(&jo, &g_jit), "jit");
+    static const struct { int64_t H, KVH; } heads[] = {{32, 8}, {28, 4}};
+    for (int h = 0; h < 2; h++) {
+        static const uint32_t seqs[] = {1, 16, 64}, ctxs[] = {1024, 4096};
+        for (int c = 0; c < 2; c++)
+            for (int n = 0; n < 3; n++)
+                run_case("decode", heads[h].H, heads[h].KVH, 128, seqs[n], ctxs[c] - 1, 1, iters);
+        run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 512, iters / 5 + 1);
+        run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 4096, iters / 10 + 1);
+        run_case("prefill", heads[h].H, heads[h].KVH, 128, 4, 0, 1024, iters / 10 + 1);
+    }
+    kiln_jit_destroy(g_jit);
+    kiln_runtime_destroy(g_rt);
+    return 0;
+}

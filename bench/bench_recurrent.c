@@ -1,0 +1,166 @@
+/* Gated delta recurrent attention at Qwen3-Next-80B-A3B's shapes (16 key
+ * heads, 32 value heads, dims 128): GPU time per call through kiln, from one
+ * submission of iters pre-encoded commands timed by its fence
+ * (KILN_TIMING_COMPLETION), the median of reps such submissions.
+ *   decode: S sequences of one token; the state (S x 32 x 128 x 128 f32) is
+ *           read and written once per call: state_tbps counts those bytes;
+ *   prefill: S sequences of L tokens each (the sequential scan): tokens_per_s.
+ * No peer: torch has no fused kernel for this recurrence on that machine.
+ *
+ * Usage: bench_recurrent [--iters 20] [--reps 5]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "kiln/kiln.h"
+
+#define BENCH "recurrent"
+#define KH 16
+#define VH 32
+#define DK 128
+#define DV 128
+
+typedef struct shape {
+    const char *phase;
+    int64_t seqs, span;
+} shape;
+
+static const shape g_shapes[] = {
+    {"decode", 1, 1},     {"decode", 8, 1},      {"decode", 64, 1},    {"decode", 256, 1},
+    {"prefill", 1, 4096}, {"prefill", 4, 1024}, {"prefill", 16, 256},
+};
+
+static void fail(const char *what, kiln_status st)
+{
+    bench_json_error(BENCH, what, kiln_status_code(st), NULL, kiln_errmsg());
+    exit(1);
+}
+
+#define CHECK(what, call)                                                                                         \
+    do {                                                                                                          \
+        kiln_status st_ = (call);                                                                                 \
+        if (st_)                                                                                                  \
+            fail(what, st_);                                                                                      \
+    } while (0)
+
+static kiln_buffer *filled(kiln_runtime *rt, size_t bytes, uint8_t value)
+{
+    kiln_buffer *b;
+    CHECK("setup", kiln_buffer_create(rt, bytes, 256, &b));
+    CHECK("setup", kiln_buffer_fill(b, 0, value, bytes));
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    long iters = 20, reps = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--iters"))
+            iters = bench_parse_positive(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = bench_parse_positive(argv[i + 1]);
+    }
+    if (iters <= 0 || reps <= 0) {
+        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N]\n");
+        return 2;
+    }
+    const char *why = NULL;
+    if (!kiln_driver_available(&why)) {
+        bench_json j;
+        bench_json_begin(&j, BENCH);
+        bench_json_str(&j, "skipped", why ? why : "no driver");
+        bench_json_end(&j);
+        return 0;
+    }
+    kiln_runtime *rt;
+    kiln_jit *jit;
+    kiln_stream *s;
+    CHECK("setup", kiln_runtime_create(NULL, &rt));
+    kiln_jit_options jo = {.runtime = rt};
+    CHECK("setup", kiln_jit_create(&jo, &jit));
+    CHECK("setup", kiln_stream_create(rt, &s));
+    kiln_command **cmds = calloc((size_t)iters, sizeof *cmds);
+    double *us = calloc((size_t)reps, sizeof *us);
+    if (!cmds || !us)
+        fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY);
+    for (size_t i = 0; i < sizeof g_shapes / sizeof g_shapes[0]; i++) {
+        const shape *sh = &g_shapes[i];
+        const int64_t S = sh->seqs, T = S * sh->span;
+        size_t state_bytes;
+        CHECK("setup", kiln_op_gated_delta_state_bytes(S, VH, DV, DK, &state_bytes));
+        /* q, k, v about 1.06; g 0 (no decay); beta about 0.19; state zeros. */
+        kiln_buffer *bq = filled(rt, (size_t)T * KH * DK * 2, 0x3c), *bk = filled(rt, (size_t)T * KH * DK * 2, 0x3b),
+                    *bv = filled(rt, (size_t)T * VH * DV * 2, 0x3c), *bg = filled(rt, (size_t)T * VH * 4, 0),
+                    *bb = filled(rt, (size_t)T * VH * 4, 0x3e), *bs = filled(rt, state_bytes, 0),
+                    *bo = filled(rt, (size_t)T * VH * DV * 2, 0), *bsp;
+        CHECK("setup", kiln_buffer_create(rt, (size_t)S * 8, 256, &bsp));
+        uint32_t *spans = malloc((size_t)S * 8);
+        if (!spans)
+            fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY);
+        for (int64_t p = 0; p < S; p++) {
+            spans[2 * p] = (uint32_t)(p * sh->span);
+            spans[2 * p + 1] = (uint32_t)sh->span;
+        }
+        CHECK("setup", kiln_buffer_upload(bsp, 0, spans, (size_t)S * 8));
+        free(spans);
+        kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
+                    tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}}, to = tv,
+                    tg = {.buffer = bg, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, VH}}, tb = tg,
+                    ts = {.buffer = bs, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, VH, DV, DK}},
+                    tsp = {.buffer = bsp, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}};
+        tk.buffer = bk;
+        to.buffer = bo;
+        tb.buffer = bb;
+        kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+        kiln_command *cmd;
+        CHECK("encode", kiln_op_gated_delta_encode(jit, &b, &cmd));
+        for (long k = 0; k < iters; k++)
+            cmds[k] = cmd;
+        kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
+        for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
+            kiln_fence *fence;
+            kiln_receipt receipt;
+            CHECK("launch", kiln_stream_submit(s, cmds, (size_t)iters, &so, &fence));
+            CHECK("launch", kiln_fence_wait(fence));
+            CHECK("launch", kiln_fence_receipt(fence, &receipt));
+            kiln_fence_release(fence);
+            if (r >= 0)
+                us[r] = receipt.elapsed_ms * 1e3 / (double)iters;
+        }
+        bench_sort(us, (size_t)reps);
+        const double med = bench_quantile(us, (size_t)reps, 0.5);
+        bench_json j;
+        bench_json_begin(&j, BENCH);
+        bench_json_bool(&j, "peer", 0);
+        bench_json_str(&j, "phase", sh->phase);
+        bench_json_int(&j, "seqs", S);
+        bench_json_int(&j, "span", sh->span);
+        bench_json_int(&j, "dk", DK);
+        bench_json_int(&j, "dv", DV);
+        bench_json_int(&j, "key_heads", KH);
+        bench_json_int(&j, "value_heads", VH);
+        bench_json_int(&j, "iters", iters);
+        bench_json_num(&j, "median_us", med);
+        bench_json_num(&j, "min_us", us[0]);
+        bench_json_num(&j, "state_tbps", 2.0 * (double)state_bytes / (med * 1e-6) / 1e12);
+        bench_json_num(&j, "tokens_per_s", (double)T / (med * 1e-6));
+        bench_json_end(&j);
+        kiln_command_release(cmd);
+        kiln_buffer_destroy(bq);
+        kiln_buffer_destroy(bk);
+        kiln_buffer_destroy(bv);
+        kiln_buffer_destroy(bg);
+        kiln_buffer_destroy(bb);
+        kiln_buffer_destroy(bs);
+        kiln_buffer_destroy(bo);
+        kiln_buffer_destroy(bsp);
+    }
+    free(cmds);
+    free(us);
+    kiln_stream_destroy(s);
+    kiln_jit_destroy(jit);
+    kiln_runtime_destroy(rt);
+    return 0;
+}

@@ -1,0 +1,135 @@
+/* kiln — causal paged attention with RoPE (included by kiln/ops.h).
+ *
+ * One invocation covers the new tokens of S sequences packed together (T
+ * tokens in all): it applies RoPE to q and k, appends k and v to each
+ * sequence's pages of a paged KV cache, then computes causal attention of
+ * every new token over its sequence's cached tokens (its own included).
+ *
+ * Bindings (kiln_paged_attention_desc):
+ *   q            f16 [T, heads, head_dim]      the new tokens' queries (not rotated);
+ *   k, v         f16 [T, kv_heads, head_dim]   their keys (not rotated) and values;
+ *   positions    u32 [T]                       RoPE position of each new token;
+ *   block_table  u32 [S, max_blocks]           page numbers, within kv_pages, of
+ *                                              each sequence's cached tokens, in order;
+ *   seq_lens     u32 [S]                       each sequence's cached length AFTER
+ *                                              this call appends its new tokens;
+ *   query_spans  u32 [S, 2]                    (start, count): sequence s's new
+ *                                              tokens are rows [start, start + count)
+ *                                              of q, k, v, positions and out;
+ *   kv_pages     a region of whole 64 KiB pages (KILN_PAGED_KV_PAGE_BYTES, the
+ *                fixed-block storage profile "paged_kv"): page p is bytes
+ *                [start + p * 65536, start + (p + 1) * 65536); its device address
+ *                16-byte aligned;
+ *   out          f16 [T, heads, head_dim].
+ * positions, block_table, seq_lens and query_spans are read on the device
+ * (put them in a binding arena): one command, and the graph it is captured
+ * in, serve every step of the same T, S and max_blocks.
+ *
+ * Page layout. A page holds page_tokens = 32768 / (kv_heads * head_dim * 2)
+ * tokens (rounded down) of one sequence: K in bytes [0, 32768), V in
+ * [32768, 65536), each laid out [kv_heads][page_tokens][head_dim] f16. Token
+ * c (its index in the sequence's cache, 0-based) lives in page
+ * block_table[s][c / page_tokens], slot c % page_tokens. The cache holds k
+ * after RoPE. Shapes where a page holds no token (kv_heads * head_dim >
+ * 16384) are refused; kiln_op_paged_attention_page_tokens says how many.
+ *
+ * Semantics, for a sequence s with (start, count) and length L = seq_lens[s]:
+ * its new token j (0 <= j < count, row t = start + j) has cache index
+ * c = L - count + j (the new tokens follow the cached prefix, in order).
+ *   RoPE (rotate-half, as Llama and Qwen2): for i < head_dim / 2,
+ *     inv_freq[i] = rope_theta^(-2i / head_dim) (computed in double, rounded
+ *     to f32), a = f32(f32(positions[t]) * inv_freq[i]), and in f32
+ *     y[i] = x[i] cos a - x[i + d/2] sin a, y[i + d/2] = x[i + d/2] cos a + x[i] sin a.
+ *   Append: rotated k (rounded to f16) and v are written at cache index c.
+ *   Attention, for each query head hq (kv head hq / (heads / kv_heads)):
+ *     out[t, hq] = softmax_{c' <= c}(q_rot . k_cache[c'] / sqrt(head_dim)) . v_cache[c'],
+ *     scores and softmax in f32 with a running max (online), one rounding to f16.
+ * A sequence with count 0 is skipped (nothing read, checked or written).
+ * Spans of different sequences must not overlap, nor two sequences' pages
+ * written by the same call: the results are then undefined (never out of
+ * bounds). Positions are exact in f32 below 2^24.
+ *
+ * Checked at encode (KILN_ERR_RUNTIME_CONTRACT naming the binding, the
+ * expected and the actual value): dtypes, ranks and dims of every binding,
+ * head_dim in {64, 128}, kv_heads dividing heads, a page holding >= 1 token,
+ * kv_pages whole pages, max_blocks * page_tokens < 2^32, 1 <= S <= 65535,
+ * max_query_tokens <= T, rope_theta finite and > 0, and that nothing written
+ * (out, kv_pages) overlaps another binding.
+ * Checked on the device, per sequence, before anything of it is read: the
+ * span within T, count <= min(seq_lens[s], max_query_tokens), seq_lens[s] <=
+ * max_blocks * page_tokens, and every block table entry the sequence uses
+ * (the first ceil(L / page_tokens)) below the number of pages. A bad sequence
+ * is skipped: its cache pages and its out rows are left as they were, and the
+ * next kiln_stream_synchronize (or kiln_fence_wait) of the stream returns
+ * KILN_ERR_DEVICE_CONTRACT with a message naming the lowest bad sequence, the
+ * value and the limit; the stream goes on. The kernels never read or write
+ * out of bounds whatever the device data holds.
+ *
+ * Kernels (templates/paged_attention.cu), specialized on head_dim, heads,
+ * kv_heads and the query rows per block (16 for prefill; 4, 8 or 16 from the
+ * group size for decode, max_query_tokens = 1): an append kernel (one block
+ * per sequence, kv head and 16 new tokens) and an attention kernel (one
+ * block per sequence, kv head and tile of 16 query rows for prefill, or of
+ * the group's heads for decode; 128 threads, keys in tiles of 64 through
+ * shared memory, f32 arithmetic on CUDA cores). Two dispatches per command;
+ * workspace: none. The command is replayable: its key holds both kernels'
+ * fingerprint, every binding's address and bytes, T, S, max_blocks,
+ * max_query_tokens and rope_theta. Needs a runtime (KILN_ERR_NO_DEVICE
+ * offline); errors from acquiring the kernel pass through.
+ */
+#ifndef KILN_OP_ATTENTION_H
+#define KILN_OP_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/runtime.h"
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The bytes of one KV page: the block size of the "paged_kv" storage profile. */
+#define KILN_PAGED_KV_PAGE_BYTES 65536u
+
+struct kiln_tensor;
+
+typedef struct kiln_paged_attention_desc {
+    uint32_t size; /* sizeof(kiln_paged_attention_desc), or 0 */
+    /* The bindings, by reference (borrowed for the call). */
+    const struct kiln_tensor *q, *k, *v, *positions, *block_table, *seq_lens, *query_spans, *out;
+    const kiln_region *kv_pages;
+    float rope_theta;          /* finite, > 0 (10000 for Llama-2, 1000000 for Qwen2.5) */
+    /* The most new tokens any sequence has in this command (its grid is sized
+     * for it; a sequence with more is reported, not computed). 0: T. 1: the
+     * decode kernel, specialized for one token per sequence. */
+    uint32_t max_query_tokens;
+} kiln_paged_attention_desc;
+
+KILN_API kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc,
+                                                    kiln_command **cmd);
+/* Encodes and submits on the runtime's own stream (kiln_runtime_stream). */
+KILN_API kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_attention_desc *desc);
+
+/* Tokens one page holds: 32768 / (kv_heads * head_dim * 2), rounded down.
+ * KILN_ERR_RUNTIME_CONTRACT when head_dim is not 64 or 128, kv_heads < 1, or
+ * a page would hold no token; KILN_ERR_INVALID_ARGUMENT for a NULL out. */
+KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out);
+
+/* The specialization for a head layout, decode (1: one new token per
+ * sequence) or prefill (0). KILN_ERR_RUNTIME_CONTRACT for head_dim not in
+ * {64, 128}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
+ * page holding no token. */
+KILN_API kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
+                                                  kiln_spec *out);
+
+/* Workspace bytes: always 0 (the uniform provider interface). */
+KILN_API kiln_status kiln_op_paged_attention_workspace(int64_t tokens, int64_t heads, int64_t head_dim,
+                                                       size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,113 @@
+/* kiln — gated delta recurrent attention, the linear-attention layer of
+ * Qwen3-Next (included by kiln/ops.h).
+ *
+ * For each sequence s of a batch, its span of packed tokens
+ * (start, count) = spans[s], each value head h and its key head
+ * kh = h / (VH / KH) (value heads share key heads in groups, as Qwen3-Next's
+ * repeat_interleave), for t = start .. start + count - 1 in order:
+ *   k̂ = k[t, kh] / sqrt(|k[t, kh]|² + 1e-6)
+ *   q̂ = q[t, kh] / sqrt(|q[t, kh]|² + 1e-6) / sqrt(DK)
+ *   a = exp(g[t, h])
+ *   S = a·S;  S += beta[t, h] · (v[t, h] − S k̂) k̂ᵀ;  out[t, h] = S q̂
+ * where S = state[s, h] is updated in place.
+ *
+ * What the operation does and what it expects done:
+ *   does:    the L2 normalization of q and k per head (eps 1e-6 inside the
+ *            square root, Qwen3-Next's use_qk_l2norm_in_kernel) and the
+ *            1/sqrt(DK) scale of q; exp of g; f32 arithmetic throughout;
+ *   expects: q, k, v after the causal conv1d and SiLU; g the log decay
+ *            (Qwen3-Next: -exp(A_log) · softplus(a + dt_bias)), finite and
+ *            <= 0 for a decay; beta already through the sigmoid, in (0, 1);
+ *            the output gated RMSNorm and the projections are other
+ *            operations.
+ *
+ * Bindings (T tokens, S sequences, KH key heads, VH value heads):
+ *   q, k   f16 [T, KH, DK]
+ *   v      f16 [T, VH, DV]
+ *   g      f32 [T, VH]      log decay
+ *   beta   f32 [T, VH]      (f32 rather than f16: it is one number per head
+ *                           and token, and the recurrence is sensitive to it)
+ *   state  f32 [S, VH, DV, DK], updated in place. Layout: state[s, h, i, j]
+ *          is row i (value component) and column j (key component) of
+ *          S ∈ R^{DV×DK}, at element ((s·VH + h)·DV + i)·DK + j; rows are
+ *          contiguous along the key dimension. Hugging Face and fla keep
+ *          [B, H, DK, DV]: transpose the last two dims to exchange states.
+ *          A new sequence starts from zeros (kiln_command_zero).
+ *   spans  u32 [S, 2]       (start, count) in packed token rows, in device
+ *                           memory: the same command serves every batch of
+ *                           the same sizes. Decode is count 1 per sequence;
+ *                           prefill is a longer span; both in one launch.
+ *   out    f16 [T, VH, DV]  written for the tokens of the spans only.
+ * DK, DV in [1, KILN_MODEL_MAX_HEAD_DIM], KH dividing VH <= KILN_MODEL_MAX_HEADS,
+ * T <= 2^32 - 1, S · VH · ceil(DV / rows per block) < 2^31.
+ *
+ * Spans: a count of 0 leaves the sequence's state alone. A span that ends
+ * past T is never read: the sequence's state and outputs are left alone, and
+ * the next synchronize returns KILN_ERR_DEVICE_CONTRACT for fault code
+ * KILN_FAULT_GATED_DELTA_SPAN (index: the lowest such sequence; value: start +
+ * count, saturated to 2^32 - 1; limit: T). Spans of different sequences must
+ * not share tokens (their outputs would race); that is not checked.
+ *
+ * Overlaps: state and out overlap nothing (each other included); q, k, v, g,
+ * beta and spans are read only and may share bytes.
+ *
+ * The kernel is a sequential scan over each span: one block per (sequence,
+ * value head, group of rows of S), each row kept in registers across the
+ * span. Prefill costs O(count) dependent steps per sequence; the chunked
+ * (WY / UT-transform) form that turns prefill into matrix products is not
+ * implemented yet. Specialized on DK, DV, KH, VH and a vector width (4 when
+ * DK % 4 == 0, q and k start 8-byte and state 16-byte aligned, which buffers
+ * from kiln_buffer_create give; else 1). Workspace: none.
+ *
+ * Validation and errors as in kiln/op_norm.h: KILN_ERR_RUNTIME_CONTRACT names
+ * the binding, the expected and the actual value; KILN_ERR_NO_DEVICE offline;
+ * errors of acquiring the kernel pass through. The command is replayable (its
+ * key: the kernel's fingerprint, every binding's address and bytes, T and S).
+ * Attribution: op "gated_delta", packed, participants S, tokens T, 1 dispatch.
+ */
+#ifndef KILN_OP_RECURRENT_H
+#define KILN_OP_RECURRENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/jit.h"
+#include "kiln/runtime.h"
+#include "kiln/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The fault code of a span past the tokens (see above). */
+#define KILN_FAULT_GATED_DELTA_SPAN 8u
+
+struct kiln_tensor;
+
+/* The bindings, by reference (borrowed for the call). */
+typedef struct kiln_gated_delta_bindings {
+    uint32_t size; /* sizeof(kiln_gated_delta_bindings), or 0 */
+    const struct kiln_tensor *q, *k, *v, *g, *beta, *state, *spans, *out;
+} kiln_gated_delta_bindings;
+
+KILN_API kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b,
+                                                kiln_command **cmd);
+/* Encodes and submits on the runtime's own stream (kiln_runtime_stream). */
+KILN_API kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_bindings *b);
+
+/* Bytes of the state of seqs sequences: seqs · vh · dv · dk · 4.
+ * KILN_ERR_RUNTIME_CONTRACT for sizes out of range (or an overflow),
+ * KILN_ERR_INVALID_ARGUMENT for a NULL bytes. */
+KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v_heads, int64_t dv, int64_t dk,
+                                                     size_t *bytes);
+/* Workspace: always 0 (kept for the uniform provider interface). */
+KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes);
+
+/* The specialization for these sizes and a vector width (4: dk % 4 == 0; or 1). */
+KILN_API kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
+                                              int vector_width, kiln_spec *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

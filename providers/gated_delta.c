@@ -1,0 +1,259 @@
+/* Gated delta recurrent attention (templates/gated_delta.cu). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/internal.h"
+
+#define OP "gated_delta"
+#define BLOCK_THREADS 128
+#define MAX_GRID 0x7fffffffu
+
+/* Lanes per row of the state: a power of two giving each lane about 8 columns. */
+static int64_t lanes_for(int64_t dk)
+{
+    int64_t g = 1;
+    while (g < 32 && g * 8 < dk)
+        g *= 2;
+    return g;
+}
+
+/* BLOCK_THREADS, or fewer when the head has fewer rows than a block holds. */
+static int64_t threads_for(int64_t dk, int64_t dv)
+{
+    int64_t t = (lanes_for(dk) * dv + 31) / 32 * 32;
+    return t < BLOCK_THREADS ? t : BLOCK_THREADS;
+}
+
+static int64_t row_blocks(int64_t dk, int64_t dv)
+{
+    int64_t rows = threads_for(dk, dv) / lanes_for(dk);
+    return (dv + rows - 1) / rows;
+}
+
+static int sizes_ok(int64_t dk, int64_t dv, int64_t kh, int64_t vh)
+{
+    return dk >= 1 && dk <= KILN_MODEL_MAX_HEAD_DIM && dv >= 1 && dv <= KILN_MODEL_MAX_HEAD_DIM && kh >= 1 &&
+           kh <= KILN_MODEL_MAX_HEADS && vh >= 1 && vh <= KILN_MODEL_MAX_HEADS && vh % kh == 0;
+}
+
+kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
+    if (!sizes_ok(dk, dv, kh, vh) || (vec != 1 && vec != 4) || dk % vec)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": dk %lld, dv %lld (1..%d), key heads %lld, value heads %lld (1..%d, key heads "
+                          "dividing value heads), vector width %d (1, or 4 dividing dk)",
+                          (long long)dk, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh, (long long)vh,
+                          KILN_MODEL_MAX_HEADS, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+        (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
+        (st = kiln_spec_set(out, "G", lanes_for(dk))) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(dk, dv))))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t vh, int64_t dv, int64_t dk, size_t *bytes)
+{
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    size_t n;
+    if (seqs < 1 || vh < 1 || vh > KILN_MODEL_MAX_HEADS || dv < 1 || dv > KILN_MODEL_MAX_HEAD_DIM || dk < 1 ||
+        dk > KILN_MODEL_MAX_HEAD_DIM || kiln__mul_overflows((size_t)seqs, (size_t)vh * (size_t)dv * (size_t)dk * 4, &n))
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": a state of %lld sequences x %lld value heads x %lld x %lld is out of range",
+                          (long long)seqs, (long long)vh, (long long)dv, (long long)dk);
+    *bytes = n;
+    return KILN_OK;
+}
+
+kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes)
+{
+    (void)tokens;
+    (void)seqs;
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    *bytes = 0;
+    return KILN_OK;
+}
+
+/* A Qwen3-Next model's linear-attention layers, when its config has them. */
+kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    if (!cfg->linear_num_key_heads)
+        return KILN_OK;
+    const int64_t dk = cfg->linear_key_head_dim;
+    kiln_spec spec;
+    kiln_status st = kiln_op_gated_delta_spec(dk, cfg->linear_value_head_dim, cfg->linear_num_key_heads,
+                                              cfg->linear_num_value_heads, dk % 4 ? 1 : 4, &spec);
+    return st ? st : sink(user, &spec);
+}
+
+enum { B_Q, B_K, B_V, B_G, B_BETA, B_STATE, B_SPANS, B_OUT, N_BINDINGS };
+static const char *const names[N_BINDINGS] = {"q", "k", "v", "g", "beta", "state", "spans", "out"};
+
+static void views(const kiln_gated_delta_bindings *b, const kiln_tensor *t[N_BINDINGS])
+{
+    t[B_Q] = b->q;
+    t[B_K] = b->k;
+    t[B_V] = b->v;
+    t[B_G] = b->g;
+    t[B_BETA] = b->beta;
+    t[B_STATE] = b->state;
+    t[B_SPANS] = b->spans;
+    t[B_OUT] = b->out;
+}
+
+kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bindings *b, size_t bytes[8], int *vec)
+{
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    if (!b)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings is NULL");
+    if (b->size && b->size < sizeof *b)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings size %u; expected %zu", b->size,
+                          sizeof *b);
+    const kiln_tensor *t[N_BINDINGS];
+    views(b, t);
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "q", t[B_Q], rt, KILN_DTYPE_F16, 3, NULL, &bytes[B_Q])))
+        return st;
+    const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2];
+    const int64_t want_k[3] = {T, KH, DK}, want_v[3] = {T, -1, -1};
+    if ((st = kiln__check_tensor(err, OP, "k", t[B_K], rt, KILN_DTYPE_F16, 3, want_k, &bytes[B_K])) ||
+        (st = kiln__check_tensor(err, OP, "v", t[B_V], rt, KILN_DTYPE_F16, 3, want_v, &bytes[B_V])))
+        return st;
+    const int64_t VH = t[B_V]->dims[1], DV = t[B_V]->dims[2];
+    if (DK > KILN_MODEL_MAX_HEAD_DIM || DV > KILN_MODEL_MAX_HEAD_DIM)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": head dims dk %lld (q) and dv %lld (v): at most %d",
+                          (long long)DK, (long long)DV, KILN_MODEL_MAX_HEAD_DIM);
+    if (KH > KILN_MODEL_MAX_HEADS || VH > KILN_MODEL_MAX_HEADS || VH % KH)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": %lld key heads (q) and %lld value heads (v): at most %d, and key heads must divide "
+                          "value heads",
+                          (long long)KH, (long long)VH, KILN_MODEL_MAX_HEADS);
+    const int64_t want_gb[2] = {T, VH}, want_spans[2] = {-1, 2};
+    if ((st = kiln__check_tensor(err, OP, "g", t[B_G], rt, KILN_DTYPE_F32, 2, want_gb, &bytes[B_G])) ||
+        (st = kiln__check_tensor(err, OP, "beta", t[B_BETA], rt, KILN_DTYPE_F32, 2, want_gb, &bytes[B_BETA])) ||
+        (st = kiln__check_tensor(err, OP, "spans", t[B_SPANS], rt, KILN_DTYPE_U32, 2, want_spans, &bytes[B_SPANS])))
+        return st;
+    const int64_t S = t[B_SPANS]->dims[0];
+    const int64_t want_state[4] = {S, VH, DV, DK}, want_out[3] = {T, VH, DV};
+    if ((st = kiln__check_tensor(err, OP, "state", t[B_STATE], rt, KILN_DTYPE_F32, 4, want_state,
+                                 &bytes[B_STATE])) ||
+        (st = kiln__check_tensor(err, OP, "out", t[B_OUT], rt, KILN_DTYPE_F16, 3, want_out, &bytes[B_OUT])))
+        return st;
+    if (T > (int64_t)UINT32_MAX)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding q has %lld tokens; at most %u", (long long)T,
+                          UINT32_MAX);
+    if ((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV) > MAX_GRID)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": %lld sequences x %lld value heads x %lld row blocks exceed one launch's %u blocks",
+                          (long long)S, (long long)VH, (long long)row_blocks(DK, DV), MAX_GRID);
+    /* What is written (state, out) overlaps nothing else. */
+    static const int written[2] = {B_STATE, B_OUT};
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < N_BINDINGS; i++)
+            if (i != written[w] && kiln__tensors_overlap(t[written[w]], bytes[written[w]], t[i], bytes[i]))
+                return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": %s overlaps %s", names[written[w]], names[i]);
+    const uint64_t qp = kiln__buffer_ptr(t[B_Q]->buffer) + t[B_Q]->offset,
+                   kp = kiln__buffer_ptr(t[B_K]->buffer) + t[B_K]->offset,
+                   sp = kiln__buffer_ptr(t[B_STATE]->buffer) + t[B_STATE]->offset;
+    *vec = (DK % 4 == 0 && qp % 8 == 0 && kp % 8 == 0 && sp % 16 == 0) ? 4 : 1;
+    return KILN_OK;
+}
+
+typedef struct delta_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr ptr[N_BINDINGS];
+    uint32_t tokens, grid;
+    unsigned threads;
+} delta_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    delta_launch *l = user;
+    CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
+    void *args[] = {&l->ptr[B_Q],     &l->ptr[B_K],     &l->ptr[B_V],   &l->ptr[B_G], &l->ptr[B_BETA],
+                    &l->ptr[B_STATE], &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens,   &fault};
+    return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
+}
+
+kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b, kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t bytes[N_BINDINGS];
+    int vec;
+    kiln_status st = kiln__gated_delta_check(rt, b, bytes, &vec);
+    if (st)
+        return st;
+    const kiln_tensor *t[N_BINDINGS];
+    views(b, t);
+    const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1],
+                  DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
+    kiln_spec spec;
+    if ((st = kiln_op_gated_delta_spec(DK, DV, KH, VH, vec, &spec)))
+        return kiln__propagate(err, st);
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    delta_launch *l = malloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    l->rt = rt;
+    l->fn = (CUfunction)fn;
+    l->tokens = (uint32_t)T;
+    l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
+    l->threads = (unsigned)threads_for(DK, DV);
+    /* The replay key: the kernel and every binding (address, bytes); T and S travel in the bytes too. */
+    uint64_t params[2 * N_BINDINGS + 2];
+    kiln_region regions[N_BINDINGS];
+    for (int i = 0; i < N_BINDINGS; i++) {
+        l->ptr[i] = kiln__buffer_ptr(t[i]->buffer) + t[i]->offset;
+        params[2 * i] = l->ptr[i];
+        params[2 * i + 1] = bytes[i];
+        regions[i] = (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + bytes[i]};
+    }
+    params[2 * N_BINDINGS] = (uint64_t)T;
+    params[2 * N_BINDINGS + 1] = (uint64_t)S;
+    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_command_desc d = {.op_id = OP,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = (uint32_t)S,
+                           .tokens = (uint32_t)T,
+                           .dispatches = 1,
+                           .regions = regions,
+                           .n_regions = N_BINDINGS,
+                           .enqueue = enqueue,
+                           .user = l,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(l);
+    return st;
+}
+
+kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_bindings *b)
+{
+    kiln_command *cmd;
+    kiln_status st = kiln_op_gated_delta_encode(jit, b, &cmd);
+    if (st)
+        return st;
+    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
+    kiln_command_release(cmd);
+    return st;
+}

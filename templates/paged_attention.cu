@@ -1,0 +1,364 @@
+// Causal paged attention with RoPE over a paged KV cache (include/kiln/op_attention.h
+// is the contract). Two entries, launched one after the other on one stream:
+//   kiln_paged_append     rotates the new tokens' k (rotate-half RoPE, f32) and
+//                         writes k and v into their sequence's pages;
+//   kiln_paged_attention  rotates q, then causal attention of every new token
+//                         over its sequence's cached tokens (grouped-query heads,
+//                         f32 scores, online softmax with a running max).
+// Page layout (65536 bytes): K at [0, 32768), V at [32768, 65536), each
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
+// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
+// Everything that lives in device memory (spans, lengths, block table) is
+// checked here before it is used: a bad sequence is skipped (nothing of it
+// read or written) and reported through the fault record.
+// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
+// KILN_PAGE_TOKENS, KILN_ROWS (query rows per attention block: 4, 8 or 16).
+// Grids: x = tiles of a sequence's new tokens, y = kv head, z = sequence;
+// 128 threads.
+#include "kiln_reduce.cuh"
+
+//! kiln:entry kiln_paged_attention
+//! kiln:entry kiln_paged_append
+
+#define D KILN_HEAD_DIM
+#define HALF (D / 2)
+#define NH KILN_HEADS
+#define KVH KILN_KV_HEADS
+#define G (NH / KVH)
+#define PT KILN_PAGE_TOKENS
+#define ROWS KILN_ROWS
+#define THREADS 128
+#define KC 64              // keys per tile
+#define KPAD 8             // halves of padding per K row: conflict-free 16-byte reads
+#define PAGE_BYTES 65536ull
+#define V_OFFSET 32768ull
+#define APPEND_TOKENS 16   // new tokens per append block
+
+#if D != 64 && D != 128
+#error "KILN_HEAD_DIM must be 64 or 128"
+#endif
+#if NH % KVH != 0
+#error "KILN_KV_HEADS must divide KILN_HEADS"
+#endif
+#if ROWS != 4 && ROWS != 8 && ROWS != 16
+#error "KILN_ROWS must be 4, 8 or 16"
+#endif
+#if PT < 1 || (KVH * PT * D * 2) > 32768
+#error "KILN_PAGE_TOKENS does not fit a page"
+#endif
+
+#define KILN_FAULT_KV_SPAN 16u         // value: start + count (saturated), limit: tokens
+#define KILN_FAULT_KV_QUERY_COUNT 17u  // value: count, limit: min(seq_len, max_query_tokens)
+#define KILN_FAULT_KV_SEQ_PAST_TABLE 18u // value: seq_len, limit: max_blocks * PAGE_TOKENS
+#define KILN_FAULT_KV_BLOCK_PAST_ARENA 19u // value: the entry, limit: block << 32 | pages
+
+struct rope_freqs {
+    float inv[HALF]; // inv_freq[i] = theta^(-2i / HEAD_DIM), rounded to f32 on the host
+};
+
+struct __align__(16) f32x4 { float x, y, z, w; };
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void st_f16(kiln_f16 *p, kiln_f16 v)
+{
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+// Rotate-half RoPE of the pair (x[i], x[i + HALF]) at position pos.
+__device__ __forceinline__ void rope(float x0, float x1, kiln_u32 pos, float inv, float *y0, float *y1)
+{
+    float s, c;
+    sincosf((float)pos * inv, &s, &c);
+    *y0 = x0 * c - x1 * s;
+    *y1 = x1 * c + x0 * s;
+}
+
+struct seq_info {
+    kiln_u32 start, count, len;
+};
+
+// Reads and checks sequence s (every thread of the block calls it: it
+// synchronizes). Returns false when the sequence has no new tokens or is bad;
+// a bad one is reported when report is set.
+__device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                              const kiln_u32 *__restrict__ spans, kiln_u32 n_pages, kiln_u32 max_blocks,
+                              kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
+{
+    __shared__ kiln_u32 bad_block;
+    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1], len = seq_lens[s];
+    out->start = start;
+    out->count = count;
+    out->len = len;
+    if (count == 0)
+        return false;
+    const kiln_u64 end = (kiln_u64)start + count;
+    kiln_u32 code = 0, value = 0;
+    kiln_u64 limit = 0;
+    if (end > tokens) {
+        code = KILN_FAULT_KV_SPAN;
+        value = end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end;
+        limit = tokens;
+    } else if (count > max_query || count > len) {
+        code = KILN_FAULT_KV_QUERY_COUNT;
+        value = count;
+        limit = max_query < len ? max_query : len;
+    } else if ((kiln_u64)len > (kiln_u64)max_blocks * PT) {
+        code = KILN_FAULT_KV_SEQ_PAST_TABLE;
+        value = len;
+        limit = (kiln_u64)max_blocks * PT;
+    }
+    if (code) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, code, s, value, limit);
+        return false;
+    }
+    // Every page the sequence reads must lie in the arena.
+    if (threadIdx.x == 0)
+        bad_block = 0xffffffffu;
+    __syncthreads();
+    const kiln_u32 blocks = (len + PT - 1) / PT;
+    const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
+    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
+        if (row[b] >= n_pages)
+            atomicMin(&bad_block, b);
+    __syncthreads();
+    const kiln_u32 b = bad_block;
+    if (b != 0xffffffffu) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, KILN_FAULT_KV_BLOCK_PAST_ARENA, s, row[b], ((kiln_u64)b << 32) | n_pages);
+        return false;
+    }
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v,
+                  const kiln_u32 *__restrict__ positions, const kiln_u32 *__restrict__ table,
+                  const kiln_u32 *__restrict__ seq_lens, const kiln_u32 *__restrict__ spans, unsigned char *pages,
+                  kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, rope_freqs freqs,
+                  kiln_fault *fault)
+{
+    const kiln_u32 s = blockIdx.z, h = blockIdx.y;
+    seq_info q;
+    // The attention kernel reports; this one only skips.
+    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, false, &q))
+        return;
+    const kiln_u32 j0 = blockIdx.x * APPEND_TOKENS;
+    if (j0 >= q.count)
+        return;
+    const kiln_u32 n = q.count - j0 < APPEND_TOKENS ? q.count - j0 : APPEND_TOKENS;
+    const kiln_u32 base = q.len - q.count; // the cache index of the first new token
+    const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
+    for (kiln_u32 idx = threadIdx.x; idx < n * HALF; idx += THREADS) {
+        const kiln_u32 j = j0 + idx / HALF, i = idx % HALF;
+        const kiln_u32 t = q.start + j, c = base + j;
+        const kiln_u64 src = ((kiln_u64)t * KVH + h) * D;
+        unsigned char *page = pages + (kiln_u64)row[c / PT] * PAGE_BYTES;
+        const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
+        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
+        float y0, y1;
+        rope(kiln_f16_to_f32(ld_f16(k + src + i)), kiln_f16_to_f32(ld_f16(k + src + i + HALF)), positions[t],
+             freqs.inv[i], &y0, &y1);
+        st_f16(kd + i, kiln_f32_to_f16(y0));
+        st_f16(kd + i + HALF, kiln_f32_to_f16(y1));
+        st_f16(vd + i, ld_f16(v + src + i));
+        st_f16(vd + i + HALF, ld_f16(v + src + i + HALF));
+    }
+}
+
+// Rows of a block: ROWS consecutive (new token, group head) pairs of one
+// sequence and kv head, row r = token * G + head within the group.
+#define QK_RPT (ROWS / 2)                 // rows per thread in the scores
+#define PV_GROUPS (THREADS / HALF)        // row groups in P.V (2 or 4)
+#define PV_RPT (ROWS / PV_GROUPS)
+#define LPR (THREADS / ROWS)              // lanes per row in the softmax
+#define VECS_PER_KEY (D / 8)
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+kiln_paged_attention(const kiln_f16 *__restrict__ qin, const kiln_u32 *__restrict__ positions,
+                     const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                     const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
+                     kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
+                     rope_freqs freqs, kiln_fault *fault)
+{
+    __shared__ __align__(16) float sq[ROWS][D];
+    __shared__ __align__(16) kiln_f16 sk[KC][D + KPAD];
+    __shared__ __align__(16) kiln_f16 sv[KC][D];
+    __shared__ __align__(16) float sp[ROWS][KC];
+    __shared__ float sm[ROWS], sl[ROWS], sscale[ROWS];
+    __shared__ kiln_u32 slast[ROWS];
+
+    const kiln_u32 s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+    seq_info q;
+    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
+                       blockIdx.x == 0 && blockIdx.y == 0, &q))
+        return;
+    const kiln_u32 nrows = q.count * G, r0 = blockIdx.x * ROWS;
+    if (r0 >= nrows)
+        return;
+    const kiln_u32 base = q.len - q.count;
+    const kiln_u32 rlast = (r0 + ROWS < nrows ? r0 + ROWS : nrows) - 1;
+    const kiln_u32 nkeys = base + rlast / G + 1; // keys [0, nkeys) are read
+    const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+
+    // Rotated, scaled queries (rows past the sequence's: zero, attending key 0 only).
+    for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
+        const kiln_u32 r = idx / HALF, i = idx % HALF, row = r0 + r;
+        float y0 = 0.0f, y1 = 0.0f;
+        if (row < nrows) {
+            const kiln_u32 t = q.start + row / G, head = h * G + row % G;
+            const kiln_f16 *src = qin + ((kiln_u64)t * NH + head) * D;
+            rope(kiln_f16_to_f32(ld_f16(src + i)), kiln_f16_to_f32(ld_f16(src + i + HALF)), positions[t],
+                 freqs.inv[i], &y0, &y1);
+        }
+        sq[r][i] = y0 * qscale;
+        sq[r][i + HALF] = y1 * qscale;
+    }
+    if (tid < ROWS) {
+        const kiln_u32 row = r0 + tid;
+        slast[tid] = row < nrows ? base + row / G : 0;
+        sm[tid] = neg_inf();
+        sl[tid] = 0.0f;
+    }
+
+    float acc[PV_RPT][2];
+#pragma unroll
+    for (int r = 0; r < PV_RPT; r++)
+        acc[r][0] = acc[r][1] = 0.0f;
+    const kiln_u32 cp = tid % HALF, pg = tid / HALF;
+
+    for (kiln_u32 c0 = 0; c0 < nkeys; c0 += KC) {
+        __syncthreads(); // the previous tile is consumed (and the setup is visible)
+        // K and V of keys [c0, c0 + KC): 16-byte vectors, zero past nkeys.
+        {
+            constexpr int PER = KC * VECS_PER_KEY / THREADS;
+            kiln_u32x4 kv[PER], vv[PER];
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                const kiln_u32 idx = tid + e * THREADS, key = idx / VECS_PER_KEY, vec = idx % VECS_PER_KEY;
+                const kiln_u32 c = c0 + key;
+                if (c < nkeys) {
+                    const unsigned char *page = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES;
+                    const kiln_u64 off = (((kiln_u64)h * PT + c % PT) * D + vec * 8) * 2;
+                    kv[e] = kiln_ldg16(page + off);
+                    vv[e] = kiln_ldg16(page + V_OFFSET + off);
+                } else {
+                    kv[e].x = kv[e].y = kv[e].z = kv[e].w = 0;
+                    vv[e] = kv[e];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                const kiln_u32 idx = tid + e * THREADS, key = idx / VECS_PER_KEY, vec = idx % VECS_PER_KEY;
+                *(kiln_u32x4 *)&sk[key][vec * 8] = kv[e];
+                *(kiln_u32x4 *)&sv[key][vec * 8] = vv[e];
+            }
+        }
+        __syncthreads();
+        // Scores: thread (key j, row group) computes QK_RPT rows.
+        {
+            const kiln_u32 j = tid % KC, rg = tid / KC;
+            float sc[QK_RPT];
+#pragma unroll
+            for (int r = 0; r < QK_RPT; r++)
+                sc[r] = 0.0f;
+#pragma unroll 4
+            for (int d = 0; d < D; d += 8) {
+                float kf[8];
+                kiln_h8_to_f32(*(const kiln_u32x4 *)&sk[j][d], kf);
+#pragma unroll
+                for (int r = 0; r < QK_RPT; r++) {
+                    const f32x4 a = *(const f32x4 *)&sq[rg * QK_RPT + r][d];
+                    const f32x4 b = *(const f32x4 *)&sq[rg * QK_RPT + r][d + 4];
+                    sc[r] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                             b.z * kf[6] + b.w * kf[7];
+                }
+            }
+            const kiln_u32 c = c0 + j;
+#pragma unroll
+            for (int r = 0; r < QK_RPT; r++) {
+                const int row = rg * QK_RPT + r;
+                sp[row][j] = c <= slast[row] ? sc[r] : neg_inf();
+            }
+        }
+        __syncthreads();
+        // Online softmax: LPR lanes of one warp per row.
+        {
+            const kiln_u32 r = tid / LPR, l = tid % LPR;
+            const float m_old = sm[r];
+            float mx = neg_inf();
+#pragma unroll
+            for (int e = 0; e < KC / LPR; e++)
+                mx = fmaxf(mx, sp[r][l + e * LPR]);
+#pragma unroll
+            for (int m = LPR / 2; m; m >>= 1)
+                mx = fmaxf(mx, kiln_shfl_xor_f32(mx, m));
+            const float m_new = fmaxf(m_old, mx); // finite: key 0 is in every row's first tile
+            float sum = 0.0f;
+#pragma unroll
+            for (int e = 0; e < KC / LPR; e++) {
+                const float p = fast_exp2(sp[r][l + e * LPR] - m_new);
+                sp[r][l + e * LPR] = p;
+                sum += p;
+            }
+#pragma unroll
+            for (int m = LPR / 2; m; m >>= 1)
+                sum += kiln_shfl_xor_f32(sum, m);
+            __syncwarp();
+            if (l == 0) {
+                const float scale = fast_exp2(m_old - m_new);
+                sscale[r] = scale;
+                sl[r] = sl[r] * scale + sum;
+                sm[r] = m_new;
+            }
+        }
+        __syncthreads();
+        // P.V: thread (column pair cp, row group pg).
+        {
+#pragma unroll
+            for (int r = 0; r < PV_RPT; r++) {
+                const float scale = sscale[pg * PV_RPT + r];
+                acc[r][0] *= scale;
+                acc[r][1] *= scale;
+            }
+            const kiln_u32 kn = nkeys - c0 < KC ? nkeys - c0 : KC;
+#pragma unroll 4
+            for (kiln_u32 j = 0; j < kn; j++) {
+                float v0, v1;
+                kiln_h2_to_f32(*(const kiln_u32 *)&sv[j][2 * cp], &v0, &v1);
+#pragma unroll
+                for (int r = 0; r < PV_RPT; r++) {
+                    const float p = sp[pg * PV_RPT + r][j];
+                    acc[r][0] += p * v0;
+                    acc[r][1] += p * v1;
+                }
+            }
+        }
+    }
+    // sl is final: the last softmax step was followed by a barrier.
+#pragma unroll
+    for (int r = 0; r < PV_RPT; r++) {
+        const kiln_u32 rr = pg * PV_RPT + r, row = r0 + rr;
+        if (row < nrows) {
+            const kiln_u32 t = q.start + row / G, head = h * G + row % G;
+            const float inv = 1.0f / sl[rr];
+            kiln_u32 *dst = (kiln_u32 *)(out + ((kiln_u64)t * NH + head) * D + 2 * cp);
+            *dst = kiln_f32_to_h2(acc[r][0] * inv, acc[r][1] * inv);
+        }
+    }
+}

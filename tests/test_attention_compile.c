@@ -1,0 +1,355 @@
+/* Paged attention without a GPU: the specializations a model lists, each
+ * head layout and path (prefill, decode at every row count) compiled offline
+ * by NVRTC for sm_90, the spec and page arguments, and the validation of an
+ * invocation against fake buffers (a fake runtime has no driver table: a
+ * check that let a bad call through would crash here). */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "providers/internal.h"
+#include "testutil.h"
+
+static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(&specs[i], want, sizeof *want))
+            return 1;
+    return 0;
+}
+
+static void test_model_lists_prefill_and_decode(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_model_config_default(&c); /* Llama-3-8B: 32 heads, 8 kv heads, head_dim 128 */
+    kiln_spec *specs = NULL, want;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 0, &want));
+    assert_true(has_spec(specs, n, &want));
+    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 1, &want));
+    assert_true(has_spec(specs, n, &want));
+    kiln_free(specs);
+    /* A head layout the kernels do not serve adds nothing and fails nothing. */
+    c.head_dim = 96;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    for (size_t i = 0; i < n; i++)
+        assert_string_not_equal(specs[i].template_id, "paged_attention");
+    kiln_free(specs);
+}
+
+typedef struct fixture {
+    char dir[512];
+    kiln_cache *cache;
+    kiln_jit *jit;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+/* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
+ * (several row tiles per group); prefill and decode (rows 4, 8, 16). */
+static void test_every_path_compiles_for_sm90(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t heads, kv_heads; } layouts[] = {{8, 8}, {32, 8}, {28, 4}, {14, 2},
+                                                                 {16, 1}, {64, 2}, {4, 4}};
+    size_t total = 0;
+    for (int d = 64; d <= 128; d += 64)
+        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
+            for (int decode = 0; decode < 2; decode++) {
+                kiln_spec s;
+                char text[256];
+                KILN_CHECK(kiln_op_paged_attention_spec(d, layouts[i].heads, layouts[i].kv_heads, decode, &s));
+                KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+                int compiled = 0;
+                kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
+                if (st)
+                    fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
+                total++;
+            }
+    kiln_jit_counters k;
+    kiln_jit_get_counters(f->jit, &k);
+    assert_int_equal(k.compile_errors, 0);
+    assert_int_equal(k.compiles, total - 4); /* decode and prefill coincide where the group is 16 or more */
+}
+
+static void test_spec_and_page_arguments(void **state)
+{
+    (void)state;
+    uint32_t pt = 0;
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(128, 8, &pt));
+    assert_int_equal(pt, 16);
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(64, 2, &pt));
+    assert_int_equal(pt, 128);
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(128, 3, &pt));
+    assert_int_equal(pt, 42); /* rounded down */
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(128, 128, &pt));
+    assert_int_equal(pt, 1);
+    KILN_EXPECT(kiln_op_paged_attention_page_tokens(128, 129, &pt), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "at least one token", "129");
+    KILN_EXPECT(kiln_op_paged_attention_page_tokens(96, 8, &pt), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "head_dim 96", "64, 128");
+    KILN_EXPECT(kiln_op_paged_attention_page_tokens(64, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
+    kiln_spec s;
+    KILN_EXPECT(kiln_op_paged_attention_spec(128, 30, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "heads 30", "kv_heads 8");
+    KILN_EXPECT(kiln_op_paged_attention_spec(80, 32, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "head_dim 80", NULL);
+    char text[256];
+    KILN_CHECK(kiln_op_paged_attention_spec(128, 28, 4, 1, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "HEADS=28;HEAD_DIM=128;KV_HEADS=4;PAGE_TOKENS=32;ROWS=8");
+    KILN_CHECK(kiln_op_paged_attention_spec(64, 14, 2, 0, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "HEADS=14;HEAD_DIM=64;KV_HEADS=2;PAGE_TOKENS=128;ROWS=16");
+    size_t b = 1;
+    KILN_CHECK(kiln_op_paged_attention_workspace(100, 32, 128, &b));
+    assert_int_equal(b, 0);
+}
+
+/* ---- validation against fake buffers ---- */
+
+#define FAKE_PTR 0x7f4000000000ull
+
+static kiln_runtime *fake_runtime(void)
+{
+    kiln_runtime *rt = calloc(1, sizeof *rt);
+    assert_non_null(rt);
+    kiln__errslot_init(&rt->err);
+    return rt;
+}
+
+static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
+{
+    static uint64_t next = FAKE_PTR;
+    kiln_buffer *b = calloc(1, sizeof *b);
+    assert_non_null(b);
+    b->rt = rt;
+    atomic_init(&b->refs, 1);
+    b->size = size;
+    b->dtype = KILN_DTYPE_BYTES;
+    b->base = b->ptr = next;
+    next += (size + 0xffff) & ~(uint64_t)0xffff;
+    return b;
+}
+
+static kiln_tensor view3(kiln_buffer *b, size_t offset, kiln_dtype dt, int64_t d0, int64_t d1, int64_t d2)
+{
+    kiln_tensor t = {.buffer = b, .offset = offset, .dtype = dt, .rank = d2 ? 3 : d1 ? 2 : 1, .dims = {d0, d1, d2}};
+    return t;
+}
+
+typedef struct call {
+    kiln_tensor q, k, v, pos, table, lens, spans, out;
+    kiln_region pages;
+    kiln_paged_attention_desc d;
+} call;
+
+static void link_call(call *c)
+{
+    c->d.q = &c->q;
+    c->d.k = &c->k;
+    c->d.v = &c->v;
+    c->d.positions = &c->pos;
+    c->d.block_table = &c->table;
+    c->d.seq_lens = &c->lens;
+    c->d.query_spans = &c->spans;
+    c->d.out = &c->out;
+    c->d.kv_pages = &c->pages;
+}
+
+static void test_validation_names_binding_and_values(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
+    const size_t MB = 1 << 20;
+    kiln_buffer *buf = fake_buffer(rt, 64 * MB), *kv = fake_buffer(rt, 64 * MB), *foreign = fake_buffer(other, MB);
+    const int64_t T = 100, H = 32, KVH = 8, D = 128, S = 3, B = 40;
+    call c = {0};
+    c.q = view3(buf, 0, KILN_DTYPE_F16, T, H, D);
+    c.k = view3(buf, 4 * MB, KILN_DTYPE_F16, T, KVH, D);
+    c.v = view3(buf, 5 * MB, KILN_DTYPE_F16, T, KVH, D);
+    c.out = view3(buf, 8 * MB, KILN_DTYPE_F16, T, H, D);
+    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, T, 0, 0);
+    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
+    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
+    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
+    c.pages = (kiln_region){kv, 0, 64 * MB};
+    c.d.rope_theta = 500000.0f;
+    link_call(&c);
+    kiln__paged_attention_info in;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.pages, 1024);
+    assert_int_equal(in.page_tokens, 16);
+    assert_int_equal(in.max_query, 100);
+    assert_int_equal(in.decode, 0);
+    assert_int_equal(in.attention_tiles, (100 * 4 + 15) / 16);
+    assert_int_equal(in.append_tiles, 7);
+    c.d.max_query_tokens = 1;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.decode, 1);
+    assert_int_equal(in.attention_tiles, 1);
+    c.d.max_query_tokens = 101;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "max_query_tokens 101", "100 tokens");
+    c.d.max_query_tokens = 0;
+
+    call b = c;
+    link_call(&b);
+    b.k.dims[1] = 5;
+    b.v.dims[1] = 5;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding k has 5 kv heads", "does not divide the 32 heads");
+    b = c;
+    link_call(&b);
+    b.q.dims[2] = 96;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding q has head_dim 96", "64, 128");
+    b = c;
+    link_call(&b);
+    b.v.dims[0] = 99;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding v has dims [99, 8, 128]", "must be 100");
+    b = c;
+    link_call(&b);
+    b.lens.dims[0] = 4;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding seq_lens has dims [4]", "must be 3");
+    b = c;
+    link_call(&b);
+    b.spans.dims[1] = 3;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding query_spans has dims [3, 3]", "must be 2");
+    b = c;
+    link_call(&b);
+    b.pos.dtype = KILN_DTYPE_I32;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding positions must be u32", "got i32");
+    b = c;
+    link_call(&b);
+    b.pages.end = 64 * MB - 4096;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages has 67104768 bytes", "whole 65536-byte pages");
+    b = c;
+    link_call(&b);
+    b.pages = (kiln_region){kv, 8, 8 + 65536};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages starts at offset 8", "16-byte aligned");
+    b = c;
+    link_call(&b);
+    b.pages = (kiln_region){kv, 0, 65 * MB};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages [0, 68157440)", "past its buffer");
+    b = c;
+    link_call(&b);
+    b.pages = (kiln_region){foreign, 0, 65536};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages belongs to another runtime", NULL);
+    b = c;
+    link_call(&b);
+    b.d.kv_pages = NULL;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages has no buffer", NULL);
+    b = c;
+    link_call(&b);
+    b.pages = (kiln_region){buf, 4 * MB, 4 * MB + 65536}; /* over k */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding kv_pages overlaps binding k", NULL);
+    b = c;
+    link_call(&b);
+    b.out.offset = 12 * MB - 64;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out overlaps binding positions", NULL);
+    b = c;
+    link_call(&b);
+    b.d.rope_theta = NAN;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "rope_theta",
+                "nan");
+    b.d.rope_theta = 0.0f;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "rope_theta",
+                "got 0");
+    b = c;
+    link_call(&b);
+    b.table.dims[1] = 0x10000000; /* 2^28 blocks of 16 tokens: 2^32 tokens */
+    b.table.offset = 0;
+    b.table.buffer = fake_buffer(rt, (size_t)3 << 30);
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "268435456 blocks per sequence", "2^32 - 1 tokens");
+    kiln_buffer *big_table = b.table.buffer;
+    b = c;
+    link_call(&b);
+    b.d.q = NULL;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding q has no buffer", NULL);
+    b = c;
+    link_call(&b);
+    b.d.size = 4;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "desc size 4",
+                NULL);
+    KILN_EXPECT(kiln__paged_attention_check(rt, NULL, &in), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "desc", NULL);
+    /* head_dim 64 with 2 kv heads: 128 tokens a page. */
+    b = c;
+    link_call(&b);
+    b.q = view3(buf, 0, KILN_DTYPE_F16, T, 14, 64);
+    b.out = view3(buf, 8 * MB, KILN_DTYPE_F16, T, 14, 64);
+    b.k = view3(buf, 4 * MB, KILN_DTYPE_F16, T, 2, 64);
+    b.v = view3(buf, 5 * MB, KILN_DTYPE_F16, T, 2, 64);
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    assert_int_equal(in.page_tokens, 128);
+
+    kiln_buffer *bufs[5] = {buf, kv, foreign, big_table, NULL};
+    for (int i = 0; bufs[i]; i++)
+        free(bufs[i]);
+    kiln__errslot_destroy(&rt->err);
+    kiln__errslot_destroy(&other->err);
+    free(rt);
+    free(other);
+}
+
+static void test_offline_encode_needs_a_device(void **state)
+{
+    fixture *f = *state;
+    kiln_paged_attention_desc d = {0};
+    kiln_command *cmd = (kiln_command *)1;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_NO_DEVICE, kiln_errmsg(), "offline",
+                NULL);
+    assert_null(cmd);
+    KILN_EXPECT(kiln_op_paged_attention(f->jit, &d), KILN_ERR_NO_DEVICE, kiln_errmsg(), "paged_attention", NULL);
+    KILN_EXPECT(kiln_op_paged_attention_encode(NULL, &d, &cmd), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_lists_prefill_and_decode),
+        cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, setup, teardown),
+        cmocka_unit_test(test_spec_and_page_arguments),
+        cmocka_unit_test(test_validation_names_binding_and_values),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,686 @@
+/* Causal paged attention on the GPU: fresh random data each run, out
+ * poisoned first, every output element checked against a float64 host
+ * reference (relative error <= 2e-3 against max(|ref|, 2^-12)), and the
+ * whole KV page arena read back after every step: the new tokens' slots
+ * hold the rotated k (within one f16 rounding of the float64 rotation) and v
+ * (exact), every other byte is unchanged. Head dims 64 and 128, group sizes
+ * 1, 4 and 7; prefill of 1 to 4096 tokens, several sequences packed with
+ * cached prefixes (chunked prefill); decode at 1 to 64 sequences with
+ * contexts over many pages and lengths that are not multiples of a page;
+ * block tables scattered over the arena, unused entries garbage; one decode
+ * command replayed from a graph over several steps with its per-step values
+ * in a binding arena; bad device data reported through the fault record
+ * (the bad sequence skipped, the others right); contract errors at encode.
+ * KILN_ATTN_QUICK=1 runs a reduced set (for compute-sanitizer). */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "gpu_fixture.h"
+
+#define TOL 2e-3
+#define FLOOR (1.0 / 4096)
+#define PAGE_HALVES (KILN_PAGED_KV_PAGE_BYTES / 2)
+#define GARBAGE 0xdeadbeefu
+
+static int quick(void)
+{
+    const char *e = getenv("KILN_ATTN_QUICK");
+    return e && *e && *e != '0';
+}
+
+/* ---- f16 on the host ---- */
+
+static double h2f(uint16_t h)
+{
+    uint32_t e = (h >> 10) & 31, m = h & 1023;
+    double v = e ? ldexp((double)(m | 1024), (int)e - 25) : ldexp((double)m, -24);
+    if (e == 31)
+        v = m ? NAN : INFINITY;
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Random finite f16 with |x| in [2^-6, 1): fast enough for arenas of pages. */
+static inline uint16_t rand_h(kiln_rng *r)
+{
+    uint64_t u = kiln_rng_next(r);
+    return (uint16_t)(((u >> 20) & 0x8000) | ((9 + (u >> 40) % 6) << 10) | (u & 1023));
+}
+
+static void fill_h(kiln_rng *r, uint16_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = rand_h(r);
+}
+
+static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
+{
+    kiln_buffer *b;
+    KILN_CHECK(kiln_buffer_create(rt, bytes ? bytes : 4, 256, &b));
+    return b;
+}
+
+/* ---- a KV cache session ---- */
+
+typedef struct layout {
+    int64_t D, H, KVH;
+} layout;
+
+typedef struct sess {
+    gpu_fixture *f;
+    layout L;
+    int64_t G;
+    uint32_t pt, S, MB, n_pages;
+    float theta, inv[64];
+    uint16_t *img;     /* the arena as it must be: n_pages * PAGE_HALVES */
+    uint16_t *back;    /* read back */
+    uint32_t *table;   /* S * MB */
+    uint32_t *len;     /* cached length of each sequence */
+    kiln_buffer *pages;
+} sess;
+
+/* Sequence s may grow to cap[s] tokens; it starts with ctx[s] cached (random) tokens. */
+static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint32_t *ctx, const uint32_t *cap,
+                      float theta)
+{
+    memset(s, 0, sizeof *s);
+    s->f = f;
+    s->L = L;
+    s->G = L.H / L.KVH;
+    s->S = S;
+    s->theta = theta;
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(L.D, L.KVH, &s->pt));
+    uint32_t total = 0, mb = 0;
+    for (uint32_t i = 0; i < S; i++) {
+        uint32_t b = (cap[i] + s->pt - 1) / s->pt;
+        total += b;
+        mb = b > mb ? b : mb;
+    }
+    s->MB = mb + 1 + kiln_rng_below(&f->rng, 3); /* unused entries: garbage */
+    s->n_pages = total + 3;
+    s->table = malloc((size_t)S * s->MB * 4);
+    s->len = malloc((size_t)S * 4);
+    uint32_t *perm = malloc((size_t)s->n_pages * 4);
+    s->img = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
+    s->back = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
+    assert_true(s->table && s->len && perm && s->img && s->back);
+    for (uint32_t i = 0; i < s->n_pages; i++)
+        perm[i] = i;
+    for (uint32_t i = s->n_pages - 1; i > 0; i--) {
+        uint32_t j = kiln_rng_below(&f->rng, i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    uint32_t next = 0;
+    for (uint32_t i = 0; i < S; i++) {
+        uint32_t b = (cap[i] + s->pt - 1) / s->pt;
+        for (uint32_t k = 0; k < s->MB; k++)
+            s->table[(size_t)i * s->MB + k] = k < b ? perm[next++] : GARBAGE;
+        s->len[i] = ctx[i];
+    }
+    free(perm);
+    /* Cached tokens and unused slots alike: random finite values. */
+    fill_h(&f->rng, s->img, (size_t)s->n_pages * PAGE_HALVES);
+    s->pages = buffer(f->rt, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
+    KILN_CHECK(kiln_buffer_upload(s->pages, 0, s->img, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES));
+    for (int64_t i = 0; i < L.D / 2; i++)
+        s->inv[i] = (float)pow((double)theta, -2.0 * (double)i / (double)L.D);
+}
+
+static void sess_free(sess *s)
+{
+    kiln_buffer_destroy(s->pages);
+    free(s->img);
+    free(s->back);
+    free(s->table);
+    free(s->len);
+}
+
+/* The half at (page, K or V, kv head, slot, d). */
+static size_t at(const sess *s, uint32_t page, int is_v, int64_t h, uint32_t slot, int64_t d)
+{
+    return (size_t)page * PAGE_HALVES + (is_v ? PAGE_HALVES / 2 : 0) + ((size_t)h * s->pt + slot) * s->L.D + d;
+}
+
+static void rope_ref(const sess *s, double x0, double x1, uint32_t pos, int64_t i, double *y0, double *y1)
+{
+    volatile float a = (float)pos * s->inv[i]; /* the kernel's f32 angle */
+    double c = cos((double)a), sn = sin((double)a);
+    *y0 = x0 * c - x1 * sn;
+    *y1 = x1 * c + x0 * sn;
+}
+
+/* ---- one step: new tokens for each sequence ---- */
+
+typedef enum { BAD_NONE, BAD_TABLE, BAD_LEN, BAD_SPAN, BAD_COUNT, BAD_OVER_MAX } bad_kind;
+
+/* What a step hands to whoever runs it: host inputs and the out buffer to fill. */
+typedef struct step_io {
+    uint32_t T, S, MB;
+    const uint32_t *pos, *table, *lens, *spans;
+    const uint16_t *q, *k, *v;
+    kiln_buffer *out;
+} step_io;
+
+typedef struct step {
+    const uint32_t *count; /* new tokens per sequence */
+    uint32_t max_query;    /* 0: T */
+    bad_kind bad;          /* applied to sequence 1 */
+    kiln_status (*runner)(void *user, const step_io *io); /* NULL: encode and run eagerly here */
+    void *user;
+} step;
+
+typedef struct ref_ctx {
+    const sess *s;
+    const uint16_t *q, *out;
+    const uint32_t *pos, *spans, *lens;
+    const uint8_t *skip;
+    _Atomic uint32_t next;
+    pthread_mutex_t lock;
+    double worst;
+    size_t wrong, checked;
+} ref_ctx;
+
+/* Token rows of sequences, one at a time: every head of the row vs float64. */
+static void *ref_worker(void *arg)
+{
+    ref_ctx *r = arg;
+    const sess *s = r->s;
+    const int64_t D = s->L.D, H = s->L.H, G = s->G;
+    double *p = NULL, q[128];
+    size_t pcap = 0, wrong = 0, checked = 0;
+    double worst = 0;
+    for (;;) {
+        uint32_t item = atomic_fetch_add(&r->next, 1);
+        /* Find (sequence, j). */
+        uint32_t seq = 0, j = item;
+        while (seq < s->S && (r->skip[seq] || j >= r->spans[2 * seq + 1])) {
+            if (!r->skip[seq])
+                j -= r->spans[2 * seq + 1];
+            seq++;
+        }
+        if (seq == s->S)
+            break;
+        const uint32_t start = r->spans[2 * seq], count = r->spans[2 * seq + 1], L = r->lens[seq];
+        const uint32_t t = start + j, c = L - count + j;
+        if (pcap < (size_t)c + 1) {
+            pcap = (size_t)c + 1;
+            p = realloc(p, pcap * sizeof *p);
+            assert_non_null(p);
+        }
+        const uint32_t *trow = s->table + (size_t)seq * s->MB;
+        for (int64_t hq = 0; hq < H; hq++) {
+            const int64_t kh = hq / G;
+            const uint16_t *src = r->q + ((size_t)t * H + hq) * D;
+            for (int64_t i = 0; i < D / 2; i++)
+                rope_ref(s, h2f(src[i]), h2f(src[i + D / 2]), r->pos[t], i, &q[i], &q[i + D / 2]);
+            double m = -INFINITY, sum = 0;
+            for (uint32_t k = 0; k <= c; k++) {
+                const uint16_t *kr = s->img + at(s, trow[k / s->pt], 0, kh, k % s->pt, 0);
+                double dot = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += q[d] * h2f(kr[d]);
+                p[k] = dot / sqrt((double)D);
+                m = p[k] > m ? p[k] : m;
+            }
+            for (uint32_t k = 0; k <= c; k++)
+                sum += (p[k] = exp(p[k] - m));
+            double o[128] = {0};
+            for (uint32_t k = 0; k <= c; k++) {
+                const uint16_t *vr = s->img + at(s, trow[k / s->pt], 1, kh, k % s->pt, 0);
+                for (int64_t d = 0; d < D; d++)
+                    o[d] += p[k] * h2f(vr[d]);
+            }
+            const uint16_t *got = r->out + ((size_t)t * H + hq) * D;
+            for (int64_t d = 0; d < D; d++) {
+                const double ref = o[d] / sum, g = h2f(got[d]);
+                const double e = isfinite(g) ? fabs(g - ref) / fmax(fabs(ref), FLOOR) : INFINITY;
+                worst = e > worst ? e : worst;
+                checked++;
+                if (e > TOL && wrong++ < 5)
+                    fprintf(stderr, "seq %u token %u (cache %u of %u) head %lld d %lld: got %.6g, want %.6g\n", seq,
+                            t, c, L, (long long)hq, (long long)d, g, ref);
+            }
+        }
+    }
+    free(p);
+    pthread_mutex_lock(&r->lock);
+    r->wrong += wrong;
+    r->checked += checked;
+    r->worst = worst > r->worst ? worst : r->worst;
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+/* Runs one step and checks it all; returns the status synchronize gave. */
+static kiln_status run_step(sess *s, const step *st, const char *label)
+{
+    gpu_fixture *f = s->f;
+    const int64_t D = s->L.D, H = s->L.H, KVH = s->L.KVH;
+    const uint32_t S = s->S;
+    uint32_t T = 0;
+    for (uint32_t i = 0; i < S; i++)
+        T += st->count[i];
+    const uint32_t Tb = T ? T : 1;
+    uint32_t *spans = malloc((size_t)S * 8), *lens = malloc((size_t)S * 4), *pos = malloc((size_t)Tb * 4),
+             *table = malloc((size_t)S * s->MB * 4);
+    uint16_t *q = malloc((size_t)Tb * H * D * 2), *k = malloc((size_t)Tb * KVH * D * 2),
+             *v = malloc((size_t)Tb * KVH * D * 2), *out = malloc((size_t)Tb * H * D * 2);
+    uint8_t *skip = calloc(S, 1);
+    assert_true(spans && lens && pos && table && q && k && v && out && skip);
+    memcpy(table, s->table, (size_t)S * s->MB * 4);
+    /* Sequences packed in a shuffled order: spans need not follow sequence order. */
+    uint32_t *order = malloc((size_t)S * 4);
+    for (uint32_t i = 0; i < S; i++)
+        order[i] = i;
+    for (uint32_t i = S - 1; i > 0; i--) {
+        uint32_t j = kiln_rng_below(&f->rng, i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    uint32_t at_tok = 0;
+    for (uint32_t n = 0; n < S; n++) {
+        uint32_t i = order[n];
+        spans[2 * i] = at_tok;
+        spans[2 * i + 1] = st->count[i];
+        lens[i] = s->len[i] + st->count[i];
+        const uint32_t shift = i % 3 == 2 ? 1000 : 0; /* positions need not equal cache indices */
+        for (uint32_t j = 0; j < st->count[i]; j++)
+            pos[at_tok + j] = s->len[i] + j + shift;
+        at_tok += st->count[i];
+    }
+    free(order);
+    fill_h(&f->rng, q, (size_t)T * H * D);
+    fill_h(&f->rng, k, (size_t)T * KVH * D);
+    fill_h(&f->rng, v, (size_t)T * KVH * D);
+    if (S > 1 && st->bad != BAD_NONE) {
+        skip[1] = 1;
+        switch (st->bad) {
+        case BAD_TABLE: table[(size_t)1 * s->MB + (lens[1] - 1) / s->pt] = s->n_pages + 5; break;
+        case BAD_LEN: lens[1] = s->MB * s->pt + 1; break;
+        case BAD_SPAN: spans[2] = T - st->count[1] + 1; break;
+        case BAD_COUNT: lens[1] = st->count[1] - 1; break;
+        default: break;
+        }
+    }
+
+    kiln_buffer *bq = buffer(f->rt, (size_t)Tb * H * D * 2), *bk = buffer(f->rt, (size_t)Tb * KVH * D * 2),
+                *bv = buffer(f->rt, (size_t)Tb * KVH * D * 2), *bo = buffer(f->rt, (size_t)Tb * H * D * 2);
+    KILN_CHECK(kiln_buffer_upload(bq, 0, q, (size_t)Tb * H * D * 2));
+    KILN_CHECK(kiln_buffer_upload(bk, 0, k, (size_t)Tb * KVH * D * 2));
+    KILN_CHECK(kiln_buffer_upload(bv, 0, v, (size_t)Tb * KVH * D * 2));
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, (size_t)Tb * H * D * 2)); /* NaN */
+    kiln_status result;
+    if (st->runner) {
+        step_io io = {T, S, s->MB, pos, table, lens, spans, q, k, v, bo};
+        result = st->runner(st->user, &io);
+    } else {
+        kiln_buffer *bp = buffer(f->rt, (size_t)Tb * 4), *bt = buffer(f->rt, (size_t)S * s->MB * 4),
+                    *bl = buffer(f->rt, (size_t)S * 4), *bs = buffer(f->rt, (size_t)S * 8);
+        KILN_CHECK(kiln_buffer_upload(bp, 0, pos, (size_t)Tb * 4));
+        KILN_CHECK(kiln_buffer_upload(bt, 0, table, (size_t)S * s->MB * 4));
+        KILN_CHECK(kiln_buffer_upload(bl, 0, lens, (size_t)S * 4));
+        KILN_CHECK(kiln_buffer_upload(bs, 0, spans, (size_t)S * 8));
+        kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
+                    tk = {.buffer = bk, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
+                    tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
+                    to = {.buffer = bo, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
+                    tp = {.buffer = bp, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
+                    tt = {.buffer = bt, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, s->MB}},
+                    tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
+                    ts = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}};
+        kiln_region pr = {s->pages, 0, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES};
+        kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, s->theta,
+                                       st->max_query};
+        kiln_command *cmd;
+        KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
+        assert_true(kiln_command_replayable(cmd));
+        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, NULL, NULL));
+        result = kiln_stream_synchronize(f->s);
+        kiln_command_release(cmd);
+        kiln_buffer_destroy(bp);
+        kiln_buffer_destroy(bt);
+        kiln_buffer_destroy(bl);
+        kiln_buffer_destroy(bs);
+    }
+    KILN_CHECK(kiln_buffer_readback(bo, 0, out, (size_t)Tb * H * D * 2));
+    KILN_CHECK(kiln_buffer_readback(s->pages, 0, s->back, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES));
+
+    /* The cache: new slots hold rotated k and v; then adopt them and compare everything. */
+    size_t cache_wrong = 0;
+    for (uint32_t i = 0; i < S; i++) {
+        if (skip[i])
+            continue;
+        for (uint32_t j = 0; j < st->count[i]; j++) {
+            const uint32_t t = spans[2 * i] + j, c = s->len[i] + j, page = s->table[(size_t)i * s->MB + c / s->pt];
+            for (int64_t h = 0; h < KVH; h++) {
+                const uint16_t *src = k + ((size_t)t * KVH + h) * D, *vs = v + ((size_t)t * KVH + h) * D;
+                for (int64_t e = 0; e < D / 2; e++) {
+                    double y0, y1;
+                    rope_ref(s, h2f(src[e]), h2f(src[e + D / 2]), pos[t], e, &y0, &y1);
+                    const size_t a0 = at(s, page, 0, h, c % s->pt, e), a1 = a0 + (size_t)D / 2;
+                    const double g0 = h2f(s->back[a0]), g1 = h2f(s->back[a1]);
+                    if ((fabs(g0 - y0) > ldexp(fabs(y0), -10) + ldexp(1, -24) ||
+                         fabs(g1 - y1) > ldexp(fabs(y1), -10) + ldexp(1, -24)) &&
+                        cache_wrong++ < 5)
+                        fprintf(stderr, "%s: seq %u cache %u kv head %lld k[%lld]: got %.6g %.6g, want %.6g %.6g\n",
+                                label, i, c, (long long)h, (long long)e, g0, g1, y0, y1);
+                    s->img[a0] = s->back[a0];
+                    s->img[a1] = s->back[a1];
+                }
+                for (int64_t e = 0; e < D; e++) {
+                    const size_t a = at(s, page, 1, h, c % s->pt, e);
+                    if (s->back[a] != vs[e] && cache_wrong++ < 5)
+                        fprintf(stderr, "%s: seq %u cache %u v[%lld] = 0x%04x, want 0x%04x\n", label, i, c,
+                                (long long)e, s->back[a], vs[e]);
+                    s->img[a] = vs[e];
+                }
+            }
+        }
+    }
+    if (cache_wrong)
+        fail_msg("%s: %zu cache values wrong", label, cache_wrong);
+    if (memcmp(s->img, s->back, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES))
+        fail_msg("%s: bytes of the page arena changed that no new token owns", label);
+
+    /* Outputs: skipped sequences keep the poison; the rest against float64. */
+    for (uint32_t i = 0; i < S; i++)
+        if (skip[i] && st->bad != BAD_SPAN)
+            for (size_t e = 0; e < (size_t)st->count[i] * H * D; e++)
+                if (out[(size_t)spans[2 * i] * H * D + e] != 0xffff)
+                    fail_msg("%s: skipped sequence %u's out was written", label, i);
+    ref_ctx r = {.s = s, .q = q, .out = out, .pos = pos, .spans = spans, .lens = lens, .skip = skip};
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_t th[16];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, ref_worker, &r);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&r.lock);
+    fprintf(stderr, "%s: D %lld H %lld KVH %lld S %u T %u max_query %u: %zu outputs, max rel err %.3g\n", label,
+            (long long)D, (long long)H, (long long)KVH, S, T, st->max_query, r.checked, r.worst);
+    if (r.wrong)
+        fail_msg("%s: %zu of %zu outputs wrong", label, r.wrong, r.checked);
+    for (uint32_t i = 0; i < S; i++)
+        if (!skip[i])
+            s->len[i] += st->count[i];
+    kiln_buffer_destroy(bq);
+    kiln_buffer_destroy(bk);
+    kiln_buffer_destroy(bv);
+    kiln_buffer_destroy(bo);
+    free(spans);
+    free(lens);
+    free(pos);
+    free(table);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(skip);
+    return result;
+}
+
+static const layout layouts[] = {
+    {128, 8, 8},  /* group 1 */
+    {128, 32, 8}, /* group 4: Llama-3-8B */
+    {128, 28, 4}, /* group 7: Qwen2.5-7B */
+    {64, 4, 4},   /* group 1 */
+    {64, 16, 4},  /* group 4 */
+    {64, 14, 2},  /* group 7: Qwen2.5-0.5B */
+};
+#define N_LAYOUTS (sizeof layouts / sizeof layouts[0])
+
+/* One sequence, no cached prefix: prefill of n tokens. */
+static void prefill_one(gpu_fixture *f, layout L, uint32_t n, float theta)
+{
+    sess s;
+    uint32_t ctx = 0, cap = n;
+    sess_init(&s, f, L, 1, &ctx, &cap, theta);
+    step st = {.count = &n};
+    char label[64];
+    snprintf(label, sizeof label, "prefill %u", n);
+    KILN_CHECK(run_step(&s, &st, label));
+    sess_free(&s);
+}
+
+static void test_prefill_single_sequence(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t lens[] = {1, 2, 37, 300, 1000};
+    for (size_t l = 0; l < N_LAYOUTS; l++)
+        for (size_t i = 0; i < (quick() ? 3 : 5); i++)
+            prefill_one(f, layouts[l], lens[i], l % 2 ? 1e6f : 10000.0f);
+    if (!quick()) {
+        prefill_one(f, layouts[2], 4096, 1e6f); /* group 7, head_dim 128 */
+        prefill_one(f, layouts[5], 4096, 1e6f); /* group 7, head_dim 64 */
+        prefill_one(f, layouts[0], 4096, 500000.0f);
+    }
+}
+
+/* Several sequences packed, each with a cached prefix (chunked prefill). */
+static void test_prefill_packed_with_prefixes(void **state)
+{
+    gpu_fixture *f = *state;
+    for (size_t l = 0; l < N_LAYOUTS; l++) {
+        enum { S = 5 };
+        uint32_t ctx[S], cap[S], count[S];
+        for (uint32_t i = 0; i < S; i++) {
+            ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
+            count[i] = i == 3 ? 0 : 1 + kiln_rng_below(&f->rng, quick() ? 60 : 400); /* one idle sequence */
+            cap[i] = ctx[i] + count[i];
+        }
+        sess s;
+        sess_init(&s, f, layouts[l], S, ctx, cap, 1e6f);
+        step st = {.count = count};
+        KILN_CHECK(run_step(&s, &st, "packed prefill"));
+        sess_free(&s);
+    }
+}
+
+/* Decode: one token per sequence, contexts over many pages. */
+static void test_decode(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t seqs[] = {1, 7, 64};
+    for (size_t l = 0; l < N_LAYOUTS; l++)
+        for (size_t n = 0; n < 3; n++) {
+            const uint32_t S = seqs[n];
+            uint32_t *ctx = malloc(S * 4), *cap = malloc(S * 4), *count = malloc(S * 4);
+            for (uint32_t i = 0; i < S; i++) {
+                ctx[i] = (i == 0 ? 0 : 1) + kiln_rng_below(&f->rng, quick() ? 300 : (S == 64 ? 1200 : 3000));
+                cap[i] = ctx[i] + 2;
+                count[i] = 1;
+            }
+            sess s;
+            sess_init(&s, f, layouts[l], S, ctx, cap, 500000.0f);
+            step st = {.count = count, .max_query = 1};
+            KILN_CHECK(run_step(&s, &st, "decode"));
+            KILN_CHECK(run_step(&s, &st, "decode 2")); /* the next token too */
+            sess_free(&s);
+            free(ctx);
+            free(cap);
+            free(count);
+        }
+}
+
+/* Bad device data: the lowest bad sequence named, the others computed. */
+static void test_bad_device_data_is_reported(void **state)
+{
+    gpu_fixture *f = *state;
+    static const struct {
+        bad_kind bad;
+        uint32_t max_query;
+        const char *n1, *n2;
+    } cases[] = {
+        {BAD_TABLE, 0, "sequence 1's block table entry", "pages of kv_pages"},
+        {BAD_LEN, 0, "sequence 1 has seq_len", "longer than its block table holds"},
+        {BAD_SPAN, 0, "sequence 1's query span ends at token", "past the"},
+        {BAD_COUNT, 0, "sequence 1 has", "more than its limit"},
+        {BAD_OVER_MAX, 1, "sequence 1 has 3 new tokens", "limit 1"}, /* a decode command given 3 tokens */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        enum { S = 4 };
+        uint32_t ctx[S] = {5, 100, 40, 77}, cap[S], count[S] = {3, 3, 3, 3};
+        if (cases[i].max_query == 1)
+            count[0] = count[2] = count[3] = 1;
+        for (uint32_t k = 0; k < S; k++)
+            cap[k] = ctx[k] + 2 * count[k]; /* room for the clean step after */
+        sess s;
+        sess_init(&s, f, layouts[1], S, ctx, cap, 10000.0f);
+        step st = {.count = count, .max_query = cases[i].max_query, .bad = cases[i].bad};
+        kiln_status got = run_step(&s, &st, "bad data");
+        kiln_test_expect(got, KILN_ERR_DEVICE_CONTRACT, kiln_errmsg(), cases[i].n1, cases[i].n2);
+        fprintf(stderr, "reported: %s\n", kiln_errmsg());
+        /* The stream goes on: a clean step afterwards. */
+        step ok = {.count = count};
+        KILN_CHECK(run_step(&s, &ok, "after bad data"));
+        sess_free(&s);
+    }
+}
+
+/* One decode command, encoded once on a binding arena, replayed from a graph
+ * over several steps: positions, lengths, spans and block tables change
+ * every step without a new command. */
+typedef struct replay {
+    gpu_fixture *f;
+    kiln_binding_arena *arena;
+    kiln_buffer *q, *k, *v, *out;
+    kiln_command *cmd;
+    size_t q_bytes, kv_bytes;
+    int steps;
+} replay;
+
+static kiln_status replay_runner(void *user, const step_io *io)
+{
+    replay *r = user;
+    KILN_CHECK(kiln_buffer_upload(r->q, 0, io->q, r->q_bytes));
+    KILN_CHECK(kiln_buffer_upload(r->k, 0, io->k, r->kv_bytes));
+    KILN_CHECK(kiln_buffer_upload(r->v, 0, io->v, r->kv_bytes));
+    KILN_CHECK(kiln_buffer_fill(r->out, 0, 0xff, r->q_bytes));
+    KILN_CHECK(kiln_runtime_synchronize(r->f->rt));
+    kiln_binding_patch p[4] = {{0, 0, io->pos, (size_t)io->T * 4},
+                               {1, 0, io->table, (size_t)io->S * io->MB * 4},
+                               {2, 0, io->lens, (size_t)io->S * 4},
+                               {3, 0, io->spans, (size_t)io->S * 8}};
+    kiln_submit_options so = {.path = KILN_PATH_REPLAYED_ONLY, .phase = "decode", .arena = r->arena,
+                              .patches = p, .n_patches = 4};
+    kiln_fence *fence;
+    KILN_CHECK(kiln_stream_submit(r->f->s, &r->cmd, 1, &so, &fence));
+    kiln_status st = kiln_fence_wait(fence);
+    kiln_attribution a;
+    KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
+    assert_int_equal(a.path, KILN_EXEC_REPLAYED);
+    assert_string_equal(a.op_id, "paged_attention");
+    assert_int_equal(a.dispatches, 2);
+    kiln_fence_release(fence);
+    KILN_CHECK(kiln_stream_synchronize(r->f->s));
+    void *tmp = malloc(r->q_bytes);
+    assert_non_null(tmp);
+    KILN_CHECK(kiln_buffer_readback(r->out, 0, tmp, r->q_bytes));
+    KILN_CHECK(kiln_buffer_upload(io->out, 0, tmp, r->q_bytes));
+    free(tmp);
+    r->steps++;
+    return st;
+}
+
+static void test_decode_replayed_over_steps(void **state)
+{
+    gpu_fixture *f = *state;
+    for (size_t l = 1; l < N_LAYOUTS; l += 4) {
+        const layout L = layouts[l];
+        enum { S = 9, STEPS = 4 };
+        uint32_t ctx[S], cap[S], count[S];
+        for (uint32_t i = 0; i < S; i++) {
+            ctx[i] = 1 + kiln_rng_below(&f->rng, 700);
+            cap[i] = ctx[i] + STEPS;
+            count[i] = 1;
+        }
+        sess s;
+        sess_init(&s, f, L, S, ctx, cap, 1e6f);
+        replay r = {.f = f, .q_bytes = (size_t)S * L.H * L.D * 2, .kv_bytes = (size_t)S * L.KVH * L.D * 2};
+        const size_t tb = (size_t)S * s.MB * 4;
+        kiln_binding_slot slots[4] = {{0, 256}, {256, (tb + 255) / 256 * 256}, {0, 256}, {0, 256}};
+        slots[2].offset = slots[1].offset + slots[1].bytes;
+        slots[3].offset = slots[2].offset + 256;
+        KILN_CHECK(kiln_binding_arena_create(f->rt, slots, 4, slots[3].offset + 256, &r.arena));
+        kiln_buffer *ab = kiln_binding_arena_buffer(r.arena);
+        r.q = buffer(f->rt, r.q_bytes);
+        r.out = buffer(f->rt, r.q_bytes);
+        r.k = buffer(f->rt, r.kv_bytes);
+        r.v = buffer(f->rt, r.kv_bytes);
+        kiln_tensor tq = {.buffer = r.q, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.H, L.D}},
+                    to = {.buffer = r.out, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.H, L.D}},
+                    tk = {.buffer = r.k, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.KVH, L.D}},
+                    tv = {.buffer = r.v, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.KVH, L.D}},
+                    tp = {.buffer = ab, .offset = slots[0].offset, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
+                    tt = {.buffer = ab, .offset = slots[1].offset, .dtype = KILN_DTYPE_U32, .rank = 2,
+                          .dims = {S, s.MB}},
+                    tl = {.buffer = ab, .offset = slots[2].offset, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
+                    ts = {.buffer = ab, .offset = slots[3].offset, .dtype = KILN_DTYPE_U32, .rank = 2,
+                          .dims = {S, 2}};
+        kiln_region pr = {s.pages, 0, (size_t)s.n_pages * KILN_PAGED_KV_PAGE_BYTES};
+        kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, s.theta, 1};
+        KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &r.cmd));
+        for (int k = 0; k < STEPS; k++) {
+            step st = {.count = count, .max_query = 1, .runner = replay_runner, .user = &r};
+            KILN_CHECK(run_step(&s, &st, "decode replayed"));
+        }
+        assert_int_equal(r.steps, STEPS);
+        assert_int_equal(kiln_binding_arena_uploads(r.arena), STEPS);
+        kiln_command_release(r.cmd);
+        kiln_buffer_destroy(r.q);
+        kiln_buffer_destroy(r.k);
+        kiln_buffer_destroy(r.v);
+        kiln_buffer_destroy(r.out);
+        kiln_binding_arena_destroy(r.arena);
+        sess_free(&s);
+    }
+}
+
+/* Refused at encode, before anything runs. */
+static void test_contract_errors_at_encode(void **state)
+{
+    gpu_fixture *f = *state;
+    kiln_buffer *b = buffer(f->rt, 8 << 20), *kv = buffer(f->rt, 4 * KILN_PAGED_KV_PAGE_BYTES);
+    kiln_tensor tq = {.buffer = b, .offset = 0, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {4, 28, 128}},
+                tk = {.buffer = b, .offset = 1 << 20, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {4, 3, 128}},
+                tv = tk, to = tq,
+                tp = {.buffer = b, .offset = 4 << 20, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {4}},
+                tt = {.buffer = b, .offset = 5 << 20, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {2, 8}},
+                tl = {.buffer = b, .offset = 6 << 20, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {2}},
+                ts = {.buffer = b, .offset = 7 << 20, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {2, 2}};
+    tv.offset = 2 << 20;
+    to.offset = 3 << 20;
+    kiln_region pr = {kv, 0, 4 * KILN_PAGED_KV_PAGE_BYTES};
+    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0};
+    kiln_command *cmd = NULL;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(f->rt), "3 kv heads", "does not divide the 28 heads");
+    assert_null(cmd);
+    tk.dims[1] = tv.dims[1] = 4;
+    KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
+    kiln_command_release(cmd);
+    pr.end = 4 * KILN_PAGED_KV_PAGE_BYTES - 256;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "whole 65536-byte pages", NULL);
+    KILN_CHECK(kiln_stream_synchronize(f->s));
+    kiln_buffer_destroy(b);
+    kiln_buffer_destroy(kv);
+}
+
+int main(void)
+{
+    kiln_test_require_gpu();
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_prefill_single_sequence),
+        T(test_prefill_packed_with_prefixes),
+        T(test_decode),
+        T(test_decode_replayed_over_steps),
+        T(test_bad_device_data_is_reported),
+        T(test_contract_errors_at_encode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

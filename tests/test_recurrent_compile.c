@@ -1,0 +1,345 @@
+/* Gated delta recurrent attention without a GPU: the specializations a
+ * Qwen3-Next config lists (and none for a model without linear attention),
+ * every code path of the template compiled offline by NVRTC for sm_90, the
+ * spec and size arguments, and the validation of bindings against fake
+ * buffers (a fake runtime has no driver table: a check that let a bad call
+ * through to the driver would crash here). */
+#include <stdatomic.h>
+
+#include "providers/internal.h"
+#include "testutil.h"
+
+static void qwen3_next(kiln_model_config *c)
+{
+    kiln_model_config_default(c);
+    c->vocab_size = 151936;
+    c->hidden_size = 2048;
+    c->linear_num_key_heads = 16;
+    c->linear_num_value_heads = 32;
+    c->linear_key_head_dim = 128;
+    c->linear_value_head_dim = 128;
+}
+
+static size_t count_template(const kiln_spec *specs, size_t n, const char *id, kiln_spec *found)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(specs[i].template_id, id)) {
+            if (found)
+                *found = specs[i];
+            k++;
+        }
+    return k;
+}
+
+static void test_model_lists_the_spec_only_with_linear_attention(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_spec *specs = NULL, got, want;
+    size_t n = 0;
+    kiln_model_config_default(&c);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta", NULL), 0);
+    kiln_free(specs);
+    qwen3_next(&c);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
+    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &want));
+    assert_memory_equal(&got, &want, sizeof want);
+    kiln_free(specs);
+    /* An odd key dim takes the scalar path. */
+    c.linear_key_head_dim = 63;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
+    KILN_CHECK(kiln_op_gated_delta_spec(63, 128, 16, 32, 1, &want));
+    assert_memory_equal(&got, &want, sizeof want);
+    kiln_free(specs);
+}
+
+/* ---- offline compiles ---- */
+
+typedef struct fixture {
+    char dir[512];
+    kiln_cache *cache;
+    kiln_jit *jit;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    char path[600];
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    KILN_CHECK(kiln_cache_open(&co, &f->cache));
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
+    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_destroy(f->jit);
+    kiln_cache_close(f->cache);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+/* Qwen3-Next, the small odd shape of the GPU tests, scalar paths, partial
+ * vectors per lane, the extremes of one lane per row and 32 lanes per row. */
+static void test_every_code_path_compiles(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t dk, dv, kh, vh; int vec; } cases[] = {
+        {128, 128, 16, 32, 4}, {64, 96, 3, 6, 4}, {64, 96, 3, 6, 1}, {63, 17, 1, 1, 1}, {200, 40, 2, 2, 4},
+        {1, 1, 1, 1, 1},       {4, 5, 1, 7, 4},   {1024, 1024, 1, 1024, 4}, {1023, 3, 4, 8, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_spec s;
+        char text[256];
+        int compiled = 0;
+        KILN_CHECK(kiln_op_gated_delta_spec(cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh, cases[i].vec, &s));
+        KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+        kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
+        if (st)
+            fail_msg("gated_delta %s: %s: %s", text, kiln_status_code(st), kiln_errmsg());
+        assert_int_equal(compiled, 1);
+    }
+    kiln_jit_counters k;
+    kiln_jit_get_counters(f->jit, &k);
+    assert_int_equal(k.compile_errors, 0);
+}
+
+static void test_spec_and_size_arguments(void **state)
+{
+    (void)state;
+    kiln_spec s;
+    char text[256];
+    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "DK=128;DV=128;G=16;KH=16;THREADS=128;VEC=4;VH=32");
+    KILN_CHECK(kiln_op_gated_delta_spec(64, 96, 3, 6, 4, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "DK=64;DV=96;G=8;KH=3;THREADS=128;VEC=4;VH=6");
+    KILN_CHECK(kiln_op_gated_delta_spec(4, 3, 1, 1, 4, &s)); /* a block no larger than the head */
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "DK=4;DV=3;G=1;KH=1;THREADS=32;VEC=4;VH=1");
+    KILN_EXPECT(kiln_op_gated_delta_spec(0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 0",
+                NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dv 1025", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "key heads 3", "value heads 32");
+    KILN_EXPECT(kiln_op_gated_delta_spec(63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "vector width 4", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "vector width 2", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
+    size_t b = 1;
+    KILN_CHECK(kiln_op_gated_delta_state_bytes(8, 32, 128, 128, &b));
+    assert_int_equal(b, (size_t)8 * 32 * 128 * 128 * 4);
+    KILN_EXPECT(kiln_op_gated_delta_state_bytes(0, 32, 128, 128, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "0 sequences", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_state_bytes(INT64_MAX, 32, 128, 128, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "out of range", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_state_bytes(1, 1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
+    b = 1;
+    KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, &b));
+    assert_int_equal(b, 0);
+}
+
+static void test_offline_encode_needs_a_device(void **state)
+{
+    fixture *f = *state;
+    kiln_gated_delta_bindings b = {0};
+    kiln_command *cmd = (kiln_command *)1;
+    KILN_EXPECT(kiln_op_gated_delta_encode(f->jit, &b, &cmd), KILN_ERR_NO_DEVICE, kiln_errmsg(), "gated_delta",
+                "offline");
+    assert_null(cmd);
+    KILN_EXPECT(kiln_op_gated_delta(f->jit, &b), KILN_ERR_NO_DEVICE, kiln_errmsg(), "gated_delta", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_encode(NULL, &b, &cmd), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+}
+
+/* ---- validation against fake buffers ---- */
+
+#define FAKE_PTR 0x7f4000000000ull
+
+static kiln_runtime *fake_runtime(void)
+{
+    kiln_runtime *rt = calloc(1, sizeof *rt);
+    assert_non_null(rt);
+    kiln__errslot_init(&rt->err);
+    rt->info.instance_id = 4343;
+    return rt;
+}
+
+static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
+{
+    static uint64_t next = FAKE_PTR;
+    kiln_buffer *b = calloc(1, sizeof *b);
+    assert_non_null(b);
+    b->rt = rt;
+    atomic_init(&b->refs, 1);
+    b->size = size;
+    b->dtype = KILN_DTYPE_BYTES;
+    b->base = b->ptr = next;
+    next += (size + 0xffff) & ~(uint64_t)0xffff;
+    return b;
+}
+
+static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, uint32_t rank, int64_t d0, int64_t d1,
+                        int64_t d2, int64_t d3)
+{
+    kiln_tensor t = {.buffer = b, .offset = offset, .dtype = dt, .rank = rank, .dims = {d0, d1, d2, d3}};
+    return t;
+}
+
+static void test_validation_names_binding_and_values(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
+    kiln_buffer *buf = fake_buffer(rt, 256 << 20), *foreign = fake_buffer(other, 1 << 20);
+    const size_t MB = 1 << 20;
+    const int64_t T = 40, S = 4, KH = 16, VH = 32, DK = 128, DV = 128;
+    kiln_tensor q = view(buf, 0, KILN_DTYPE_F16, 3, T, KH, DK, 0), k = view(buf, MB, KILN_DTYPE_F16, 3, T, KH, DK, 0),
+                v = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, VH, DV, 0),
+                g = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, VH, 0, 0),
+                beta = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, VH, 0, 0),
+                st = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, VH, DV, DK),
+                spans = view(buf, 5 * MB, KILN_DTYPE_U32, 2, S, 2, 0, 0),
+                out = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, VH, DV, 0);
+    const kiln_gated_delta_bindings b = {sizeof b, &q, &k, &v, &g, &beta, &st, &spans, &out};
+    size_t bytes[8];
+    int vec = 0;
+    KILN_CHECK(kiln__gated_delta_check(rt, &b, bytes, &vec));
+    assert_int_equal(vec, 4);
+    assert_int_equal(bytes[5], (size_t)S * VH * DV * DK * 4);
+    assert_int_equal(bytes[7], (size_t)T * VH * DV * 2);
+    /* Read-only bindings may share bytes: q and k the same view. */
+    kiln_gated_delta_bindings c = b;
+    c.k = &q;
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+
+    kiln_tensor t;
+#define EXPECT_BAD(field, value, n1, n2)                                                                          \
+    do {                                                                                                          \
+        c = b;                                                                                                    \
+        t = value;                                                                                                \
+        c.field = &t;                                                                                             \
+        KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT,                      \
+                    kiln_runtime_errmsg(rt), n1, n2);                                                             \
+    } while (0)
+    t = q;
+    t.dtype = KILN_DTYPE_BF16;
+    EXPECT_BAD(q, t, "gated_delta: binding q must be f16", "got bf16");
+    t = k;
+    t.dims[1] = 8;
+    EXPECT_BAD(k, t, "binding k has dims [40, 8, 128]", "must be 16");
+    t = v;
+    t.dims[0] = 39;
+    EXPECT_BAD(v, t, "binding v has dims [39, 32, 128]", "must be 40");
+    t = v;
+    t.dims[1] = 24; /* 16 key heads do not divide 24 value heads */
+    EXPECT_BAD(v, t, "16 key heads (q) and 24 value heads (v)", "must divide");
+    t = g;
+    t.dtype = KILN_DTYPE_F16;
+    EXPECT_BAD(g, t, "binding g must be f32", "got f16");
+    t = beta;
+    t.dims[1] = 16;
+    EXPECT_BAD(beta, t, "binding beta has dims [40, 16]", "must be 32");
+    t = st;
+    t.dims[3] = 64;
+    EXPECT_BAD(state, t, "binding state has dims [4, 32, 128, 64]", "must be 128");
+    t = st;
+    t.rank = 3;
+    EXPECT_BAD(state, t, "binding state must have rank 4", "got 3");
+    t = spans;
+    t.dims[1] = 3;
+    EXPECT_BAD(spans, t, "binding spans has dims [4, 3]", "must be 2");
+    t = spans;
+    t.dtype = KILN_DTYPE_I32;
+    EXPECT_BAD(spans, t, "binding spans must be u32", "got i32");
+    t = out;
+    t.dims[2] = 64;
+    EXPECT_BAD(out, t, "binding out has dims [40, 32, 64]", "must be 128");
+    t = q;
+    t.dims[2] = 2048;
+    c = b;
+    c.q = &t;
+    kiln_tensor k2 = k, st2 = st;
+    k2.dims[2] = 2048;
+    st2.dims[3] = 2048;
+    c.k = &k2;
+    c.state = &st2;
+    st2.offset = 64 * MB;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 2048",
+                "at most 1024");
+    t = out;
+    t.offset = 4 * MB; /* over beta */
+    EXPECT_BAD(out, t, "out overlaps beta", NULL);
+    t = st;
+    t.offset = 6 * MB; /* over out */
+    EXPECT_BAD(state, t, "state overlaps out", NULL);
+    t = st;
+    t.offset = 5 * MB - 16; /* state's first bytes below spans, the rest over it */
+    EXPECT_BAD(state, t, "state overlaps", NULL);
+    t = view(foreign, 0, KILN_DTYPE_U32, 2, S, 2, 0, 0);
+    EXPECT_BAD(spans, t, "binding spans belongs to another runtime", NULL);
+    t = view(buf, 256 * MB - 100, KILN_DTYPE_F32, 2, T, VH, 0, 0);
+    EXPECT_BAD(g, t, "needs 5120 bytes", "the buffer has");
+    c = b;
+    c.beta = NULL;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding beta has no buffer", NULL);
+    c = b;
+    c.size = 8;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "bindings size 8", NULL);
+    KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "bindings is NULL", NULL);
+#undef EXPECT_BAD
+    /* The vector width: dk % 4, q and k 8-byte and state 16-byte aligned. */
+    c = b;
+    t = st;
+    t.offset += 8;
+    c.state = &t;
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 1);
+    c = b;
+    t = k;
+    t.offset += 4;
+    c.k = &t;
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 1);
+    kiln_tensor q3 = view(buf, 0, KILN_DTYPE_F16, 3, T, 3, 66, 0), k3 = view(buf, MB, KILN_DTYPE_F16, 3, T, 3, 66, 0),
+                v3 = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0), g3 = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
+                b3 = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
+                s3 = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, 6, 96, 66),
+                o3 = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0);
+    c = (kiln_gated_delta_bindings){0, &q3, &k3, &v3, &g3, &b3, &s3, &spans, &o3};
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 1);
+    free(buf);
+    free(foreign);
+    kiln__errslot_destroy(&rt->err);
+    kiln__errslot_destroy(&other->err);
+    free(rt);
+    free(other);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_lists_the_spec_only_with_linear_attention),
+        cmocka_unit_test_setup_teardown(test_every_code_path_compiles, setup, teardown),
+        cmocka_unit_test(test_spec_and_size_arguments),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, setup, teardown),
+        cmocka_unit_test(test_validation_names_binding_and_values),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

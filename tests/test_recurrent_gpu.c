@@ -1,0 +1,538 @@
+/* Gated delta recurrent attention on the GPU: fresh random data each run,
+ * outputs poisoned first, every output element and every state element
+ * checked against a float64 host reference of the recurrence (from the same
+ * f16 inputs and f32 initial state). Error of an element: |got - ref| /
+ * max(|ref|, rms, floor), where rms is the root mean square of the
+ * reference's row (the DV outputs of one token and head, or the DK columns of
+ * one state row): an element that cancels to near zero carries the rounding
+ * error of terms of the row's size; floor is 2^-14 for the f16 outputs (below
+ * it f16 is subnormal, with a fixed step of 2^-24, as in test_ops1_gpu) and
+ * 0 for the f32 state. At most 2e-3. Shapes of Qwen3-Next-80B-A3B (16 key
+ * heads, 32 value heads, dims 128) and odd ones (64 x 96 with 3 key heads
+ * shared by 6 value heads; 63 x 17 scalar; 200 x 40 with a partial vector
+ * per lane); decode (one token per sequence) and prefill spans, packed in any
+ * order with gaps (whose outputs stay untouched), empty spans (state left
+ * alone), spans continued over several replayed submissions, a span past the
+ * end (a device fault, nothing of that sequence touched), and a prewarmed
+ * database that leaves nothing to compile. */
+#include <math.h>
+
+#include "gpu_fixture.h"
+
+#define TOL 2e-3
+#define POISON 0xffffu /* f16 NaN */
+
+/* ---- f16 on the host ---- */
+
+static float h2f(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 31)
+        u = s | 0x7f800000u | (m << 13);
+    else if (e)
+        u = s | ((e + 112) << 23) | (m << 13);
+    else if (!m)
+        u = s;
+    else {
+        float v = ldexpf((float)m, -24);
+        return s ? -v : v;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even; finite inputs within the f16 range. */
+static uint16_t f2h(double x)
+{
+    uint16_t s = x < 0 || (x == 0 && signbit(x)) ? 0x8000 : 0;
+    double a = fabs(x);
+    if (a >= 65520.0)
+        return s | 0x7c00;
+    if (a < ldexp(1, -14))
+        return s | (uint16_t)nearbyint(a * ldexp(1, 24));
+    int e;
+    frexp(a, &e);
+    double q = nearbyint(ldexp(a, 11 - e));
+    if (q >= 2048) {
+        q /= 2;
+        e++;
+    }
+    return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
+}
+
+static double uniform(kiln_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(kiln_rng_next(r) >> 11) * ldexp(1, -53);
+}
+
+static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
+{
+    kiln_buffer *b;
+    KILN_CHECK(kiln_buffer_create(rt, bytes, 256, &b));
+    return b;
+}
+
+/* ---- the problem and its reference ---- */
+
+typedef struct problem {
+    int64_t dk, dv, kh, vh, seqs, tokens;
+    uint16_t *q, *k, *v;   /* [T, KH, DK], [T, KH, DK], [T, VH, DV] */
+    float *g, *beta;       /* [T, VH] */
+    float *state0;         /* [S, VH, DV, DK]: the initial state */
+    uint32_t *spans;       /* [S, 2] */
+    uint8_t *covered;      /* [T]: a token of some span */
+} problem;
+
+static void problem_free(problem *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->v);
+    free(p->g);
+    free(p->beta);
+    free(p->state0);
+    free(p->spans);
+    free(p->covered);
+}
+
+/* Random inputs: q and k rows of random scale (the normalization matters),
+ * g mostly near 0 (little decay, the case where errors last longest), beta in
+ * (0.02, 0.98), the state either zeros or a carried one in [-1, 1]. */
+static void problem_fill(problem *p, kiln_rng *r, int zero_state)
+{
+    const size_t T = (size_t)p->tokens, nqk = T * (size_t)(p->kh * p->dk), nv = T * (size_t)(p->vh * p->dv),
+                 ng = T * (size_t)p->vh, ns = (size_t)(p->seqs * p->vh * p->dv * p->dk);
+    p->q = malloc(nqk * 2);
+    p->k = malloc(nqk * 2);
+    p->v = malloc(nv * 2);
+    p->g = malloc(ng * 4);
+    p->beta = malloc(ng * 4);
+    p->state0 = malloc(ns * 4);
+    assert_true(p->q && p->k && p->v && p->g && p->beta && p->state0);
+    for (size_t row = 0; row < T * (size_t)p->kh; row++) {
+        double sq = ldexp(1, (int)kiln_rng_below(r, 7) - 3), sk = ldexp(1, (int)kiln_rng_below(r, 7) - 3);
+        for (int64_t j = 0; j < p->dk; j++) {
+            p->q[row * (size_t)p->dk + (size_t)j] = f2h(uniform(r, -sq, sq));
+            p->k[row * (size_t)p->dk + (size_t)j] = f2h(uniform(r, -sk, sk));
+        }
+    }
+    for (size_t i = 0; i < nv; i++)
+        p->v[i] = f2h(uniform(r, -1, 1));
+    for (size_t i = 0; i < ng; i++) {
+        double u = uniform(r, 0, 1);
+        p->g[i] = (float)(-2.0 * u * u * u);
+        p->beta[i] = (float)uniform(r, 0.02, 0.98);
+    }
+    for (size_t i = 0; i < ns; i++)
+        p->state0[i] = zero_state ? 0.0f : (float)uniform(r, -1, 1);
+}
+
+/* The recurrence in float64 over every sequence's span: out [T, VH, DV] (NAN
+ * where no span covers) and the final state [S, VH, DV, DK]. */
+static void reference(const problem *p, const uint32_t *const *call_spans, int calls, double *out, double *state)
+{
+    const int64_t DK = p->dk, DV = p->dv, VH = p->vh, KH = p->kh;
+    const size_t ns = (size_t)(p->seqs * VH * DV * DK);
+    for (size_t i = 0; i < ns; i++)
+        state[i] = p->state0[i];
+    for (size_t i = 0; i < (size_t)(p->tokens * VH * DV); i++)
+        out[i] = NAN;
+    double *kh_ = malloc((size_t)DK * 8), *qh = malloc((size_t)DK * 8);
+    assert_true(kh_ && qh);
+    for (int c = 0; c < calls; c++)
+        for (int64_t s = 0; s < p->seqs; s++) {
+            const uint32_t start = call_spans[c][2 * s], count = call_spans[c][2 * s + 1];
+            for (int64_t h = 0; h < VH; h++) {
+                double *S = state + (size_t)((s * VH + h) * DV * DK);
+                const int64_t kv = h / (VH / KH);
+                for (uint32_t i = 0; i < count; i++) {
+                    const size_t t = (size_t)start + i;
+                    const uint16_t *kr = p->k + (t * (size_t)KH + (size_t)kv) * (size_t)DK,
+                                   *qr = p->q + (t * (size_t)KH + (size_t)kv) * (size_t)DK;
+                    double nk = 0, nq = 0;
+                    for (int64_t j = 0; j < DK; j++) {
+                        kh_[j] = h2f(kr[j]);
+                        qh[j] = h2f(qr[j]);
+                        nk += kh_[j] * kh_[j];
+                        nq += qh[j] * qh[j];
+                    }
+                    nk = 1 / sqrt(nk + 1e-6);
+                    nq = 1 / sqrt(nq + 1e-6) / sqrt((double)DK);
+                    for (int64_t j = 0; j < DK; j++) {
+                        kh_[j] *= nk;
+                        qh[j] *= nq;
+                    }
+                    const size_t gi = t * (size_t)VH + (size_t)h;
+                    const double a = exp((double)p->g[gi]), b = p->beta[gi];
+                    for (int64_t row = 0; row < DV; row++) {
+                        double *Sr = S + row * DK, u = 0, o = 0;
+                        for (int64_t j = 0; j < DK; j++) {
+                            Sr[j] *= a;
+                            u += Sr[j] * kh_[j];
+                        }
+                        const double d = b * (h2f(p->v[gi * (size_t)DV + (size_t)row]) - u);
+                        for (int64_t j = 0; j < DK; j++) {
+                            Sr[j] += d * kh_[j];
+                            o += Sr[j] * qh[j];
+                        }
+                        out[gi * (size_t)DV + (size_t)row] = o;
+                    }
+                }
+            }
+        }
+    free(kh_);
+    free(qh);
+}
+
+/* Checks rows of n values against the reference; returns the number wrong
+ * and raises *worst. */
+static size_t check_rows(const char *what, const char *name, size_t rows, size_t n, const double *ref,
+                         double (*got)(const void *, size_t), const void *data, double floor, double *worst)
+{
+    size_t wrong = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const double *rr = ref + r * n;
+        if (isnan(rr[0]))
+            continue; /* not covered: checked elsewhere */
+        double ss = 0;
+        for (size_t i = 0; i < n; i++)
+            ss += rr[i] * rr[i];
+        const double rms = fmax(sqrt(ss / (double)n), floor);
+        for (size_t i = 0; i < n; i++) {
+            const double x = got(data, r * n + i), e = fabs(x - rr[i]) / fmax(fmax(fabs(rr[i]), rms), 1e-30);
+            const double err = isfinite(x) ? e : INFINITY;
+            if (err > *worst)
+                *worst = err;
+            if (err > TOL && wrong++ < 5)
+                fprintf(stderr, "%s: %s row %zu [%zu] = %.9g, want %.9g (row scale %.3g)\n", name, what, r, i, x, rr[i],
+                        rms);
+        }
+    }
+    return wrong;
+}
+
+static double got_f16(const void *d, size_t i) { return h2f(((const uint16_t *)d)[i]); }
+static double got_f32(const void *d, size_t i) { return ((const float *)d)[i]; }
+
+/* ---- cases ---- */
+
+typedef struct delta_case {
+    const char *name;
+    int64_t dk, dv, kh, vh, seqs;
+    uint32_t count;          /* every sequence's count, when counts is NULL */
+    const uint32_t *counts;
+    uint32_t gap;            /* uncovered tokens before each span and at the end */
+    int reversed;            /* spans laid out from the last sequence to the first */
+    size_t state_skew;       /* bytes added to the state's offset: 8 takes the scalar path */
+    int zero_state;
+    int calls;               /* each span split over this many submissions of one command */
+} delta_case;
+
+static void run_case(gpu_fixture *f, const delta_case *c)
+{
+    problem p = {.dk = c->dk, .dv = c->dv, .kh = c->kh, .vh = c->vh, .seqs = c->seqs};
+    const int calls = c->calls ? c->calls : 1;
+    uint32_t *counts = malloc((size_t)c->seqs * 4);
+    p.spans = malloc((size_t)c->seqs * 8);
+    assert_true(counts && p.spans);
+    uint64_t T = c->gap;
+    for (int64_t i = 0; i < c->seqs; i++) {
+        const int64_t s = c->reversed ? c->seqs - 1 - i : i;
+        counts[s] = c->counts ? c->counts[s] : c->count;
+        p.spans[2 * s] = (uint32_t)T;
+        p.spans[2 * s + 1] = counts[s];
+        T += counts[s] + c->gap;
+    }
+    if (T == 0)
+        T = 1;
+    p.tokens = (int64_t)T;
+    p.covered = calloc(T, 1);
+    for (int64_t s = 0; s < c->seqs; s++)
+        memset(p.covered + p.spans[2 * s], 1, counts[s]);
+    problem_fill(&p, &f->rng, c->zero_state);
+    /* The spans of each submission: consecutive parts of each span. */
+    uint32_t *call_spans[8];
+    assert_true(calls <= 8);
+    for (int k = 0; k < calls; k++) {
+        call_spans[k] = malloc((size_t)c->seqs * 8);
+        for (int64_t s = 0; s < c->seqs; s++) {
+            const uint32_t n = counts[s], a = (uint32_t)((uint64_t)n * k / calls),
+                           b = (uint32_t)((uint64_t)n * (k + 1) / calls);
+            call_spans[k][2 * s] = p.spans[2 * s] + a;
+            call_spans[k][2 * s + 1] = b - a;
+        }
+    }
+
+    const size_t nqk = T * (size_t)(c->kh * c->dk), nv = T * (size_t)(c->vh * c->dv), ng = T * (size_t)c->vh,
+                 ns = (size_t)(c->seqs * c->vh * c->dv * c->dk);
+    kiln_buffer *bq = buffer(f->rt, nqk * 2), *bk = buffer(f->rt, nqk * 2), *bv = buffer(f->rt, nv * 2),
+                *bg = buffer(f->rt, ng * 4), *bb = buffer(f->rt, ng * 4), *bs = buffer(f->rt, ns * 4 + c->state_skew),
+                *bsp = buffer(f->rt, (size_t)c->seqs * 8), *bo = buffer(f->rt, nv * 2);
+    KILN_CHECK(kiln_buffer_upload(bq, 0, p.q, nqk * 2));
+    KILN_CHECK(kiln_buffer_upload(bk, 0, p.k, nqk * 2));
+    KILN_CHECK(kiln_buffer_upload(bv, 0, p.v, nv * 2));
+    KILN_CHECK(kiln_buffer_upload(bg, 0, p.g, ng * 4));
+    KILN_CHECK(kiln_buffer_upload(bb, 0, p.beta, ng * 4));
+    KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
+    kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {p.tokens, c->kh, c->dk}}, tk = tq,
+                tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {p.tokens, c->vh, c->dv}},
+                tg = {.buffer = bg, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {p.tokens, c->vh}}, tb = tg,
+                ts = {.buffer = bs, .offset = c->state_skew, .dtype = KILN_DTYPE_F32, .rank = 4,
+                      .dims = {c->seqs, c->vh, c->dv, c->dk}},
+                tsp = {.buffer = bsp, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {c->seqs, 2}}, to = tv;
+    tk.buffer = bk;
+    tb.buffer = bb;
+    to.buffer = bo;
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    kiln_command *cmd;
+    KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
+    assert_true(kiln_command_replayable(cmd));
+    for (int k = 0; k < calls; k++) {
+        KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
+        kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
+                                  .phase = k ? "decode" : "prefill"};
+        kiln_fence *fence;
+        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
+        KILN_CHECK(kiln_fence_wait(fence));
+        kiln_attribution a;
+        KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
+        assert_string_equal(a.op_id, "gated_delta");
+        assert_int_equal(a.path, k ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER);
+        assert_int_equal(a.participants, (uint32_t)c->seqs);
+        assert_int_equal(a.tokens, (uint32_t)T);
+        kiln_fence_release(fence);
+        KILN_CHECK(kiln_stream_synchronize(f->s));
+    }
+    kiln_command_release(cmd);
+
+    uint16_t *got_o = malloc(nv * 2);
+    float *got_s = malloc(ns * 4);
+    double *ref_o = malloc(nv * 8), *ref_s = malloc(ns * 8);
+    assert_true(got_o && got_s && ref_o && ref_s);
+    KILN_CHECK(kiln_buffer_readback(bo, 0, got_o, nv * 2));
+    KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_s, ns * 4));
+    reference(&p, (const uint32_t *const *)call_spans, calls, ref_o, ref_s);
+    double worst_o = 0, worst_s = 0;
+    size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o, got_f16, got_o, ldexp(1, -14),
+                              &worst_o);
+    wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32, got_s, 0,
+                        &worst_s);
+    /* Tokens of no span keep the poison; empty spans keep their state's bits. */
+    size_t touched = 0;
+    for (size_t t = 0; t < T; t++)
+        if (!p.covered[t])
+            for (size_t i = 0; i < (size_t)(c->vh * c->dv); i++)
+                touched += got_o[t * (size_t)(c->vh * c->dv) + i] != POISON;
+    const size_t per_seq = (size_t)(c->vh * c->dv * c->dk);
+    for (int64_t s = 0; s < c->seqs; s++)
+        if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
+            fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
+    fprintf(stderr, "%s: dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d: max err out %.3g state %.3g\n",
+            c->name, (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs,
+            (unsigned long long)T, calls, worst_o, worst_s);
+    if (touched)
+        fail_msg("%s: %zu output elements of uncovered tokens were written", c->name, touched);
+    if (wrong)
+        fail_msg("%s: %zu elements off by more than %g", c->name, wrong, TOL);
+
+    kiln_buffer_destroy(bq);
+    kiln_buffer_destroy(bk);
+    kiln_buffer_destroy(bv);
+    kiln_buffer_destroy(bg);
+    kiln_buffer_destroy(bb);
+    kiln_buffer_destroy(bs);
+    kiln_buffer_destroy(bsp);
+    kiln_buffer_destroy(bo);
+    for (int k = 0; k < calls; k++)
+        free(call_spans[k]);
+    free(got_o);
+    free(got_s);
+    free(ref_o);
+    free(ref_s);
+    free(counts);
+    problem_free(&p);
+}
+
+#define QWEN 128, 128, 16, 32
+#define ODD 64, 96, 3, 6
+
+static void test_decode_qwen3_next(void **state)
+{
+    gpu_fixture *f = *state;
+    static const delta_case cases[] = {
+        {"decode q3n 1", QWEN, 1, 1, NULL, 0, 0, 0, 0, 0},
+        {"decode q3n 8 reversed, gaps", QWEN, 8, 1, NULL, 2, 1, 0, 0, 0},
+        {"decode q3n 64", QWEN, 64, 1, NULL, 0, 0, 0, 0, 0},
+        {"decode q3n fresh state", QWEN, 4, 1, NULL, 0, 0, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(f, &cases[i]);
+}
+
+static void test_prefill_qwen3_next(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t mixed[] = {1, 300, 0, 77};
+    static const uint32_t cont[] = {200, 5};
+    static const delta_case cases[] = {
+        {"prefill q3n 1x1024 fresh", QWEN, 1, 1024, NULL, 0, 0, 0, 1, 0},
+        {"prefill q3n mixed spans", QWEN, 4, 0, mixed, 3, 1, 0, 0, 0},
+        /* A prefill continued by two more submissions of one replayed command. */
+        {"prefill q3n continued", QWEN, 2, 0, cont, 1, 0, 0, 0, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(f, &cases[i]);
+}
+
+static void test_odd_shapes(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t mixed[] = {0, 33, 1, 130};
+    static const uint32_t some[] = {17, 0, 40};
+    static const uint32_t two[] = {9, 50};
+    static const delta_case cases[] = {
+        {"decode odd", ODD, 5, 1, NULL, 1, 0, 0, 0, 0},
+        {"prefill odd mixed", ODD, 4, 0, mixed, 2, 1, 0, 0, 0},
+        {"prefill odd scalar (state misaligned)", ODD, 3, 0, some, 0, 0, 8, 0, 0},
+        {"odd decode steps (4 replays)", ODD, 3, 4, NULL, 0, 0, 0, 1, 4},
+        {"dk 63 dv 17 (scalar, partial)", 63, 17, 1, 2, 2, 0, two, 1, 0, 0, 0, 0},
+        {"dk 200 dv 40 (partial vectors)", 200, 40, 2, 2, 2, 0, two, 0, 1, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(f, &cases[i]);
+}
+
+/* A span past the end: a device fault naming the sequence; that sequence's
+ * state is untouched; the others are computed. */
+static void test_span_past_end_faults(void **state)
+{
+    gpu_fixture *f = *state;
+    const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
+    const size_t nqk = (size_t)(T * KH * DK), nv = (size_t)(T * VH * DV), ng = (size_t)(T * VH),
+                 ns = (size_t)(S * VH * DV * DK);
+    kiln_buffer *b = buffer(f->rt, 8 << 20);
+    KILN_CHECK(kiln_buffer_fill(b, 0, 0, 8 << 20));
+    const size_t MB = 1 << 20;
+    kiln_tensor tq = {.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
+                tv = {.buffer = b, .offset = MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}},
+                tg = {.buffer = b, .offset = 2 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, VH}}, tb = tg,
+                ts = {.buffer = b, .offset = 3 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, VH, DV, DK}},
+                tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
+                to = {.buffer = b, .offset = 6 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}};
+    tk.offset = MB / 2;
+    tb.offset = 2 * MB + MB / 2;
+    float *st = malloc(ns * 4), *got = malloc(ns * 4);
+    uint16_t *x = malloc(nv * 2);
+    assert_true(st && got && x);
+    for (size_t i = 0; i < ns; i++)
+        st[i] = (float)uniform(&f->rng, -1, 1);
+    for (size_t i = 0; i < nv; i++)
+        x[i] = f2h(uniform(&f->rng, -1, 1));
+    KILN_CHECK(kiln_buffer_upload(b, ts.offset, st, ns * 4));
+    KILN_CHECK(kiln_buffer_upload(b, tq.offset, x, nqk * 2));
+    KILN_CHECK(kiln_buffer_upload(b, tk.offset, x + 7, nqk * 2));
+    KILN_CHECK(kiln_buffer_upload(b, tv.offset, x, nv * 2));
+    float half[60];
+    for (size_t i = 0; i < ng; i++)
+        half[i] = 0.5f;
+    KILN_CHECK(kiln_buffer_upload(b, tb.offset, half, ng * 4));
+    const uint32_t spans[6] = {0, 4, 5, 6, 4, 1}; /* sequence 1 ends at 11 > 10 */
+    KILN_CHECK(kiln_buffer_upload(b, tsp.offset, spans, sizeof spans));
+    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    kiln_status s = kiln_runtime_synchronize(f->rt);
+    KILN_EXPECT(s, KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt), "sequence 1's span ends at token 11",
+                "past the 10 tokens");
+    KILN_CHECK(kiln_buffer_readback(b, ts.offset, got, ns * 4));
+    const size_t per = (size_t)(VH * DV * DK);
+    assert_memory_equal(got + per, st + per, per * 4);          /* sequence 1: untouched */
+    assert_memory_not_equal(got, st, per * 4);                  /* sequences 0 and 2: updated */
+    assert_memory_not_equal(got + 2 * per, st + 2 * per, per * 4);
+    /* The stream goes on. */
+    KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    KILN_EXPECT(kiln_runtime_synchronize(f->rt), KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt),
+                "gated_delta: sequence 1", NULL);
+    const uint32_t good[6] = {0, 4, 5, 5, 4, 1};
+    KILN_CHECK(kiln_buffer_upload(b, tsp.offset, good, sizeof good));
+    KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    /* And a bad binding is refused before any launch. */
+    kiln_tensor bad = ts;
+    bad.dims[2] = 64;
+    bind.state = &bad;
+    KILN_EXPECT(kiln_op_gated_delta(f->jit, &bind), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding state has dims [3, 6, 64, 64]", "must be 96");
+    free(st);
+    free(got);
+    free(x);
+    kiln_buffer_destroy(b);
+}
+
+/* Prewarm a Qwen3-Next config offline, then encode on a fresh jit: nothing compiles. */
+static void test_prewarmed_model_compiles_nothing(void **state)
+{
+    gpu_fixture *f = *state;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    kiln_model_config cfg;
+    kiln_model_config_default(&cfg);
+    cfg.linear_num_key_heads = 16;
+    cfg.linear_num_value_heads = 32;
+    cfg.linear_key_head_dim = 128;
+    cfg.linear_value_head_dim = 128;
+    kiln_jit_options off = {.cache = f->cache, .arch = info.arch};
+    kiln_jit *pre;
+    KILN_CHECK(kiln_jit_create(&off, &pre));
+    kiln_spec *specs;
+    size_t n, ours = 0;
+    KILN_CHECK(kiln_model_specializations(&cfg, &specs, &n));
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(specs[i].template_id, "gated_delta")) {
+            int compiled;
+            KILN_CHECK(kiln_jit_prepare(pre, &specs[i], &compiled));
+            ours++;
+        }
+    kiln_free(specs);
+    kiln_jit_destroy(pre);
+    assert_int_equal(ours, 1);
+    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
+    kiln_jit *jit;
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    const int64_t T = 4, S = 2;
+    kiln_buffer *b = buffer(f->rt, 16 << 20);
+    const size_t MB = 1 << 20;
+    kiln_tensor tq = {.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
+                tv = {.buffer = b, .offset = 2 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 32, 128}},
+                tg = {.buffer = b, .offset = 3 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}}, tb = tg,
+                ts = {.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, 32, 128, 128}},
+                tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
+                to = {.buffer = b, .offset = 6 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 32, 128}};
+    tk.offset = MB;
+    tb.offset = 4 * MB;
+    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    kiln_command *c;
+    KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
+    kiln_command_release(c);
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    assert_int_equal(k.compiles, 0);
+    assert_int_equal(k.database_hits, 1);
+    kiln_buffer_destroy(b);
+    kiln_jit_destroy(jit);
+}
+
+int main(void)
+{
+    kiln_test_require_gpu();
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_decode_qwen3_next),
+        T(test_prefill_qwen3_next),
+        T(test_odd_shapes),
+        T(test_span_past_end_faults),
+        T(test_prewarmed_model_compiles_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
