@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "providers/internal.h"
+#include "offline_fixture.h"
 #include "testutil.h"
 
 static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
@@ -38,35 +39,7 @@ static void test_model_lists_prefill_and_decode(void **state)
     kiln_free(specs);
 }
 
-typedef struct fixture {
-    char dir[512];
-    kiln_cache *cache;
-    kiln_jit *jit;
-} fixture;
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
+typedef offline_fixture fixture;
 
 /* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
  * (several row tiles per group); prefill and decode (rows 4, 8, 16). */
@@ -346,10 +319,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_prefill_and_decode),
-        cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_page_arguments),
         cmocka_unit_test(test_validation_names_binding_and_values),
-        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

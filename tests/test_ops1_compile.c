@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "providers/internal.h"
+#include "offline_fixture.h"
 #include "testutil.h"
 
 /* ---- configs ---- */
@@ -64,35 +65,7 @@ static void test_model_lists_every_ops1_spec(void **state)
 
 /* ---- offline compiles ---- */
 
-typedef struct fixture {
-    char dir[512];
-    kiln_cache *cache;
-    kiln_jit *jit;
-} fixture;
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
+typedef offline_fixture fixture;
 
 static void prepare(kiln_jit *jit, const kiln_spec *s)
 {
@@ -434,11 +407,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_every_ops1_spec),
-        cmocka_unit_test_setup_teardown(test_every_model_spec_compiles_for_sm90, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_every_code_path_compiles, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_model_spec_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_arguments),
         cmocka_unit_test(test_workspace_estimates),
-        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_norm_validation_names_binding_and_values),
         cmocka_unit_test(test_argmax_validation_names_binding_and_values),
     };

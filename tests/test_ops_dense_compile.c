@@ -2,37 +2,10 @@
  * model configs compile offline with NVRTC for sm_90 (what `kiln prewarm`
  * does), the model's list holds exactly what encode will ask for, and sizes
  * out of contract are refused naming the value. */
+#include "offline_fixture.h"
 #include "testutil.h"
 
-typedef struct fixture {
-    char dir[512];
-    kiln_cache *cache;
-    kiln_jit *jit;
-} fixture;
-
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
+typedef offline_fixture fixture;
 
 static const char qwen_json[] =
     "{\"model_type\": \"qwen2\", \"vocab_size\": 151936, \"hidden_size\": 896, \"intermediate_size\": 4864,"
@@ -180,7 +153,7 @@ static void test_encode_offline_is_a_clear_error(void **state)
 
 int main(void)
 {
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, offline_fixture_setup, offline_fixture_teardown)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_what_encode_needs),
         T(test_specializations_compile_offline),
