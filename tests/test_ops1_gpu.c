@@ -9,85 +9,14 @@
  * database that leaves nothing to compile. */
 #include <math.h>
 
+#include "f16_host.h"
+#include "gpu_fixture.h"
 #include "testutil.h"
 
 #define TOL 1e-3
 
-typedef struct fixture {
-    char dir[512];
-    kiln_runtime *rt;
-    kiln_cache *cache;
-    kiln_jit *jit;
-    kiln_rng rng;
-} fixture;
+typedef gpu_fixture fixture;
 
-static int setup(void **state)
-{
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
-    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    f->rng = kiln_rng_new();
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_runtime_destroy(f->rt);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
-
-/* ---- f16 on the host ---- */
-
-static float h2f(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 31)
-        u = s | 0x7f800000u | (m << 13);
-    else if (e)
-        u = s | ((e + 112) << 23) | (m << 13);
-    else if (!m)
-        u = s;
-    else {
-        float v = ldexpf((float)m, -24);
-        return s ? -v : v;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even; finite inputs within the f16 range. */
-static uint16_t f2h(double x)
-{
-    uint16_t s = x < 0 || (x == 0 && signbit(x)) ? 0x8000 : 0;
-    double a = fabs(x);
-    if (a >= 65520.0)
-        return s | 0x7c00;
-    if (a < ldexp(1, -14)) { /* subnormal: multiples of 2^-24 */
-        double q = nearbyint(a * ldexp(1, 24));
-        return s | (uint16_t)q;
-    }
-    int e;
-    frexp(a, &e); /* a = m * 2^e, m in [0.5, 1) */
-    double q = nearbyint(ldexp(a, 11 - e)); /* 11 significant bits */
-    if (q >= 2048) {
-        q /= 2;
-        e++;
-    }
-    return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
-}
 
 static double uniform(kiln_rng *r, double lo, double hi)
 {
@@ -744,7 +673,7 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_rms_norm),
         T(test_rms_norm_residual),

@@ -9,81 +9,30 @@
 #include <stdatomic.h>
 
 #include "providers/blas.h"
+#include "f16_host.h"
+#include "gpu_fixture.h"
 #include "testutil.h"
 
 #define MIB ((size_t)1 << 20)
 
-typedef struct fixture {
-    char dir[512];
-    kiln_runtime *rt;
-    kiln_cache *cache;
-    kiln_jit *jit;
-    kiln_rng rng;
-} fixture;
+typedef gpu_fixture fixture;
 
 static float f16_table[65536];
-
-static float f16_to_float(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023u, bits;
-    if (e == 0) {
-        float v = ldexpf((float)m, -24);
-        return s ? -v : v;
-    }
-    bits = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Round to nearest even; inputs here are far inside the f16 range. */
-static uint16_t float_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t s = (x >> 16) & 0x8000u;
-    float a = fabsf(f);
-    if (a < 6.103515625e-05f) /* subnormal: multiples of 2^-24 */
-        return (uint16_t)(s | (uint32_t)lrintf(a * 16777216.0f));
-    uint32_t m = x & 0x7fffffffu, r = m + 0xfffu + ((m >> 13) & 1u);
-    return (uint16_t)(s | ((r >> 13) - (112u << 10)));
-}
 
 /* Random f16 values, uniform in (-scale, scale). */
 static void fill_f16(kiln_rng *r, uint16_t *p, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = float_to_f16(((float)(kiln_rng_next(r) >> 40) / 8388608.0f - 1.0f) * scale);
+        p[i] = f2h(((float)(kiln_rng_next(r) >> 40) / 8388608.0f - 1.0f) * scale);
 }
 
 static int setup(void **state)
 {
-    fixture *f = calloc(1, sizeof *f);
-    char path[600];
     for (uint32_t i = 0; i < 65536; i++)
-        f16_table[i] = f16_to_float((uint16_t)i);
-    kiln_test_tmpdir(f->dir, sizeof f->dir);
-    snprintf(path, sizeof path, "%s/kernels.db", f->dir);
-    kiln_cache_options co = {.path = path};
-    KILN_CHECK(kiln_cache_open(&co, &f->cache));
-    KILN_CHECK(kiln_runtime_create(NULL, &f->rt));
-    kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
-    KILN_CHECK(kiln_jit_create(&jo, &f->jit));
-    f->rng = kiln_rng_new();
-    *state = f;
-    return 0;
+        f16_table[i] = h2f((uint16_t)i);
+    return gpu_fixture_setup(state);
 }
 
-static int teardown(void **state)
-{
-    fixture *f = *state;
-    kiln_jit_destroy(f->jit);
-    kiln_runtime_destroy(f->rt);
-    kiln_cache_close(f->cache);
-    kiln_test_rmrf(f->dir);
-    free(f);
-    return 0;
-}
 
 /* ---- the float64 reference: ref[t, o] = sum_k x[t, k] w[o, k] (+ bias[o]) ----
  * Products of two f16 values are exact in float; sums are in double. mag
@@ -782,7 +731,7 @@ static void test_prewarmed_model_compiles_nothing(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_linear),
         T(test_swiglu),

@@ -17,49 +17,11 @@
  * database that leaves nothing to compile. */
 #include <math.h>
 
+#include "f16_host.h"
 #include "gpu_fixture.h"
 
 #define TOL 2e-3
 #define POISON 0xffffu /* f16 NaN */
-
-/* ---- f16 on the host ---- */
-
-static float h2f(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 31)
-        u = s | 0x7f800000u | (m << 13);
-    else if (e)
-        u = s | ((e + 112) << 23) | (m << 13);
-    else if (!m)
-        u = s;
-    else {
-        float v = ldexpf((float)m, -24);
-        return s ? -v : v;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even; finite inputs within the f16 range. */
-static uint16_t f2h(double x)
-{
-    uint16_t s = x < 0 || (x == 0 && signbit(x)) ? 0x8000 : 0;
-    double a = fabs(x);
-    if (a >= 65520.0)
-        return s | 0x7c00;
-    if (a < ldexp(1, -14))
-        return s | (uint16_t)nearbyint(a * ldexp(1, 24));
-    int e;
-    frexp(a, &e);
-    double q = nearbyint(ldexp(a, 11 - e));
-    if (q >= 2048) {
-        q /= 2;
-        e++;
-    }
-    return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
-}
 
 static double uniform(kiln_rng *r, double lo, double hi)
 {
