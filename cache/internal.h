@@ -1,12 +1,65 @@
-/* kiln cache internals. Not API. */
+/* kiln cache internals, shared by the files of cache/. Not API. */
 #ifndef KILN_CACHE_INTERNAL_H
 #define KILN_CACHE_INTERNAL_H
 
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include "common/internal.h"
 #include "kiln/cache.h"
+
+/* PRAGMA application_id: "KILN" in ASCII. */
+#define KILN_APPLICATION_ID 0x4b494c4e
+/* No cubin kiln makes comes near this; a larger raw_size is a corrupt row. */
+#define KILN_CACHE_MAX_CUBIN (256u << 20)
+#define KILN__PENDING_HITS_MAX 256
+#define KILN_CACHE_ZSTD_LEVEL 9
+
+/* One SQLite database: the writable one, or a shipped read-only layer. */
+typedef struct kiln__db {
+    sqlite3 *db;
+    char *path;
+    int read_only;  /* opened without writing */
+    int immutable;  /* opened with immutable=1: a file nobody may write */
+    int schema;     /* its user_version */
+    sqlite3_stmt *st_get, *st_contains, *st_put, *st_delete, *st_hit;
+} kiln__db;
+
+typedef struct kiln__pending_hit {
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    uint64_t count;
+    int64_t last_used;
+} kiln__pending_hit;
+
+struct kiln_cache {
+    kiln__db main;                  /* the writable database (read-only when the cache is) */
+    kiln__db *layers;               /* shipped read-only databases, searched first, in order */
+    size_t n_layers;
+    kiln_cache_layer_info *layer_info; /* one per layer asked for, skipped ones included */
+    size_t n_layer_info;
+    pthread_mutex_t lock;           /* guards the statements, counters and pending hits */
+    kiln_cache_counters counters;
+    kiln__pending_hit pending[KILN__PENDING_HITS_MAX];
+    size_t n_pending;
+    void (*on_event)(void *user, const kiln_cache_event *event);
+    void *user;
+    kiln__errslot err;
+};
 
 /* kiln_cache_get, with the hit counted (a use) or not (prewarm verifying a
  * row it will not load). */
 kiln_status kiln__cache_load(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], int count_hit,
                              void **cubin, size_t *size, int *found);
+
+/* Decodes and verifies one row's stored cubin: raw_size an integer in (0,
+ * KILN_CACHE_MAX_CUBIN], a 32-byte checksum, a zstd frame that declares and
+ * yields raw_size bytes whose SHA-256 is the checksum. KILN_OK with *raw
+ * (malloc'd, raw_size bytes); KILN_ERR_CACHE_CORRUPT with detail saying what
+ * failed; KILN_ERR_HOST_OUT_OF_MEMORY. */
+kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 raw_size, int raw_size_is_integer,
+                             const void *checksum, size_t checksum_size, void **raw, char *detail, size_t cap);
+
+/* Maps an SQLite result code to a status. */
+kiln_status kiln__sqlite_status(int rc);
 
 #endif

@@ -43,6 +43,11 @@ kiln_status kiln__arch_check(const char *arch);
 kiln_status kiln__fingerprint(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
                               const char *arch, int nvrtc_major, int nvrtc_minor, uint8_t out[32]);
 
+/* The parts of spec's fingerprint as "name=value;..." text, digests (16 hex
+ * digits of SHA-256) for the byte-heavy ones: what explain compares. */
+kiln_status kiln__fingerprint_parts(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
+                                    const char *arch, int nvrtc_major, int nvrtc_minor, char *buf, size_t cap);
+
 /* Renders the #define prelude and compiles to cubin. On KILN_ERR_NVRTC_COMPILE
  * the thread's message holds the log. *cubin is freed with free(). */
 kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,

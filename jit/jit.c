@@ -316,14 +316,18 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         if (compiled)
             *compiled = 1;
         if (j->cache && !e->persisted) {
-            char consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)];
+            char consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)], parts[2048];
             kiln_spec_constants_text(&e->spec, consts, sizeof consts);
+            if (kiln__fingerprint_parts(e->tmpl, &e->spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, parts,
+                                        sizeof parts))
+                parts[0] = 0; /* advisory: a row without parts still loads */
             kiln_cache_record rec = {.template_id = e->tmpl->id,
                                      .constants = consts,
                                      .arch = j->arch,
                                      .nvrtc_major = j->nvrtc_major,
                                      .nvrtc_minor = j->nvrtc_minor,
                                      .entries = e->tmpl->entries_text,
+                                     .parts = parts,
                                      .cubin = cubin,
                                      .cubin_size = size};
             memcpy(rec.fingerprint, e->fingerprint, KILN_FINGERPRINT_SIZE);
@@ -447,6 +451,17 @@ kiln_status kiln_jit_fingerprint(kiln_jit *j, const kiln_spec *spec, uint8_t out
     kiln_status st = kiln__template_find(spec->template_id, &t);
     if (!st)
         st = kiln__fingerprint(t, spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, out);
+    return st ? kiln__propagate(&j->err, st) : KILN_OK;
+}
+
+kiln_status kiln_jit_fingerprint_parts(kiln_jit *j, const kiln_spec *spec, char *buf, size_t cap)
+{
+    if (!j || !spec || !buf || !cap)
+        return kiln__fail(j ? &j->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_jit_fingerprint_parts: NULL argument");
+    const kiln__template *t;
+    kiln_status st = kiln__template_find(spec->template_id, &t);
+    if (!st)
+        st = kiln__fingerprint_parts(t, spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, buf, cap);
     return st ? kiln__propagate(&j->err, st) : KILN_OK;
 }
 

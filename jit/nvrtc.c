@@ -154,6 +154,43 @@ kiln_status kiln__fingerprint(const kiln__template *t, const kiln_spec *spec, co
     return KILN_OK;
 }
 
+/* 16 hex digits of SHA-256 over the given parts. */
+static void digest16(kiln__hasher *h, char out[17])
+{
+    uint8_t fp[32];
+    if (!h || kiln__hasher_final(h, fp) != 0)
+        memset(fp, 0, sizeof fp);
+    kiln__hex(fp, 8, out);
+}
+
+kiln_status kiln__fingerprint_parts(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
+                                    const char *arch, int nvrtc_major, int nvrtc_minor, char *buf, size_t cap)
+{
+    char source[17], headers[17], options[17], consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)];
+    kiln__hasher *h = kiln__hasher_new();
+    if (h)
+        kiln__hasher_part(h, t->source->data, t->source->size);
+    digest16(h, source);
+    h = kiln__hasher_new();
+    for (size_t i = 0; h && i < t->n_headers; i++) {
+        kiln__hasher_str(h, t->headers[i]->name);
+        kiln__hasher_part(h, t->headers[i]->data, t->headers[i]->size);
+    }
+    digest16(h, headers);
+    h = kiln__hasher_new();
+    for (size_t i = 0; h && i < opts->n; i++)
+        kiln__hasher_str(h, opts->items[i]);
+    digest16(h, options);
+    kiln_status st = kiln_spec_constants_text(spec, consts, sizeof consts);
+    if (st)
+        return st;
+    int n = snprintf(buf, cap, "schema=%s;template=%s;source=%s;headers=%s;options=%s;arch=%s;nvrtc=%d.%d;constants=%s",
+                     KILN__FINGERPRINT_SCHEMA, t->id, source, headers, options, arch, nvrtc_major, nvrtc_minor, consts);
+    if (n < 0 || (size_t)n >= cap)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "fingerprint parts longer than %zu bytes", cap);
+    return KILN_OK;
+}
+
 kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
                           const char *arch, void **cubin, size_t *size)
 {

@@ -275,9 +275,9 @@ static void test_stats_survive_a_lying_row(void **state)
     KILN_CHECK(kiln_cache_put(c, &rec));
     kiln_cache_close(c);
     corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (zeroblob(32), 't', '', 'sm_90', 12, 4, 'k', x'00',"
-                              " 9223372036854775807, zeroblob(32), 0, 0, 0)");
+                              " 9223372036854775807, zeroblob(32), 0, 0, 0, '')");
     corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (x'0101010101010101010101010101010101010101010101010101010101010101',"
-                              " 't', '', 'sm_90', 12, 4, 'k', x'00', -7, zeroblob(32), 0, 0, 0)");
+                              " 't', '', 'sm_90', 12, 4, 'k', x'00', -7, zeroblob(32), 0, 0, 0, '')");
     c = open_db(f->path, 1);
     kiln_cache_stats s;
     KILN_CHECK(kiln_cache_get_stats(c, &s));
@@ -339,6 +339,153 @@ static void test_foreign_and_newer_databases_are_refused(void **state)
     kiln_status st = kiln_cache_open(&o, &c);
     assert_true(st == KILN_ERR_CACHE_SCHEMA);
     assert_null(c);
+}
+
+static uint64_t rows_in(const char *path)
+{
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM kernels", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    uint64_t n = (uint64_t)sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return n;
+}
+
+static void file_bytes(const char *path, uint8_t **out, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    *n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    *out = malloc(*n);
+    assert_int_equal(fread(*out, 1, *n, fp), *n);
+    fclose(fp);
+}
+
+/* A shipped layer is searched first, never written, and its hits are not copied. */
+static void test_shipped_layers(void **state)
+{
+    fixture *f = *state;
+    char shipped[700], missing[700];
+    snprintf(shipped, sizeof shipped, "%s/shipped.db", f->dir);
+    snprintf(missing, sizeof missing, "%s/missing.db", f->dir);
+    uint8_t c1[900], c2[900], c3[900];
+    kiln_cache_record r1, r2, r3;
+    make_record(&f->rng, &r1, c1, sizeof c1);
+    make_record(&f->rng, &r2, c2, sizeof c2);
+    make_record(&f->rng, &r3, c3, sizeof c3);
+    kiln_cache *c = open_db(shipped, 0);
+    KILN_CHECK(kiln_cache_put(c, &r1));
+    KILN_CHECK(kiln_cache_put(c, &r3));
+    kiln_cache_close(c);
+    uint8_t *before, *after;
+    size_t n_before, n_after;
+    file_bytes(shipped, &before, &n_before);
+
+    const char *layers[] = {missing, shipped};
+    kiln_cache_options o = {.path = f->path, .readonly_paths = layers, .n_readonly_paths = 2, .arch = "sm_90",
+                            .nvrtc_major = 13, .nvrtc_minor = 0};
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    assert_int_equal(kiln_cache_layer_count(c), 2);
+    kiln_cache_layer_info info;
+    KILN_CHECK(kiln_cache_layer(c, 0, &info));
+    assert_false(info.active);
+    assert_non_null(strstr(info.reason, "missing.db"));
+    KILN_CHECK(kiln_cache_layer(c, 1, &info));
+    assert_true(info.active);
+    assert_int_equal(info.entries, 2);
+    assert_string_equal(info.reason, "");
+    expect_hit(c, &r1);                  /* from the layer */
+    KILN_CHECK(kiln_cache_put(c, &r2)); /* into the writable one */
+    expect_hit(c, &r2);
+    kiln_cache_close(c);
+    assert_int_equal(rows_in(f->path), 1); /* r1's hit was not copied */
+    file_bytes(shipped, &after, &n_after);
+    assert_int_equal(n_before, n_after);
+    assert_memory_equal(before, after, n_before); /* never written */
+    free(after);
+
+    /* A layer built for another architecture is skipped, with the reason. */
+    o.arch = "sm_80";
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    KILN_CHECK(kiln_cache_layer(c, 1, &info));
+    assert_false(info.active);
+    assert_non_null(strstr(info.reason, "built for sm_90 with NVRTC 13.0"));
+    assert_non_null(strstr(info.reason, "needs sm_80"));
+    expect_miss(c, r1.fingerprint);
+    kiln_cache_close(c);
+
+    /* KILN_CACHE_READONLY, colon-separated, when the options name none. */
+    char env[1500];
+    snprintf(env, sizeof env, "%s:%s", shipped, missing);
+    setenv("KILN_CACHE_READONLY", env, 1);
+    kiln_cache_options e = {.path = f->path};
+    KILN_CHECK(kiln_cache_open(&e, &c));
+    assert_int_equal(kiln_cache_layer_count(c), 2);
+    expect_hit(c, &r3);
+    kiln_cache_close(c);
+    e.ignore_env = 1;
+    KILN_CHECK(kiln_cache_open(&e, &c));
+    assert_int_equal(kiln_cache_layer_count(c), 0);
+    kiln_cache_close(c);
+    unsetenv("KILN_CACHE_READONLY");
+
+    /* A corrupt row in a layer is a miss there, reported, not deleted; the
+     * writable database's good copy serves. */
+    corrupt_with_sql(shipped, "UPDATE kernels SET checksum = zeroblob(32)");
+    file_bytes(shipped, &before, &n_before);
+    events ev = {0};
+    o.arch = NULL;
+    o.on_event = on_event;
+    o.user = &ev;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    KILN_CHECK(kiln_cache_put(c, &r1));
+    expect_hit(c, &r1);
+    assert_true(ev.n >= 1);
+    assert_non_null(strstr(kiln_cache_errmsg(c), "read-only layer"));
+    kiln_cache_close(c);
+    file_bytes(shipped, &after, &n_after);
+    assert_memory_equal(before, after, n_before < n_after ? n_before : n_after);
+    free(before);
+    free(after);
+}
+
+/* A schema-1 database is migrated when opened writable, read as it is when not. */
+static void test_schema_1_is_migrated(void **state)
+{
+    fixture *f = *state;
+    uint8_t cubin[700];
+    kiln_cache_record rec;
+    make_record(&f->rng, &rec, cubin, sizeof cubin);
+    kiln_cache *c = open_db(f->path, 0);
+    KILN_CHECK(kiln_cache_put(c, &rec));
+    kiln_cache_close(c);
+    corrupt_with_sql(f->path, "ALTER TABLE kernels DROP COLUMN parts; PRAGMA user_version = 1;");
+    c = open_db(f->path, 1); /* read-only: read as schema 1 */
+    expect_hit(c, &rec);
+    int n = 0;
+    KILN_CHECK(kiln_cache_foreach(c, count_cb, &n));
+    assert_int_equal(n, 1);
+    kiln_cache_close(c);
+    c = open_db(f->path, 0); /* writable: migrated */
+    expect_hit(c, &rec);
+    kiln_cache_close(c);
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT parts FROM kernels", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(q, 0), "");
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(q, 0), 2);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
 }
 
 static void test_default_path(void **state)
@@ -493,6 +640,8 @@ int main(void)
         T(test_stats_survive_a_lying_row),
         T(test_read_only_layer_is_never_written),
         T(test_foreign_and_newer_databases_are_refused),
+        T(test_shipped_layers),
+        T(test_schema_1_is_migrated),
         T(test_default_path),
         T(test_processes_share_one_database),
         T(test_killed_writer_leaves_a_consistent_database),

@@ -27,7 +27,7 @@ extern "C" {
 
 #define KILN_FINGERPRINT_SIZE 32
 /* The schema this library reads and writes (PRAGMA user_version). */
-#define KILN_CACHE_SCHEMA_VERSION 1
+#define KILN_CACHE_SCHEMA_VERSION 2
 
 typedef struct kiln_cache kiln_cache;
 
@@ -49,7 +49,27 @@ typedef struct kiln_cache_options {
     /* Called (on the thread that found it) for each event; may be NULL. */
     void (*on_event)(void *user, const kiln_cache_event *event);
     void *user;
+    /* Shipped read-only databases, searched in this order before path and
+     * never written; a hit there is not copied. NULL: the colon-separated
+     * list in $KILN_CACHE_READONLY (unless ignore_env). A layer that cannot
+     * be opened, or holds no row for arch and NVRTC below, is skipped with a
+     * reason (kiln_cache_layer). */
+    const char *const *readonly_paths;
+    size_t n_readonly_paths;
+    int ignore_env;
+    /* When arch is set: the architecture and NVRTC version this process
+     * compiles for, so that layers built for others are skipped. */
+    const char *arch;
+    int nvrtc_major, nvrtc_minor;
 } kiln_cache_options;
+
+/* A read-only layer as opened: searched (active) or skipped, and why. */
+typedef struct kiln_cache_layer_info {
+    const char *path;   /* valid as long as the cache */
+    int active;
+    const char *reason; /* why it was skipped; "" when active */
+    uint64_t entries;
+} kiln_cache_layer_info;
 
 /* One row, as handed to kiln_cache_put (the cache copies every field). */
 typedef struct kiln_cache_record {
@@ -59,6 +79,7 @@ typedef struct kiln_cache_record {
     const char *arch;        /* "sm_90" */
     int nvrtc_major, nvrtc_minor;
     const char *entries;     /* kernel entry names, separated by ',' */
+    const char *parts;       /* digests of the fingerprint's parts, for explain; may be NULL */
     const void *cubin;
     size_t cubin_size;
 } kiln_cache_record;
@@ -67,6 +88,7 @@ typedef struct kiln_cache_record {
 typedef struct kiln_cache_entry_info {
     uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
     const char *template_id, *constants, *arch, *entries;
+    const char *parts;       /* "" for rows of schema 1 */
     int nvrtc_major, nvrtc_minor;
     uint64_t raw_size, stored_size, hits;
     int64_t created, last_used; /* seconds since the epoch */
@@ -115,6 +137,39 @@ KILN_API kiln_status kiln_cache_get_stats(kiln_cache *cache, kiln_cache_stats *o
 KILN_API void kiln_cache_get_counters(const kiln_cache *cache, kiln_cache_counters *out);
 /* Writes the hit counts and last-used times gathered in memory (also done by close). */
 KILN_API kiln_status kiln_cache_flush(kiln_cache *cache);
+
+/* The read-only layers asked for (active or skipped), in search order. */
+KILN_API size_t kiln_cache_layer_count(const kiln_cache *cache);
+KILN_API kiln_status kiln_cache_layer(const kiln_cache *cache, size_t index, kiln_cache_layer_info *out);
+
+/* ---- maintenance (the writable database) ---- */
+
+typedef struct kiln_cache_verify_report {
+    uint64_t rows, bad_rows;
+    int integrity_ok;        /* SQLite's integrity_check said "ok" */
+} kiln_cache_verify_report;
+
+/* Decodes every row and checks its checksum, and runs SQLite's integrity
+ * check; on_bad (may be NULL) is called for each bad row. Removes nothing. */
+KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
+                                       void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                                      const char *detail),
+                                       void *user, kiln_cache_verify_report *out);
+
+typedef struct kiln_cache_gc_options {
+    uint32_t size;              /* sizeof(kiln_cache_gc_options), or 0 */
+    uint64_t max_bytes;         /* keep at most this many stored bytes; 0: no limit */
+    int64_t older_than_seconds; /* drop rows unused for longer; 0: no limit */
+} kiln_cache_gc_options;
+
+/* Drops rows, least recently used first, in one transaction.
+ * KILN_ERR_INVALID_ARGUMENT for a read-only cache or no limit. */
+KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
+                                   uint64_t *removed_bytes);
+
+/* Copies every row of the database at src_path that verifies and is not
+ * already present; a row that fails verification is skipped and counted. */
+KILN_API kiln_status kiln_cache_merge(kiln_cache *cache, const char *src_path, uint64_t *copied, uint64_t *skipped);
 
 /* The fingerprint as 64 lowercase hex digits and a NUL. */
 KILN_API void kiln_fingerprint_hex(const uint8_t fp[KILN_FINGERPRINT_SIZE], char out[2 * KILN_FINGERPRINT_SIZE + 1]);

@@ -83,6 +83,12 @@ KILN_API void kiln_jit_get_counters(const kiln_jit *jit, kiln_jit_counters *out)
  * KILN_ERR_NOT_FOUND for an unknown template. */
 KILN_API kiln_status kiln_jit_fingerprint(kiln_jit *jit, const kiln_spec *spec,
                                           uint8_t out[KILN_FINGERPRINT_SIZE]);
+/* The parts of spec's fingerprint, as "name=value;..." text: schema, template,
+ * source, headers and options (16-hex-digit digests), arch, nvrtc, constants.
+ * Stored with each row (kiln_cache_entry_info.parts) so that a miss can be
+ * explained part by part. */
+KILN_API kiln_status kiln_jit_fingerprint_parts(kiln_jit *jit, const kiln_spec *spec, char *buf, size_t cap);
+
 /* Makes sure spec's cubin is in the cache (compiling it when missing) without
  * loading it: what prewarm does, and it needs no device. *compiled is set to 1
  * when this call compiled it. KILN_ERR_NOT_FOUND, KILN_ERR_NVRTC_COMPILE (the
