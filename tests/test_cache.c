@@ -437,6 +437,7 @@ static void test_shipped_layers(void **state)
     /* A corrupt row in a layer is a miss there, reported, not deleted; the
      * writable database's good copy serves. */
     corrupt_with_sql(shipped, "UPDATE kernels SET checksum = zeroblob(32)");
+    free(before);
     file_bytes(shipped, &before, &n_before);
     events ev = {0};
     o.arch = NULL;
