@@ -165,6 +165,19 @@ static kiln_status exec_tx(kiln_cache *c, kiln__db *d, const char *sql, const ch
     return st;
 }
 
+/* Whether the file starts with SQLite's header. */
+static int is_sqlite_file(const char *path)
+{
+    static const char magic[16] = "SQLite format 3";
+    char head[16];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    return n == sizeof head && !memcmp(head, magic, sizeof magic);
+}
+
 /* Creates the schema in an empty database, migrates schema 1, accepts ours,
  * refuses the rest (another application's file, a newer kiln's). */
 static kiln_status check_schema(kiln_cache *c, kiln__db *d)
@@ -174,9 +187,16 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
     if ((rc = pragma_int(d->db, "PRAGMA application_id", &app_id)) != SQLITE_OK ||
         (rc = pragma_int(d->db, "PRAGMA user_version", &version)) != SQLITE_OK ||
         (rc = pragma_int(d->db, "SELECT count(*) FROM sqlite_master", &n_tables)) != SQLITE_OK) {
-        if (kiln__sqlite_status(rc) == KILN_ERR_CACHE_CORRUPT)
+        if (kiln__sqlite_status(rc) == KILN_ERR_CACHE_CORRUPT) {
+            /* An SQLite file whose pages are damaged (truncated, overwritten)
+             * is a corrupt cache; anything else is not a kiln database. */
+            if ((rc & 0xff) == SQLITE_CORRUPT && is_sqlite_file(d->path))
+                return kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT,
+                                  "cache %s: the database is damaged (%s); delete it and kiln rebuilds it", d->path,
+                                  sqlite3_errstr(rc));
             return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA, "cache %s: not a kiln cache database (%s)", d->path,
                               sqlite3_errstr(rc));
+        }
         return db_fail(c, d, rc, "reading the schema");
     }
     if (app_id == 0 && version == 0 && n_tables == 0) {
@@ -240,6 +260,22 @@ static kiln_status uri_of(const char *path, const char *query, char *buf, size_t
     return KILN_OK;
 }
 
+/* A file that exists and is not an SQLite database must not become one: SQLite
+ * would take a short file for an empty database and write the schema over it. */
+static kiln_status refuse_foreign_file(kiln_cache *c, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return KILN_OK; /* absent: it will be created */
+    if (!S_ISREG(sb.st_mode))
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file", path);
+    if (sb.st_size == 0 || is_sqlite_file(path))
+        return KILN_OK;
+    return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
+                      "cache %s: not a kiln cache database (a file of %lld bytes that is not SQLite); left as it is",
+                      path, (long long)sb.st_size);
+}
+
 /* Opens one database. A read-only one is opened immutable when nobody may
  * write it (the file or its folder is read-only): then SQLite takes no lock
  * and makes no -wal or -shm file beside it. */
@@ -260,6 +296,8 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
         if ((st = uri_of(path, d->immutable ? "immutable=1" : "mode=ro", uri, sizeof uri)))
             return st;
     } else if ((st = make_parent_dirs(path)) || (st = uri_of(path, "mode=rwc", uri, sizeof uri))) {
+        return st;
+    } else if ((st = refuse_foreign_file(c, path))) {
         return st;
     }
     int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_URI |
@@ -453,6 +491,26 @@ void kiln_cache_close(kiln_cache *c)
     pthread_mutex_destroy(&c->lock);
     kiln__errslot_destroy(&c->err);
     free(c);
+}
+
+kiln_status kiln_cache_seal(kiln_cache *c)
+{
+    if (!c)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_seal: cache is NULL");
+    if (c->main.read_only)
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "cache %s is read-only", c->main.path);
+    kiln_status st = kiln_cache_flush(c);
+    if (st)
+        return st;
+    pthread_mutex_lock(&c->lock);
+    static const char *const steps[] = {"PRAGMA wal_checkpoint(TRUNCATE)", "PRAGMA journal_mode=DELETE", "VACUUM"};
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0] && !st; i++) {
+        int rc = sqlite3_exec(c->main.db, steps[i], NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+            st = db_fail(c, &c->main, rc, steps[i]);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
 }
 
 const char *kiln_cache_path(const kiln_cache *c) { return c && c->main.path ? c->main.path : ""; }

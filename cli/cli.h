@@ -14,11 +14,19 @@
 
 /* Room for a database path (kiln_cache_open accepts up to 4095 bytes). */
 #define CLI_PATH_MAX 4096
+/* prewarm's and export's defaults and limits. */
+#define CLI_DEFAULT_ARCH "sm_90"
+#define CLI_MAX_JOBS 256
 
 /* Each command takes argv with argv[0] = its name ("prewarm") and returns an exit status. */
 int cli_prewarm(int argc, char **argv);
 int cli_ls(int argc, char **argv);
 int cli_stats(int argc, char **argv);
+int cli_verify(int argc, char **argv);
+int cli_gc(int argc, char **argv);
+int cli_export(int argc, char **argv);
+int cli_merge(int argc, char **argv);
+int cli_explain(int argc, char **argv);
 
 /* Prints "kiln <cmd>: <message>" to stderr and returns CLI_EXIT_FAILURE. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -32,6 +40,25 @@ int cli_db_path(const char *cmd, const char *db, char *buf, size_t cap);
 /* Opens an existing database read-only (nothing is created or written).
  * Returns CLI_EXIT_OK or reports the failure and returns CLI_EXIT_FAILURE. */
 int cli_open_existing(const char *cmd, const char *db, kiln_cache **out);
+/* The same, opened for writing (gc): still nothing is created. */
+int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out);
+
+/* Loads the model (model_path, or the built-in shape when NULL), checks arch
+ * and lists the specializations (*specs freed with kiln_free). Returns
+ * CLI_EXIT_OK or reports the failure and returns CLI_EXIT_FAILURE. */
+int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_model_config *config,
+                   kiln_spec **specs, size_t *n_specs);
+/* Compiles the specs that cache lacks on up to jobs threads, printing one line
+ * per spec and the summary on stdout (progress on stderr when it is a
+ * terminal). Returns CLI_EXIT_OK when every spec is in the cache. */
+int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kiln_spec *specs, size_t n_specs,
+                     const char *arch, kiln_cache *cache, long jobs);
+/* Verifies every row of cache (kiln_cache_verify), printing "bad <fingerprint>
+ * <detail>" per bad row and a "verified" line on stdout. CLI_EXIT_OK when all
+ * is whole; otherwise reports and returns CLI_EXIT_FAILURE. */
+int cli_verify_cache(const char *cmd, kiln_cache *cache);
+/* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
+long cli_default_jobs(void);
 
 /* Reports what getopt_long (run with opterr = 0 and an optstring that starts
  * with ':') returned for c = '?' or ':'; returns CLI_EXIT_USAGE. */

@@ -20,6 +20,11 @@ static const char usage_text[] =
     "  prewarm   compile every kernel a model needs into the cache database\n"
     "  ls        list the kernels in a cache database\n"
     "  stats     totals of a cache database, per template\n"
+    "  verify    decode every row and check its checksum, and SQLite's integrity\n"
+    "  gc        drop the least recently used kernels (--max-bytes, --older-than)\n"
+    "  export    a new database of exactly what one model needs, for shipping\n"
+    "  merge     a new database holding the rows of several\n"
+    "  explain   why a model's kernel would miss: the nearest row, the parts that differ\n"
     "\n"
     "'kiln <command> --help' describes a command's options.\n"
     "\n"
@@ -94,7 +99,7 @@ int cli_db_path(const char *cmd, const char *db, char *buf, size_t cap)
     return CLI_EXIT_OK;
 }
 
-int cli_open_existing(const char *cmd, const char *db, kiln_cache **out)
+static int open_existing(const char *cmd, const char *db, int read_only, kiln_cache **out)
 {
     char path[CLI_PATH_MAX];
     struct stat sb;
@@ -108,10 +113,18 @@ int cli_open_existing(const char *cmd, const char *db, kiln_cache **out)
                         errno == ENOENT ? " ('kiln prewarm' creates one)" : "");
     if (!S_ISREG(sb.st_mode))
         return cli_fail(cmd, "cache database %s is not a regular file", path);
-    kiln_cache_options opts = {.size = sizeof opts, .path = path, .read_only = 1};
+    /* The commands work on this one file: no shipped layers from the environment. */
+    kiln_cache_options opts = {.size = sizeof opts, .path = path, .read_only = read_only, .ignore_env = 1};
     if (kiln_cache_open(&opts, out) != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
     return CLI_EXIT_OK;
+}
+
+int cli_open_existing(const char *cmd, const char *db, kiln_cache **out) { return open_existing(cmd, db, 1, out); }
+
+int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out)
+{
+    return open_existing(cmd, db, 0, out);
 }
 
 int main(int argc, char **argv)
@@ -119,7 +132,9 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         int (*run)(int argc, char **argv);
-    } commands[] = {{"prewarm", cli_prewarm}, {"ls", cli_ls}, {"stats", cli_stats}};
+    } commands[] = {{"prewarm", cli_prewarm}, {"ls", cli_ls},         {"stats", cli_stats},
+                    {"verify", cli_verify},   {"gc", cli_gc},         {"export", cli_export},
+                    {"merge", cli_merge},     {"explain", cli_explain}};
 
     if (argc < 2) {
         fputs(usage_text, stderr);

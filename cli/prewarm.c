@@ -10,8 +10,8 @@
 #include "cli.h"
 
 #define CMD "prewarm"
-#define DEFAULT_ARCH "sm_90"
-#define MAX_JOBS 256
+#define DEFAULT_ARCH CLI_DEFAULT_ARCH
+#define MAX_JOBS CLI_MAX_JOBS
 /* Characters of the fingerprint shown per kernel (ls shows all 64). */
 #define FP_SHORT 16
 /* What kiln_spec_constants_text can need for a full spec. */
@@ -42,7 +42,8 @@ static const char help_text[] =
     "  num_attention_heads A, num_key_value_heads K, head_dim D), arch <arch>:\n"
     "  <N> specializations, <C> compiled, <R> already cached, <F> failed,\n"
     "  <S> s, database <path>\n"
-    "(on one line).\n"
+    "(on one line). When stderr is a terminal, a progress line (done/total,\n"
+    "kernels per second, ETA) is drawn there meanwhile and erased at the end.\n"
     "\n"
     "The config and the architecture are checked before the database is opened:\n"
     "when either is bad, the database is neither created nor changed.\n"
@@ -61,6 +62,7 @@ typedef struct spec_result {
 
 /* Shared by the workers; lock guards next, printed and every result's done flag. */
 typedef struct prewarm_run {
+    const char *cmd; /* the command reporting ("prewarm", "export") */
     kiln_jit *jit;
     const kiln_spec *specs;
     size_t n;
@@ -68,6 +70,11 @@ typedef struct prewarm_run {
     pthread_mutex_t lock;
     size_t next;    /* the next spec to hand out */
     size_t printed; /* specs [0, printed) have been reported */
+    /* Progress on a terminal (stderr is one): a line redrawn in place. */
+    int progress;
+    int progress_shown; /* the line is on the screen now */
+    size_t n_done;
+    double start, last_draw;
 } prewarm_run;
 
 static double now_seconds(void)
@@ -99,10 +106,43 @@ static void prepare_one(prewarm_run *r, size_t i)
     }
 }
 
+/* Erases the progress line, so that what follows starts on a clean line. */
+static void progress_clear_locked(prewarm_run *r)
+{
+    if (!r->progress_shown)
+        return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    r->progress_shown = 0;
+}
+
+/* Draws "[done/total] rate, ETA" at most ten times a second, and at the end. */
+static void progress_draw_locked(prewarm_run *r)
+{
+    if (!r->progress)
+        return;
+    double now = now_seconds();
+    if (r->n_done < r->n && r->progress_shown && now - r->last_draw < 0.1)
+        return;
+    r->last_draw = now;
+    double elapsed = now - r->start;
+    double rate = elapsed > 0 ? (double)r->n_done / elapsed : 0;
+    char eta[32] = "?";
+    if (r->n_done == r->n)
+        snprintf(eta, sizeof eta, "0s");
+    else if (rate > 0)
+        snprintf(eta, sizeof eta, "%.0fs", (double)(r->n - r->n_done) / rate);
+    fprintf(stderr, "\r\033[K[%zu/%zu] %.1f kernels/s, ETA %s", r->n_done, r->n, rate, eta);
+    fflush(stderr);
+    r->progress_shown = 1;
+}
+
 /* Reports the finished specs that follow the last reported one, so lines come
  * out in spec order whatever order the workers finish in. */
 static void report_locked(prewarm_run *r)
 {
+    if (r->printed < r->n && r->results[r->printed].done)
+        progress_clear_locked(r);
     while (r->printed < r->n && r->results[r->printed].done) {
         size_t i = r->printed++;
         const spec_result *res = &r->results[i];
@@ -114,7 +154,7 @@ static void report_locked(prewarm_run *r)
                    FP_SHORT, res->fingerprint);
         } else {
             printf("%s %s failed -\n", r->specs[i].template_id, consts);
-            fprintf(stderr, "kiln " CMD ": %s %s: %s: %s\n", r->specs[i].template_id, consts,
+            fprintf(stderr, "kiln %s: %s %s: %s: %s\n", r->cmd, r->specs[i].template_id, consts,
                     kiln_status_code(res->st), res->error && *res->error ? res->error : kiln_status_string(res->st));
         }
         fflush(stdout);
@@ -137,7 +177,9 @@ static void *worker(void *arg)
 
         pthread_mutex_lock(&r->lock);
         r->results[i].done = 1;
+        r->n_done++;
         report_locked(r);
+        progress_draw_locked(r);
         pthread_mutex_unlock(&r->lock);
     }
 }
@@ -163,12 +205,95 @@ static void run_all(prewarm_run *r, long jobs)
     free(threads);
 }
 
-static long default_jobs(void)
+long cli_default_jobs(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1)
         return 1;
     return n > MAX_JOBS ? MAX_JOBS : n;
+}
+
+int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_model_config *config,
+                   kiln_spec **specs, size_t *n_specs)
+{
+    *specs = NULL;
+    *n_specs = 0;
+    if (model_path) {
+        if (kiln_model_config_load(model_path, config) != KILN_OK)
+            return cli_fail(cmd, "bad model config: %s", kiln_errmsg());
+    } else {
+        kiln_model_config_default(config);
+    }
+    kiln_jit *probe = NULL;
+    kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
+    if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
+        return cli_fail(cmd, "--arch %s: %s", arch, kiln_errmsg());
+    kiln_jit_destroy(probe);
+    if (kiln_model_specializations(config, specs, n_specs) != KILN_OK)
+        return cli_fail(cmd, "model %s: %s", config->name, kiln_errmsg());
+    return CLI_EXIT_OK;
+}
+
+int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kiln_spec *specs, size_t n_specs,
+                     const char *arch, kiln_cache *cache, long jobs)
+{
+    int rc = CLI_EXIT_FAILURE;
+    kiln_jit *jit = NULL;
+    prewarm_run run = {.cmd = cmd, .specs = specs, .n = n_specs, .next = 0, .printed = 0};
+    kiln_jit_options jit_opts = {.size = sizeof jit_opts, .cache = cache, .arch = arch};
+    if (kiln_jit_create(&jit_opts, &jit) != KILN_OK) {
+        cli_fail(cmd, "%s", kiln_errmsg());
+        return rc;
+    }
+    run.jit = jit;
+    run.results = calloc(n_specs ? n_specs : 1, sizeof *run.results);
+    if (!run.results) {
+        cli_fail(cmd, "out of memory");
+        goto out_destroy_jit;
+    }
+    if (pthread_mutex_init(&run.lock, NULL) != 0) {
+        cli_fail(cmd, "cannot create a mutex");
+        goto out_free_results;
+    }
+
+    /* Progress is for a person watching; logs and pipes get the lines only. */
+    run.progress = isatty(STDERR_FILENO) && n_specs > 0;
+    double start = now_seconds();
+    run.start = start;
+    run_all(&run, jobs);
+    double elapsed = now_seconds() - start;
+    progress_clear_locked(&run);
+
+    size_t n_compiled = 0, n_cached = 0, n_failed = 0;
+    for (size_t i = 0; i < n_specs; i++) {
+        if (run.results[i].st != KILN_OK)
+            n_failed++;
+        else if (run.results[i].compiled)
+            n_compiled++;
+        else
+            n_cached++;
+    }
+    printf("summary: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
+           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld), arch %s: "
+           "%zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, database %s\n",
+           config->name, (long long)config->vocab_size, (long long)config->hidden_size,
+           (long long)config->intermediate_size, (long long)config->num_attention_heads,
+           (long long)config->num_key_value_heads, (long long)config->head_dim, kiln_jit_arch(jit), n_specs,
+           n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
+    fflush(stdout);
+    if (n_failed)
+        cli_fail(cmd, "%zu of %zu specializations failed", n_failed, n_specs);
+    else
+        rc = CLI_EXIT_OK;
+
+    pthread_mutex_destroy(&run.lock);
+out_free_results:
+    for (size_t i = 0; i < n_specs; i++)
+        free(run.results[i].error);
+    free(run.results);
+out_destroy_jit:
+    kiln_jit_destroy(jit);
+    return rc;
 }
 
 int cli_prewarm(int argc, char **argv)
@@ -209,90 +334,24 @@ int cli_prewarm(int argc, char **argv)
     if (optind < argc)
         return cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (!jobs)
-        jobs = default_jobs();
+        jobs = cli_default_jobs();
 
     /* Everything that can be wrong with the request is found before the
      * database is touched, so a bad request leaves it as it was. */
     kiln_model_config config;
-    if (model_path) {
-        if (kiln_model_config_load(model_path, &config) != KILN_OK)
-            return cli_fail(CMD, "bad model config: %s", kiln_errmsg());
-    } else {
-        kiln_model_config_default(&config);
-    }
-    kiln_jit *probe = NULL;
-    kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
-    if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
-        return cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
-    kiln_jit_destroy(probe);
-    char path[CLI_PATH_MAX];
-    int rc = cli_db_path(CMD, db, path, sizeof path);
-    if (rc)
-        return rc;
     kiln_spec *specs = NULL;
     size_t n_specs = 0;
-    if (kiln_model_specializations(&config, &specs, &n_specs) != KILN_OK)
-        return cli_fail(CMD, "model %s: %s", config.name, kiln_errmsg());
-
-    rc = CLI_EXIT_FAILURE;
+    char path[CLI_PATH_MAX];
+    int rc = cli_load_model(CMD, model_path, arch, &config, &specs, &n_specs);
+    if (rc || (rc = cli_db_path(CMD, db, path, sizeof path)))
+        goto out_free_specs;
     kiln_cache *cache = NULL;
-    kiln_jit *jit = NULL;
-    prewarm_run run = {.specs = specs, .n = n_specs, .next = 0, .printed = 0};
     kiln_cache_options cache_opts = {.size = sizeof cache_opts, .path = path};
     if (kiln_cache_open(&cache_opts, &cache) != KILN_OK) {
-        cli_fail(CMD, "%s", kiln_errmsg());
+        rc = cli_fail(CMD, "%s", kiln_errmsg());
         goto out_free_specs;
     }
-    kiln_jit_options jit_opts = {.size = sizeof jit_opts, .cache = cache, .arch = arch};
-    if (kiln_jit_create(&jit_opts, &jit) != KILN_OK) {
-        cli_fail(CMD, "%s", kiln_errmsg());
-        goto out_close_cache;
-    }
-    run.jit = jit;
-    run.results = calloc(n_specs ? n_specs : 1, sizeof *run.results);
-    if (!run.results) {
-        cli_fail(CMD, "out of memory");
-        goto out_destroy_jit;
-    }
-    if (pthread_mutex_init(&run.lock, NULL) != 0) {
-        cli_fail(CMD, "cannot create a mutex");
-        goto out_free_results;
-    }
-
-    double start = now_seconds();
-    run_all(&run, jobs);
-    double elapsed = now_seconds() - start;
-
-    size_t n_compiled = 0, n_cached = 0, n_failed = 0;
-    for (size_t i = 0; i < n_specs; i++) {
-        if (run.results[i].st != KILN_OK)
-            n_failed++;
-        else if (run.results[i].compiled)
-            n_compiled++;
-        else
-            n_cached++;
-    }
-    printf("summary: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
-           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld), arch %s: "
-           "%zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, database %s\n",
-           config.name, (long long)config.vocab_size, (long long)config.hidden_size,
-           (long long)config.intermediate_size, (long long)config.num_attention_heads,
-           (long long)config.num_key_value_heads, (long long)config.head_dim, kiln_jit_arch(jit), n_specs,
-           n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
-    fflush(stdout);
-    if (n_failed)
-        cli_fail(CMD, "%zu of %zu specializations failed", n_failed, n_specs);
-    else
-        rc = CLI_EXIT_OK;
-
-    pthread_mutex_destroy(&run.lock);
-out_free_results:
-    for (size_t i = 0; i < n_specs; i++)
-        free(run.results[i].error);
-    free(run.results);
-out_destroy_jit:
-    kiln_jit_destroy(jit);
-out_close_cache:
+    rc = cli_prewarm_into(CMD, &config, specs, n_specs, arch, cache, jobs);
     kiln_cache_close(cache);
 out_free_specs:
     kiln_free(specs);

@@ -298,10 +298,14 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         j->counters.corrupt_dropped += dropped_after - dropped_before;
         if (found && load)
             j->counters.database_hits++;
-        pthread_mutex_unlock(&j->lock);
         if (st)
+            j->counters.cache_errors++;
+        pthread_mutex_unlock(&j->lock);
+        /* Storing is all prepare does, so its failure is the answer; acquire
+         * compiles instead: a busy or broken database must not stop a kernel. */
+        if (st && !load)
             return st;
-        e->persisted = found;
+        e->persisted = !st && found;
     }
     if (!cubin && (!e->persisted || load)) {
         st = kiln__compile(e->tmpl, &e->spec, &j->opts, j->arch, &cubin, &size);
@@ -332,10 +336,17 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
                                      .cubin_size = size};
             memcpy(rec.fingerprint, e->fingerprint, KILN_FINGERPRINT_SIZE);
             if ((st = kiln_cache_put(j->cache, &rec))) {
-                free(cubin);
-                return st;
+                pthread_mutex_lock(&j->lock);
+                j->counters.cache_errors++;
+                pthread_mutex_unlock(&j->lock);
+                if (!load) {
+                    free(cubin);
+                    return st;
+                }
+                st = KILN_OK; /* acquire loads what it compiled; a later call stores it */
+            } else {
+                e->persisted = 1;
             }
-            e->persisted = 1;
         }
     }
     if (load && !e->loaded) {

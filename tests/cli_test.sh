@@ -71,7 +71,7 @@ print(eval(sys.argv[2]))' "$OUT" "$1" || fail "output is not the expected JSON (
 # ---- help, version, usage errors ----
 expect 0 "$KILN" --help
 grep -q '^usage: kiln' "$OUT" || fail "kiln --help prints no usage"
-for cmd in prewarm ls stats; do
+for cmd in prewarm ls stats verify gc export merge explain; do
     expect 0 "$KILN" "$cmd" --help
     grep -q "^usage: kiln $cmd" "$OUT" || fail "kiln $cmd --help prints no usage"
     [[ ! -s $ERR ]] || fail "kiln $cmd --help wrote to stderr"
@@ -106,6 +106,7 @@ N=$N_SPECS
 [[ $(grep -c -E '^[a-z0-9_]+ [A-Z0-9_=;]* compiled [0-9a-f]{16}$' "$OUT") -eq $N ]] ||
     fail "expected $N 'compiled' lines"
 [[ -f $DB ]] || fail "prewarm did not create $DB"
+[[ ! -s $ERR ]] || fail "prewarm wrote to stderr without a terminal (progress belongs to terminals only)"
 
 expect 0 "$KILN" prewarm --db "$DB"
 parse_summary
@@ -213,6 +214,194 @@ parse_summary
 [[ $N_COMPILED -eq $N ]] || fail "KILN_CACHE_DIR: compiled $N_COMPILED of $N"
 KILN_CACHE_DIR="$S/envdir" expect 0 "$KILN" stats --json
 [[ $(json_eval 'd["entries"]') -eq $N ]] || fail "stats with KILN_CACHE_DIR: entries is not $N"
+
+# ---- prewarm shows progress on a terminal only ----
+if command -v script >/dev/null; then
+    RC=0
+    script -qec "'$KILN' prewarm --db '$S/tty.db' -j 2 >'$S/tty.out'" /dev/null >"$S/tty.term" 2>&1 || RC=$?
+    [[ $RC -eq 0 ]] || fail "prewarm on a terminal exited $RC: $(cat "$S/tty.term")"
+    grep -q -a -E "\[$N/$N\] [0-9.]+ kernels/s, ETA" "$S/tty.term" || fail "no progress line on a terminal"
+    [[ $(grep -c -E ' compiled [0-9a-f]{16}$' "$S/tty.out") -eq $N ]] || fail "progress changed prewarm's stdout"
+fi
+
+# py SCRIPT DB...: runs Python with sqlite3 imported and the databases in sys.argv[1:].
+py() {
+    local script=$1
+    shift
+    python3 -c "import sqlite3, sys, time
+$script" "$@" || fail "python: $script"
+}
+
+# ls_fps DB: the database's fingerprints, sorted, one a line.
+ls_fps() {
+    "$KILN" ls --db "$1" --json >"$S/ls.json" || fail "ls --db $1 failed"
+    python3 -c 'import json, sys
+print("\n".join(sorted(e["fingerprint"] for e in json.load(open(sys.argv[1])))))' "$S/ls.json"
+}
+
+# ---- export: a new database of exactly one model's kernels ----
+mkdir -p "$S/ship"
+EXP="$S/ship/llama.kiln.db"
+expect 2 "$KILN" export --db "$S/ship/x.db"
+expect 2 "$KILN" export
+grep -q -- '-o' "$ERR" || fail "export without -o does not ask for it"
+expect 1 "$KILN" export --model "$S/hidden_zero.json" -o "$S/ship/bad.db"
+grep -q hidden_size "$ERR" || fail "export: a bad config is not named"
+[[ ! -e $S/ship/bad.db ]] || fail "export of a bad config created its output"
+expect 1 "$KILN" export --arch sm_x -o "$S/ship/bad.db"
+[[ ! -e $S/ship/bad.db ]] || fail "export for a bad architecture created its output"
+KILN_CACHE_READONLY="$DB" expect 0 "$KILN" export -o "$EXP" -j 2
+parse_summary
+[[ $N_SPECS -eq $N && $N_COMPILED -eq $N && $N_FAILED -eq 0 ]] ||
+    fail "export: $N_COMPILED of $N_SPECS compiled (a read-only layer must not stand in for the output)"
+grep -q "^verified $EXP: $N rows, 0 bad, integrity ok\$" "$OUT" || fail "export did not verify its output"
+grep -q "^export $EXP: $N kernels\$" "$OUT" || fail "export: no final line"
+[[ ! -e $EXP-wal && ! -e $EXP-shm ]] || fail "export left -wal or -shm files beside its output"
+grep -E ' compiled [0-9a-f]{16}$' "$OUT" | awk '{print $NF}' | sort >"$S/export.prefixes"
+[[ $(ls_fps "$EXP" | cut -c1-16 | sort | tr '\n' ' ') == "$(tr '\n' ' ' <"$S/export.prefixes")" ]] ||
+    fail "export does not hold exactly the model's kernels"
+[[ $(python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("PRAGMA journal_mode").fetchone()[0])' "$EXP") == delete ]] ||
+    fail "export did not seal its output (journal mode is not delete)"
+expect 0 "$KILN" ls --db "$EXP"
+[[ ! -e $EXP-wal && ! -e $EXP-shm ]] || fail "reading a sealed export left -wal or -shm files beside it"
+BEFORE=$(sha "$EXP")
+expect 1 "$KILN" export -o "$EXP"
+grep -q 'exists' "$ERR" || fail "export over an existing file: the message does not say it exists"
+[[ $(sha "$EXP") == "$BEFORE" ]] || fail "export over an existing file changed it"
+QEXP="$S/ship/qwen.kiln.db"
+expect 0 "$KILN" export --model "$S/qwen.json" -o "$QEXP"
+[[ $(ls_fps "$QEXP" | wc -l) -eq $N_QWEN ]] || fail "qwen export does not hold $N_QWEN kernels"
+
+# ---- verify ----
+expect 0 "$KILN" verify --db "$EXP"
+grep -q "^verified $EXP: $N rows, 0 bad, integrity ok\$" "$OUT" || fail "verify of a good database: $(cat "$OUT")"
+[[ $(sha "$EXP") == "$BEFORE" ]] || fail "verify changed the database"
+expect 1 "$KILN" verify --db "$S/missing/kernels.db"
+[[ ! -e $S/missing ]] || fail "verify created a database"
+BAD="$S/ship/bad-rows.db"
+cp "$EXP" "$BAD"
+# One row with a wrong checksum, one with a byte flipped inside its zstd frame.
+read -r BAD1 BAD2 < <(py '
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute("SELECT fingerprint, cubin FROM kernels ORDER BY fingerprint").fetchall()
+a, b = rows[1], rows[-1]
+db.execute("UPDATE kernels SET checksum = zeroblob(32) WHERE fingerprint = ?", (a[0],))
+blob = bytearray(b[1]); blob[len(blob) // 2] ^= 0x5a
+db.execute("UPDATE kernels SET cubin = ? WHERE fingerprint = ?", (bytes(blob), b[0]))
+db.commit()
+print(a[0].hex(), b[0].hex())' "$BAD")
+expect 1 "$KILN" verify --db "$BAD"
+[[ $(grep -c '^bad ' "$OUT") -eq 2 ]] || fail "verify does not list exactly the 2 bad rows"
+grep -q "^bad $BAD1 .*checksum" "$OUT" || fail "verify does not list the row with a wrong checksum ($BAD1)"
+grep -q "^bad $BAD2 " "$OUT" || fail "verify does not list the row with a flipped byte ($BAD2)"
+grep -q "^verified $BAD: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verify: no summary of the bad database"
+grep -q '2 of' "$ERR" || fail "verify: stderr does not count the bad rows"
+
+# ---- merge ----
+MERGED="$S/ship/merged.db"
+expect 2 "$KILN" merge -o "$MERGED"
+expect 2 "$KILN" merge "$EXP"
+expect 0 "$KILN" merge "$EXP" "$QEXP" -o "$MERGED"
+grep -q "^merged $EXP: $N copied, 0 skipped\$" "$OUT" || fail "merge: no line for $EXP"
+grep -q "^merged $QEXP: $N_QWEN copied, 0 skipped\$" "$OUT" || fail "merge: no line for $QEXP"
+[[ $(ls_fps "$MERGED") == "$( (ls_fps "$EXP"; ls_fps "$QEXP") | sort -u)" ]] || fail "merge is not the union"
+expect 1 "$KILN" merge "$EXP" -o "$MERGED"
+grep -q 'exists' "$ERR" || fail "merge over an existing file: the message does not say it exists"
+expect 1 "$KILN" merge "$EXP" "$S/qwen.json" -o "$S/ship/foreign.db"
+grep -q 'not a kiln' "$ERR" || fail "merge of a JSON file: the message does not say it is not a kiln database"
+[[ ! -e $S/ship/foreign.db ]] || fail "a failed merge left its output"
+py 'db = sqlite3.connect(sys.argv[1]); db.execute("CREATE TABLE kernels (x)"); db.commit()' "$S/ship/other-app.db"
+expect 1 "$KILN" merge "$S/ship/other-app.db" -o "$S/ship/foreign.db"
+grep -q 'not a kiln' "$ERR" || fail "merge of another application's database is not refused"
+expect 1 "$KILN" merge "$S/ship/none.db" -o "$S/ship/foreign.db"
+[[ ! -e $S/ship/foreign.db && ! -e $S/ship/none.db ]] || fail "merge of a missing source created a file"
+expect 0 "$KILN" merge "$BAD" -o "$S/ship/repaired.db"
+grep -q "^merged $BAD: $((N - 2)) copied, 2 skipped\$" "$OUT" || fail "merge does not skip the 2 bad rows"
+grep -q 'failed verification' "$ERR" || fail "merge does not report skipped rows on stderr"
+FPS=$(ls_fps "$S/ship/repaired.db")
+grep -q -e "$BAD1" -e "$BAD2" <<<"$FPS" && fail "merge copied a bad row"
+
+# ---- gc ----
+GC="$S/ship/gc.db"
+expect 2 "$KILN" gc --db "$EXP"
+for bad in 0 -5 abc 4X 1.5 ""; do
+    expect 2 "$KILN" gc --db "$EXP" --max-bytes "$bad"
+done
+for bad in 0 -1 abc 1e9; do
+    expect 2 "$KILN" gc --db "$EXP" --older-than "$bad"
+done
+expect 1 "$KILN" gc --db "$S/missing/kernels.db" --max-bytes 1
+[[ ! -e $S/missing ]] || fail "gc created a database"
+# Least recently used first: last use in reverse fingerprint order, so the
+# order gc follows is not the table's own.
+cp "$EXP" "$GC"
+read -r LIMIT LRU1 LRU2 < <(py '
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute("SELECT fingerprint, length(cubin) FROM kernels ORDER BY fingerprint DESC").fetchall()
+for i, (fp, _) in enumerate(rows):
+    db.execute("UPDATE kernels SET last_used = ? WHERE fingerprint = ?", (1000 + i, fp))
+db.commit()
+total = sum(n for _, n in rows)
+print(total - rows[0][1] - rows[1][1] + 1, rows[0][0].hex(), rows[1][0].hex())' "$GC")
+expect 0 "$KILN" gc --db "$GC" --max-bytes "$LIMIT"
+grep -q "^gc $GC: removed 2 rows" "$OUT" || fail "gc --max-bytes did not remove the 2 least recently used rows"
+[[ $(ls_fps "$GC" | wc -l) -eq $((N - 2)) ]] || fail "gc --max-bytes left the wrong number of rows"
+FPS=$(ls_fps "$GC")
+grep -q -e "$LRU1" -e "$LRU2" <<<"$FPS" && fail "gc --max-bytes kept a least recently used row"
+expect 0 "$KILN" gc --db "$GC" --max-bytes "$LIMIT"
+grep -q "^gc $GC: removed 0 rows" "$OUT" || fail "a second gc removed more"
+expect 0 "$KILN" gc --db "$GC" --max-bytes 1K
+py 'db = sqlite3.connect(sys.argv[1]); assert db.execute("SELECT total(length(cubin)) FROM kernels").fetchone()[0] <= 1024' "$GC"
+# --older-than: three rows unused for ten days, the rest used now.
+cp "$EXP" "$GC"
+read -r OLD < <(py '
+db = sqlite3.connect(sys.argv[1])
+now = int(time.time())
+fps = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint")]
+db.execute("UPDATE kernels SET last_used = ?", (now,))
+for fp in fps[:3]:
+    db.execute("UPDATE kernels SET last_used = ? WHERE fingerprint = ?", (now - 10 * 86400, fp))
+db.commit()
+print(" ".join(fp.hex() for fp in fps[:3]))' "$GC")
+expect 0 "$KILN" gc --db "$GC" --older-than 7
+grep -q "^gc $GC: removed 3 rows" "$OUT" || fail "gc --older-than 7 did not remove the 3 old rows"
+FPS=$(ls_fps "$GC")
+for fp in $OLD; do
+    grep -q "$fp" <<<"$FPS" && fail "gc --older-than kept the old row $fp"
+done
+[[ $(ls_fps "$GC" | wc -l) -eq $((N - 3)) ]] || fail "gc --older-than removed recent rows"
+expect 0 "$KILN" verify --db "$GC"
+
+# ---- explain: why a lookup would miss ----
+expect 2 "$KILN" explain --db "$EXP"
+grep -q -- '--op' "$ERR" || fail "explain without --op does not ask for it"
+expect 1 "$KILN" explain --db "$EXP" --op no_such_op
+grep -q 'rms_norm' "$ERR" || fail "explain of an unknown op does not list the model's ops"
+expect 1 "$KILN" explain --db "$S/missing/kernels.db" --op rms_norm
+[[ ! -e $S/missing ]] || fail "explain created a database"
+expect 0 "$KILN" explain --db "$EXP" --op paged_attention
+[[ $(grep -c -E '^paged_attention [A-Z0-9_=;]+ hit [0-9a-f]{64}$' "$OUT") -ge 1 ]] || fail "explain: no hit for paged_attention"
+! grep -q ' miss ' "$OUT" || fail "explain: a miss in the model's own export"
+expect 0 "$KILN" explain --db "$EXP" --op rms_norm --arch sm_80
+grep -q -E '^rms_norm .* miss [0-9a-f]{64} nearest [0-9a-f]{64} differs: arch sm_90 -> sm_80$' "$OUT" ||
+    fail "explain across architectures does not name the arch"
+expect 0 "$KILN" explain --db "$QEXP" --op rms_norm
+grep -q -E '^rms_norm .* miss .* differs: constants HIDDEN=896;[^,]* -> HIDDEN=4096;' "$OUT" ||
+    fail "explain across models does not name the constants"
+grep -q -E 'differs:.*(source|headers|options|arch|nvrtc) ' "$OUT" && fail "explain across models names parts that agree"
+# The template's source changed since the row was stored: only its digest differs.
+STALE="$S/ship/stale.db"
+cp "$EXP" "$STALE"
+py '
+db = sqlite3.connect(sys.argv[1])
+fp, parts = db.execute("SELECT fingerprint, parts FROM kernels WHERE template_id = ?", ("rms_norm",)).fetchone()
+fields = parts.split(";")
+fields = ["source=0123456789abcdef" if f.startswith("source=") else f for f in fields]
+db.execute("UPDATE kernels SET fingerprint = ?, parts = ? WHERE fingerprint = ?", (bytes(32), ";".join(fields), fp))
+db.commit()' "$STALE"
+expect 0 "$KILN" explain --db "$STALE" --op rms_norm
+grep -q -E "^rms_norm .* miss [0-9a-f]{64} nearest 0{64} differs: source 0123456789abcdef -> [0-9a-f]{16}\$" "$OUT" ||
+    fail "explain does not single out the source digest"
 
 # ---- a missing database: ls and stats fail and create nothing ----
 for cmd in ls stats; do

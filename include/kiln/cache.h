@@ -150,7 +150,9 @@ typedef struct kiln_cache_verify_report {
 } kiln_cache_verify_report;
 
 /* Decodes every row and checks its checksum, and runs SQLite's integrity
- * check; on_bad (may be NULL) is called for each bad row. Removes nothing. */
+ * check; on_bad (may be NULL) is called for each bad row, under the cache's
+ * lock (it must not call into the cache). Removes nothing. When
+ * integrity_ok is 0, kiln_cache_errmsg holds SQLite's report. */
 KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
                                        void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                                       const char *detail),
@@ -166,6 +168,11 @@ typedef struct kiln_cache_gc_options {
  * KILN_ERR_INVALID_ARGUMENT for a read-only cache or no limit. */
 KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                                    uint64_t *removed_bytes);
+
+/* Makes the writable database a file to ship: hits flushed, the WAL folded
+ * in, the rollback journal instead of WAL (so a read-only open needs no -wal
+ * or -shm beside it) and free pages vacuumed. Later writers still work. */
+KILN_API kiln_status kiln_cache_seal(kiln_cache *cache);
 
 /* Copies every row of the database at src_path that verifies and is not
  * already present; a row that fails verification is skipped and counted. */

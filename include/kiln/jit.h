@@ -68,6 +68,7 @@ typedef struct kiln_jit_counters {
     uint64_t database_hits;   /* cubins loaded from the cache database */
     uint64_t memory_hits;     /* acquisitions served by the in-memory table */
     uint64_t corrupt_dropped; /* cache rows that failed verification */
+    uint64_t cache_errors;    /* database reads or writes that failed (acquire compiled or loaded anyway) */
 } kiln_jit_counters;
 
 /* KILN_ERR_INVALID_ARGUMENT (no arch offline, a malformed arch or option),
@@ -96,7 +97,10 @@ KILN_API kiln_status kiln_jit_fingerprint_parts(kiln_jit *jit, const kiln_spec *
 KILN_API kiln_status kiln_jit_prepare(kiln_jit *jit, const kiln_spec *spec, int *compiled);
 /* The loaded kernel of spec: memory, then database, then NVRTC. The kernel
  * belongs to the jit and lives until kiln_jit_destroy. Needs a runtime
- * (KILN_ERR_NO_DEVICE offline); otherwise as kiln_jit_prepare, plus KILN_ERR_CUDA_*. */
+ * (KILN_ERR_NO_DEVICE offline). A database that cannot be read or written
+ * (busy past its timeout, a full disk) does not fail it: the kernel is
+ * compiled and loaded anyway, counted in cache_errors, and stored by a later
+ * call. Otherwise as kiln_jit_prepare, plus KILN_ERR_CUDA_*. */
 KILN_API kiln_status kiln_jit_acquire(kiln_jit *jit, const kiln_spec *spec, kiln_kernel **out);
 /* A loaded entry point (a CUfunction) by name; NULL name: the first entry. */
 KILN_API kiln_status kiln_kernel_function(const kiln_kernel *kernel, const char *entry, void **function);

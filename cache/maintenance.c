@@ -1,0 +1,529 @@
+/* Maintenance of the writable database: verify every row, collect the least
+ * recently used, merge another kiln database in. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/internal.h"
+
+/* What a bad row's detail can need: the decoder's text and its prefix. */
+#define DETAIL_CAP 256
+
+static kiln_status main_fail(kiln_cache *c, int rc, const char *what)
+{
+    return kiln__fail(&c->err, kiln__sqlite_status(rc), "cache %s: %s: %s (sqlite code %d)", c->main.path, what,
+                      sqlite3_errmsg(c->main.db), rc);
+}
+
+/* A text column that is really text (NOT NULL in the schema, but a row may lie). */
+static int is_text(sqlite3_stmt *q, int i) { return sqlite3_column_type(q, i) == SQLITE_TEXT; }
+
+/* Checks one row of (fingerprint, cubin, raw_size, checksum) at columns
+ * first..first+3: KILN_OK, KILN_ERR_CACHE_CORRUPT with detail, or
+ * KILN_ERR_HOST_OUT_OF_MEMORY. fp gets the fingerprint (zero-padded when the
+ * row's is not 32 bytes). */
+static kiln_status check_row(sqlite3_stmt *q, int first, uint8_t fp[KILN_FINGERPRINT_SIZE], char *detail,
+                             size_t cap)
+{
+    const void *key = sqlite3_column_blob(q, first);
+    int key_size = sqlite3_column_bytes(q, first);
+    memset(fp, 0, KILN_FINGERPRINT_SIZE);
+    if (key)
+        memcpy(fp, key, key_size < KILN_FINGERPRINT_SIZE ? (size_t)key_size : KILN_FINGERPRINT_SIZE);
+    if (key_size != KILN_FINGERPRINT_SIZE) {
+        snprintf(detail, cap, "fingerprint of %d bytes (expected %d)", key_size, KILN_FINGERPRINT_SIZE);
+        return KILN_ERR_CACHE_CORRUPT;
+    }
+    const void *blob = sqlite3_column_blob(q, first + 1);
+    size_t blob_size = (size_t)sqlite3_column_bytes(q, first + 1);
+    sqlite3_int64 raw_size = sqlite3_column_int64(q, first + 2);
+    int raw_is_int = sqlite3_column_type(q, first + 2) == SQLITE_INTEGER;
+    const void *sum = sqlite3_column_blob(q, first + 3);
+    size_t sum_size = (size_t)sqlite3_column_bytes(q, first + 3);
+    void *raw = NULL;
+    kiln_status st = kiln__row_decode(blob, blob_size, raw_size, raw_is_int, sum, sum_size, &raw, detail, cap);
+    free(raw);
+    return st;
+}
+
+/* ---- verify ---- */
+
+kiln_status kiln_cache_verify(kiln_cache *c,
+                              void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                             const char *detail),
+                              void *user, kiln_cache_verify_report *out)
+{
+    if (!c || !out)
+        return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_verify: NULL argument");
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *q = NULL;
+    kiln_status st = KILN_OK;
+    char first_problem[DETAIL_CAP] = "";
+    int rc;
+    pthread_mutex_lock(&c->lock);
+    /* One read transaction: the rows and the integrity check see one state. */
+    if ((rc = sqlite3_exec(c->main.db, "BEGIN", NULL, NULL, NULL)) != SQLITE_OK) {
+        st = main_fail(c, rc, "verifying");
+        goto out_unlock;
+    }
+    rc = sqlite3_prepare_v2(c->main.db, "SELECT fingerprint, cubin, raw_size, checksum FROM kernels", -1, &q, NULL);
+    if (rc != SQLITE_OK) {
+        st = main_fail(c, rc, "verifying");
+        goto out_rollback;
+    }
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        uint8_t fp[KILN_FINGERPRINT_SIZE];
+        char detail[DETAIL_CAP];
+        out->rows++;
+        kiln_status row = check_row(q, 0, fp, detail, sizeof detail);
+        if (row == KILN_ERR_HOST_OUT_OF_MEMORY) {
+            st = kiln__fail(&c->err, row, "cache %s: out of memory verifying a row", c->main.path);
+            goto out_finalize;
+        }
+        if (row != KILN_OK) {
+            out->bad_rows++;
+            if (on_bad)
+                on_bad(user, fp, detail);
+        }
+    }
+    /* A file damaged below the rows makes SQLite itself fail: that is a
+     * verdict on the database (integrity_ok = 0), not an error of this call. */
+    int damaged = 0;
+    if (rc != SQLITE_DONE) {
+        if (kiln__sqlite_status(rc) != KILN_ERR_CACHE_CORRUPT) {
+            st = main_fail(c, rc, "verifying");
+            goto out_finalize;
+        }
+        damaged = 1;
+        snprintf(first_problem, sizeof first_problem, "rows unreadable after %llu: %s",
+                 (unsigned long long)out->rows, sqlite3_errmsg(c->main.db));
+    }
+    sqlite3_finalize(q);
+    q = NULL;
+    if ((rc = sqlite3_prepare_v2(c->main.db, "PRAGMA integrity_check", -1, &q, NULL)) != SQLITE_OK) {
+        st = main_fail(c, rc, "integrity check");
+        goto out_rollback;
+    }
+    out->integrity_ok = !damaged;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const unsigned char *line = sqlite3_column_text(q, 0);
+        if (line && !strcmp((const char *)line, "ok"))
+            continue;
+        if (out->integrity_ok)
+            snprintf(first_problem, sizeof first_problem, "%s", line ? (const char *)line : "?");
+        out->integrity_ok = 0;
+    }
+    if (rc != SQLITE_DONE) {
+        if (kiln__sqlite_status(rc) != KILN_ERR_CACHE_CORRUPT) {
+            st = main_fail(c, rc, "integrity check");
+            goto out_finalize;
+        }
+        if (out->integrity_ok)
+            snprintf(first_problem, sizeof first_problem, "%s", sqlite3_errmsg(c->main.db));
+        out->integrity_ok = 0;
+    }
+    if (!out->integrity_ok)
+        kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT, "cache %s: SQLite integrity check: %s", c->main.path,
+                   first_problem);
+out_finalize:
+    sqlite3_finalize(q);
+out_rollback:
+    sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+/* ---- gc ---- */
+
+typedef struct victim {
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    int64_t bytes;
+} victim;
+
+/* Deletes the listed rows with one statement; adds to the totals. */
+static kiln_status delete_victims(kiln_cache *c, const victim *v, size_t n, uint64_t *rows, uint64_t *bytes)
+{
+    sqlite3_stmt *del = NULL;
+    int rc = sqlite3_prepare_v2(c->main.db, "DELETE FROM kernels WHERE fingerprint = ?1", -1, &del, NULL);
+    if (rc != SQLITE_OK)
+        return main_fail(c, rc, "collecting");
+    kiln_status st = KILN_OK;
+    for (size_t i = 0; i < n; i++) {
+        sqlite3_bind_blob(del, 1, v[i].fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
+        rc = sqlite3_step(del);
+        sqlite3_reset(del);
+        if (rc != SQLITE_DONE) {
+            st = main_fail(c, rc, "collecting");
+            break;
+        }
+        if (sqlite3_changes(c->main.db) > 0) {
+            (*rows)++;
+            *bytes += (uint64_t)v[i].bytes;
+        }
+    }
+    sqlite3_finalize(del);
+    return st;
+}
+
+/* Lists the rows to drop in least-recently-used order: those unused since
+ * cutoff (when older), then more until the stored bytes fit max_bytes (when
+ * set). The list is read in full before anything is deleted. */
+static kiln_status pick_victims(kiln_cache *c, int64_t cutoff, int older, uint64_t max_bytes, victim **out,
+                                size_t *n_out)
+{
+    sqlite3_stmt *q = NULL;
+    victim *v = NULL;
+    size_t n = 0, cap = 0;
+    double total = 0;
+    kiln_status st = KILN_OK;
+    int rc;
+    *out = NULL;
+    *n_out = 0;
+    if (max_bytes) {
+        rc = sqlite3_prepare_v2(c->main.db, "SELECT total(length(cubin)) FROM kernels", -1, &q, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW)
+            total = sqlite3_column_double(q, 0);
+        sqlite3_finalize(q);
+        q = NULL;
+        if (rc != SQLITE_ROW)
+            return main_fail(c, rc, "collecting");
+    }
+    rc = sqlite3_prepare_v2(c->main.db,
+                            "SELECT fingerprint, length(cubin), last_used FROM kernels"
+                            " ORDER BY last_used, created, fingerprint",
+                            -1, &q, NULL);
+    if (rc != SQLITE_OK)
+        return main_fail(c, rc, "collecting");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        int64_t bytes = sqlite3_column_int64(q, 1), last_used = sqlite3_column_int64(q, 2);
+        int too_old = older && last_used < cutoff;
+        int too_big = max_bytes && total > (double)max_bytes;
+        if (!too_old && !too_big)
+            break; /* the order is by last use: nothing further qualifies */
+        if (n == cap) {
+            size_t ncap = cap ? 2 * cap : 64;
+            victim *p = realloc(v, ncap * sizeof *p);
+            if (!p) {
+                st = kiln__fail(&c->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory listing %zu rows", ncap);
+                goto out_free;
+            }
+            v = p;
+            cap = ncap;
+        }
+        memset(v[n].fp, 0, KILN_FINGERPRINT_SIZE);
+        const void *fp = sqlite3_column_blob(q, 0);
+        int fp_size = sqlite3_column_bytes(q, 0);
+        if (fp && fp_size == KILN_FINGERPRINT_SIZE)
+            memcpy(v[n].fp, fp, KILN_FINGERPRINT_SIZE);
+        v[n].bytes = bytes;
+        n++;
+        total -= (double)bytes;
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        st = main_fail(c, rc, "collecting");
+        goto out_free;
+    }
+    sqlite3_finalize(q);
+    *out = v;
+    *n_out = n;
+    return KILN_OK;
+out_free:
+    sqlite3_finalize(q);
+    free(v);
+    return st;
+}
+
+kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
+                          uint64_t *removed_bytes)
+{
+    kiln_cache_gc_options o = {0};
+    uint64_t rows = 0, bytes = 0;
+    if (removed_rows)
+        *removed_rows = 0;
+    if (removed_bytes)
+        *removed_bytes = 0;
+    if (!c || !opts)
+        return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_gc: NULL argument");
+    /* Fields past the caller's size keep their zero defaults. */
+    memcpy(&o, opts, opts->size && opts->size < sizeof o ? opts->size : sizeof o);
+    if (c->main.read_only)
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "cache %s is read-only: gc cannot remove rows",
+                          c->main.path);
+    if (o.older_than_seconds < 0)
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_gc: older_than_seconds %lld is negative",
+                          (long long)o.older_than_seconds);
+    if (!o.max_bytes && !o.older_than_seconds)
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_cache_gc: no limit (max_bytes and older_than_seconds are both 0)");
+    /* Uses gathered in memory count: write them before ranking by last use. */
+    kiln_status st = kiln_cache_flush(c);
+    if (st)
+        return st;
+    int64_t now = (int64_t)time(NULL);
+    int64_t cutoff = o.older_than_seconds > now ? INT64_MIN : now - o.older_than_seconds;
+    victim *v = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&c->lock);
+    int rc = sqlite3_exec(c->main.db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        st = main_fail(c, rc, "collecting");
+        goto out_unlock;
+    }
+    if ((st = pick_victims(c, cutoff, o.older_than_seconds > 0, o.max_bytes, &v, &n)) ||
+        (st = delete_victims(c, v, n, &rows, &bytes)))
+        goto out_rollback;
+    if ((rc = sqlite3_exec(c->main.db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
+        st = main_fail(c, rc, "collecting");
+        goto out_rollback;
+    }
+    if (removed_rows)
+        *removed_rows = rows;
+    if (removed_bytes)
+        *removed_bytes = bytes;
+    goto out_unlock;
+out_rollback:
+    sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    free(v);
+    return st;
+}
+
+/* ---- merge ---- */
+
+static int pragma_int64(sqlite3 *db, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        *out = sqlite3_column_int64(q, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(q);
+    return rc;
+}
+
+/* "file:" URI of path, the characters a URI gives meaning to escaped. */
+static int uri_of(const char *path, const char *query, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "file:");
+    for (const char *p = path; *p; p++) {
+        if (n + 4 >= cap)
+            return -1;
+        if (*p == '?' || *p == '#' || *p == '%')
+            n += (size_t)snprintf(buf + n, cap - n, "%%%02X", (unsigned char)*p);
+        else
+            buf[n++] = *p;
+    }
+    if (n + strlen(query) + 2 > cap)
+        return -1;
+    snprintf(buf + n, cap - n, "?%s", query);
+    return 0;
+}
+
+/* Opens src_path read-only (immutable when nobody may write it, so that no
+ * -wal or -shm appears beside it) and checks it is a kiln database of a
+ * schema this library reads; *has_parts says whether it has `parts`. */
+static kiln_status open_source(kiln_cache *c, const char *src_path, sqlite3 **out, int *has_parts)
+{
+    char uri[8300], dir[4096];
+    sqlite3 *db = NULL;
+    int64_t app_id = 0, version = 0;
+    *out = NULL;
+    if (access(src_path, F_OK) != 0)
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "merge: cannot open %s: %s", src_path, strerror(errno));
+    snprintf(dir, sizeof dir, "%s", src_path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = 0;
+    else
+        *slash = 0;
+    int immutable = access(src_path, W_OK) != 0 || access(dir, W_OK) != 0;
+    if (uri_of(src_path, immutable ? "immutable=1" : "mode=ro", uri, sizeof uri))
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "merge: path too long: %s", src_path);
+    int rc = sqlite3_open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        kiln_status st = kiln__fail(&c->err, KILN_ERR_CACHE_IO, "merge: cannot open %s: %s", src_path,
+                                    db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        sqlite3_close(db);
+        return st;
+    }
+    sqlite3_extended_result_codes(db, 1);
+    sqlite3_busy_timeout(db, 10000);
+    kiln_status st = KILN_OK;
+    if ((rc = pragma_int64(db, "PRAGMA application_id", &app_id)) != SQLITE_OK ||
+        (rc = pragma_int64(db, "PRAGMA user_version", &version)) != SQLITE_OK) {
+        /* A file that is not SQLite at all is "not a kiln database" too. */
+        st = kiln__sqlite_status(rc) == KILN_ERR_CACHE_CORRUPT
+                 ? kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA, "merge: %s is not a kiln cache database (%s)",
+                              src_path, sqlite3_errstr(rc))
+                 : kiln__fail(&c->err, kiln__sqlite_status(rc), "merge: reading %s: %s", src_path,
+                              sqlite3_errmsg(db));
+        goto out_close;
+    }
+    if (app_id != KILN_APPLICATION_ID) {
+        st = kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
+                        "merge: %s is not a kiln cache database (application_id 0x%llx, expected 0x%x)", src_path,
+                        (unsigned long long)app_id, KILN_APPLICATION_ID);
+        goto out_close;
+    }
+    if (version < 1 || version > KILN_CACHE_SCHEMA_VERSION) {
+        st = kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
+                        "merge: %s has schema version %lld, this library reads versions 1 to %d%s", src_path,
+                        (long long)version, KILN_CACHE_SCHEMA_VERSION,
+                        version > KILN_CACHE_SCHEMA_VERSION ? " (made by a newer kiln)" : "");
+        goto out_close;
+    }
+    int64_t n_parts = 0;
+    if ((rc = pragma_int64(db, "SELECT count(*) FROM pragma_table_info('kernels') WHERE name = 'parts'",
+                           &n_parts)) != SQLITE_OK) {
+        st = kiln__fail(&c->err, kiln__sqlite_status(rc), "merge: reading %s: %s", src_path, sqlite3_errmsg(db));
+        goto out_close;
+    }
+    *has_parts = n_parts > 0;
+    *out = db;
+    return KILN_OK;
+out_close:
+    sqlite3_close(db);
+    return st;
+}
+
+/* Whether a source row's other columns would make a row kiln can use:
+ * text where text belongs, integers where integers do. */
+static int row_shape_ok(sqlite3_stmt *q, int has_parts, char *detail, size_t cap)
+{
+    static const char *const text_cols[] = {"template_id", "constants", "arch", "entries"};
+    static const int text_idx[] = {4, 5, 6, 7};
+    static const char *const int_cols[] = {"nvrtc_major", "nvrtc_minor", "created", "last_used", "hits"};
+    static const int int_idx[] = {8, 9, 10, 11, 12};
+    for (size_t i = 0; i < 4; i++) {
+        if (!is_text(q, text_idx[i])) {
+            snprintf(detail, cap, "%s is not text", text_cols[i]);
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < 5; i++) {
+        if (sqlite3_column_type(q, int_idx[i]) != SQLITE_INTEGER) {
+            snprintf(detail, cap, "%s is not an integer", int_cols[i]);
+            return 0;
+        }
+    }
+    if (has_parts && sqlite3_column_type(q, 13) != SQLITE_TEXT && sqlite3_column_type(q, 13) != SQLITE_NULL) {
+        snprintf(detail, cap, "parts is not text");
+        return 0;
+    }
+    return 1;
+}
+
+/* Copies every verified row of src into the main database (inside the
+ * caller's transaction). */
+static kiln_status copy_rows(kiln_cache *c, sqlite3 *src, const char *src_path, int src_parts, uint64_t *copied,
+                             uint64_t *skipped)
+{
+    sqlite3_stmt *q = NULL, *ins = NULL;
+    kiln_status st = KILN_OK;
+    int dst_parts = c->main.schema >= 2;
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants, arch, entries,"
+             " nvrtc_major, nvrtc_minor, created, last_used, hits, %s FROM kernels",
+             src_parts ? "parts" : "''");
+    int rc = sqlite3_prepare_v2(src, sql, -1, &q, NULL);
+    if (rc != SQLITE_OK) {
+        st = kiln__fail(&c->err, kiln__sqlite_status(rc), "merge: reading %s: %s", src_path, sqlite3_errmsg(src));
+        goto out;
+    }
+    snprintf(sql, sizeof sql,
+             "INSERT OR IGNORE INTO kernels (fingerprint, cubin, raw_size, checksum, template_id, constants, arch,"
+             " entries, nvrtc_major, nvrtc_minor, created, last_used, hits%s)"
+             " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13%s)",
+             dst_parts ? ", parts" : "", dst_parts ? ", ?14" : "");
+    if ((rc = sqlite3_prepare_v2(c->main.db, sql, -1, &ins, NULL)) != SQLITE_OK) {
+        st = main_fail(c, rc, "merging");
+        goto out;
+    }
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        uint8_t fp[KILN_FINGERPRINT_SIZE];
+        char detail[DETAIL_CAP];
+        kiln_status row = check_row(q, 0, fp, detail, sizeof detail);
+        if (row == KILN_ERR_HOST_OUT_OF_MEMORY) {
+            st = kiln__fail(&c->err, row, "merge: out of memory verifying a row of %s", src_path);
+            goto out;
+        }
+        if (row != KILN_OK || !row_shape_ok(q, src_parts, detail, sizeof detail)) {
+            (*skipped)++;
+            continue;
+        }
+        /* Columns go across as SQLite values: nothing is reinterpreted. */
+        for (int i = 0; i < 13; i++)
+            sqlite3_bind_value(ins, i + 1, sqlite3_column_value(q, i));
+        if (dst_parts) {
+            const unsigned char *parts = sqlite3_column_text(q, 13);
+            sqlite3_bind_text(ins, 14, parts ? (const char *)parts : "", -1, SQLITE_TRANSIENT);
+        }
+        int irc = sqlite3_step(ins);
+        sqlite3_reset(ins);
+        sqlite3_clear_bindings(ins);
+        if (irc != SQLITE_DONE) {
+            st = main_fail(c, irc, "merging");
+            goto out;
+        }
+        if (sqlite3_changes(c->main.db) > 0)
+            (*copied)++;
+    }
+    if (rc != SQLITE_DONE)
+        st = kiln__fail(&c->err, kiln__sqlite_status(rc), "merge: reading %s: %s", src_path, sqlite3_errmsg(src));
+out:
+    sqlite3_finalize(ins);
+    sqlite3_finalize(q);
+    return st;
+}
+
+kiln_status kiln_cache_merge(kiln_cache *c, const char *src_path, uint64_t *copied, uint64_t *skipped)
+{
+    uint64_t n_copied = 0, n_skipped = 0;
+    if (copied)
+        *copied = 0;
+    if (skipped)
+        *skipped = 0;
+    if (!c || !src_path)
+        return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_merge: NULL argument");
+    if (c->main.read_only)
+        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "cache %s is read-only: nothing can be merged in",
+                          c->main.path);
+    sqlite3 *src = NULL;
+    int src_parts = 0;
+    kiln_status st = open_source(c, src_path, &src, &src_parts);
+    if (st)
+        return st;
+    pthread_mutex_lock(&c->lock);
+    int rc = sqlite3_exec(c->main.db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        st = main_fail(c, rc, "merging");
+        goto out_unlock;
+    }
+    if ((st = copy_rows(c, src, src_path, src_parts, &n_copied, &n_skipped)))
+        goto out_rollback;
+    if ((rc = sqlite3_exec(c->main.db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
+        st = main_fail(c, rc, "merging");
+        goto out_rollback;
+    }
+    c->counters.inserts += n_copied;
+    if (copied)
+        *copied = n_copied;
+    if (skipped)
+        *skipped = n_skipped;
+    goto out_unlock;
+out_rollback:
+    sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    sqlite3_close(src);
+    return st;
+}

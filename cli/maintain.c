@@ -1,0 +1,206 @@
+/* kiln verify and kiln gc: check a cache database, shrink it. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char verify_help[] =
+    "usage: kiln verify [--db PATH]\n"
+    "\n"
+    "Decodes every kernel of a cache database and checks its size and SHA-256\n"
+    "checksum, then runs SQLite's integrity check. Nothing is changed: a bad row\n"
+    "is reported, not removed (the next load of it drops it).\n"
+    "\n"
+    "options:\n"
+    "  -d, --db PATH   the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
+    "                  $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+    "  -h, --help      print this help and exit\n"
+    "\n"
+    "output: one line per bad row,\n"
+    "  bad <fingerprint> <what failed>\n"
+    "then one line,\n"
+    "  verified <path>: <N> rows, <B> bad, integrity ok|failed\n"
+    "\n"
+    "exit status: 0 every row is whole and the integrity check passed; 1 a bad\n"
+    "row, a failed integrity check, a missing or unreadable database; 2 a usage error.\n";
+
+static const char gc_help[] =
+    "usage: kiln gc [--db PATH] --max-bytes N | --older-than DAYS\n"
+    "\n"
+    "Drops kernels from a cache database in one transaction, least recently used\n"
+    "first (then the oldest created): with --older-than, every kernel not used for\n"
+    "DAYS days; with --max-bytes, as many more as it takes for the stored (zstd)\n"
+    "bytes to fit in N. Both may be given. A dropped kernel is compiled again\n"
+    "when next needed. Freed pages are reused by later kernels (the file itself\n"
+    "does not shrink).\n"
+    "\n"
+    "options:\n"
+    "  -d, --db PATH        the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
+    "                       $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+    "  -b, --max-bytes N    keep at most N stored bytes; N >= 1, with an optional\n"
+    "                       suffix K, M, G or T (powers of 1024)\n"
+    "  -o, --older-than DAYS  drop kernels unused for more than DAYS days (> 0,\n"
+    "                       fractions allowed: 0.5 is twelve hours)\n"
+    "  -h, --help           print this help and exit\n"
+    "\n"
+    "output: one line,\n"
+    "  gc <path>: removed <R> rows (<B> bytes), kept <K> rows (<S> bytes)\n"
+    "\n"
+    "exit status: 0 success; 1 a missing, read-only or unusable database; 2 a\n"
+    "usage error (no limit, a bad number).\n";
+
+static void print_bad(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], const char *detail)
+{
+    (void)user;
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1];
+    kiln_fingerprint_hex(fingerprint, hex);
+    printf("bad %s %s\n", hex, detail ? detail : "");
+}
+
+int cli_verify_cache(const char *cmd, kiln_cache *cache)
+{
+    kiln_cache_verify_report report;
+    if (kiln_cache_verify(cache, print_bad, NULL, &report) != KILN_OK)
+        return cli_fail(cmd, "%s", kiln_errmsg());
+    printf("verified %s: %" PRIu64 " rows, %" PRIu64 " bad, integrity %s\n", kiln_cache_path(cache), report.rows,
+           report.bad_rows, report.integrity_ok ? "ok" : "failed");
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return cli_fail(cmd, "cannot write the output");
+    if (!report.integrity_ok)
+        return cli_fail(cmd, "%s", kiln_cache_errmsg(cache));
+    if (report.bad_rows)
+        return cli_fail(cmd, "%" PRIu64 " of %" PRIu64 " rows failed verification", report.bad_rows, report.rows);
+    return CLI_EXIT_OK;
+}
+
+int cli_verify(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"db", required_argument, NULL, 'd'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    const char *cmd = "verify", *db = NULL;
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":d:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            db = optarg;
+            break;
+        case 'h':
+            fputs(verify_help, stdout);
+            return CLI_EXIT_OK;
+        default:
+            return cli_getopt_error(cmd, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    kiln_cache *cache;
+    int rc = cli_open_existing(cmd, db, &cache);
+    if (rc)
+        return rc;
+    rc = cli_verify_cache(cmd, cache);
+    kiln_cache_close(cache);
+    return rc;
+}
+
+/* "4096", "64K", "2G": a byte count >= 1. 0 on success, -1 otherwise. */
+static int parse_bytes(const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    if (!text || *text < '0' || *text > '9')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno)
+        return -1;
+    unsigned shift = 0;
+    if (*end) {
+        const char *units = "KMGT";
+        const char *u = strchr(units, *end >= 'a' && *end <= 'z' ? *end - 'a' + 'A' : *end);
+        if (!u || end[1])
+            return -1;
+        shift = 10u * (unsigned)(u - units + 1);
+    }
+    if (v == 0 || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+/* "30", "0.5": days > 0, as seconds >= 1. 0 on success, -1 otherwise. */
+static int parse_days(const char *text, int64_t *seconds)
+{
+    char *end = NULL;
+    if (!text || !*text)
+        return -1;
+    errno = 0;
+    double d = strtod(text, &end);
+    /* A century is more than any cache lives; beyond it the number is a typo. */
+    if (errno || *end || !isfinite(d) || d <= 0 || d > 36525)
+        return -1;
+    double s = d * 86400.0;
+    *seconds = s < 1 ? 1 : (int64_t)(s + 0.5);
+    return 0;
+}
+
+int cli_gc(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"db", required_argument, NULL, 'd'},
+                                             {"max-bytes", required_argument, NULL, 'b'},
+                                             {"older-than", required_argument, NULL, 'o'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    const char *cmd = "gc", *db = NULL;
+    kiln_cache_gc_options opts = {.size = sizeof opts};
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":d:b:o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            db = optarg;
+            break;
+        case 'b':
+            if (parse_bytes(optarg, &opts.max_bytes))
+                return cli_usage_error(cmd, "--max-bytes %s: must be a whole number >= 1, with an optional "
+                                            "K, M, G or T suffix", optarg);
+            break;
+        case 'o':
+            if (parse_days(optarg, &opts.older_than_seconds))
+                return cli_usage_error(cmd, "--older-than %s: must be a number of days in (0, 36525]", optarg);
+            break;
+        case 'h':
+            fputs(gc_help, stdout);
+            return CLI_EXIT_OK;
+        default:
+            return cli_getopt_error(cmd, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (!opts.max_bytes && !opts.older_than_seconds)
+        return cli_usage_error(cmd, "give --max-bytes N or --older-than DAYS (or both)");
+    kiln_cache *cache;
+    int rc = cli_open_existing_writable(cmd, db, &cache);
+    if (rc)
+        return rc;
+    uint64_t rows = 0, bytes = 0;
+    kiln_cache_stats left;
+    if (kiln_cache_gc(cache, &opts, &rows, &bytes) != KILN_OK || kiln_cache_get_stats(cache, &left) != KILN_OK) {
+        rc = cli_fail(cmd, "%s", kiln_errmsg());
+        goto out_close;
+    }
+    printf("gc %s: removed %" PRIu64 " rows (%" PRIu64 " bytes), kept %" PRIu64 " rows (%" PRIu64 " bytes)\n",
+           kiln_cache_path(cache), rows, bytes, left.entries, left.stored_bytes);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        rc = cli_fail(cmd, "cannot write the output");
+out_close:
+    kiln_cache_close(cache);
+    return rc;
+}

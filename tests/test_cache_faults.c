@@ -1,0 +1,767 @@
+/* The cubin database when the file or the filesystem goes wrong: random bytes,
+ * a truncated database, a newer schema, a folder kiln may not write, a full
+ * disk, a database locked past the busy timeout. Each gets a clear error
+ * (a KILN_ERR_CACHE_* status and a message naming the file) or works, and a
+ * lookup that finds something always returns the bytes that were stored:
+ * never a crash, never a wrong cubin.
+ *
+ * Two cases need privileges: the full disk mounts a small tmpfs (root, and a
+ * kernel that lets this process mount), and the read-only folder needs a user
+ * whom permissions bind (as root, the check runs in a child that becomes
+ * nobody). Without them the case says why and is skipped.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+#define NOBODY 65534
+
+typedef struct fixture {
+    char dir[512];
+    char mnt[600];
+    int mounted;
+    kiln_rng rng;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    kiln_test_tmpdir(f->dir, sizeof f->dir);
+    f->rng = kiln_rng_new();
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    if (f->mounted && umount2(f->mnt, MNT_DETACH) != 0)
+        fprintf(stderr, "warning: cannot unmount %s: %s\n", f->mnt, strerror(errno));
+    chmod(f->dir, 0700);
+    kiln_test_rmrf(f->dir);
+    free(f);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- files ---- */
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(p, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* The whole file in a malloc'd buffer (NULL when it cannot be read). */
+static uint8_t *read_bytes(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *p = malloc(len > 0 ? (size_t)len : 1);
+    assert_non_null(p);
+    assert_int_equal(fread(p, 1, (size_t)len, fp), (size_t)len);
+    fclose(fp);
+    *n = (size_t)len;
+    return p;
+}
+
+static void sql(const char *path, const char *text)
+{
+    sqlite3 *db;
+    char *err = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    if (sqlite3_exec(db, text, NULL, NULL, &err) != SQLITE_OK)
+        fail_msg("%s: %s", text, err);
+    sqlite3_close(db);
+}
+
+/* ---- what every failure must look like ---- */
+
+/* A clear error: a cache status (not a crash's worth of anything else) and a
+ * message that names the file. */
+static void expect_clear_error(kiln_status st, const char *msg, const char *path, const char *what)
+{
+    if (st != KILN_ERR_CACHE_IO && st != KILN_ERR_CACHE_SCHEMA && st != KILN_ERR_CACHE_CORRUPT &&
+        st != KILN_ERR_CACHE_BUSY)
+        fail_msg("%s: expected a KILN_ERR_CACHE_* status, got %s: %s", what, kiln_status_code(st), msg);
+    const char *base = strrchr(path, '/');
+    if (!msg || !strstr(msg, base ? base + 1 : path))
+        fail_msg("%s: %s, but the message does not name %s: \"%s\"", what, kiln_status_code(st), path,
+                 msg ? msg : "(null)");
+}
+
+/* A record whose cubin is size random bytes. */
+typedef struct rec {
+    kiln_cache_record r;
+    uint8_t *cubin;
+} rec;
+
+static void make_rec(kiln_rng *g, rec *x, size_t size)
+{
+    memset(x, 0, sizeof *x);
+    x->cubin = malloc(size);
+    assert_non_null(x->cubin);
+    kiln_rng_fill(g, x->r.fingerprint, KILN_FINGERPRINT_SIZE);
+    kiln_rng_fill(g, x->cubin, size);
+    x->r.template_id = "token_embedding";
+    x->r.constants = "HIDDEN=64;VOCAB=1000";
+    x->r.arch = "sm_90";
+    x->r.nvrtc_major = 13;
+    x->r.entries = "kiln_token_embedding";
+    x->r.cubin = x->cubin;
+    x->r.cubin_size = size;
+}
+
+/* Looks fp up: a hit must hold exactly want (want NULL: the row must not
+ * exist); a miss is fine; an error must be clear. Returns 1 on a hit, 0 on a
+ * miss, -1 on an error. */
+static int lookup(kiln_cache *c, const uint8_t *fp, const void *want, size_t want_size, const char *what)
+{
+    void *got = NULL;
+    size_t size = 0;
+    int found = 0;
+    kiln_status st = kiln_cache_get(c, fp, &got, &size, &found);
+    if (st) {
+        expect_clear_error(st, kiln_cache_errmsg(c), kiln_cache_path(c), what);
+        assert_null(got);
+        return -1;
+    }
+    if (!found) {
+        assert_null(got);
+        return 0;
+    }
+    if (!want)
+        fail_msg("%s: a hit for a row that was never stored", what);
+    if (size != want_size || memcmp(got, want, size) != 0)
+        fail_msg("%s: a WRONG CUBIN: %zu bytes back, %zu stored", what, size, want_size);
+    kiln_free(got);
+    return 1;
+}
+
+static kiln_cache *open_ok(const char *path, int busy_ms)
+{
+    kiln_cache_options o = {.path = path, .busy_timeout_ms = busy_ms, .ignore_env = 1};
+    kiln_cache *c = NULL;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    return c;
+}
+
+static kiln_jit *new_jit(kiln_cache *c)
+{
+    kiln_jit_options o = {.cache = c, .arch = "sm_90"};
+    kiln_jit *j = NULL;
+    KILN_CHECK(kiln_jit_create(&o, &j));
+    return j;
+}
+
+/* A real cubin of a small token embedding (hidden 64 * (i + 1)), as NVRTC makes it. */
+typedef struct real {
+    kiln_spec spec;
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    void *cubin;
+    size_t size;
+} real;
+
+static void make_reals(real *out, int n, int vocab)
+{
+    char dir[512], path[600];
+    kiln_test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/ref.db", dir);
+    kiln_cache *c = open_ok(path, 0);
+    kiln_jit *j = new_jit(c);
+    for (int i = 0; i < n; i++) {
+        KILN_CHECK(kiln_op_token_embedding_spec(vocab, 64 * (i + 1), 8, &out[i].spec));
+        int compiled;
+        KILN_CHECK(kiln_jit_prepare(j, &out[i].spec, &compiled));
+        KILN_CHECK(kiln_jit_fingerprint(j, &out[i].spec, out[i].fp));
+        int found;
+        KILN_CHECK(kiln_cache_get(c, out[i].fp, &out[i].cubin, &out[i].size, &found));
+        assert_int_equal(found, 1);
+    }
+    kiln_jit_destroy(j);
+    kiln_cache_close(c);
+    kiln_test_rmrf(dir);
+}
+
+static void free_reals(real *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        kiln_free(r[i].cubin);
+}
+
+/* Prepares a real spec on cache c with a fresh jit: it works (and the row, if
+ * any, is the right cubin) or fails clearly. Returns the status. */
+static kiln_status prepare_real(kiln_cache *c, const real *r, const char *what)
+{
+    kiln_jit *j = new_jit(c);
+    int compiled = 0;
+    kiln_status st = kiln_jit_prepare(j, &r->spec, &compiled);
+    if (st)
+        expect_clear_error(st, kiln_jit_errmsg(j), kiln_cache_path(c), what);
+    else
+        lookup(c, r->fp, r->cubin, r->size, what);
+    kiln_jit_destroy(j);
+    return st;
+}
+
+/* ---- random bytes ---- */
+
+static void test_random_file_is_refused_and_left_alone(void **state)
+{
+    fixture *f = *state;
+    static const size_t sizes[] = {1, 99, 100, 512, 4096, 65536};
+    char path[700];
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        for (int with_header = 0; with_header < 2; with_header++) {
+            size_t n = sizes[i];
+            uint8_t *bytes = malloc(n);
+            kiln_rng_fill(&f->rng, bytes, n);
+            /* With SQLite's magic in front, the random rest is parsed as a header and pages. */
+            if (with_header)
+                memcpy(bytes, "SQLite format 3", n < 16 ? n : 16);
+            snprintf(path, sizeof path, "%s/random-%zu-%d.db", f->dir, n, with_header);
+            write_bytes(path, bytes, n);
+            for (int ro = 0; ro < 2; ro++) {
+                kiln_cache_options o = {.path = path, .read_only = ro, .ignore_env = 1};
+                kiln_cache *c = (kiln_cache *)1;
+                kiln_status st = kiln_cache_open(&o, &c);
+                char what[800];
+                snprintf(what, sizeof what, "%zu random bytes%s, %s", n, with_header ? " after SQLite's magic" : "",
+                         ro ? "read-only" : "writable");
+                if (st == KILN_OK) {
+                    kiln_cache_close(c);
+                    free(bytes);
+                    fail_msg("%s: opened as a kiln database (and made one of the file)", what);
+                }
+                assert_null(c);
+                if (st != KILN_ERR_CACHE_SCHEMA)
+                    fail_msg("%s: expected cache_schema, got %s: %s", what, kiln_status_code(st), kiln_errmsg());
+                expect_clear_error(st, kiln_errmsg(), path, what);
+                /* Somebody's file: kiln writes nothing into it. */
+                size_t m = 0;
+                uint8_t *after = read_bytes(path, &m);
+                if (!after || m != n || memcmp(after, bytes, n) != 0)
+                    fail_msg("%s: the file changed (%zu bytes, was %zu)", what, m, n);
+                free(after);
+            }
+            free(bytes);
+        }
+    }
+}
+
+/* ---- a truncated database ---- */
+
+static void test_truncated_database(void **state)
+{
+    fixture *f = *state;
+    enum { N_REAL = 2, N_FILL = 24, FILL_SIZE = 9000 };
+    real reals[N_REAL];
+    make_reals(reals, N_REAL, 1000);
+    rec fill[N_FILL];
+    char src[700], path[700];
+    snprintf(src, sizeof src, "%s/full.db", f->dir);
+    kiln_cache *c = open_ok(src, 0);
+    for (int i = 0; i < N_FILL; i++) {
+        make_rec(&f->rng, &fill[i], FILL_SIZE);
+        KILN_CHECK(kiln_cache_put(c, &fill[i].r));
+        if (i == N_FILL / 2)
+            for (int k = 0; k < N_REAL; k++)
+                assert_int_equal(prepare_real(c, &reals[k], "building the database"), KILN_OK);
+    }
+    kiln_cache_close(c); /* the last connection: the WAL is checkpointed into the file */
+    size_t full_size = 0;
+    uint8_t *full = read_bytes(src, &full_size);
+    assert_non_null(full);
+    assert_true(full_size > N_FILL * FILL_SIZE);
+
+    const size_t cuts[] = {full_size / 2, full_size / 4, full_size * 3 / 4, full_size - 1, 4096, 100, 50};
+    int opened = 0, refused = 0, prepared = 0, prepare_failed = 0;
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        snprintf(path, sizeof path, "%s/truncated-%zu.db", f->dir, cuts[i]);
+        write_bytes(path, full, cuts[i]);
+        char what[800];
+        snprintf(what, sizeof what, "database truncated from %zu to %zu bytes", full_size, cuts[i]);
+        kiln_cache_options o = {.path = path, .ignore_env = 1};
+        kiln_cache *t = NULL;
+        kiln_status st = kiln_cache_open(&o, &t);
+        if (st) {
+            expect_clear_error(st, kiln_errmsg(), path, what);
+            assert_null(t);
+            refused++;
+            printf("%s: refused: %s: %s\n", what, kiln_status_code(st), kiln_errmsg());
+            continue;
+        }
+        opened++;
+        int hits = 0, misses = 0, errors = 0;
+        for (int k = 0; k < N_FILL; k++) {
+            int r = lookup(t, fill[k].r.fingerprint, fill[k].cubin, FILL_SIZE, what);
+            hits += r == 1, misses += r == 0, errors += r < 0;
+        }
+        kiln_cache_verify_report vr = {0};
+        st = kiln_cache_verify(t, NULL, NULL, &vr);
+        if (st)
+            expect_clear_error(st, kiln_cache_errmsg(t), path, what);
+        else if (vr.integrity_ok && cuts[i] < full_size && misses + errors > 0)
+            fail_msg("%s: rows are gone, yet kiln_cache_verify says the database is whole", what);
+        /* A jit on it: compiles, or says clearly why not; a hit is the right cubin. */
+        for (int k = 0; k < N_REAL; k++) {
+            if (prepare_real(t, &reals[k], what) == KILN_OK)
+                prepared++;
+            else
+                prepare_failed++;
+        }
+        printf("%s: opened: %d hits, %d misses, %d errors; verify %s (%llu rows, %llu bad, integrity %s)\n", what,
+               hits, misses, errors, st ? kiln_status_code(st) : "ok", (unsigned long long)vr.rows,
+               (unsigned long long)vr.bad_rows, vr.integrity_ok ? "ok" : "failed");
+        kiln_cache_close(t);
+    }
+    printf("truncated databases: %d refused, %d opened; jit prepares on them: %d worked, %d failed clearly\n",
+           refused, opened, prepared, prepare_failed);
+    free(full);
+    for (int i = 0; i < N_FILL; i++)
+        free(fill[i].cubin);
+    free_reals(reals, N_REAL);
+}
+
+/* ---- a newer schema ---- */
+
+static void test_newer_schema_is_refused_and_left_alone(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/newer.db", f->dir);
+    rec x;
+    make_rec(&f->rng, &x, 2000);
+    kiln_cache *c = open_ok(path, 0);
+    KILN_CHECK(kiln_cache_put(c, &x.r));
+    kiln_cache_close(c);
+    sql(path, "PRAGMA user_version = 99");
+    size_t n0 = 0, n1 = 0;
+    uint8_t *before = read_bytes(path, &n0);
+    for (int ro = 0; ro < 2; ro++) {
+        kiln_cache_options o = {.path = path, .read_only = ro, .ignore_env = 1};
+        c = (kiln_cache *)1;
+        KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_SCHEMA, kiln_errmsg(), "99", "newer.db");
+        assert_null(c);
+    }
+    uint8_t *after = read_bytes(path, &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    free(before);
+    free(after);
+    free(x.cubin);
+}
+
+/* ---- folders kiln may not write ---- */
+
+static void test_unwritable_locations_fail_clearly(void **state)
+{
+    fixture *f = *state;
+    char path[800], file[700];
+    /* The folder is a regular file. */
+    snprintf(file, sizeof file, "%s/plain-file", f->dir);
+    write_bytes(file, "x", 1);
+    snprintf(path, sizeof path, "%s/kernels.db", file);
+    kiln_cache_options o = {.path = path, .ignore_env = 1};
+    kiln_cache *c = (kiln_cache *)1;
+    kiln_status st = kiln_cache_open(&o, &c);
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+    expect_clear_error(st, kiln_errmsg(), "plain-file", "a folder that is a file");
+    assert_null(c);
+    /* The database path is a folder. */
+    snprintf(path, sizeof path, "%s/a-folder.db", f->dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    o.path = path;
+    st = kiln_cache_open(&o, &c);
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+    expect_clear_error(st, kiln_errmsg(), path, "a database path that is a folder");
+    assert_null(c);
+    /* Somewhere nobody may create anything, root included. */
+    o.path = "/proc/kiln-test-no-such/kernels.db";
+    st = kiln_cache_open(&o, &c);
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+    expect_clear_error(st, kiln_errmsg(), "/proc/kiln-test-no-such", "a folder under /proc");
+    assert_null(c);
+}
+
+/* What the child that is refused writing checks; exits 0, 77 (skip) or 1 with a message. */
+static int read_only_folder_checks(const char *ro_dir, const char *existing, const rec *x)
+{
+    char path[800];
+    if (access(ro_dir, W_OK) == 0) {
+        printf("SKIP read-only folder: uid %d can still write a 0555 folder\n", (int)geteuid());
+        return KILN_TEST_SKIP;
+    }
+    if (access(existing, R_OK) != 0) {
+        printf("SKIP read-only folder: uid %d cannot reach %s: %s\n", (int)geteuid(), existing, strerror(errno));
+        return KILN_TEST_SKIP;
+    }
+    /* A new database in the folder: a clear error, nothing created. */
+    snprintf(path, sizeof path, "%s/new/kernels.db", ro_dir);
+    kiln_cache_options o = {.path = path, .ignore_env = 1};
+    kiln_cache *c = NULL;
+    kiln_status st = kiln_cache_open(&o, &c);
+    if (st != KILN_ERR_CACHE_IO || c || !strstr(kiln_errmsg(), ro_dir)) {
+        fprintf(stderr, "new database in a read-only folder: %s: %s\n", kiln_status_code(st), kiln_errmsg());
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/kernels.db", ro_dir);
+    o.path = path;
+    st = kiln_cache_open(&o, &c);
+    if (st != KILN_ERR_CACHE_IO || c || access(path, F_OK) == 0) {
+        fprintf(stderr, "new database file in a read-only folder: %s: %s\n", kiln_status_code(st), kiln_errmsg());
+        return 1;
+    }
+    /* The existing database (not ours to write) opened for writing: refused,
+     * or opened with every write failing clearly and every read right. */
+    o.path = existing;
+    st = kiln_cache_open(&o, &c);
+    if (st) {
+        if (st != KILN_ERR_CACHE_IO || !strstr(kiln_errmsg(), existing)) {
+            fprintf(stderr, "existing database, writable open: %s: %s\n", kiln_status_code(st), kiln_errmsg());
+            return 1;
+        }
+        printf("existing database in a read-only folder, writable open: refused: %s\n", kiln_errmsg());
+    } else {
+        rec y = *x;
+        y.r.fingerprint[0] ^= 0xff;
+        st = kiln_cache_put(c, &y.r);
+        if (st != KILN_ERR_CACHE_IO && st != KILN_ERR_INVALID_ARGUMENT) {
+            fprintf(stderr, "put into a database we may not write: %s: %s\n", kiln_status_code(st),
+                    kiln_cache_errmsg(c));
+            return 1;
+        }
+        printf("existing database in a read-only folder, writable open: opened; put: %s: %s\n",
+               kiln_status_code(st), kiln_cache_errmsg(c));
+        kiln_cache_close(c);
+    }
+    /* The same opened read-only, as a shipped database is: it reads. */
+    o.read_only = 1;
+    st = kiln_cache_open(&o, &c);
+    if (st) {
+        fprintf(stderr, "a database in a read-only folder cannot be opened read-only: %s: %s\n",
+                kiln_status_code(st), kiln_errmsg());
+        return 1;
+    }
+    void *got = NULL;
+    size_t size = 0;
+    int found = 0;
+    st = kiln_cache_get(c, x->r.fingerprint, &got, &size, &found);
+    int ok = !st && found && size == x->r.cubin_size && !memcmp(got, x->cubin, size);
+    if (!ok)
+        fprintf(stderr, "read-only open in a read-only folder: get %s, found %d, %zu bytes: %s\n",
+                kiln_status_code(st), found, size, kiln_cache_errmsg(c));
+    kiln_free(got);
+    kiln_cache_close(c);
+    return ok ? 0 : 1;
+}
+
+static void test_read_only_folder(void **state)
+{
+    fixture *f = *state;
+    char ro_dir[700], existing[800];
+    snprintf(ro_dir, sizeof ro_dir, "%s/ro", f->dir);
+    snprintf(existing, sizeof existing, "%s/kernels-shipped.db", ro_dir);
+    rec x;
+    make_rec(&f->rng, &x, 3000);
+    kiln_cache *c = open_ok(existing, 0);
+    KILN_CHECK(kiln_cache_put(c, &x.r));
+    kiln_cache_close(c);
+    assert_int_equal(chmod(existing, 0644), 0);
+    assert_int_equal(chmod(ro_dir, 0555), 0);
+    /* Nobody else may need to walk to the folder: the scratch folder is 0700. */
+    assert_int_equal(chmod(f->dir, 0755), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgid(NOBODY) != 0 || setuid(NOBODY) != 0)) {
+            printf("SKIP read-only folder: cannot become uid %d: %s\n", NOBODY, strerror(errno));
+            fflush(NULL);
+            _exit(KILN_TEST_SKIP);
+        }
+        int rc = read_only_folder_checks(ro_dir, existing, &x);
+        fflush(NULL);
+        _exit(rc);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    chmod(ro_dir, 0755);
+    chmod(f->dir, 0700);
+    free(x.cubin);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == KILN_TEST_SKIP)
+        skip();
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* ---- a full disk ---- */
+
+static void test_full_disk(void **state)
+{
+    fixture *f = *state;
+    enum { SIZE = 30000, MAX_RECS = 40 };
+    snprintf(f->mnt, sizeof f->mnt, "%s/small-disk", f->dir);
+    assert_int_equal(mkdir(f->mnt, 0755), 0);
+    if (mount("tmpfs", f->mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=512k") != 0) {
+        printf("SKIP full disk: cannot mount a 512 KiB tmpfs on %s: %s\n", f->mnt, strerror(errno));
+        skip();
+    }
+    f->mounted = 1;
+    char path[700], filler[700];
+    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
+    snprintf(filler, sizeof filler, "%s/filler", f->mnt);
+    /* Room that can be given back later. */
+    static uint8_t pad[192 << 10];
+    memset(pad, 0x5a, sizeof pad);
+    write_bytes(filler, pad, sizeof pad);
+
+    real reals[1];
+    make_reals(reals, 1, 1500);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[MAX_RECS];
+    int stored = 0;
+    kiln_status st = KILN_OK;
+    while (stored < MAX_RECS) {
+        make_rec(&f->rng, &recs[stored], SIZE);
+        st = kiln_cache_put(c, &recs[stored].r);
+        if (st)
+            break;
+        stored++;
+    }
+    if (!st)
+        fail_msg("%d puts of %d bytes fit a 512 KiB disk", stored, SIZE);
+    printf("full disk after %d rows: %s: %s\n", stored, kiln_status_code(st), kiln_cache_errmsg(c));
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+    expect_clear_error(st, kiln_cache_errmsg(c), path, "a put on a full disk");
+    /* The process goes on: what was stored reads back, the failed row is not half there. */
+    for (int i = 0; i < stored; i++)
+        assert_int_equal(lookup(c, recs[i].r.fingerprint, recs[i].cubin, SIZE, "a row stored before the disk filled"),
+                         1);
+    assert_true(lookup(c, recs[stored].r.fingerprint, recs[stored].cubin, SIZE, "the row that did not fit") <= 0);
+    /* Fill what is left with ever smaller rows, down to rows smaller than any cubin. */
+    rec small[64];
+    int n_small = 0;
+    for (size_t size = SIZE / 2; size >= 64 && n_small < 64;) {
+        make_rec(&f->rng, &small[n_small], size);
+        st = kiln_cache_put(c, &small[n_small].r);
+        if (st) {
+            assert_int_equal(st, KILN_ERR_CACHE_IO);
+            free(small[n_small].cubin);
+            size /= 2;
+        } else {
+            n_small++;
+        }
+    }
+    for (int i = 0; i < n_small; i++)
+        assert_int_equal(lookup(c, small[i].r.fingerprint, small[i].cubin, small[i].r.cubin_size, "a small row"), 1);
+    /* A jit compiles, and says clearly that it could not store. */
+    kiln_jit *j = new_jit(c);
+    int compiled = 0;
+    st = kiln_jit_prepare(j, &reals[0].spec, &compiled);
+    printf("jit prepare on a full disk (%d small rows more): %s: %s\n", n_small, kiln_status_code(st),
+           st ? kiln_jit_errmsg(j) : "");
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+    expect_clear_error(st, kiln_jit_errmsg(j), path, "jit prepare on a full disk");
+    kiln_jit_counters jc;
+    kiln_jit_get_counters(j, &jc);
+    assert_int_equal(jc.compiles, 1);
+    assert_int_equal(lookup(c, reals[0].fp, reals[0].cubin, reals[0].size, "jit row on a full disk"), 0);
+
+    /* Room again: the same calls work, with nothing to repair. */
+    assert_int_equal(unlink(filler), 0);
+    KILN_CHECK(kiln_cache_put(c, &recs[stored].r));
+    assert_int_equal(lookup(c, recs[stored].r.fingerprint, recs[stored].cubin, SIZE, "the row stored later"), 1);
+    KILN_CHECK(kiln_jit_prepare(j, &reals[0].spec, &compiled));
+    assert_int_equal(lookup(c, reals[0].fp, reals[0].cubin, reals[0].size, "the jit row stored later"), 1);
+    kiln_jit_destroy(j);
+    kiln_cache_verify_report vr;
+    KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+    assert_true(vr.integrity_ok);
+    assert_int_equal(vr.bad_rows, 0);
+    assert_int_equal(vr.rows, (uint64_t)stored + (uint64_t)n_small + 2);
+    kiln_cache_close(c);
+    for (int i = 0; i <= stored; i++)
+        free(recs[i].cubin);
+    for (int i = 0; i < n_small; i++)
+        free(small[i].cubin);
+    free_reals(reals, 1);
+    assert_int_equal(umount2(f->mnt, MNT_DETACH), 0);
+    f->mounted = 0;
+}
+
+/* ---- locked past the busy timeout ---- */
+
+static sqlite3 *lock_exclusively(const char *path, const char *journal_mode)
+{
+    sqlite3 *db;
+    char *err = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    char text[200];
+    snprintf(text, sizeof text, "PRAGMA journal_mode=%s; BEGIN EXCLUSIVE; UPDATE kernels SET hits = hits;",
+             journal_mode);
+    if (sqlite3_exec(db, text, NULL, NULL, &err) != SQLITE_OK)
+        fail_msg("%s: %s", text, err);
+    return db;
+}
+
+static void unlock(sqlite3 *db)
+{
+    assert_int_equal(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+}
+
+/* Asserts that a call that met the lock gave up after about the busy timeout. */
+static void expect_timely(double seconds, const char *what)
+{
+    if (seconds > 5.0)
+        fail_msg("%s took %.2f s: the 100 ms busy timeout was not honoured", what, seconds);
+}
+
+static void test_locked_past_the_busy_timeout_wal(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/locked.db", f->dir);
+    real reals[1];
+    make_reals(reals, 1, 2500);
+    rec present, fresh;
+    make_rec(&f->rng, &present, 4000);
+    make_rec(&f->rng, &fresh, 4000);
+    kiln_cache *c = open_ok(path, 0);
+    KILN_CHECK(kiln_cache_put(c, &present.r));
+    kiln_cache_close(c);
+
+    sqlite3 *holder = lock_exclusively(path, "WAL");
+    /* Opening while another process writes: readers are not blocked in WAL. */
+    double t0 = now_s();
+    kiln_cache_options o = {.path = path, .busy_timeout_ms = 100, .ignore_env = 1};
+    kiln_status st = kiln_cache_open(&o, &c);
+    expect_timely(now_s() - t0, "opening a locked database");
+    if (st) {
+        expect_clear_error(st, kiln_errmsg(), path, "opening a database locked by a writer (WAL)");
+        fail_msg("a WAL database with a writer cannot be opened: %s: %s", kiln_status_code(st), kiln_errmsg());
+    }
+    /* Reads go on. */
+    assert_int_equal(lookup(c, present.r.fingerprint, present.cubin, 4000, "a read while another writes"), 1);
+    /* A write gives up after the busy timeout, retryably. */
+    t0 = now_s();
+    st = kiln_cache_put(c, &fresh.r);
+    double took = now_s() - t0;
+    expect_timely(took, "a put on a locked database");
+    printf("put on a locked WAL database: %s after %.3f s: %s\n", kiln_status_code(st), took, kiln_cache_errmsg(c));
+    assert_int_equal(st, KILN_ERR_CACHE_BUSY);
+    expect_clear_error(st, kiln_cache_errmsg(c), path, "a put on a locked database");
+    assert_true(took >= 0.09);
+    /* A jit compiles anyway, and either stores nothing and says busy, or works. */
+    kiln_jit *j = new_jit(c);
+    int compiled = 0;
+    t0 = now_s();
+    st = kiln_jit_prepare(j, &reals[0].spec, &compiled);
+    expect_timely(now_s() - t0, "a jit prepare on a locked database");
+    printf("jit prepare on a locked WAL database: %s: %s\n", kiln_status_code(st), st ? kiln_jit_errmsg(j) : "");
+    if (st != KILN_OK && st != KILN_ERR_CACHE_BUSY)
+        fail_msg("jit prepare on a locked database: %s: %s", kiln_status_code(st), kiln_jit_errmsg(j));
+    if (st)
+        expect_clear_error(st, kiln_jit_errmsg(j), path, "jit prepare on a locked database");
+    assert_true(lookup(c, reals[0].fp, reals[0].cubin, reals[0].size, "jit row under the lock") >= 0);
+    /* Closing with hit counts to write must not hang on the lock. */
+    t0 = now_s();
+    kiln_cache_flush(c);
+    expect_timely(now_s() - t0, "a flush on a locked database");
+
+    /* The lock goes: the same calls work. */
+    unlock(holder);
+    KILN_CHECK(kiln_cache_put(c, &fresh.r));
+    assert_int_equal(lookup(c, fresh.r.fingerprint, fresh.cubin, 4000, "the put retried"), 1);
+    KILN_CHECK(kiln_jit_prepare(j, &reals[0].spec, &compiled));
+    assert_int_equal(lookup(c, reals[0].fp, reals[0].cubin, reals[0].size, "the jit prepare retried"), 1);
+    kiln_jit_destroy(j);
+
+    /* Locked again with a hit pending: close gives up on the hit count in time. */
+    holder = lock_exclusively(path, "WAL");
+    t0 = now_s();
+    kiln_cache_close(c);
+    expect_timely(now_s() - t0, "closing a locked database with hits to record");
+    unlock(holder);
+    free(present.cubin);
+    free(fresh.cubin);
+    free_reals(reals, 1);
+}
+
+static void test_locked_past_the_busy_timeout_rollback_journal(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/locked-journal.db", f->dir);
+    rec present, fresh;
+    make_rec(&f->rng, &present, 4000);
+    make_rec(&f->rng, &fresh, 4000);
+    kiln_cache *c = open_ok(path, 0);
+    KILN_CHECK(kiln_cache_put(c, &present.r));
+    kiln_cache_close(c);
+    /* A rollback journal (a filesystem without WAL, or another tool): an
+     * exclusive lock keeps readers out too. */
+    sqlite3 *holder = lock_exclusively(path, "DELETE");
+    kiln_cache_options o = {.path = path, .busy_timeout_ms = 100, .ignore_env = 1};
+    double t0 = now_s();
+    kiln_status st = kiln_cache_open(&o, &c);
+    expect_timely(now_s() - t0, "opening an exclusively locked database");
+    printf("open of an exclusively locked database: %s: %s\n", kiln_status_code(st), st ? kiln_errmsg() : "");
+    if (st) {
+        assert_int_equal(st, KILN_ERR_CACHE_BUSY);
+        expect_clear_error(st, kiln_errmsg(), path, "opening an exclusively locked database");
+        assert_null(c);
+    } else {
+        t0 = now_s();
+        int r = lookup(c, present.r.fingerprint, present.cubin, 4000, "a read under an exclusive lock");
+        expect_timely(now_s() - t0, "a read under an exclusive lock");
+        st = kiln_cache_put(c, &fresh.r);
+        assert_int_equal(st, KILN_ERR_CACHE_BUSY);
+        expect_clear_error(st, kiln_cache_errmsg(c), path, "a put under an exclusive lock");
+        printf("under an exclusive lock: read %s, put %s\n", r == 1 ? "hit" : r == 0 ? "miss" : "error",
+               kiln_status_code(st));
+        kiln_cache_close(c);
+    }
+    unlock(holder);
+    c = open_ok(path, 100);
+    assert_int_equal(lookup(c, present.r.fingerprint, present.cubin, 4000, "a read after the lock"), 1);
+    KILN_CHECK(kiln_cache_put(c, &fresh.r));
+    kiln_cache_close(c);
+    free(present.cubin);
+    free(fresh.cubin);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_random_file_is_refused_and_left_alone),
+        T(test_truncated_database),
+        T(test_newer_schema_is_refused_and_left_alone),
+        T(test_unwritable_locations_fail_clearly),
+        T(test_read_only_folder),
+        T(test_full_disk),
+        T(test_locked_past_the_busy_timeout_wal),
+        T(test_locked_past_the_busy_timeout_rollback_journal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
