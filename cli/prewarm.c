@@ -240,7 +240,9 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
     int rc = CLI_EXIT_FAILURE;
     kiln_jit *jit = NULL;
     prewarm_run run = {.cmd = cmd, .specs = specs, .n = n_specs, .next = 0, .printed = 0};
-    kiln_jit_options jit_opts = {.size = sizeof jit_opts, .cache = cache, .arch = arch};
+    /* -j is what the user asked for: the jit may run that many compiles at once. */
+    kiln_jit_options jit_opts = {
+        .size = sizeof jit_opts, .cache = cache, .arch = arch, .max_parallel_compiles = (unsigned)jobs};
     if (kiln_jit_create(&jit_opts, &jit) != KILN_OK) {
         cli_fail(cmd, "%s", kiln_errmsg());
         return rc;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/internal.h"
 #include "cache/internal.h"
@@ -40,6 +41,9 @@ struct kiln_jit {
     entry **slots; /* open addressing, capacity a power of two */
     size_t cap, count;
     kiln_jit_counters counters;
+    unsigned compile_slots;       /* free NVRTC slots, guarded by lock */
+    unsigned compiling, peak_compiling;
+    pthread_cond_t slot_free;
     kiln__errslot err;
 };
 
@@ -164,6 +168,13 @@ kiln_status kiln_jit_create(const kiln_jit_options *opts, kiln_jit **out)
     kiln__errslot_init(&j->err);
     pthread_mutex_init(&j->lock, NULL);
     pthread_cond_init(&j->done, NULL);
+    pthread_cond_init(&j->slot_free, NULL);
+    if (opts->max_parallel_compiles) {
+        j->compile_slots = opts->max_parallel_compiles;
+    } else {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        j->compile_slots = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
+    }
     snprintf(j->arch, sizeof j->arch, "%s", arch);
     j->cache = opts->cache;
     j->rt = opts->runtime;
@@ -199,12 +210,21 @@ void kiln_jit_destroy(kiln_jit *j)
     free(j->slots);
     kiln__options_free(&j->opts);
     pthread_cond_destroy(&j->done);
+    pthread_cond_destroy(&j->slot_free);
     pthread_mutex_destroy(&j->lock);
     kiln__errslot_destroy(&j->err);
     free(j);
 }
 
 kiln_runtime *kiln__jit_runtime(const kiln_jit *j) { return j->rt; }
+
+unsigned kiln__jit_peak_compiles(kiln_jit *j)
+{
+    pthread_mutex_lock(&j->lock);
+    unsigned peak = j->peak_compiling;
+    pthread_mutex_unlock(&j->lock);
+    return peak;
+}
 kiln__errslot *kiln__jit_errslot(kiln_jit *j) { return &j->err; }
 const char *kiln_jit_errmsg(const kiln_jit *j) { return j ? j->err.msg : ""; }
 const char *kiln_jit_arch(const kiln_jit *j) { return j ? j->arch : ""; }
@@ -308,8 +328,18 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         e->persisted = !st && found;
     }
     if (!cubin && (!e->persisted || load)) {
+        pthread_mutex_lock(&j->lock);
+        while (!j->compile_slots)
+            pthread_cond_wait(&j->slot_free, &j->lock);
+        j->compile_slots--;
+        if (++j->compiling > j->peak_compiling)
+            j->peak_compiling = j->compiling;
+        pthread_mutex_unlock(&j->lock);
         st = kiln__compile(e->tmpl, &e->spec, &j->opts, j->arch, &cubin, &size);
         pthread_mutex_lock(&j->lock);
+        j->compile_slots++;
+        j->compiling--;
+        pthread_cond_signal(&j->slot_free);
         if (st)
             j->counters.compile_errors++;
         else

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 
+#include "jit/internal.h"
 #include "testutil.h"
 
 typedef struct fixture {
@@ -148,6 +149,21 @@ static void test_different_keys_compile_in_parallel(void **state)
     assert_int_equal(s.entries, 4);
 }
 
+static void test_compiles_are_bounded(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_options o = {.cache = f->cache, .arch = "sm_90", .max_parallel_compiles = 1};
+    kiln_jit *j;
+    KILN_CHECK(kiln_jit_create(&o, &j));
+    kiln_spec specs[4];
+    for (int i = 0; i < 4; i++)
+        KILN_CHECK(kiln_op_token_embedding_spec(4000, 512 + 8 * i, 8, &specs[i]));
+    run_racers(j, specs, 4);
+    assert_int_equal(counters(j).compiles, 4);
+    assert_int_equal(kiln__jit_peak_compiles(j), 1);
+    kiln_jit_destroy(j);
+}
+
 static void test_compile_error_carries_the_log(void **state)
 {
     fixture *f = *state;
@@ -243,6 +259,7 @@ int main(void)
         T(test_compiles_once_then_memory_then_database),
         T(test_eight_threads_one_key_one_compile),
         T(test_different_keys_compile_in_parallel),
+        T(test_compiles_are_bounded),
         T(test_compile_error_carries_the_log),
         T(test_unknown_template_and_bad_options),
         T(test_corrupt_row_is_recompiled),

@@ -60,6 +60,10 @@ typedef struct kiln_jit_options {
     const char *arch;             /* "sm_90"; NULL: the runtime's, required offline */
     const char *const *nvrtc_options; /* extra NVRTC options, any order; may be NULL */
     size_t n_nvrtc_options;
+    /* At most this many NVRTC compiles at once (an NVRTC instance uses
+     * hundreds of MB); further callers wait. 0: the number of online CPUs,
+     * at most 16. */
+    unsigned max_parallel_compiles;
 } kiln_jit_options;
 
 typedef struct kiln_jit_counters {
