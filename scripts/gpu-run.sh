@@ -155,6 +155,13 @@ bench peer_torch_dense 150 python3 "$ROOT/bench/peer_torch_dense.py" --kiln "$BE
 bench bench_ops1 120 "$BUILD/bench/bench_ops1" && bench peer_torch_ops1 180 python3 "$ROOT/bench/peer_torch_ops1.py" --kiln "$BENCH_JSONL"
 
 # Every line of bench.jsonl must be one JSON object.
+# Issue 7: a shipped database ready in <= 20 ms; prewarm's -j scaling on this machine's cores.
+bench bench_ship 60 "$BUILD/bench/bench_ship" --db "$BUILD/tests/shipped/kernels.db"
+bench bench_prewarm 120 bash "$ROOT/bench/bench_prewarm.sh" "$BUILD"
+for b in bench_attention bench_recurrent; do
+    if [ -x "$BUILD/bench/$b" ]; then bench "$b" 120 "$BUILD/bench/$b"; fi
+done
+
 step bench-jsonl-valid 30 0 python3 -c '
 import json, sys
 bad = 0
