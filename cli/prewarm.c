@@ -68,7 +68,8 @@ typedef struct prewarm_run {
     size_t n;
     spec_result *results;
     pthread_mutex_t lock;
-    size_t next;    /* the next spec to hand out */
+    size_t *order;  /* the specs by falling compile cost: the dearest start first */
+    size_t next;    /* the next position of order to hand out */
     size_t printed; /* specs [0, printed) have been reported */
     /* Progress on a terminal (stderr is one): a line redrawn in place. */
     int progress;
@@ -170,7 +171,7 @@ static void *worker(void *arg)
             pthread_mutex_unlock(&r->lock);
             return NULL;
         }
-        size_t i = r->next++;
+        size_t i = r->order[r->next++];
         pthread_mutex_unlock(&r->lock);
 
         prepare_one(r, i);
@@ -249,9 +250,21 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
     }
     run.jit = jit;
     run.results = calloc(n_specs ? n_specs : 1, sizeof *run.results);
-    if (!run.results) {
+    run.order = calloc(n_specs ? n_specs : 1, sizeof *run.order);
+    if (!run.results || !run.order) {
+        free(run.results);
+        free(run.order);
         cli_fail(cmd, "out of memory");
         goto out_destroy_jit;
+    }
+    /* Longest first (insertion sort: a model has tens of specs). */
+    for (size_t i = 0; i < n_specs; i++) {
+        size_t k = i, cost = kiln_spec_compile_cost(&specs[i]);
+        while (k > 0 && kiln_spec_compile_cost(&specs[run.order[k - 1]]) < cost) {
+            run.order[k] = run.order[k - 1];
+            k--;
+        }
+        run.order[k] = i;
     }
     if (pthread_mutex_init(&run.lock, NULL) != 0) {
         cli_fail(cmd, "cannot create a mutex");
@@ -293,6 +306,7 @@ out_free_results:
     for (size_t i = 0; i < n_specs; i++)
         free(run.results[i].error);
     free(run.results);
+    free(run.order);
 out_destroy_jit:
     kiln_jit_destroy(jit);
     return rc;

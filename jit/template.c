@@ -125,3 +125,14 @@ const char *kiln_template_id(size_t index)
     pthread_once(&once, scan);
     return index < n_templates ? templates[index].id : NULL;
 }
+
+size_t kiln_spec_compile_cost(const kiln_spec *spec)
+{
+    const kiln__template *t;
+    if (!spec || kiln__template_find(spec->template_id, &t) != KILN_OK)
+        return 0;
+    size_t cost = t->source->size;
+    for (size_t i = 0; i < t->n_headers; i++)
+        cost += t->headers[i]->size;
+    return cost;
+}

@@ -110,6 +110,11 @@ KILN_API kiln_status kiln_jit_acquire(kiln_jit *jit, const kiln_spec *spec, kiln
 KILN_API kiln_status kiln_kernel_function(const kiln_kernel *kernel, const char *entry, void **function);
 KILN_API const uint8_t *kiln_kernel_fingerprint(const kiln_kernel *kernel);
 
+/* A relative estimate of what compiling spec costs: the bytes of its template
+ * and every header it includes (0 for an unknown template). Prewarm compiles
+ * the dearest first, so that parallel compiles finish together. */
+KILN_API size_t kiln_spec_compile_cost(const kiln_spec *spec);
+
 /* The ids of the embedded templates, one per call: index 0.. until NULL. */
 KILN_API const char *kiln_template_id(size_t index);
 
