@@ -8,6 +8,7 @@
 
 #include "providers/internal.h"
 #include "offline_fixture.h"
+#include "fake_runtime.h"
 #include "testutil.h"
 
 static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
@@ -105,29 +106,6 @@ static void test_spec_and_page_arguments(void **state)
 
 /* ---- validation against fake buffers ---- */
 
-#define FAKE_PTR 0x7f4000000000ull
-
-static kiln_runtime *fake_runtime(void)
-{
-    kiln_runtime *rt = calloc(1, sizeof *rt);
-    assert_non_null(rt);
-    kiln__errslot_init(&rt->err);
-    return rt;
-}
-
-static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
-{
-    static uint64_t next = FAKE_PTR;
-    kiln_buffer *b = calloc(1, sizeof *b);
-    assert_non_null(b);
-    b->rt = rt;
-    atomic_init(&b->refs, 1);
-    b->size = size;
-    b->dtype = KILN_DTYPE_BYTES;
-    b->base = b->ptr = next;
-    next += (size + 0xffff) & ~(uint64_t)0xffff;
-    return b;
-}
 
 static kiln_tensor view3(kiln_buffer *b, size_t offset, kiln_dtype dt, int64_t d0, int64_t d1, int64_t d2)
 {
@@ -157,9 +135,10 @@ static void link_call(call *c)
 static void test_validation_names_binding_and_values(void **state)
 {
     (void)state;
-    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
+    kiln_runtime *rt = fake_runtime(0), *other = fake_runtime(0);
     const size_t MB = 1 << 20;
-    kiln_buffer *buf = fake_buffer(rt, 64 * MB), *kv = fake_buffer(rt, 64 * MB), *foreign = fake_buffer(other, MB);
+    kiln_buffer *buf = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES), *kv = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES),
+                *foreign = fake_buffer(other, MB, KILN_DTYPE_BYTES);
     const int64_t T = 100, H = 32, KVH = 8, D = 128, S = 3, B = 40;
     call c = {0};
     c.q = view3(buf, 0, KILN_DTYPE_F16, T, H, D);
@@ -268,7 +247,7 @@ static void test_validation_names_binding_and_values(void **state)
     link_call(&b);
     b.table.dims[1] = 0x10000000; /* 2^28 blocks of 16 tokens: 2^32 tokens */
     b.table.offset = 0;
-    b.table.buffer = fake_buffer(rt, (size_t)3 << 30);
+    b.table.buffer = fake_buffer(rt, (size_t)3 << 30, KILN_DTYPE_BYTES);
     KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "268435456 blocks per sequence", "2^32 - 1 tokens");
     kiln_buffer *big_table = b.table.buffer;
@@ -296,10 +275,8 @@ static void test_validation_names_binding_and_values(void **state)
     kiln_buffer *bufs[5] = {buf, kv, foreign, big_table, NULL};
     for (int i = 0; bufs[i]; i++)
         free(bufs[i]);
-    kiln__errslot_destroy(&rt->err);
-    kiln__errslot_destroy(&other->err);
-    free(rt);
-    free(other);
+    fake_runtime_free(rt);
+    fake_runtime_free(other);
 }
 
 static void test_offline_encode_needs_a_device(void **state)

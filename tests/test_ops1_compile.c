@@ -9,6 +9,7 @@
 
 #include "providers/internal.h"
 #include "offline_fixture.h"
+#include "fake_runtime.h"
 #include "testutil.h"
 
 /* ---- configs ---- */
@@ -189,30 +190,6 @@ static void test_offline_encode_needs_a_device(void **state)
 
 /* ---- validation against fake buffers ---- */
 
-#define FAKE_PTR 0x7f4000000000ull
-
-static kiln_runtime *fake_runtime(void)
-{
-    kiln_runtime *rt = calloc(1, sizeof *rt);
-    assert_non_null(rt);
-    kiln__errslot_init(&rt->err);
-    rt->info.instance_id = 4242;
-    return rt;
-}
-
-static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
-{
-    static uint64_t next = FAKE_PTR;
-    kiln_buffer *b = calloc(1, sizeof *b);
-    assert_non_null(b);
-    b->rt = rt;
-    atomic_init(&b->refs, 1);
-    b->size = size;
-    b->dtype = KILN_DTYPE_BYTES;
-    b->base = b->ptr = next;
-    next += (size + 0xffff) & ~(uint64_t)0xffff;
-    return b;
-}
 
 static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, int64_t d0, int64_t d1)
 {
@@ -223,8 +200,9 @@ static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, int64_t d0
 static void test_norm_validation_names_binding_and_values(void **state)
 {
     (void)state;
-    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
-    kiln_buffer *buf = fake_buffer(rt, 64 << 20), *small = fake_buffer(rt, 4096), *foreign = fake_buffer(other, 1 << 20);
+    kiln_runtime *rt = fake_runtime(4242), *other = fake_runtime(4242);
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20, KILN_DTYPE_BYTES), *small = fake_buffer(rt, 4096, KILN_DTYPE_BYTES),
+                *foreign = fake_buffer(other, 1 << 20, KILN_DTYPE_BYTES);
     const size_t MB = 1 << 20;
     kiln_tensor x = view(buf, 0, KILN_DTYPE_F16, 16, 4096), w = view(buf, 8 * MB, KILN_DTYPE_F16, 4096, 0),
                 r = view(buf, 16 * MB, KILN_DTYPE_F16, 16, 4096), o = view(buf, 24 * MB, KILN_DTYPE_F16, 16, 4096);
@@ -311,17 +289,15 @@ static void test_norm_validation_names_binding_and_values(void **state)
     free(buf);
     free(small);
     free(foreign);
-    kiln__errslot_destroy(&rt->err);
-    kiln__errslot_destroy(&other->err);
-    free(rt);
-    free(other);
+    fake_runtime_free(rt);
+    fake_runtime_free(other);
 }
 
 static void test_argmax_validation_names_binding_and_values(void **state)
 {
     (void)state;
-    kiln_runtime *rt = fake_runtime();
-    kiln_buffer *buf = fake_buffer(rt, 64 << 20);
+    kiln_runtime *rt = fake_runtime(4242);
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20, KILN_DTYPE_BYTES);
     const size_t MB = 1 << 20;
     const int64_t P = 3, V = 151936;
     kiln_tensor logits = view(buf, 0, KILN_DTYPE_F16, P, V), valid = view(buf, 4 * MB, KILN_DTYPE_U8, V, 0),
@@ -399,8 +375,7 @@ static void test_argmax_validation_names_binding_and_values(void **state)
     KILN_CHECK(kiln__masked_argmax_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
     free(buf);
-    kiln__errslot_destroy(&rt->err);
-    free(rt);
+    fake_runtime_free(rt);
 }
 
 int main(void)

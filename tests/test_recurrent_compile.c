@@ -8,6 +8,7 @@
 
 #include "providers/internal.h"
 #include "offline_fixture.h"
+#include "fake_runtime.h"
 #include "testutil.h"
 
 static void qwen3_next(kiln_model_config *c)
@@ -140,30 +141,6 @@ static void test_offline_encode_needs_a_device(void **state)
 
 /* ---- validation against fake buffers ---- */
 
-#define FAKE_PTR 0x7f4000000000ull
-
-static kiln_runtime *fake_runtime(void)
-{
-    kiln_runtime *rt = calloc(1, sizeof *rt);
-    assert_non_null(rt);
-    kiln__errslot_init(&rt->err);
-    rt->info.instance_id = 4343;
-    return rt;
-}
-
-static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size)
-{
-    static uint64_t next = FAKE_PTR;
-    kiln_buffer *b = calloc(1, sizeof *b);
-    assert_non_null(b);
-    b->rt = rt;
-    atomic_init(&b->refs, 1);
-    b->size = size;
-    b->dtype = KILN_DTYPE_BYTES;
-    b->base = b->ptr = next;
-    next += (size + 0xffff) & ~(uint64_t)0xffff;
-    return b;
-}
 
 static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, uint32_t rank, int64_t d0, int64_t d1,
                         int64_t d2, int64_t d3)
@@ -175,8 +152,9 @@ static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, uint32_t r
 static void test_validation_names_binding_and_values(void **state)
 {
     (void)state;
-    kiln_runtime *rt = fake_runtime(), *other = fake_runtime();
-    kiln_buffer *buf = fake_buffer(rt, 256 << 20), *foreign = fake_buffer(other, 1 << 20);
+    kiln_runtime *rt = fake_runtime(4343), *other = fake_runtime(4343);
+    kiln_buffer *buf = fake_buffer(rt, 256 << 20, KILN_DTYPE_BYTES),
+                *foreign = fake_buffer(other, 1 << 20, KILN_DTYPE_BYTES);
     const size_t MB = 1 << 20;
     const int64_t T = 40, S = 4, KH = 16, VH = 32, DK = 128, DV = 128;
     kiln_tensor q = view(buf, 0, KILN_DTYPE_F16, 3, T, KH, DK, 0), k = view(buf, MB, KILN_DTYPE_F16, 3, T, KH, DK, 0),
@@ -299,10 +277,8 @@ static void test_validation_names_binding_and_values(void **state)
     assert_int_equal(vec, 1);
     free(buf);
     free(foreign);
-    kiln__errslot_destroy(&rt->err);
-    kiln__errslot_destroy(&other->err);
-    free(rt);
-    free(other);
+    fake_runtime_free(rt);
+    fake_runtime_free(other);
 }
 
 int main(void)

@@ -10,42 +10,11 @@
 #include <stdatomic.h>
 
 #include "runtime/internal.h"
+#include "fake_runtime.h"
 #include "testutil.h"
 
 #define RT1_ID 1001u
 #define RT2_ID 2002u
-/* A fake device address, aligned like a real allocation. */
-#define FAKE_PTR 0x7f0000000000ull
-
-static kiln_runtime *fake_runtime(uint64_t id)
-{
-    kiln_runtime *rt = calloc(1, sizeof *rt);
-    assert_non_null(rt);
-    kiln__errslot_init(&rt->err);
-    rt->info.instance_id = id;
-    return rt;
-}
-
-static void fake_runtime_free(kiln_runtime *rt)
-{
-    kiln__errslot_destroy(&rt->err);
-    free(rt);
-}
-
-static kiln_buffer *fake_buffer(kiln_runtime *rt, size_t size, kiln_dtype dtype)
-{
-    static uint64_t next = FAKE_PTR;
-    kiln_buffer *b = calloc(1, sizeof *b);
-    assert_non_null(b);
-    b->rt = rt;
-    atomic_init(&b->refs, 1);
-    b->size = size;
-    b->dtype = dtype;
-    b->base = b->ptr = next;
-    next += (size + 0xffff) & ~(uint64_t)0xffff;
-    return b;
-}
-
 static long refs_of(kiln_buffer *b) { return atomic_load(&b->refs); }
 
 /* Only the test's own reference may be left. */
