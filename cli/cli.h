@@ -60,6 +60,17 @@ int cli_verify_cache(const char *cmd, kiln_cache *cache);
 /* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
 long cli_default_jobs(void);
 
+/* prewarm's and export's command line: --model, --arch, -j, --help and one
+ * database path option, path_opt: 'd' (--db) or 'o' (--output). Returns -1
+ * when the command should go on with *out, else the exit status to return
+ * (help printed: CLI_EXIT_OK; a usage error reported: CLI_EXIT_USAGE). */
+typedef struct cli_build_args {
+    const char *model_path, *arch, *path;
+    long jobs; /* cli_default_jobs() when -j is not given */
+} cli_build_args;
+int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
+                         cli_build_args *out);
+
 /* Reports what getopt_long (run with opterr = 0 and an optstring that starts
  * with ':') returned for c = '?' or ':'; returns CLI_EXIT_USAGE. */
 int cli_getopt_error(const char *cmd, int c, char **argv);

@@ -10,8 +10,6 @@
 #include "cli.h"
 
 #define CMD "prewarm"
-#define DEFAULT_ARCH CLI_DEFAULT_ARCH
-#define MAX_JOBS CLI_MAX_JOBS
 /* Characters of the fingerprint shown per kernel (ls shows all 64). */
 #define FP_SHORT 16
 /* What kiln_spec_constants_text can need for a full spec. */
@@ -27,7 +25,7 @@ static const char help_text[] =
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
     "                           Llama-3-8B shape)\n"
-    "  -a, --arch ARCH          target architecture, sm_XY[a|f] (default: " DEFAULT_ARCH ")\n"
+    "  -a, --arch ARCH          target architecture, sm_XY[a|f] (default: " CLI_DEFAULT_ARCH ")\n"
     "  -d, --db PATH            the database to fill (default: $KILN_CACHE_DIR/kernels.db,\n"
     "                           else $XDG_CACHE_HOME/kiln/kernels.db, else\n"
     "                           $HOME/.cache/kiln/kernels.db); created when missing\n"
@@ -211,7 +209,7 @@ long cli_default_jobs(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1)
         return 1;
-    return n > MAX_JOBS ? MAX_JOBS : n;
+    return n > CLI_MAX_JOBS ? CLI_MAX_JOBS : n;
 }
 
 int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_model_config *config,
@@ -312,45 +310,53 @@ out_destroy_jit:
     return rc;
 }
 
-int cli_prewarm(int argc, char **argv)
+int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
+                         cli_build_args *out)
 {
-    static const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
-                                             {"arch", required_argument, NULL, 'a'},
-                                             {"db", required_argument, NULL, 'd'},
-                                             {"jobs", required_argument, NULL, 'j'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    const char *model_path = NULL, *arch = DEFAULT_ARCH, *db = NULL;
-    long jobs = 0;
+    const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
+                                      {"arch", required_argument, NULL, 'a'},
+                                      {path_opt == 'o' ? "output" : "db", required_argument, NULL, path_opt},
+                                      {"jobs", required_argument, NULL, 'j'},
+                                      {"help", no_argument, NULL, 'h'},
+                                      {NULL, 0, NULL, 0}};
+    char optstring[] = ":m:a:d:j:h";
+    optstring[5] = (char)path_opt;
+    *out = (cli_build_args){.arch = CLI_DEFAULT_ARCH};
     int c;
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":m:a:d:j:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model_path = optarg;
-            break;
-        case 'a':
-            arch = optarg;
-            break;
-        case 'd':
-            db = optarg;
-            break;
-        case 'j':
-            if (cli_parse_long(optarg, 1, MAX_JOBS, &jobs))
-                return cli_usage_error(CMD, "-j %s: must be a whole number in [1, %d]", optarg, MAX_JOBS);
-            break;
-        case 'h':
-            fputs(help_text, stdout);
+    while ((c = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
+        if (c == 'm') {
+            out->model_path = optarg;
+        } else if (c == 'a') {
+            out->arch = optarg;
+        } else if (c == path_opt) {
+            out->path = optarg;
+        } else if (c == 'j') {
+            if (cli_parse_long(optarg, 1, CLI_MAX_JOBS, &out->jobs))
+                return cli_usage_error(cmd, "-j %s: must be a whole number in [1, %d]", optarg, CLI_MAX_JOBS);
+        } else if (c == 'h') {
+            fputs(help, stdout);
             return CLI_EXIT_OK;
-        default:
-            return cli_getopt_error(CMD, c, argv);
+        } else {
+            return cli_getopt_error(cmd, c, argv);
         }
     }
     if (optind < argc)
-        return cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (!jobs)
-        jobs = cli_default_jobs();
+        return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (!out->jobs)
+        out->jobs = cli_default_jobs();
+    return -1;
+}
+
+int cli_prewarm(int argc, char **argv)
+{
+    cli_build_args a;
+    int parsed = cli_parse_build_args(CMD, argc, argv, help_text, 'd', &a);
+    if (parsed >= 0)
+        return parsed;
+    const char *model_path = a.model_path, *arch = a.arch, *db = a.path;
+    long jobs = a.jobs;
 
     /* Everything that can be wrong with the request is found before the
      * database is touched, so a bad request leaves it as it was. */

@@ -122,45 +122,15 @@ static int count_rows(const char *cmd, kiln_cache *cache, uint64_t *n)
 
 int cli_export(int argc, char **argv)
 {
-    static const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
-                                             {"arch", required_argument, NULL, 'a'},
-                                             {"output", required_argument, NULL, 'o'},
-                                             {"jobs", required_argument, NULL, 'j'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
-    const char *cmd = "export", *model_path = NULL, *arch = CLI_DEFAULT_ARCH, *out = NULL;
-    long jobs = 0;
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":m:a:o:j:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model_path = optarg;
-            break;
-        case 'a':
-            arch = optarg;
-            break;
-        case 'o':
-            out = optarg;
-            break;
-        case 'j':
-            if (cli_parse_long(optarg, 1, CLI_MAX_JOBS, &jobs))
-                return cli_usage_error(cmd, "-j %s: must be a whole number in [1, %d]", optarg, CLI_MAX_JOBS);
-            break;
-        case 'h':
-            fputs(export_help, stdout);
-            return CLI_EXIT_OK;
-        default:
-            return cli_getopt_error(cmd, c, argv);
-        }
-    }
-    if (optind < argc)
-        return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    const char *cmd = "export";
+    cli_build_args a;
+    int parsed = cli_parse_build_args(cmd, argc, argv, export_help, 'o', &a);
+    if (parsed >= 0)
+        return parsed;
+    const char *model_path = a.model_path, *arch = a.arch, *out = a.path;
+    long jobs = a.jobs;
     if (!out)
         return cli_usage_error(cmd, "no output: give -o OUT.db");
-    if (!jobs)
-        jobs = cli_default_jobs();
 
     /* A bad request is found before the output is created. */
     kiln_model_config config;
