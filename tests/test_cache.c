@@ -55,6 +55,15 @@ static void make_record(kiln_rng *r, kiln_cache_record *rec, uint8_t *cubin, siz
     rec->cubin_size = size;
 }
 
+/* A fresh random record stored in f's database, which is then closed. */
+static void store_one(fixture *f, kiln_cache_record *rec, uint8_t *cubin, size_t size)
+{
+    make_record(&f->rng, rec, cubin, size);
+    kiln_cache *c = open_db(f->path, 0);
+    KILN_CHECK(kiln_cache_put(c, rec));
+    kiln_cache_close(c);
+}
+
 static void expect_hit(kiln_cache *c, const kiln_cache_record *rec)
 {
     void *got = NULL;
@@ -270,10 +279,8 @@ static void test_stats_survive_a_lying_row(void **state)
     fixture *f = *state;
     uint8_t cubin[1000];
     kiln_cache_record rec;
-    make_record(&f->rng, &rec, cubin, sizeof cubin);
-    kiln_cache *c = open_db(f->path, 0);
-    KILN_CHECK(kiln_cache_put(c, &rec));
-    kiln_cache_close(c);
+    store_one(f, &rec, cubin, sizeof cubin);
+    kiln_cache *c;
     corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (zeroblob(32), 't', '', 'sm_90', 12, 4, 'k', x'00',"
                               " 9223372036854775807, zeroblob(32), 0, 0, 0, '')");
     corrupt_with_sql(f->path, "INSERT INTO kernels VALUES (x'0101010101010101010101010101010101010101010101010101010101010101',"
@@ -291,10 +298,8 @@ static void test_read_only_layer_is_never_written(void **state)
     fixture *f = *state;
     uint8_t cubin[1000];
     kiln_cache_record rec;
-    make_record(&f->rng, &rec, cubin, sizeof cubin);
-    kiln_cache *c = open_db(f->path, 0);
-    KILN_CHECK(kiln_cache_put(c, &rec));
-    kiln_cache_close(c);
+    store_one(f, &rec, cubin, sizeof cubin);
+    kiln_cache *c;
     corrupt_with_sql(f->path, "UPDATE kernels SET checksum = zeroblob(32)");
     c = open_db(f->path, 1);
     expect_miss(c, rec.fingerprint);
@@ -461,10 +466,8 @@ static void test_schema_1_is_migrated(void **state)
     fixture *f = *state;
     uint8_t cubin[700];
     kiln_cache_record rec;
-    make_record(&f->rng, &rec, cubin, sizeof cubin);
-    kiln_cache *c = open_db(f->path, 0);
-    KILN_CHECK(kiln_cache_put(c, &rec));
-    kiln_cache_close(c);
+    store_one(f, &rec, cubin, sizeof cubin);
+    kiln_cache *c;
     corrupt_with_sql(f->path, "ALTER TABLE kernels DROP COLUMN parts; PRAGMA user_version = 1;");
     c = open_db(f->path, 1); /* read-only: read as schema 1 */
     expect_hit(c, &rec);
