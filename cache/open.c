@@ -184,9 +184,21 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
 {
     int64_t app_id = 0, version = 0, n_tables = 0;
     int rc;
-    if ((rc = pragma_int(d->db, "PRAGMA application_id", &app_id)) != SQLITE_OK ||
-        (rc = pragma_int(d->db, "PRAGMA user_version", &version)) != SQLITE_OK ||
-        (rc = pragma_int(d->db, "SELECT count(*) FROM sqlite_master", &n_tables)) != SQLITE_OK) {
+    /* One statement, so one snapshot: read one by one, a process creating the
+     * schema at the same moment could show tables without their application_id. */
+    sqlite3_stmt *q = NULL;
+    rc = sqlite3_prepare_v2(d->db,
+                            "SELECT (SELECT application_id FROM pragma_application_id()),"
+                            " (SELECT user_version FROM pragma_user_version()), (SELECT count(*) FROM sqlite_master)",
+                            -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        app_id = sqlite3_column_int64(q, 0);
+        version = sqlite3_column_int64(q, 1);
+        n_tables = sqlite3_column_int64(q, 2);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_OK) {
         if (kiln__sqlite_status(rc) == KILN_ERR_CACHE_CORRUPT) {
             /* An SQLite file whose pages are damaged (truncated, overwritten)
              * is a corrupt cache; anything else is not a kiln database. */
