@@ -1,0 +1,144 @@
+/* examples/decode — a Llama / Qwen2 decoder on kiln's providers.
+ *
+ * A checkpoint (config.json + safetensors, f16) is checked tensor by tensor on
+ * the host, uploaded into device buffers, and run with every operation
+ * encoded through kiln's providers: token embedding, RMSNorm (fused with the
+ * residual), dense linear (+bias), causal paged attention with RoPE over a
+ * paged KV cache, dense SwiGLU, last-token linear and masked argmax.
+ *
+ * Each step (the prefill of every prompt packed together, then one decode
+ * step per new token of the batch) is ONE submission of pre-encoded commands.
+ * The values that change from step to step (token ids, positions, sequence
+ * lengths, query spans, block tables) live in a binding arena and travel as
+ * patches of that submission, so the same commands (and, once the runtime
+ * caches graph executables, the same graph) serve every decode step of one
+ * batch size. A participant that reaches its EOS or its token limit leaves
+ * the batch; the others go on with the commands encoded for the smaller batch.
+ *
+ * Errors: every function returns a kiln_status; dec_errmsg() says what failed
+ * (the tensor, the field, the values), in the calling thread.
+ */
+#ifndef KILN_EXAMPLES_DECODER_H
+#define KILN_EXAMPLES_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kiln/kiln.h>
+#include <kiln/safetensors.h>
+
+#define DEC_MAX_EOS 8
+#define DEC_MAX_FILES 64
+
+typedef struct dec_config {
+    kiln_model_config base;   /* sizes, eps, rope_theta (from rope_parameters too), tie */
+    char model_type[32];      /* "llama" or "qwen2" */
+    int64_t layers;           /* num_hidden_layers */
+    int qkv_bias;             /* qwen2: always; llama: attention_bias */
+    int64_t eos[DEC_MAX_EOS]; /* eos_token_id (a number or a list); none when n_eos is 0 */
+    size_t n_eos;
+} dec_config;
+
+/* The message of the calling thread's last failure in this module. */
+const char *dec_errmsg(void);
+
+/* Parses a config.json held in memory. KILN_ERR_CONFIG names the field and
+ * the value: an unsupported architecture (model_type other than llama or
+ * qwen2), an activation other than silu, rope scaling, sliding windows, MLP
+ * biases, a head_dim the attention provider does not take (64, 128), and
+ * everything kiln_model_config_parse refuses. */
+kiln_status dec_config_parse(const char *json, size_t len, dec_config *out);
+kiln_status dec_config_load(const char *path, dec_config *out);
+
+/* A checkpoint folder: config.json and model.safetensors, or the shards that
+ * model.safetensors.index.json names. */
+typedef struct dec_checkpoint {
+    dec_config config;
+    kiln_safetensors *files[DEC_MAX_FILES];
+    size_t n_files;
+} dec_checkpoint;
+
+kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out);
+void dec_checkpoint_close(dec_checkpoint *ck);
+
+/* Checks that every tensor the config needs is in the files, F16, of its
+ * shape (on the host; no device). KILN_ERR_NOT_FOUND names a missing tensor,
+ * KILN_ERR_CONFIG a tensor of another dtype or shape. */
+kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *files, size_t n_files);
+
+/* The model's weights on the device. */
+typedef struct dec_layer {
+    kiln_buffer *in_norm, *post_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *w_gate_up, *w_down;
+} dec_layer;
+
+typedef struct dec_model {
+    dec_config config;
+    kiln_runtime *rt;
+    kiln_buffer *embed, *final_norm, *lm_head; /* lm_head == embed when tied (one reference each) */
+    dec_layer *layer;
+    uint64_t weight_bytes;   /* what one decode step reads: every weight but the embedding table */
+    uint64_t uploaded_bytes;
+} dec_model;
+
+/* Checks and uploads a checkpoint's weights. */
+kiln_status dec_model_load(kiln_runtime *rt, const dec_checkpoint *ck, dec_model **out);
+/* Weights of the config's shapes filled by tiling chunk (halves) from its
+ * start into every tensor (device-to-device copies after one upload): for
+ * benchmarks of models no file holds. */
+kiln_status dec_model_random(kiln_runtime *rt, kiln_stream *s, const dec_config *c, const uint16_t *chunk,
+                             size_t chunk_halves, dec_model **out);
+void dec_model_free(dec_model *m);
+
+typedef struct dec_engine_options {
+    uint32_t max_participants;   /* sequences at once */
+    uint32_t max_prefill_tokens; /* all prompts of one prefill together */
+    uint32_t max_seq_tokens;     /* the most tokens one sequence's cache holds */
+} dec_engine_options;
+
+typedef struct dec_engine dec_engine;
+
+/* Allocates the activations, the workspace, the KV pages and the binding
+ * arena. The jit and the stream are borrowed and must outlive the engine. */
+kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m, const dec_engine_options *o,
+                              dec_engine **out);
+void dec_engine_free(dec_engine *e);
+/* The KV page bytes the engine holds. */
+uint64_t dec_engine_kv_bytes(const dec_engine *e);
+
+typedef struct dec_request {
+    const uint32_t *prompt;
+    uint32_t prompt_len; /* >= 1 */
+    uint32_t max_new;    /* >= 1 */
+} dec_request;
+
+typedef struct dec_result {
+    uint32_t *tokens; /* max_new capacity, the caller's */
+    uint32_t n;
+    int stopped_at_eos;
+} dec_result;
+
+typedef struct dec_stats {
+    double prefill_s, decode_s, encode_s; /* wall time: the prefill submission to its tokens, the decode steps, encoding */
+    uint64_t prefill_tokens, decode_tokens, decode_steps;
+    uint64_t replayed_commands, eager_commands; /* per the fences' attribution */
+} dec_stats;
+
+/* Called with each participant's last-position logits (f16 bits) at each
+ * step: step 0 is the prefill, step k the k-th decode step. */
+typedef void (*dec_logits_fn)(void *user, uint32_t participant, uint32_t step, const uint16_t *logits,
+                              size_t vocab);
+
+/* Greedy decoding of n requests at once. Each stops at one of eos[0..n_eos)
+ * (the EOS token is kept) or at its max_new tokens. logits may be NULL. */
+kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const int64_t *eos, size_t n_eos,
+                         dec_logits_fn logits, void *user, dec_result *results, dec_stats *stats);
+
+/* Decode-step latency for batch participants whose caches hold context - 1
+ * tokens (each step appends one, attends over context, and is not kept: the
+ * same context every step). steps timed after warmup; *device_ms: the median
+ * device-measured time of one submission; *wall_ms: steps submitted back to
+ * back, wall time per step. */
+kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
+                            double *device_ms, double *wall_ms, uint64_t *replayed_commands);
+
+#endif
