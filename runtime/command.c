@@ -101,6 +101,8 @@ kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *d, ki
     if (d->replay_key_bytes)
         memcpy(c->replay_key, d->replay_key, d->replay_key_bytes);
     c->replay_key_bytes = d->replay_key_bytes;
+    if (d->replay_key_bytes)
+        c->key_hash = kiln__key_hash(c->replay_key, c->replay_key_bytes);
     c->enqueue = d->enqueue;
     c->user = d->user;
     c->user_free = d->user_free;

@@ -54,7 +54,17 @@
     X(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040)                                          \
     X(cuGraphLaunch, PFN_cuGraphLaunch_v10000)                                                                      \
     X(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000)                                                            \
-    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)
+    X(cuGraphDestroy, PFN_cuGraphDestroy_v10000)                                                                  \
+    X(cuGraphUpload, PFN_cuGraphUpload_v11010)                                                                    \
+    X(cuGraphGetNodes, PFN_cuGraphGetNodes_v10000)                                                                \
+    X(cuMemGetInfo, PFN_cuMemGetInfo_v3020)                                                                       \
+    X(cuLaunchHostFunc, PFN_cuLaunchHostFunc_v10000)                                                              \
+    X(cuMemHostAlloc, PFN_cuMemHostAlloc_v2020)                                                                   \
+    X(cuMemFreeHost, PFN_cuMemFreeHost_v2000)                                                                     \
+    X(cuMemHostGetDevicePointer, PFN_cuMemHostGetDevicePointer_v3020)                                             \
+    X(cuFuncSetAttribute, PFN_cuFuncSetAttribute_v9000)                                                           \
+    X(cuOccupancyMaxActiveClusters, PFN_cuOccupancyMaxActiveClusters_v11070)                                      \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050)
 
 typedef struct kiln__driver {
 #define KILN__DRIVER_FIELD(name, type) type name;
@@ -93,6 +103,7 @@ struct kiln_runtime {
     CUcontext ctx;
     kiln_runtime_info info;
     _Atomic int broken;         /* a sticky device error: every later call fails with it */
+    _Atomic uint64_t module_epoch; /* bumped when a module is unloaded: older graphs are dropped */
     struct kiln_stream *own;    /* the stream of the immediate calls */
     kiln__errslot err;
 };
@@ -122,13 +133,18 @@ struct kiln_command {
     void (*user_free)(void *);
     uint8_t *replay_key;
     size_t replay_key_bytes;
+    uint64_t key_hash;          /* kiln__key_hash of the replay key */
 };
 
 struct kiln_launch_context {
     CUstream stream;
     CUdeviceptr fault;
     const kiln_command *cmd;
+    void *cublaslt;             /* the submitting stream's handle */
 };
+
+typedef struct kiln__graph kiln__graph;
+typedef struct kiln__graph_cache kiln__graph_cache;
 
 /* A submitted batch. The fence handle a caller gets is the batch itself. */
 struct kiln_fence {
@@ -144,8 +160,9 @@ struct kiln_fence {
     kiln_span *spans;
     size_t n_spans;
     kiln_attribution *rows;
-    CUgraphExec *execs;         /* replayed segments, destroyed after completion */
-    size_t n_execs;
+    struct kiln__span_plan *plans; /* per span: the graph to launch or the segment to capture */
+    kiln__graph **graphs;       /* the graphs it launched, one reference each */
+    size_t n_graphs;
     kiln_fence_state state;
     int timed;                  /* timings read back */
     struct kiln_fence *next;    /* in the stream's pending or quarantine list */
@@ -159,6 +176,11 @@ struct kiln_stream {
     kiln_stream_state state;
     struct kiln_fence *pending; /* submitted, not known complete (oldest first) */
     struct kiln_fence *quarantine;
+    int refs;                   /* the caller's handle + each batch not yet freed */
+    int destroyed;              /* kiln_stream_destroy was called: the CUDA objects are gone */
+    kiln__graph_cache *graphs;
+    CUevent *idle_events[2];    /* finished events for reuse: [0] untimed, [1] timed */
+    size_t n_idle_events[2];
 };
 
 struct kiln_binding_arena {
@@ -230,5 +252,27 @@ uint64_t kiln__align_up(uint64_t base, size_t align);
 kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out);
 /* Reads and clears the stream's fault record; KILN_ERR_DEVICE_CONTRACT when a kernel reported. */
 kiln_status kiln__stream_check_fault(kiln_stream *s);
+
+/* The graph executable cache (runtime/graph.c). */
+uint64_t kiln__key_hash(const void *p, size_t n);
+uint64_t kiln__segment_hash(kiln_command *const *cmds, uint32_t first, uint32_t last);
+kiln_status kiln__graph_cache_create(kiln_runtime *rt, kiln__graph_cache **out);
+/* Drops the cache's references; graphs a batch still holds live until it is freed. */
+void kiln__graph_cache_destroy(kiln__graph_cache *c);
+/* The resident graph of commands [first, last] (no reference added), or NULL;
+ * *rejected says whether the segment is remembered as rejected. */
+kiln__graph *kiln__graph_find(kiln__graph_cache *c, kiln_command *const *cmds, uint32_t first, uint32_t last,
+                              uint64_t hash, int *rejected);
+/* Counts a launch of a resident graph and makes it the most recently used. */
+void kiln__graph_hit(kiln__graph_cache *c, kiln__graph *g);
+/* Takes exec into the cache (the cache's reference) and evicts what no longer fits. */
+kiln_status kiln__graph_insert(kiln__graph_cache *c, kiln_command *const *cmds, uint32_t first, uint32_t last,
+                               uint64_t hash, CUgraphExec exec, size_t bytes, kiln__graph **out);
+void kiln__graph_reject(kiln__graph_cache *c, kiln_command *const *cmds, uint32_t first, uint32_t last,
+                        uint64_t hash);
+void kiln__graph_deferred(kiln__graph_cache *c);
+void kiln__graph_ref(kiln__graph *g);
+void kiln__graph_unref(kiln__graph *g);
+CUgraphExec kiln__graph_exec(const kiln__graph *g);
 
 #endif

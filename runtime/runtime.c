@@ -183,7 +183,11 @@ kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmod
 
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
 {
-    if (module && kiln__runtime_usable(rt))
+    if (!module)
+        return;
+    /* Graphs captured earlier may hold functions of this module. */
+    atomic_fetch_add(&rt->module_epoch, 1);
+    if (kiln__runtime_usable(rt))
         rt->d->cuModuleUnload(module);
 }
 
@@ -195,6 +199,7 @@ kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfun
 }
 
 void *kiln_launch_stream(const kiln_launch_context *ctx) { return ctx ? (void *)ctx->stream : NULL; }
+void *kiln_launch_cublaslt(const kiln_launch_context *ctx) { return ctx ? ctx->cublaslt : NULL; }
 uint64_t kiln_launch_fault_record(const kiln_launch_context *ctx) { return ctx ? (uint64_t)ctx->fault : 0; }
 
 const void *kiln_launch_host_data(const kiln_launch_context *ctx, size_t *bytes)

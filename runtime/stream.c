@@ -19,8 +19,13 @@ kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out)
         return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     s->rt = rt;
     s->state = KILN_STREAM_READY;
+    s->refs = 1;
     kiln_status st;
     CUresult r;
+    if ((st = kiln__graph_cache_create(rt, &s->graphs))) {
+        free(s);
+        return st;
+    }
     if ((r = rt->d->cuStreamCreate(&s->handle, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
         s->handle = NULL;
         st = kiln__runtime_cu_fail(rt, r, "cuStreamCreate");
@@ -137,27 +142,72 @@ static void move(kiln_stream *s, kiln__stream_event ev)
 
 /* ---- batches (fences) ---- */
 
+/* ---- events: reused once their batch is freed ---- */
+
+#define MAX_IDLE_EVENTS 256
+
+static kiln_status event_get(kiln_stream *s, int timed, CUevent *ev)
+{
+    if (s->n_idle_events[timed]) {
+        *ev = s->idle_events[timed][--s->n_idle_events[timed]];
+        return KILN_OK;
+    }
+    CUresult r = s->rt->d->cuEventCreate(ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) {
+        *ev = NULL;
+        return kiln__runtime_cu_fail(s->rt, r, "cuEventCreate");
+    }
+    return KILN_OK;
+}
+
+/* Keeps ev for reuse, or destroys it (a failed device, a destroyed stream, a full pool). */
+static void event_put(kiln_stream *s, int timed, CUevent ev, int reusable)
+{
+    if (!ev)
+        return;
+    if (reusable && !s->destroyed && s->n_idle_events[timed] < MAX_IDLE_EVENTS) {
+        if (!s->idle_events[timed] &&
+            !(s->idle_events[timed] = malloc(MAX_IDLE_EVENTS * sizeof *s->idle_events[timed])))
+            goto destroy;
+        s->idle_events[timed][s->n_idle_events[timed]++] = ev;
+        return;
+    }
+destroy:
+    if (kiln__runtime_usable(s->rt))
+        s->rt->d->cuEventDestroy(ev);
+}
+
+static void stream_unref(kiln_stream *s)
+{
+    if (--s->refs > 0)
+        return;
+    free(s->idle_events[0]);
+    free(s->idle_events[1]);
+    free(s);
+}
+
 static void batch_free(kiln_fence *b)
 {
-    const kiln__driver *d = b->stream->rt->d;
+    kiln_stream *s = b->stream;
     for (size_t i = 0; i < b->n; i++)
         kiln_command_release(b->cmds[i]);
-    for (size_t i = 0; i < b->n_execs; i++)
-        d->cuGraphExecDestroy(b->execs[i]);
-    if (b->done)
-        d->cuEventDestroy(b->done);
-    if (b->start)
-        d->cuEventDestroy(b->start);
-    for (size_t i = 0; i < 2 * b->n_spans; i++)
-        if (b->span_events && b->span_events[i])
-            d->cuEventDestroy(b->span_events[i]);
+    for (size_t i = 0; i < b->n_graphs; i++)
+        kiln__graph_unref(b->graphs[i]);
+    /* An event of a batch that completed can be recorded again. */
+    int reusable = b->state == KILN_FENCE_SUCCEEDED;
+    event_put(s, b->timing != KILN_TIMING_OFF, b->done, reusable);
+    event_put(s, 1, b->start, reusable);
+    for (size_t i = 0; b->span_events && i < 2 * b->n_spans; i++)
+        event_put(s, 1, b->span_events[i], reusable);
     free(b->span_events);
     free(b->spans);
+    free(b->plans);
     free(b->rows);
-    free(b->execs);
+    free(b->graphs);
     free(b->cmds);
     free(b->phase);
     free(b);
+    stream_unref(s);
 }
 
 static void batch_unref(kiln_fence *b)
@@ -315,13 +365,26 @@ void kiln_stream_destroy(kiln_stream *s)
             batch_unref(b);
         }
     }
+    kiln__graph_cache_destroy(s->graphs);
+    s->graphs = NULL;
+    int usable = kiln__runtime_usable(rt);
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; usable && i < s->n_idle_events[t]; i++)
+            rt->d->cuEventDestroy(s->idle_events[t][i]);
+        s->n_idle_events[t] = 0;
+    }
     if (s->cublaslt)
         kiln__blas_get(NULL)->cublasLtDestroy((cublasLtHandle_t)s->cublaslt);
     if (s->fault)
         rt->d->cuMemFree(s->fault);
     if (s->handle)
         rt->d->cuStreamDestroy(s->handle);
-    free(s);
+    s->cublaslt = NULL;
+    s->fault = 0;
+    s->handle = NULL;
+    /* Fences the caller still holds keep the struct (not the CUDA objects). */
+    s->destroyed = 1;
+    stream_unref(s);
 }
 
 kiln_status kiln_stream_readback(kiln_stream *s, const kiln_region *src, void *dst)
@@ -416,41 +479,174 @@ kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, siz
     return KILN_OK;
 }
 
-/* Splits the batch into spans: each eager command alone, each run of
- * consecutive replayed commands one segment. */
-static kiln_status plan(kiln_fence *b, kiln_command *const *cmds, const kiln_submit_options *o)
+/* ---- segments and the graph cache ---- */
+
+/* What a replayed span does. */
+struct kiln__span_plan {
+    kiln__graph *graph; /* resident when planned (the batch holds a reference), or NULL: capture */
+    uint64_t hash;
+};
+
+/* Whether command i may be part of a replayed segment under the path. */
+static int candidate(const kiln_submit_options *o, kiln_command *const *cmds, uint32_t i)
 {
-    b->spans = calloc(b->n, sizeof *b->spans);
-    b->rows = calloc(b->n, sizeof *b->rows);
-    if (!b->spans || !b->rows)
-        return KILN_ERR_HOST_OUT_OF_MEMORY;
-    for (uint32_t i = 0; i < b->n; i++) {
-        int rep = replayed(o, cmds, i);
-        kiln_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
-        if (rep && last && last->path == KILN_EXEC_REPLAYED && last->last == i - 1) {
-            last->last = i;
-        } else {
-            b->spans[b->n_spans++] = (kiln_span){.first = i, .last = i,
-                                                 .path = rep ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER,
-                                                 .start_ms = -1, .duration_ms = -1};
-        }
-        const kiln_command *c = cmds[i];
-        b->rows[i] = (kiln_attribution){.index = i, .phase = b->phase, .op_id = c->op_id,
-                                        .path = rep ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER, .batching = c->batching,
-                                        .participants = c->participants, .tokens = c->tokens,
-                                        .dispatches = c->dispatches, .transfers = c->transfers,
-                                        .span = o->timing == KILN_TIMING_SPANS ? (int32_t)(b->n_spans - 1) : -1};
-    }
-    return KILN_OK;
+    return o->path == KILN_PATH_ADAPTIVE ? cmds[i]->replay_key_bytes > 0 : replayed(o, cmds, i);
 }
 
-static kiln_status make_event(kiln_runtime *rt, CUevent *ev, int timed)
+/* The end of the segment starting at first (first is a candidate). */
+static uint32_t segment_end(const kiln_submit_options *o, kiln_command *const *cmds, uint32_t n, uint32_t first)
 {
-    CUresult r = rt->d->cuEventCreate(ev, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING);
-    if (r != CUDA_SUCCESS) {
-        *ev = NULL;
-        return kiln__runtime_cu_fail(rt, r, "cuEventCreate");
+    uint32_t last = first;
+    while (last + 1 < n && candidate(o, cmds, last + 1))
+        last++;
+    return last;
+}
+
+static kiln_launch_context launch_context(const kiln_stream *s, const kiln_command *cmd)
+{
+    return (kiln_launch_context){s->handle, s->fault, cmd, s->cublaslt};
+}
+
+static void describe_segment(char *buf, size_t cap, kiln_command *const *cmds, uint32_t first, uint32_t last)
+{
+    if (first == last)
+        snprintf(buf, cap, "command %u (%s)", first, cmds[first]->op_id);
+    else
+        snprintf(buf, cap, "commands %u (%s) to %u (%s)", first, cmds[first]->op_id, last, cmds[last]->op_id);
+}
+
+/* Captures commands [first, last] into an executable, instantiates and
+ * uploads it and takes it into the cache. *rejected says the capture itself
+ * failed (an enqueue that cannot be captured, an instantiation the driver
+ * refused): the segment is remembered as rejected and nothing ran. Other
+ * failures (uploading, memory) are returned as they are. */
+static kiln_status capture(kiln_stream *s, kiln_command *const *cmds, uint32_t first, uint32_t last, uint64_t hash,
+                           kiln__graph **out, int *rejected)
+{
+    kiln_runtime *rt = s->rt;
+    const kiln__driver *d = rt->d;
+    *out = NULL;
+    *rejected = 0;
+    char what[2 * KILN_OP_ID_MAX + 64];
+    describe_segment(what, sizeof what, cmds, first, last);
+    CUresult r = d->cuStreamBeginCapture(s->handle, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(rt, r, "cuStreamBeginCapture");
+    kiln_status st = KILN_OK;
+    uint32_t failed = first;
+    for (uint32_t i = first; i <= last && !st; i++) {
+        kiln_launch_context ctx = launch_context(s, cmds[i]);
+        st = cmds[i]->enqueue(cmds[i]->user, &ctx);
+        failed = i;
     }
+    CUgraph graph = NULL;
+    CUresult end = d->cuStreamEndCapture(s->handle, &graph);
+    if (atomic_load(&rt->broken)) {
+        if (graph)
+            d->cuGraphDestroy(graph);
+        return kiln__runtime_enter(rt);
+    }
+    CUgraphExec exec = NULL;
+    size_t nodes = 0, free0 = 0, free1 = 0, total = 0;
+    if (!st && end == CUDA_SUCCESS) {
+        d->cuGraphGetNodes(graph, NULL, &nodes);
+        d->cuMemGetInfo(&free0, &total);
+        r = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
+    }
+    if (graph)
+        d->cuGraphDestroy(graph);
+    if (st || end != CUDA_SUCCESS || r != CUDA_SUCCESS) {
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return kiln__runtime_cu_fail(rt, r, "cuGraphInstantiate");
+        *rejected = 1;
+        kiln__graph_reject(s->graphs, cmds, first, last, hash);
+        if (st)
+            return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
+                              "graph capture of %s failed at command %u (%s): %s; the segment runs eager", what,
+                              failed, cmds[failed]->op_id, kiln_errmsg());
+        kiln__cuda_fail(&rt->err, end != CUDA_SUCCESS ? end : r,
+                        end != CUDA_SUCCESS ? "cuStreamEndCapture" : "cuGraphInstantiate");
+        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "graph capture of %s: %s; the segment runs eager",
+                          what, kiln_errmsg());
+    }
+    if ((r = d->cuGraphUpload(exec, s->handle)) != CUDA_SUCCESS) {
+        d->cuGraphExecDestroy(exec);
+        return kiln__runtime_cu_fail(rt, r, "cuGraphUpload");
+    }
+    d->cuMemGetInfo(&free1, &total);
+    size_t bytes = free0 > free1 ? free0 - free1 : 0;
+    if (bytes < nodes * KILN_GRAPH_NODE_BYTES)
+        bytes = nodes * KILN_GRAPH_NODE_BYTES;
+    st = kiln__graph_insert(s->graphs, cmds, first, last, hash, exec, bytes, out);
+    if (st)
+        d->cuGraphExecDestroy(exec);
+    return st;
+}
+
+/* Decides what each replayable segment does before anything is enqueued:
+ * launch a resident graph, capture it, or run eager (rejected earlier, or
+ * deferred on a busy stream). Fills b->spans, b->plans and b->rows. The
+ * replayed paths require every segment resident. */
+static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds, const kiln_submit_options *o)
+{
+    kiln_runtime *rt = s->rt;
+    b->spans = calloc(b->n, sizeof *b->spans);
+    b->plans = calloc(b->n, sizeof *b->plans);
+    b->rows = calloc(b->n, sizeof *b->rows);
+    b->graphs = calloc(b->n, sizeof *b->graphs);
+    if (!b->spans || !b->plans || !b->rows || !b->graphs)
+        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", b->n);
+    int quiescent = s->pending == NULL;
+    uint32_t n = (uint32_t)b->n, deferred = 0;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t last = i;
+        kiln_exec_path path = KILN_EXEC_EAGER;
+        struct kiln__span_plan pl = {0};
+        if (o->path != KILN_PATH_EAGER_ONLY && candidate(o, cmds, i)) {
+            last = segment_end(o, cmds, n, i);
+            pl.hash = kiln__segment_hash(cmds, i, last);
+            int rejected = 0;
+            pl.graph = kiln__graph_find(s->graphs, cmds, i, last, pl.hash, &rejected);
+            if (pl.graph) {
+                kiln__graph_ref(pl.graph);
+                b->graphs[b->n_graphs++] = pl.graph;
+                path = KILN_EXEC_REPLAYED;
+            } else if (o->path != KILN_PATH_ADAPTIVE) {
+                char what[2 * KILN_OP_ID_MAX + 64];
+                describe_segment(what, sizeof what, cmds, i, last);
+                return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
+                                  "submit: the segment of %s is not resident in the stream's graph cache%s; the %s "
+                                  "path launches resident graphs only (make it resident with kiln_stream_prepare "
+                                  "or an adaptive submission)",
+                                  what, rejected ? " (its capture was rejected)" : "",
+                                  o->path == KILN_PATH_REPLAYED_ONLY ? "replayed-only"
+                                                                     : "replayed-with-eager-boundaries");
+            } else if (!rejected && quiescent) {
+                path = KILN_EXEC_REPLAYED; /* captured at run */
+            } else {
+                deferred += !rejected;
+                last = i; /* eager, one span per command */
+            }
+        }
+        if (path == KILN_EXEC_EAGER)
+            last = i;
+        b->plans[b->n_spans] = pl;
+        b->spans[b->n_spans++] = (kiln_span){.first = i, .last = last, .path = path, .start_ms = -1,
+                                             .duration_ms = -1};
+        for (uint32_t j = i; j <= last; j++) {
+            const kiln_command *c = cmds[j];
+            b->rows[j] = (kiln_attribution){.index = j, .phase = b->phase, .op_id = c->op_id, .path = path,
+                                            .batching = c->batching, .participants = c->participants,
+                                            .tokens = c->tokens, .dispatches = c->dispatches,
+                                            .transfers = c->transfers,
+                                            .span = o->timing == KILN_TIMING_SPANS ? (int32_t)(b->n_spans - 1)
+                                                                                    : -1};
+        }
+        i = last + 1;
+    }
+    /* A deferred segment repeats as eager commands: count it once per submission. */
+    for (uint32_t k = 0; k < deferred; k++)
+        kiln__graph_deferred(s->graphs);
     return KILN_OK;
 }
 
@@ -460,33 +656,48 @@ static kiln_status record(kiln_runtime *rt, CUevent ev, CUstream stream)
     return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuEventRecord");
 }
 
-/* Captures commands [first, last] into a graph and launches it. */
-static kiln_status run_replayed(kiln_stream *s, kiln_fence *b, const kiln_span *sp)
+static kiln_status run_eager(kiln_stream *s, kiln_fence *b, uint32_t first, uint32_t last)
+{
+    kiln_status st = KILN_OK;
+    for (uint32_t i = first; i <= last && !st; i++) {
+        kiln_launch_context ctx = launch_context(s, b->cmds[i]);
+        st = b->cmds[i]->enqueue(b->cmds[i]->user, &ctx);
+        if (st && !kiln_errmsg()[0])
+            kiln__fail(&s->rt->err, st, "command %u (%s) failed to enqueue", i, b->cmds[i]->op_id);
+    }
+    return st;
+}
+
+/* Launches span k's graph, capturing it first when the plan says so; a
+ * rejected capture runs the span eager and says so in its rows. */
+static kiln_status run_replayed(kiln_stream *s, kiln_fence *b, size_t k)
 {
     kiln_runtime *rt = s->rt;
-    const kiln__driver *d = rt->d;
-    CUresult r = d->cuStreamBeginCapture(s->handle, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-    if (r != CUDA_SUCCESS)
-        return kiln__runtime_cu_fail(rt, r, "cuStreamBeginCapture");
-    kiln_status st = KILN_OK;
-    for (uint32_t i = sp->first; i <= sp->last && !st; i++) {
-        kiln_launch_context ctx = {s->handle, s->fault, b->cmds[i]};
-        st = b->cmds[i]->enqueue(b->cmds[i]->user, &ctx);
+    kiln_span *sp = &b->spans[k];
+    kiln__graph *g = b->plans[k].graph;
+    if (g) {
+        kiln__graph_hit(s->graphs, g);
+    } else {
+        int rejected = 0;
+        /* The same segment may have been captured earlier in this batch. */
+        g = kiln__graph_find(s->graphs, b->cmds, sp->first, sp->last, b->plans[k].hash, &rejected);
+        if (g) {
+            kiln__graph_hit(s->graphs, g);
+        } else if (!rejected) {
+            kiln_status st = capture(s, b->cmds, sp->first, sp->last, b->plans[k].hash, &g, &rejected);
+            if (st && !rejected)
+                return st;
+        }
+        if (!g) {
+            sp->path = KILN_EXEC_EAGER;
+            for (uint32_t i = sp->first; i <= sp->last; i++)
+                b->rows[i].path = KILN_EXEC_EAGER;
+            return run_eager(s, b, sp->first, sp->last);
+        }
+        kiln__graph_ref(g);
+        b->graphs[b->n_graphs++] = g;
     }
-    CUgraph graph = NULL;
-    r = d->cuStreamEndCapture(s->handle, &graph);
-    if (st || r != CUDA_SUCCESS) {
-        if (graph)
-            d->cuGraphDestroy(graph);
-        return st ? st : kiln__runtime_cu_fail(rt, r, "cuStreamEndCapture");
-    }
-    CUgraphExec exec = NULL;
-    r = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
-    d->cuGraphDestroy(graph);
-    if (r != CUDA_SUCCESS)
-        return kiln__runtime_cu_fail(rt, r, "cuGraphInstantiate");
-    b->execs[b->n_execs++] = exec; /* destroyed with the batch, after it completed */
-    r = d->cuGraphLaunch(exec, s->handle);
+    CUresult r = rt->d->cuGraphLaunch(kiln__graph_exec(g), s->handle);
     return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuGraphLaunch");
 }
 
@@ -501,14 +712,10 @@ static kiln_status run(kiln_stream *s, kiln_fence *b)
         const kiln_span *sp = &b->spans[k];
         if (spans && (st = record(rt, b->span_events[2 * k], s->handle)))
             break;
-        if (sp->path == KILN_EXEC_REPLAYED) {
-            st = run_replayed(s, b, sp);
-        } else {
-            kiln_launch_context ctx = {s->handle, s->fault, b->cmds[sp->first]};
-            st = b->cmds[sp->first]->enqueue(b->cmds[sp->first]->user, &ctx);
-            if (st && !kiln_errmsg()[0])
-                kiln__fail(&rt->err, st, "command %u (%s) failed to enqueue", sp->first, b->cmds[sp->first]->op_id);
-        }
+        if (sp->path == KILN_EXEC_REPLAYED)
+            st = run_replayed(s, b, k);
+        else
+            st = run_eager(s, b, sp->first, sp->last);
         if (!st && spans)
             st = record(rt, b->span_events[2 * k + 1], s->handle);
     }
@@ -540,25 +747,26 @@ kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t
     if (!b)
         return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     b->stream = s;
+    s->refs++;
     b->refs = 1;
-    b->n = n;
     b->timing = opts->timing;
     b->state = KILN_FENCE_PENDING;
     b->phase = kiln__strdup(opts->phase ? opts->phase : "");
     b->cmds = malloc(n * sizeof *b->cmds);
-    b->execs = calloc(n, sizeof *b->execs);
-    if (!b->phase || !b->cmds || !b->execs || plan(b, cmds, opts) != KILN_OK) {
-        b->n = 0;
-        batch_free(b);
-        return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", n);
+    if (!b->phase || !b->cmds) {
+        st = kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", n);
+        goto out_unwind;
     }
     for (size_t i = 0; i < n; i++) {
         b->cmds[i] = cmds[i];
         kiln__command_retain(cmds[i]);
     }
+    b->n = n;
+    if ((st = plan(s, b, cmds, opts)))
+        goto out_unwind;
     int timed = opts->timing != KILN_TIMING_OFF;
     /* done is timed only when the batch is: a timed event costs more to record. */
-    if ((st = make_event(rt, &b->done, timed)) || (timed && (st = make_event(rt, &b->start, 1))))
+    if ((st = event_get(s, timed, &b->done)) || (timed && (st = event_get(s, 1, &b->start))))
         goto out_unwind;
     if (opts->timing == KILN_TIMING_SPANS) {
         b->span_events = calloc(2 * b->n_spans, sizeof *b->span_events);
@@ -567,7 +775,7 @@ kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t
             goto out_unwind;
         }
         for (size_t i = 0; i < 2 * b->n_spans && !st; i++)
-            st = make_event(rt, &b->span_events[i], 1);
+            st = event_get(s, 1, &b->span_events[i]);
         if (st)
             goto out_unwind;
     }
@@ -598,8 +806,57 @@ kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t
     }
     return KILN_OK;
 out_unwind:
+    /* Events taken from the pool go back unused. */
+    b->state = KILN_FENCE_SUCCEEDED;
     batch_free(b);
     return st;
+}
+
+kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
+                                size_t *captured)
+{
+    kiln_submit_options def = {0};
+    if (captured)
+        *captured = 0;
+    if (!s)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_prepare: stream is NULL");
+    if (!opts)
+        opts = &def;
+    kiln_runtime *rt = s->rt;
+    kiln_status st = kiln__runtime_enter(rt);
+    if (st)
+        return st;
+    if (s->state == KILN_STREAM_SUBMITTED)
+        reap(s);
+    if ((st = kiln__submit_validate(s, cmds, n, opts)))
+        return st;
+    if (opts->path == KILN_PATH_EAGER_ONLY)
+        return KILN_OK;
+    kiln_status first_failure = KILN_OK;
+    for (uint32_t i = 0; i < (uint32_t)n; i++) {
+        if (!candidate(opts, cmds, i))
+            continue;
+        uint32_t last = segment_end(opts, cmds, (uint32_t)n, i);
+        uint64_t hash = kiln__segment_hash(cmds, i, last);
+        int rejected = 0;
+        kiln__graph *g = kiln__graph_find(s->graphs, cmds, i, last, hash, &rejected);
+        if (!g && !rejected) {
+            st = capture(s, cmds, i, last, hash, &g, &rejected);
+            if (st && !rejected)
+                return st;
+            if (st && !first_failure)
+                first_failure = st;
+            if (g && captured)
+                (*captured)++;
+        } else if (rejected && !first_failure) {
+            char what[2 * KILN_OP_ID_MAX + 64];
+            describe_segment(what, sizeof what, cmds, i, last);
+            first_failure = kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
+                                       "the segment of %s was rejected earlier (its capture failed)", what);
+        }
+        i = last;
+    }
+    return first_failure;
 }
 
 /* ---- fences ---- */

@@ -567,6 +567,7 @@ static kiln_status replay_runner(void *user, const step_io *io)
     kiln_submit_options so = {.path = KILN_PATH_REPLAYED_ONLY, .phase = "decode", .arena = r->arena,
                               .patches = p, .n_patches = 4};
     kiln_fence *fence;
+    KILN_CHECK(kiln_stream_prepare(r->f->s, &r->cmd, 1, &so, NULL));
     KILN_CHECK(kiln_stream_submit(r->f->s, &r->cmd, 1, &so, &fence));
     kiln_status st = kiln_fence_wait(fence);
     kiln_attribution a;

@@ -256,6 +256,7 @@ static void run_case(gpu_fixture *f, const delta_case *c)
         kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
                                   .phase = k ? "decode" : "prefill"};
         kiln_fence *fence;
+        KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
         KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
         KILN_CHECK(kiln_fence_wait(fence));
         kiln_attribution a;

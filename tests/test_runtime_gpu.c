@@ -217,6 +217,15 @@ static void test_replayed_segments(void **state)
     kiln_submit_options o = {.path = KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES, .timing = KILN_TIMING_SPANS,
                              .eager_boundaries = &boundary, .n_eager_boundaries = 1};
     kiln_fence *fence;
+    /* The replayed paths launch resident graphs only: not captured yet, refused before enqueueing. */
+    KILN_EXPECT(kiln_stream_submit(f->s, cmds, 3, &o, &fence), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "commands 1 (token_embedding) to 2 (token_embedding)", "not resident");
+    assert_int_equal(kiln_stream_get_state(f->s), KILN_STREAM_READY);
+    size_t captured = 0;
+    KILN_CHECK(kiln_stream_prepare(f->s, cmds, 3, &o, &captured));
+    assert_int_equal(captured, 1);
+    KILN_CHECK(kiln_stream_prepare(f->s, cmds, 3, &o, &captured));
+    assert_int_equal(captured, 0); /* resident already */
     KILN_CHECK(kiln_stream_submit(f->s, cmds, 3, &o, &fence));
     KILN_CHECK(kiln_fence_wait(fence));
     kiln_receipt r;

@@ -180,6 +180,8 @@ typedef enum kiln_batching {
 typedef struct kiln_launch_context kiln_launch_context;
 /* The CUstream to enqueue on (capturing, when the command is replayed). */
 KILN_API void *kiln_launch_stream(const kiln_launch_context *ctx);
+/* The submitting stream's cuBLASLt handle (a cublasLtHandle_t). */
+KILN_API void *kiln_launch_cublaslt(const kiln_launch_context *ctx);
 /* The device address of the stream's fault record, for kernels that report bad data. */
 KILN_API uint64_t kiln_launch_fault_record(const kiln_launch_context *ctx);
 /* The retained host bytes of the command being enqueued (its own copy). */
@@ -296,6 +298,78 @@ KILN_API kiln_status kiln_stream_submit(kiln_stream *stream, kiln_command *const
 KILN_API kiln_status kiln_stream_synchronize(kiln_stream *stream);
 /* Copies a region to host memory after everything the stream submitted. */
 KILN_API kiln_status kiln_stream_readback(kiln_stream *stream, const kiln_region *src, void *dst);
+
+/* ---- the graph executable cache (one per stream) ----
+ *
+ * A segment is a run of consecutive replayable commands in a submission; its
+ * key is the commands' replay keys, in order. Under the adaptive path a
+ * segment seen for the first time is captured (stream capture, thread-local
+ * mode), instantiated and uploaded when the stream is quiescent (nothing
+ * submitted earlier still running) and then launched; every later submission
+ * with the same key launches the resident graph. A segment first seen while
+ * the stream is busy runs eager and is "deferred" (captured at a later quiet
+ * submission); one whose capture fails (an enqueue that cannot be captured)
+ * is remembered as "rejected" and always runs eager. The replayed-only and
+ * replayed-with-eager-boundaries paths never capture: each of their replayed
+ * segments must be resident already, or the submission fails before anything
+ * is enqueued (KILN_ERR_RUNTIME_CONTRACT naming the segment).
+ * kiln_stream_prepare makes a batch's segments resident without running it,
+ * busy stream or not.
+ *
+ * Values that change every step (token ids, positions, lengths, block tables)
+ * belong in a binding arena, not in replay keys, so that one graph serves
+ * every step of a batch bucket: pad the participants to
+ * kiln_stream_batch_bucket's size and one executable covers every batch of
+ * that bucket.
+ *
+ * Capacity: a count of resident graphs and an estimate of their device memory
+ * (the device memory they took when instantiated and uploaded, at least
+ * KILN_GRAPH_NODE_BYTES per node); the least recently launched go first. An
+ * evicted graph is destroyed once no pending batch uses it. Loading or
+ * unloading kernels does not invalidate graphs; unloading a module (a jit
+ * destroyed) drops every graph captured before it. */
+
+#define KILN_GRAPH_NODE_BYTES 1024u
+#define KILN_MAX_BATCH_BUCKETS 32
+
+typedef struct kiln_graph_options {
+    uint32_t size;           /* sizeof(kiln_graph_options), or 0 */
+    size_t max_graphs;       /* resident executables; 0: 256 */
+    size_t max_bytes;        /* their estimated device memory; 0: 1 GiB */
+    const uint32_t *buckets; /* strictly increasing, > 0; NULL: 1, 2, 4, 8, 16, 32, 64 */
+    size_t n_buckets;        /* at most KILN_MAX_BATCH_BUCKETS */
+} kiln_graph_options;
+
+typedef struct kiln_graph_stats {
+    uint64_t captured;  /* segments captured and instantiated */
+    uint64_t hits;      /* segment launches of a resident graph (a capture's own launch is not one) */
+    uint64_t rejected;  /* captures that failed; the segment runs eager from then on */
+    uint64_t deferred;  /* first sightings on a busy stream, run eager */
+    uint64_t evicted;   /* graphs dropped for capacity, trim or an unloaded module */
+    size_t resident;    /* graphs held now */
+    size_t resident_bytes;
+} kiln_graph_stats;
+
+/* Sets the capacity and the batch buckets; evicts at once what no longer
+ * fits. KILN_ERR_RUNTIME_CONTRACT for buckets not strictly increasing, a zero
+ * bucket or too many of them. */
+KILN_API kiln_status kiln_stream_set_graph_options(kiln_stream *stream, const kiln_graph_options *opts);
+KILN_API void kiln_stream_graph_stats(const kiln_stream *stream, kiln_graph_stats *out);
+/* Evicts least recently used graphs until at most keep_graphs remain and
+ * their bytes are at most keep_bytes (0, 0: all of them). Rejected segments
+ * are forgotten too (they will be tried again). */
+KILN_API kiln_status kiln_stream_graph_trim(kiln_stream *stream, size_t keep_graphs, size_t keep_bytes);
+/* The smallest batch bucket holding participants; KILN_ERR_RUNTIME_CONTRACT
+ * naming the largest bucket when none does, or for 0 participants. */
+KILN_API kiln_status kiln_stream_batch_bucket(const kiln_stream *stream, uint32_t participants, uint32_t *bucket);
+/* Captures, instantiates and uploads every replayed segment of the batch
+ * under opts->path (adaptive: every run of replayable commands) that is not
+ * resident yet, running nothing. *captured (may be NULL) counts the new
+ * graphs. A segment whose capture fails is rejected and reported as
+ * KILN_ERR_RUNTIME_CONTRACT naming it (the adaptive path then runs it eager).
+ * The stream may be busy; it must not be Recording or Failed. */
+KILN_API kiln_status kiln_stream_prepare(kiln_stream *stream, kiln_command *const *cmds, size_t n,
+                                         const kiln_submit_options *opts, size_t *captured);
 
 typedef enum kiln_fence_state {
     KILN_FENCE_PENDING = 0,
