@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Decode-step latency of a Llama-3-8B-shaped model of random f16 weights at
+# batch 1, 8 and 32 (context 1024): kiln (examples/decode --bench) beside the
+# torch peer (bench/peer_torch_decode.py, a CUDA-graph-captured decode loop)
+# on the same weights, in one run. Each prints the device-to-device copy
+# bandwidth it measured and the floor it implies. JSON lines on stdout.
+# usage: bench/bench_decode.sh [BUILD_DIR] [extra decode --bench options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+shift || true
+chunk=$(mktemp "${TMPDIR:-/tmp}/kiln-decode-chunk.XXXXXX")
+trap 'rm -f "$chunk"' EXIT
+"$build/examples/decode/decode" --bench --chunk-file "$chunk" "$@"
+python3 bench/peer_torch_decode.py --chunk-file "$chunk"

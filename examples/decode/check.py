@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Checks examples/decode against transformers, token for token.
+
+For each model below: build it with random weights through transformers
+(LlamaConfig or Qwen2Config, a few layers, small sizes; one Llama and one Qwen2
+with tied embeddings), save_pretrained in f16 (safetensors), run greedy
+generate in torch.float16 on cuda for several prompts of different lengths,
+one at a time, then run the kiln decoder ONCE on all prompts as one batch
+(different token limits, so that participants leave the batch at different
+steps) and compare:
+  - the token ids, every one of them (>= 32 new tokens per prompt);
+  - the last-position logits of every step: max |kiln - hf| / max |hf| <= 2e-2.
+A second kiln run with an EOS token taken from the reference checks that each
+participant stops at its EOS while the others go on. The database is
+prewarmed with `kiln prewarm --model config.json` first: the kiln runs must
+compile nothing.
+
+Random-weight models give near-tied logits, where two f16 implementations may
+legitimately pick different tokens. The init is scaled (initializer_range) so
+that attention is not uniform, and each prompt is drawn until the REFERENCE's
+top-1 / top-2 gap stays above MARGIN x the logits' standard deviation at
+every step (at most TRIES draws; the best draw otherwise). The selection looks
+at transformers' outputs only, never at kiln's.
+
+Usage (on the GPU machine, from the repository root, after building build-h8):
+  python3 examples/decode/check.py --build build-h8 [--out DIR]
+Exit 0 when every check passes.
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+MARGIN = 0.01
+TRIES = 16
+LOGIT_TOL = 2e-2
+
+MODELS = [
+    dict(name="llama-gqa", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=10000.0,
+         sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+         prompts=[(5, 40), (23, 36), (150, 33), (64, 48)]),
+    dict(name="qwen2-tied", cls=(Qwen2Config, Qwen2ForCausalLM), tie=True, theta=1000000.0,
+         sizes=dict(vocab_size=1536, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=64),
+         prompts=[(7, 40), (300, 34), (31, 44)]),
+    dict(name="llama-tied-hd128", cls=(LlamaConfig, LlamaForCausalLM), tie=True, theta=500000.0,
+         sizes=dict(vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, head_dim=128),
+         prompts=[(3, 40), (45, 32), (100, 38)]),
+]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def make_model(spec, path, seed):
+    Cfg, Model = spec["cls"]
+    kw = dict(spec["sizes"])
+    kw.update(tie_word_embeddings=spec["tie"], initializer_range=0.06, rms_norm_eps=1e-6,
+              max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": spec["theta"]}
+    else:
+        kw["rope_theta"] = spec["theta"]
+    cfg = Cfg(**kw)
+    torch.manual_seed(seed)
+    model = Model(cfg).to(torch.float16).cuda().eval()
+    model.save_pretrained(path)  # safetensors, f16
+    with open(os.path.join(path, "config.json")) as f:
+        saved = json.load(f)
+    return model, saved
+
+
+@torch.no_grad()
+def reference(model, ids, n):
+    x = torch.tensor([ids], device="cuda")
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    toks = out.sequences[0, len(ids):].tolist()
+    logits = torch.stack([l[0].float() for l in out.logits])  # [n, vocab]
+    top = logits.topk(2, dim=-1).values
+    gap = ((top[:, 0] - top[:, 1]) / logits.std(dim=-1)).min().item()
+    return toks, logits.cpu(), gap
+
+
+def read_dump(path):
+    rows = {}
+    with open(path, "rb") as f:
+        data = f.read()
+    at = 0
+    while at < len(data):
+        p, s, v = struct.unpack_from("<III", data, at)
+        at += 12
+        rows[(p, s)] = torch.frombuffer(bytearray(data[at:at + 4 * v]), dtype=torch.float32)
+        at += 4 * v
+    return rows
+
+
+def run_kiln(args, path, prompts, extra, db, dump=None):
+    cmd = [os.path.join(args.build, "examples/decode/decode"), "--model", path, "--db", db]
+    for ids, n in prompts:
+        cmd += ["--prompt", ",".join(map(str, ids)) + ":" + str(n)]
+    cmd += extra
+    if dump:
+        cmd += ["--dump-logits", dump]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("decode failed (%d): %s" % (r.returncode, r.stderr.strip()))
+    lines = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    parts = sorted([l for l in lines if "participant" in l], key=lambda l: l["participant"])
+    summary = [l for l in lines if "summary" in l][0]
+    summary["wall_s"] = round(time.time() - t0, 3)
+    return parts, summary
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build-h8")
+    ap.add_argument("--out", default=None, help="where the models go (default: a temporary folder)")
+    args = ap.parse_args()
+    root = args.out or tempfile.mkdtemp(prefix="kiln-check-")
+    os.makedirs(root, exist_ok=True)
+    log("torch %s, transformers %s, %s" % (torch.__version__, transformers.__version__,
+                                             torch.cuda.get_device_name(0)))
+    failures = []
+    gen = torch.Generator().manual_seed(1234)
+    for mi, spec in enumerate(MODELS):
+        path = os.path.join(root, spec["name"])
+        model, saved = make_model(spec, path, seed=100 + mi)
+        V = spec["sizes"]["vocab_size"]
+        files = sorted(os.listdir(path))
+        log("\n== %s: %s, tie_word_embeddings=%s, rope %s, files %s" % (
+            spec["name"], saved.get("architectures"), saved.get("tie_word_embeddings"),
+            saved.get("rope_parameters", saved.get("rope_theta")), files))
+        # Prompts, drawn until the reference's margins are clear.
+        prompts, refs = [], []
+        for plen, n in spec["prompts"]:
+            best = None
+            for t in range(TRIES):
+                ids = torch.randint(3, V, (plen,), generator=gen).tolist()
+                toks, logits, gap = reference(model, ids, n)
+                if best is None or gap > best[3]:
+                    best = (ids, toks, logits, gap, t + 1)
+                if gap >= MARGIN:
+                    break
+            ids, toks, logits, gap, tries = best
+            log("  prompt of %3d tokens, %d new: reference min gap %.4f x std (%d draw%s)" % (
+                plen, n, gap, tries, "" if tries == 1 else "s"))
+            prompts.append((ids, n))
+            refs.append((toks, logits, gap))
+        # A database prewarmed for this model: the kiln runs compile nothing.
+        db = os.path.join(path, "kernels.db")
+        pw = subprocess.run([os.path.join(args.build, "kiln"), "prewarm", "--model",
+                             os.path.join(path, "config.json"), "--db", db, "-j", "8"],
+                            capture_output=True, text=True)
+        log("  kiln prewarm: exit %d, %s" % (pw.returncode, (pw.stdout.strip().splitlines() or ["?"])[-1]))
+        dump = os.path.join(path, "logits.bin")
+        try:
+            parts, summary = run_kiln(args, path, prompts, ["--eos", "none"], db, dump)
+        except RuntimeError as e:
+            failures.append("%s: %s" % (spec["name"], e))
+            log("  FAIL: %s" % e)
+            continue
+        rows = read_dump(dump)
+        worst_rel = 0.0
+        for p, ((ids, n), (toks, logits, gap)) in enumerate(zip(prompts, refs)):
+            got = parts[p]["tokens"]
+            first_diff = next((i for i in range(max(len(got), len(toks)))
+                               if i >= len(got) or i >= len(toks) or got[i] != toks[i]), None)
+            rel = 0.0
+            for s in range(min(len(got), len(toks))):
+                if first_diff is not None and s > first_diff:
+                    break
+                k = rows[(p, s)]
+                ref = logits[s]
+                rel = max(rel, ((k - ref).abs().max() / ref.abs().max()).item())
+            worst_rel = max(worst_rel, rel)
+            ok = first_diff is None and len(got) == n
+            log("  participant %d: %d/%d tokens identical%s, logits max rel err %.2e (over %d steps)" % (
+                p, n if ok else (first_diff or 0), n,
+                "" if ok else " (first difference at new token %s: kiln %s, hf %s)" % (
+                    first_diff, got[first_diff] if first_diff is not None and first_diff < len(got) else None,
+                    toks[first_diff] if first_diff is not None and first_diff < len(toks) else None),
+                rel, min(len(got), len(toks))))
+            if not ok:
+                failures.append("%s participant %d: tokens differ at %s" % (spec["name"], p, first_diff))
+            if rel > LOGIT_TOL:
+                failures.append("%s participant %d: logits rel err %.3g > %g" % (spec["name"], p, rel, LOGIT_TOL))
+        log("  summary: %s" % json.dumps(summary))
+        if summary["compiles"] != 0:
+            failures.append("%s: the prewarmed run compiled %d kernels" % (spec["name"], summary["compiles"]))
+        # EOS: the token participant 0 produced at new-token index 12 (its first
+        # occurrence there or later); every participant must stop at its first
+        # occurrence of it, the others going on to their limits.
+        toks0 = refs[0][0]
+        idx = next((i for i in range(12, len(toks0)) if toks0[i] not in toks0[:i]), None)
+        if idx is None:
+            log("  EOS check skipped: no fresh token in participant 0's tail")
+            continue
+        eos = toks0[idx]
+        want = []
+        for (toks, _, _) in refs:
+            cut = toks.index(eos) + 1 if eos in toks else len(toks)
+            want.append((toks[:cut], "eos" if eos in toks else "limit"))
+        parts2, summary2 = run_kiln(args, path, prompts, ["--eos", str(eos)], db)
+        got2 = [(p["tokens"], p["stop"]) for p in parts2]
+        same = got2 == want
+        log("  EOS %d: stops %s, lengths %s: %s; compiles %d, database hits %d" % (
+            eos, [g[1] for g in got2], [len(g[0]) for g in got2], "as expected" if same else "DIFFERENT",
+            summary2["compiles"], summary2["database_hits"]))
+        if not same:
+            failures.append("%s: EOS run differs: %s vs %s" % (spec["name"], got2, want))
+    log("")
+    if failures:
+        log("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    log("PASS: every token identical, logits within %g relative, prewarmed runs compiled nothing" % LOGIT_TOL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+/* examples/decode's loader, on the host: configs it takes and refuses, and
+ * checkpoints whose tensors are missing, mis-shaped or of another dtype, each
+ * refused with a message naming the tensor and the values. */
+#include "testutil.h"
+#include "decoder.h"
+#include "st_writer.h"
+
+static const tiny_model LLAMA = {"llama", 0, 512, 128, 256, 2, 2, 1, 64, 10000.0, 0.05f, 7};
+static const tiny_model QWEN = {"qwen2", 1, 512, 128, 256, 2, 4, 2, 64, 1e6, 0.05f, 9};
+
+static const char *LLAMA_JSON =
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":128,"
+    "\"intermediate_size\":256,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+    "\"head_dim\":64,\"rms_norm_eps\":1e-5,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0},"
+    "\"tie_word_embeddings\":false%s}";
+
+static kiln_status parse_with(const char *extra, dec_config *c)
+{
+    char json[2048];
+    snprintf(json, sizeof json, LLAMA_JSON, extra);
+    return dec_config_parse(json, strlen(json), c);
+}
+
+static void expect_msg(kiln_status got, kiln_status want, const char *a, const char *b)
+{
+    if (got != want)
+        fail_msg("status %s, want %s: %s", kiln_status_code(got), kiln_status_code(want), dec_errmsg());
+    if (a && !strstr(dec_errmsg(), a))
+        fail_msg("message \"%s\" lacks \"%s\"", dec_errmsg(), a);
+    if (b && !strstr(dec_errmsg(), b))
+        fail_msg("message \"%s\" lacks \"%s\"", dec_errmsg(), b);
+}
+
+static void test_config(void **state)
+{
+    (void)state;
+    dec_config c;
+    KILN_CHECK(parse_with(",\"eos_token_id\":[2,7],\"hidden_act\":\"silu\"", &c));
+    assert_string_equal(c.model_type, "llama");
+    assert_int_equal(c.layers, 2);
+    assert_int_equal(c.qkv_bias, 0);
+    assert_true(c.base.rope_theta == 500000.0);
+    assert_int_equal(c.n_eos, 2);
+    assert_int_equal(c.eos[1], 7);
+    KILN_CHECK(parse_with(",\"attention_bias\":true,\"rope_scaling\":null", &c));
+    assert_int_equal(c.qkv_bias, 1);
+    char json[2048];
+    tiny_config_json(&QWEN, json, sizeof json);
+    KILN_CHECK(dec_config_parse(json, strlen(json), &c));
+    assert_string_equal(c.model_type, "qwen2");
+    assert_int_equal(c.qkv_bias, 1);
+    assert_int_equal(c.base.tie_word_embeddings, 1);
+    assert_true(c.base.rope_theta == 1e6);
+}
+
+static void test_config_refused(void **state)
+{
+    (void)state;
+    dec_config c;
+    const char *bad = "{\"model_type\":\"mistral\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+                      "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
+    expect_msg(dec_config_parse(bad, strlen(bad), &c), KILN_ERR_CONFIG, "model_type = \"mistral\"",
+               "unsupported architecture");
+    expect_msg(parse_with(",\"hidden_act\":\"gelu\"", &c), KILN_ERR_CONFIG, "hidden_act = \"gelu\"", NULL);
+    expect_msg(parse_with(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}", &c), KILN_ERR_CONFIG,
+               "rope_scaling.rope_type = \"llama3\"", NULL);
+    expect_msg(parse_with(",\"mlp_bias\":true", &c), KILN_ERR_CONFIG, "mlp_bias = true", NULL);
+    expect_msg(parse_with(",\"use_sliding_window\":true", &c), KILN_ERR_CONFIG, "use_sliding_window", NULL);
+    expect_msg(parse_with(",\"eos_token_id\":600", &c), KILN_ERR_CONFIG, "eos_token_id = 600", NULL);
+    const char *no_layers = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":128,"
+                            "\"intermediate_size\":256,\"num_attention_heads\":2}";
+    expect_msg(dec_config_parse(no_layers, strlen(no_layers), &c), KILN_ERR_CONFIG, "num_hidden_layers", NULL);
+    const char *hd96 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":192,\"intermediate_size\":256,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
+    expect_msg(dec_config_parse(hd96, strlen(hd96), &c), KILN_ERR_CONFIG, "head_dim = 96", "64 or 128");
+    expect_msg(dec_config_parse("{", 1, &c), KILN_ERR_CONFIG, NULL, NULL);
+}
+
+/* Writes m's checkpoint with one tensor changed: dropped (rank 0), renamed, reshaped or retyped. */
+static void write_changed(const tiny_model *m, const char *dir, const char *name, int drop, long long d0,
+                          const char *dtype)
+{
+    st_entry e[64];
+    size_t n = tiny_entries(m, e, 64), k = 0;
+    assert_true(n <= 64);
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(e[i].name, name)) {
+            if (drop)
+                continue;
+            if (d0)
+                e[i].dims[0] = d0;
+            if (dtype)
+                e[i].dtype = dtype;
+        }
+        e[k++] = e[i];
+    }
+    size_t size;
+    uint8_t *f = st_build(e, k, NULL, NULL, NULL, &size);
+    char path[700], json[2048];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_true(st_write_file(path, f, size));
+    free(f);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tiny_config_json(m, json, sizeof json);
+    assert_true(st_write_file(path, json, strlen(json)));
+}
+
+static void test_checkpoints(void **state)
+{
+    (void)state;
+    char dir[512];
+    kiln_test_tmpdir(dir, sizeof dir);
+    dec_checkpoint ck;
+    assert_true(tiny_write(&LLAMA, dir));
+    KILN_CHECK(dec_checkpoint_open(dir, &ck));
+    assert_int_equal(ck.n_files, 1);
+    assert_int_equal(ck.config.layers, 2);
+    dec_checkpoint_close(&ck);
+    assert_true(tiny_write(&QWEN, dir));
+    KILN_CHECK(dec_checkpoint_open(dir, &ck));
+    dec_checkpoint_close(&ck);
+
+    write_changed(&LLAMA, dir, "model.layers.1.self_attn.k_proj.weight", 1, 0, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, "tensor model.layers.1.self_attn.k_proj.weight is missing",
+               NULL);
+    write_changed(&LLAMA, dir, "lm_head.weight", 1, 0, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, "tensor lm_head.weight is missing", NULL);
+    write_changed(&QWEN, dir, "model.layers.0.self_attn.v_proj.bias", 1, 0, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, "model.layers.0.self_attn.v_proj.bias is missing",
+               NULL);
+    write_changed(&LLAMA, dir, "model.layers.0.mlp.down_proj.weight", 0, 127, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.layers.0.mlp.down_proj.weight: shape [127, 256], expected [128, 256]", NULL);
+    write_changed(&LLAMA, dir, "model.embed_tokens.weight", 0, 0, "F32");
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.embed_tokens.weight: dtype F32, expected F16", NULL);
+
+    /* No weights at all; then a bad shard index. */
+    char path[700];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(remove(path), 0);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_IO, "neither model.safetensors", NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    const char *idx = "{\"weight_map\":{\"model.norm.weight\":\"../x.safetensors\"}}";
+    assert_true(st_write_file(path, idx, strlen(idx)));
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG, "not a file name", NULL);
+    kiln_test_rmrf(dir);
+}
+
+/* A checkpoint split in two shards through model.safetensors.index.json. */
+static void test_sharded(void **state)
+{
+    (void)state;
+    char dir[512], path[700];
+    kiln_test_tmpdir(dir, sizeof dir);
+    st_entry e[64];
+    size_t n = tiny_entries(&LLAMA, e, 64), size;
+    uint8_t *a = st_build(e, n / 2, NULL, NULL, NULL, &size);
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    assert_true(st_write_file(path, a, size));
+    free(a);
+    a = st_build(e + n / 2, n - n / 2, NULL, NULL, NULL, &size);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    assert_true(st_write_file(path, a, size));
+    free(a);
+    char idx[16384];
+    size_t len = (size_t)snprintf(idx, sizeof idx, "{\"metadata\":{},\"weight_map\":{");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(idx + len, sizeof idx - len, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"",
+                                i ? "," : "", e[i].name, i < n / 2 ? 1 : 2);
+    len += (size_t)snprintf(idx + len, sizeof idx - len, "}}");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    assert_true(st_write_file(path, idx, len));
+    char json[2048];
+    tiny_config_json(&LLAMA, json, sizeof json);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_true(st_write_file(path, json, strlen(json)));
+    dec_checkpoint ck;
+    KILN_CHECK(dec_checkpoint_open(dir, &ck));
+    assert_int_equal(ck.n_files, 2);
+    dec_checkpoint_close(&ck);
+    kiln_test_rmrf(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_config_refused),
+        cmocka_unit_test(test_checkpoints),
+        cmocka_unit_test(test_sharded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
