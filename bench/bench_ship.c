@@ -6,7 +6,11 @@
  *
  * Usage: bench_ship --db SHIPPED.db [--model config.json] [--runs 20]
  * The runtime (the CUDA context) is created once, outside the timing: a
- * process pays for it with or without kiln. */
+ * process pays for it with or without kiln. Reported: the median over runs
+ * and the first run alone (what a new process pays: nothing of kiln's is warm
+ * yet); the target holds when both are within it and nothing was compiled.
+ * The database must hold the model's kernels: a shipped database of another
+ * model (or architecture) compiles, and the line says how many. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +102,7 @@ int main(int argc, char **argv)
         unlink(side);
     }
     rmdir(dir);
+    double first = t[0];
     bench_sort(t, (size_t)runs);
     double med = bench_quantile(t, (size_t)runs, 0.5);
     bench_json j;
@@ -110,13 +115,21 @@ int main(int argc, char **argv)
     bench_json_num(&j, "median_ms", med);
     bench_json_num(&j, "p10_ms", bench_quantile(t, (size_t)runs, 0.1));
     bench_json_num(&j, "p90_ms", bench_quantile(t, (size_t)runs, 0.9));
+    bench_json_num(&j, "first_ms", first);
     bench_json_int(&j, "compiles", (long long)last.compiles);
     bench_json_int(&j, "database_hits", (long long)last.database_hits);
     bench_json_num(&j, "target_ms", TARGET_MS);
-    bench_json_bool(&j, "meets_target", med <= TARGET_MS && last.compiles == 0);
+    bench_json_bool(&j, "meets_target", med <= TARGET_MS && first <= TARGET_MS && last.compiles == 0);
     bench_json_str(&j, "what", "kiln_cache_open (shipped layer + empty writable db) + kiln_jit_create + "
                                "kiln_jit_acquire of every kernel the model needs");
     bench_json_end(&j);
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    if (last.compiles)
+        fprintf(stderr,
+                "bench_ship: %s lacks %llu of the %zu kernels %s needs for %s: they were compiled, so this is "
+                "not a shipped start (export the model: kiln export%s -o DB)\n",
+                db, (unsigned long long)last.compiles, n, cfg.name, info.arch, model ? " --model CONFIG" : "");
     free(t);
     kiln_free(specs);
     kiln_runtime_destroy(rt);

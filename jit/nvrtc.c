@@ -2,6 +2,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,26 @@
  * leaves out the runtime's device API, textures and driver types, which kiln's
  * templates never use, and so shortens every compile. */
 static const char *const default_options[] = {"--std=c++17", "-minimal"};
+
+/* NVRTC 12.9 and later keep their own cache of PTX and cubins in the CUDA
+ * driver's compute cache (~/.nv/ComputeCache): where a driver is installed,
+ * the first compile of a process initializes the driver under a lock every
+ * other compiling thread waits on, and every compile hashes its input and
+ * reads or writes that cache. kiln's database is the cache; a second one only
+ * costs time and disk, and makes compile times depend on what some earlier
+ * process left in the user's home. So kiln turns it off. The option selects
+ * where the cubin comes from, never what it holds (the same bytes with and
+ * without it), so it is not part of the fingerprint, like the architecture. */
+#define NO_CACHE_OPTION "--no-cache"
+
+static pthread_once_t no_cache_once = PTHREAD_ONCE_INIT;
+static int no_cache_known; /* this NVRTC accepts --no-cache */
+
+static void probe_no_cache(void)
+{
+    int major = 0, minor = 0;
+    no_cache_known = nvrtcVersion(&major, &minor) == NVRTC_SUCCESS && (major > 12 || (major == 12 && minor >= 9));
+}
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -218,8 +239,14 @@ kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const 
     size_t argc = 0;
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
     argv[argc++] = arch_opt;
-    for (size_t i = 0; i < opts->n && argc < 64; i++)
+    int no_cache = 0;
+    for (size_t i = 0; i < opts->n && argc < 63; i++) {
         argv[argc++] = opts->items[i];
+        no_cache |= !strcmp(opts->items[i], NO_CACHE_OPTION) || !strcmp(opts->items[i], "-no-cache");
+    }
+    pthread_once(&no_cache_once, probe_no_cache);
+    if (no_cache_known && !no_cache)
+        argv[argc++] = NO_CACHE_OPTION;
 
     nvrtcProgram prog = NULL;
     kiln_status st = KILN_OK;
