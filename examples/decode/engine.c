@@ -215,8 +215,12 @@ void dec_engine_free(dec_engine *e)
 
 /* ---- the commands of a step ---- */
 
-static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *cmd, const char *what, int64_t layer)
+/* st is the status of the encode call that set *cmdp (read here, after the
+ * call: the order in which arguments are evaluated is unspecified). */
+static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command **cmdp, const char *what, int64_t layer)
 {
+    kiln_command *cmd = *cmdp;
+    *cmdp = NULL;
     if (st) {
         char w[160];
         snprintf(w, sizeof w, "encoding %s (layer %lld)", what, (long long)layer);
@@ -256,7 +260,7 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     const kiln_region ws = {e->ws, 0, kiln_buffer_size(e->ws)};
     kiln_command *cmd = NULL;
     kiln_status st;
-    if ((st = push(&c, cap, kiln_op_token_embedding_encode(e->jit, &embed, &ids, &res, &cmd), cmd, "embedding", -1)))
+    if ((st = push(&c, cap, kiln_op_token_embedding_encode(e->jit, &embed, &ids, &res, &cmd), &cmd, "embedding", -1)))
         goto fail;
     for (int64_t l = 0; l < m->config.layers; l++) {
         const dec_layer *L = &m->layer[l];
@@ -274,12 +278,12 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
          * layers add the last MLP's output to the residual first. */
         st = l == 0 ? kiln_op_rms_norm_encode(e->jit, &res, &in_w, e->eps, &nrm, &cmd)
                     : kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &in_w, e->eps, &nrm, &cmd);
-        if ((st = push(&c, cap, st, cmd, "input norm", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wq, L->bq ? &bq : NULL, &q, &ws, &cmd), cmd,
+        if ((st = push(&c, cap, st, &cmd, "input norm", l)) ||
+            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wq, L->bq ? &bq : NULL, &q, &ws, &cmd), &cmd,
                        "q_proj", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wk, L->bk ? &bk : NULL, &k, &ws, &cmd), cmd,
+            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wk, L->bk ? &bk : NULL, &k, &ws, &cmd), &cmd,
                        "k_proj", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wv, L->bv ? &bv : NULL, &v, &ws, &cmd), cmd,
+            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wv, L->bv ? &bv : NULL, &v, &ws, &cmd), &cmd,
                        "v_proj", l)))
             goto fail;
         const size_t layer_bytes = (size_t)e->pages_per_layer * KILN_PAGED_KV_PAGE_BYTES;
@@ -288,13 +292,13 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
                                        .block_table = &table, .seq_lens = &lens, .query_spans = &spans,
                                        .out = &at3, .kv_pages = &pages, .rope_theta = e->theta,
                                        .max_query_tokens = maxq};
-        if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), cmd, "attention", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &at, &wo, NULL, &x, &ws, &cmd), cmd, "o_proj",
+        if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), &cmd, "attention", l)) ||
+            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &at, &wo, NULL, &x, &ws, &cmd), &cmd, "o_proj",
                        l)) ||
-            (st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &post_w, e->eps, &nrm, &cmd), cmd,
+            (st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &post_w, e->eps, &nrm, &cmd), &cmd,
                        "post-attention norm", l)) ||
-            (st = push(&c, cap, kiln_op_dense_swiglu_encode(e->jit, &nrm, &gu, &act, &ws, &cmd), cmd, "swiglu", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &act, &wd, NULL, &x, &ws, &cmd), cmd,
+            (st = push(&c, cap, kiln_op_dense_swiglu_encode(e->jit, &nrm, &gu, &act, &ws, &cmd), &cmd, "swiglu", l)) ||
+            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &act, &wd, NULL, &x, &ws, &cmd), &cmd,
                        "down_proj", l)))
             goto fail;
     }
@@ -305,11 +309,11 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
                 next = tensor(e->next, 0, U, 1, S, 0, 0);
     kiln_masked_argmax_bindings ab = {.size = sizeof ab, .logits = &logits, .valid = &valid, .rep_ids = &rep_ids,
                                       .rep_offsets = &rep_off, .penalty = &pen, .workspace = &amws, .out = &next};
-    if ((st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &fin, e->eps, &nrm, &cmd), cmd,
+    if ((st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &fin, e->eps, &nrm, &cmd), &cmd,
                    "final norm", -1)) ||
         (st = push(&c, cap, kiln_op_last_token_linear_encode(e->jit, &nrm, &spans, &head, NULL, &logits, &ws, &cmd),
-                   cmd, "lm_head", -1)) ||
-        (st = push(&c, cap, kiln_op_masked_argmax_encode(e->jit, &ab, &cmd), cmd, "argmax", -1)))
+                   &cmd, "lm_head", -1)) ||
+        (st = push(&c, cap, kiln_op_masked_argmax_encode(e->jit, &ab, &cmd), &cmd, "argmax", -1)))
         goto fail;
     *out = c;
     return KILN_OK;
