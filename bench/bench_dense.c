@@ -11,7 +11,7 @@
  *   lm_head_p64   last_token_linear, 64 participants, 4096 -> 128256.
  * peer_torch_dense.py measures the same with torch and compares (--kiln).
  *
- * Usage: bench_dense [--iters 100] [--warmup 10]
+ * Usage: bench_dense [--iters 200] [--warmup 10]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 #include "runtime/internal.h"
 
 #define BENCH "dense"
+#define WARM_US 300000.0 /* the least warm-up per shape */
 
 static const kiln__driver *g_d;
 
@@ -83,7 +84,7 @@ static const shape g_shapes[] = {
 
 int main(int argc, char **argv)
 {
-    long iters = 100, warmup = 10;
+    long iters = 200, warmup = 10;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = bench_parse_positive(argv[++i]);
@@ -173,8 +174,13 @@ int main(int argc, char **argv)
         if ((st = kiln_stream_submit(stream, &cmd, 1, NULL, NULL)))                                                \
             fail("submit", st, NULL);                                                                              \
     } while (0)
-        for (long i = 0; i < warmup; i++)
+        /* Warm-up: at least warmup submissions and WARM_US of them (clocks
+         * settle), as the peer does. */
+        for (double t0 = bench_now_us(), n = 0; n < warmup || bench_now_us() - t0 < WARM_US; n++) {
             SUBMIT();
+            if ((long)n % 8 == 7 && (st = kiln_stream_synchronize(stream)))
+                fail("warmup", st, NULL);
+        }
         if ((st = kiln_stream_synchronize(stream)))
             fail("warmup", st, NULL);
         for (long i = 0; i < iters; i++) {

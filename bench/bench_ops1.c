@@ -146,7 +146,7 @@ static timing time_commands(kiln_command **cmds, size_t n, long iters, long warm
     cu_check(g_d->cuStreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
     for (int i = 0; i < GRAPH_OPS; i++) {
         kiln_command *c = cmds[(size_t)i % n];
-        kiln_launch_context ctx = {g_stream, s->fault, c};
+        kiln_launch_context ctx = {g_stream, s->fault, c, s->cublaslt};
         if ((st = c->enqueue(c->user, &ctx)))
             fail("capture", st, NULL);
     }

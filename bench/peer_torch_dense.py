@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Dense operations, the torch peer of bench_dense.
 
-The same shapes, f16 on cuda, timed the same way (torch.cuda.Event, an event
-pair around each call: median; one pair around iters calls: back to back):
+The same shapes, f16 on cuda, timed the same way (at least --warmup calls and
+0.3 s of warm-up; torch.cuda.Event, an event pair around each call: median;
+one pair around iters calls: back to back):
   lm_head      F.linear(x[last], W), x [1, 4096], W [151936, 4096]: GB/s
   linear       F.linear(x, W), x [2048, 4096], W [28672, 4096]: TFLOP/s
   swiglu       gu = F.linear(x, W[2*14336, 4096]); F.silu(gu[:, :I]) * gu[:, I:]
@@ -11,16 +12,18 @@ With --kiln FILE (bench_dense's JSON lines), one "phase":"compare" line per
 shape: kiln / torch, and for the two targets meets_target (lm_head: kiln's
 GB/s at least 95% of torch's; linear: kiln's TFLOP/s at least 95% of torch's).
 
-Usage: peer_torch_dense.py [--iters 100] [--warmup 10] [--kiln bench.jsonl]
+Usage: peer_torch_dense.py [--iters 200] [--warmup 10] [--kiln bench.jsonl]
 """
 import argparse
 import json
 import sys
+import time
 
 BENCH = "dense"
 PEER = "torch"
 SHAPES = [("lm_head", 1, 4096, 151936, 1), ("linear", 2048, 4096, 28672, 1),
           ("swiglu", 2048, 4096, 14336, 1), ("lm_head_p64", 4096, 4096, 128256, 64)]
+WARM_S = 0.3
 TARGETS = {"lm_head": "per_launch_gbps", "linear": "per_launch_tflops"}
 
 
@@ -45,7 +48,7 @@ def r3(x):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--kiln", default=None)
     args = ap.parse_args()
@@ -81,8 +84,13 @@ def main():
             else:
                 def call():
                     return F.linear(x, w)
-            for _ in range(args.warmup):
+            # Warm-up: at least --warmup calls and WARM_S of them, as bench_dense.
+            t0, n = time.perf_counter(), 0
+            while n < args.warmup or time.perf_counter() - t0 < WARM_S:
                 call()
+                n += 1
+                if n % 8 == 0:
+                    torch.cuda.synchronize(dev)
             torch.cuda.synchronize(dev)
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(args.iters)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(args.iters)]

@@ -1,10 +1,28 @@
 /* cuBLASLt products for the dense providers, and the per-process cache of
  * their heuristic results (see providers/blas.h for the layout algebra). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "providers/blas.h"
+
+/* Candidates asked of the heuristic for a shape. When a product is large
+ * enough for the choice to matter (TUNE_MIN_FLOP), each candidate is timed
+ * once, on first sight of the shape, on a private stream into private
+ * scratch (the bindings' output and workspace are not touched: commands
+ * encoded earlier may still read them), and the fastest is kept; else, or when
+ * timing fails, the heuristic's first. KILN_BLAS_TUNE=0 turns timing off. */
+#define CANDIDATES 8
+#define TUNE_MIN_FLOP (1ull << 34)
+#define TUNE_TARGET_MS 2.0f /* timed per candidate */
+#define TUNE_MAX_REPS 20
+
+/* Test hook: >= 0 takes that candidate of the heuristic's list (uncached). */
+static _Atomic int forced_candidate = -1;
+void kiln__blas_force_candidate(int index);
+void kiln__blas_force_candidate(int index) { atomic_store(&forced_candidate, index < 0 ? -1 : index); }
 
 /* The cache: 64 sets of 8 ways, least recently used evicted within a set.
  * Token counts change from batch to batch, so shapes keep coming; a bound
@@ -27,7 +45,17 @@ typedef struct heur_entry {
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static heur_entry cache[SETS][WAYS];
-static uint64_t tick, queries, hits;
+static uint64_t tick, queries, hits, tuned;
+
+/* Test hook: shapes whose candidates were timed. */
+uint64_t kiln__blas_tuned_shapes(void);
+uint64_t kiln__blas_tuned_shapes(void)
+{
+    pthread_mutex_lock(&cache_lock);
+    uint64_t t = tuned;
+    pthread_mutex_unlock(&cache_lock);
+    return t;
+}
 
 void kiln__blas_cache_counters(uint64_t *q, uint64_t *h)
 {
@@ -64,15 +92,94 @@ static kiln_status blas_fail(kiln__errslot *err, const kiln__blas *lt, const cha
     return kiln__fail(err, KILN_ERR_CUDA_BLAS, "%s: %s: %s (%d)", op, what, lt->cublasLtGetStatusString(s), (int)s);
 }
 
+static int tuning_enabled(void)
+{
+    const char *e = getenv("KILN_BLAS_TUNE");
+    return !(e && !strcmp(e, "0"));
+}
+
+/* Times each of the n candidates (see CANDIDATES) and returns the index of
+ * the fastest, or -1 when timing was not possible (nothing is reported: the
+ * caller takes the heuristic's first). */
+static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmulHeuristicResult_t *r, int n)
+{
+    const kiln__driver *d = kiln__runtime_driver(g->rt);
+    if (!d || kiln__runtime_enter(g->rt))
+        return -1;
+    const size_t d_bytes = (size_t)key->m * (size_t)key->n * 2;
+    CUstream s = NULL;
+    CUdeviceptr dp = 0, ws = 0;
+    CUevent e0 = NULL, e1 = NULL;
+    int best = -1;
+    float best_ms = 0;
+    const float alpha = 1.0f, beta = 0.0f;
+    const kiln__gemm_desc *gd = &g->desc;
+    if (d->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        goto out;
+    /* The scratch output keeps the bindings' alignment, so every candidate applies. */
+    if (d->cuMemAlloc(&dp, d_bytes + 256) != CUDA_SUCCESS || d->cuMemAlloc(&ws, KILN__BLAS_WORKSPACE) != CUDA_SUCCESS ||
+        d->cuEventCreate(&e0, CU_EVENT_DEFAULT) != CUDA_SUCCESS || d->cuEventCreate(&e1, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        goto out;
+    void *out = (void *)(uintptr_t)(dp + (gd->d & 255));
+    for (int i = 0; i < n; i++) {
+        int reps = 1, ok = 1;
+        float ms = 0;
+        /* One untimed run, one timed, then enough runs for TUNE_TARGET_MS. */
+        for (int round = 0; round < 3 && ok; round++) {
+            if (round > 0 && d->cuEventRecord(e0, s) != CUDA_SUCCESS)
+                ok = 0;
+            for (int k = 0; k < reps && ok; k++)
+                ok = g->lt->cublasLtMatmul(g->handle, g->op, &alpha, (const void *)(uintptr_t)gd->w, g->a,
+                                           (const void *)(uintptr_t)gd->x, g->b, &beta, out, g->d, out, g->d,
+                                           &r[i].algo, (void *)(uintptr_t)ws, KILN__BLAS_WORKSPACE,
+                                           (cudaStream_t)s) == CUBLAS_STATUS_SUCCESS;
+            if (!ok || round == 0)
+                continue;
+            if (d->cuEventRecord(e1, s) != CUDA_SUCCESS || d->cuEventSynchronize(e1) != CUDA_SUCCESS ||
+                d->cuEventElapsedTime(&ms, e0, e1) != CUDA_SUCCESS) {
+                ok = 0;
+                continue;
+            }
+            ms /= (float)reps;
+            if (round == 1) {
+                reps = ms > 0 ? (int)(TUNE_TARGET_MS / ms) : TUNE_MAX_REPS;
+                reps = reps < 2 ? 2 : reps > TUNE_MAX_REPS ? TUNE_MAX_REPS : reps;
+            }
+        }
+        if (d->cuStreamSynchronize(s) != CUDA_SUCCESS)
+            goto out;
+        if (ok && (best < 0 || ms < best_ms)) {
+            best = i;
+            best_ms = ms;
+        }
+    }
+out:
+    if (s)
+        d->cuStreamSynchronize(s);
+    if (e0)
+        d->cuEventDestroy(e0);
+    if (e1)
+        d->cuEventDestroy(e1);
+    if (ws)
+        d->cuMemFree(ws);
+    if (dp)
+        d->cuMemFree(dp);
+    if (s)
+        d->cuStreamDestroy(s);
+    return best;
+}
+
 /* Finds the algorithm for key, querying the heuristic on a miss (under the
- * lock, so that each shape is queried once however many threads ask). */
+ * lock, so that each shape is queried, and timed, once however many threads
+ * ask). */
 static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gemm *g, const heur_key *key,
                              cublasLtMatmulAlgo_t *algo)
 {
     kiln_status st = KILN_OK;
+    const int forced = atomic_load(&forced_candidate);
     pthread_mutex_lock(&cache_lock);
     heur_entry *set = cache[set_of(key)], *victim = &set[0];
-    for (int w = 0; w < WAYS; w++) {
+    for (int w = 0; w < WAYS && forced < 0; w++) {
         if (set[w].used && !memcmp(&set[w].key, key, sizeof *key)) {
             set[w].used = ++tick;
             hits++;
@@ -104,12 +211,15 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
         st = blas_fail(err, lt, op, "cublasLtMatmulPreferenceSetAttribute", s);
         goto out_pref;
     }
-    cublasLtMatmulHeuristicResult_t result;
+    /* The heuristic's first choice, as ever; then, for timing, its candidates
+     * that split K only with partial sums in f32 (not in f16, the output type:
+     * that loses the accuracy of the f32 accumulation). */
+    cublasLtMatmulHeuristicResult_t results[CANDIDATES + 1];
     int found = 0;
-    memset(&result, 0, sizeof result);
-    s = lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, 1, &result, &found);
+    memset(results, 0, sizeof results);
+    s = lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, 1, results, &found);
     queries++;
-    if (s != CUBLAS_STATUS_SUCCESS || found < 1 || result.state != CUBLAS_STATUS_SUCCESS) {
+    if (s != CUBLAS_STATUS_SUCCESS || found < 1 || results[0].state != CUBLAS_STATUS_SUCCESS) {
         st = kiln__fail(err, KILN_ERR_CUDA_BLAS,
                         "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (f16, f32 compute%s, alignments "
                         "%u/%u/%u bytes, %llu workspace bytes): %s",
@@ -119,10 +229,41 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
                         lt->cublasLtGetStatusString(s != CUBLAS_STATUS_SUCCESS ? s : CUBLAS_STATUS_NOT_SUPPORTED));
         goto out_pref;
     }
+    int n = 1;
+    const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;
+    if (forced >= 0 || (wide && tuning_enabled())) {
+        uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulHeuristicResult_t more[CANDIDATES];
+        int got = 0;
+        memset(more, 0, sizeof more);
+        if (lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                     sizeof schemes) == CUBLAS_STATUS_SUCCESS &&
+            lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, CANDIDATES, more,
+                                               &got) == CUBLAS_STATUS_SUCCESS)
+            for (int i = 0; i < got && i < CANDIDATES; i++)
+                if (more[i].state == CUBLAS_STATUS_SUCCESS &&
+                    memcmp(&more[i].algo, &results[0].algo, sizeof more[i].algo))
+                    results[n++] = more[i];
+    }
+    if (forced >= 0) {
+        if (forced >= n) {
+            st = kiln__fail(err, KILN_ERR_CUDA_BLAS, "%s: the heuristic has %d candidates; candidate %d asked", op,
+                            n, forced);
+            goto out_pref;
+        }
+        *algo = results[forced].algo;
+        goto out_pref;
+    }
+    int pick = 0;
+    if (n > 1 && wide) {
+        const int f = fastest(g, key, results, n);
+        pick = f < 0 ? 0 : f;
+        tuned += f >= 0;
+    }
     victim->key = *key;
-    victim->algo = result.algo;
+    victim->algo = results[pick].algo;
     victim->used = ++tick;
-    *algo = result.algo;
+    *algo = results[pick].algo;
 out_pref:
     lt->cublasLtMatmulPreferenceDestroy(pref);
 out_unlock:

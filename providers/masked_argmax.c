@@ -1,4 +1,5 @@
 /* Last-token masked argmax with repetition penalty (templates/masked_argmax.cu). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,17 +8,41 @@
 #include "providers/internal.h"
 
 #define OP "masked_argmax"
-#define CLUSTER 8                 /* blocks per participant: the portable cluster size */
+/* Blocks per participant: 16, a non-portable cluster size sm_90 allows (the
+ * function's attribute is set before launch); 8, the portable size, where 16
+ * cannot be scheduled. */
+#define CLUSTER 16
+#define PORTABLE_CLUSTER 8
+#define MAX_THREADS 640
 #define MAX_PARTICIPANTS 65535u
 
-static int64_t threads_for(int64_t vocab, int vec)
+/* Vectors per thread per pass: the fewest (1, 2, 4, 8) that keep a block at
+ * most MAX_THREADS threads, so that a slice is one pass of loads in flight. */
+static int64_t unroll_for(int64_t vocab, int vec, int cluster)
 {
-    int64_t chunk = (vocab / vec + CLUSTER - 1) / CLUSTER, unroll = vec == 8 ? 4 : 8;
-    int64_t t = ((chunk + unroll - 1) / unroll + 31) / 32 * 32;
+    const int64_t chunk = (vocab / vec + cluster - 1) / cluster;
+    int64_t u = 1;
+    while (u < 8 && (chunk + u - 1) / u > MAX_THREADS)
+        u *= 2;
+    return u;
+}
+
+static int64_t threads_for(int64_t vocab, int vec, int cluster)
+{
+    const int64_t chunk = (vocab / vec + cluster - 1) / cluster, u = unroll_for(vocab, vec, cluster);
+    int64_t t = ((chunk + u - 1) / u + 31) / 32 * 32;
     return t < 64 ? 64 : t > 1024 ? 1024 : t;
 }
 
-kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vec, kiln_spec *out)
+/* The largest cluster encode may use (tests lower it to cover the portable size). */
+static _Atomic int max_cluster = CLUSTER;
+
+void kiln__masked_argmax_set_max_cluster(int cluster)
+{
+    atomic_store(&max_cluster, cluster == PORTABLE_CLUSTER ? PORTABLE_CLUSTER : CLUSTER);
+}
+
+kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -25,12 +50,22 @@ kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vec, kiln_spec *out)
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": vocab %lld (1..%d), vector width %d (1, or 8 dividing vocab)", (long long)vocab,
                           KILN_MODEL_MAX_VOCAB, vec);
+    if (cluster != CLUSTER && cluster != PORTABLE_CLUSTER)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": cluster %d (%d or %d)", cluster, CLUSTER,
+                          PORTABLE_CLUSTER);
     kiln_status st;
     if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(vocab, vec))) ||
-        (st = kiln_spec_set(out, "CLUSTER", CLUSTER)))
+        (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(vocab, vec, cluster))) ||
+        (st = kiln_spec_set(out, "UNROLL", unroll_for(vocab, vec, cluster))) ||
+        (st = kiln_spec_set(out, "CLUSTER", cluster)))
         return st;
     return KILN_OK;
+}
+
+kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vec, kiln_spec *out)
+{
+    return kiln__masked_argmax_spec_cluster(vocab, vec, CLUSTER, out);
 }
 
 kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants, size_t *bytes)
@@ -124,7 +159,7 @@ typedef struct argmax_launch {
     kiln_runtime *rt;
     CUfunction fn;
     CUdeviceptr logits, valid, ids, offsets, penalty, out;
-    uint32_t capacity, participants;
+    uint32_t capacity, participants, cluster;
     unsigned threads;
 } argmax_launch;
 
@@ -132,7 +167,26 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     argmax_launch *l = user;
     void *args[] = {&l->logits, &l->valid, &l->ids, &l->offsets, &l->penalty, &l->capacity, &l->out};
-    return kiln__launch(ctx, l->rt, l->fn, l->participants * CLUSTER, l->threads, 0, args);
+    return kiln__launch(ctx, l->rt, l->fn, l->participants * l->cluster, l->threads, 0, args);
+}
+
+/* Whether fn, compiled for a cluster of CLUSTER blocks, may be launched here:
+ * the non-portable size allowed on the function and at least one cluster
+ * that fits the device. */
+static int big_cluster_fits(kiln_runtime *rt, CUfunction fn, unsigned threads)
+{
+    const kiln__driver *d = kiln__runtime_driver(rt);
+    if (kiln__runtime_enter(rt) ||
+        d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS)
+        return 0;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = CLUSTER;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    int clusters = 0;
+    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1;
 }
 
 kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax_bindings *b, kiln_command **cmd)
@@ -153,12 +207,19 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
     views(b, t);
     const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
     kiln_spec spec;
-    if ((st = kiln_op_masked_argmax_spec(vocab, vec, &spec)))
-        return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;
-    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
-        return kiln__propagate(err, st);
+    int cluster = atomic_load(&max_cluster);
+    for (;;) {
+        if ((st = kiln__masked_argmax_spec_cluster(vocab, vec, cluster, &spec)))
+            return kiln__propagate(err, st);
+        if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+            return kiln__propagate(err, st);
+        if (cluster <= PORTABLE_CLUSTER ||
+            big_cluster_fits(rt, (CUfunction)fn, (unsigned)threads_for(vocab, vec, cluster)))
+            break;
+        cluster = PORTABLE_CLUSTER;
+    }
     argmax_launch *l = malloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
@@ -173,7 +234,8 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
                          .out = PTR(B_OUT),
                          .capacity = (uint32_t)t[B_IDS]->dims[0],
                          .participants = (uint32_t)P,
-                         .threads = (unsigned)threads_for(vocab, vec)};
+                         .cluster = (uint32_t)cluster,
+                         .threads = (unsigned)threads_for(vocab, vec, cluster)};
     /* The replay key: the kernel and every binding (address, bytes); P and R are in the bytes. */
     uint64_t params[2 * N_BINDINGS];
     kiln_region regions[N_BINDINGS];

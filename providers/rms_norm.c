@@ -8,7 +8,7 @@
 #include "providers/internal.h"
 
 #define TEMPLATE "rms_norm"
-#define MAX_TOKENS 0x7fffffffu /* one block per token; the grid's x limit */
+#define MAX_TOKENS 0x7fffffffu /* the grid's x limit */
 
 /* About four vectors per thread, a whole number of warps, 32..1024 threads. */
 static int64_t threads_for(int64_t hidden, int vec)
@@ -109,18 +109,36 @@ typedef struct norm_launch {
     CUdeviceptr x, residual, weight, out;
     float eps;
     uint32_t tokens;
-    unsigned threads;
+    unsigned grid, threads;
 } norm_launch;
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     norm_launch *l = user;
     if (l->residual) {
-        void *args[] = {&l->x, &l->residual, &l->weight, &l->out, &l->eps};
-        return kiln__launch(ctx, l->rt, l->fn, l->tokens, l->threads, 0, args);
+        void *args[] = {&l->x, &l->residual, &l->weight, &l->out, &l->eps, &l->tokens};
+        return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
     }
-    void *args[] = {&l->x, &l->weight, &l->out, &l->eps};
-    return kiln__launch(ctx, l->rt, l->fn, l->tokens, l->threads, 0, args);
+    void *args[] = {&l->x, &l->weight, &l->out, &l->eps, &l->tokens};
+    return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
+}
+
+/* Blocks take rows b, b + grid, ...: one per row, or as many as the device
+ * holds at once, fewer when that evens the rows per block. */
+static unsigned grid_for(kiln_runtime *rt, CUfunction fn, unsigned threads, uint32_t rows)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int per_sm = 0;
+    const kiln__driver *d = kiln__runtime_driver(rt);
+    if (kiln__runtime_enter(rt) ||
+        d->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)threads, 0) != CUDA_SUCCESS || per_sm < 1)
+        per_sm = 1;
+    const uint64_t most = (uint64_t)(info.multiprocessors > 0 ? info.multiprocessors : 1) * (uint64_t)per_sm;
+    if (rows <= most)
+        return rows;
+    const uint64_t each = (rows + most - 1) / most;
+    return (unsigned)((rows + each - 1) / each);
 }
 
 static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual, const kiln_tensor *weight,
@@ -160,11 +178,12 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
                        .eps = eps,
                        .tokens = (uint32_t)tokens,
                        .threads = (unsigned)threads_for(hidden, vec)};
+    l->grid = grid_for(rt, l->fn, l->threads, l->tokens);
     /* The replay key: the kernel, its entry, and everything it is launched with. */
     uint32_t eps_bits;
     memcpy(&eps_bits, &eps, sizeof eps_bits);
-    const uint64_t params[8] = {residual ? 2 : 1, l->x,   l->residual, l->weight,
-                                l->out,           bytes,  wbytes,      ((uint64_t)eps_bits << 32) | l->tokens};
+    const uint64_t params[9] = {residual ? 2 : 1, l->x,   l->residual, l->weight, l->out, bytes, wbytes,
+                                ((uint64_t)eps_bits << 32) | l->tokens, l->grid};
     uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
     memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
     memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);

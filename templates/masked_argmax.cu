@@ -12,14 +12,21 @@
 // starts is empty).
 //
 // Each block reduces a contiguous slice of the vocabulary: it scans the
-// participant's repetition ids into a shared-memory bitmap of its slice, then
-// keys every token as (order-preserving bits of l) << 32 | ~t, so that the
-// largest key is the answer, and stores its block maximum into the shared
-// memory of the cluster's first block, which writes out[p]. No workspace, no
-// counters: nothing persists between launches.
+// participant's repetition ids into a shared-memory bitmap of its slice while
+// its logits are in flight. Each thread keeps its best value and token,
+// visiting its tokens in increasing order (a strictly larger value replaces,
+// so the first of equal values stays). On the 16-byte path a vector of 8
+// logits is reduced in f16x2 (an ineligible token becomes NaN, which max
+// ignores; f16 order is f32 order) unless one of its tokens is repeated, and
+// only a vector that beats the thread's best is looked at token by token.
+// The block's best, keyed as (order-preserving bits of l) << 32 | ~t, goes to
+// the shared memory of the cluster's first block, which writes out[p]. No
+// workspace, no counters: nothing persists between launches.
 //
 // Constants: KILN_VOCAB, KILN_VEC (8: 16-byte logit vectors, needs vocab % 8
-// == 0; 1: scalar), KILN_THREADS, KILN_CLUSTER (blocks per participant, <= 8).
+// == 0; 1: scalar), KILN_THREADS, KILN_CLUSTER (blocks per participant, <= 16:
+// past 8 the launch needs the non-portable cluster size allowed), KILN_UNROLL
+// (vectors per thread per pass).
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_masked_argmax
@@ -27,16 +34,19 @@
 #if KILN_VOCAB % KILN_VEC != 0
 #error "KILN_VEC must divide KILN_VOCAB"
 #endif
-#if KILN_CLUSTER < 1 || KILN_CLUSTER > 8
-#error "KILN_CLUSTER must be 1..8 (the portable cluster size)"
+#if KILN_CLUSTER < 1 || KILN_CLUSTER > 16
+#error "KILN_CLUSTER must be 1..16"
 #endif
 #if KILN_THREADS % 32 != 0 || KILN_THREADS > 1024
 #error "KILN_THREADS must be a multiple of 32, at most 1024"
 #endif
+#if KILN_UNROLL < 1 || KILN_UNROLL > 8
+#error "KILN_UNROLL must be 1..8"
+#endif
 
 #define NV (KILN_VOCAB / KILN_VEC)                          // vectors in a row
 #define CHUNKV ((NV + KILN_CLUSTER - 1) / KILN_CLUSTER)     // vectors per block
-#define UNROLL (KILN_VEC == 8 ? 4 : 8)                      // vectors per thread per pass
+#define UNROLL KILN_UNROLL
 #define BATCHV (KILN_THREADS * UNROLL)
 #define SUB_TOKENS 131072                                   // bitmap of 16 KiB
 #define SUBV (CHUNKV * KILN_VEC < SUB_TOKENS ? CHUNKV : SUB_TOKENS / KILN_VEC)
@@ -47,17 +57,105 @@
 
 #define KILN_ARGMAX_NONE 0xffffffffu
 
+__device__ __forceinline__ float penalized(float x, float penalty) { return x > 0.0f ? x / penalty : x * penalty; }
+
+// max.f32: when one operand is NaN, the other.
+__device__ __forceinline__ float fmax_nan_ignoring(float a, float b)
+{
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ bool repeated(const kiln_u32 *bits, kiln_u32 rel)
+{
+    return (bits[rel >> 5] >> (rel & 31)) & 1u;
+}
+
+// A thread's best so far: the value and its token (KILN_ARGMAX_NONE: none yet).
+struct best_t {
+    float v;
+    kiln_u32 t;
+};
+
+// Whether x (NaN: ineligible) replaces best: larger, or the first eligible
+// value at all (-inf included).
+__device__ __forceinline__ bool beats(float x, const best_t &b)
+{
+    return x > b.v || (b.t == KILN_ARGMAX_NONE && x == x);
+}
+
 #if KILN_VEC == 8
 typedef kiln_u32x4 lvec_t;  // 8 logits
 typedef kiln_u64 mvec_t;    // 8 mask bytes
 __device__ __forceinline__ lvec_t load_logits(const kiln_f16 *row, kiln_u32 v) { return kiln_ldg16(row + (kiln_u64)v * 8); }
 __device__ __forceinline__ mvec_t load_mask(const unsigned char *m, kiln_u32 v) { return kiln_ldg8(m + (kiln_u64)v * 8); }
-__device__ __forceinline__ void unpack(lvec_t l, mvec_t m, float *f, kiln_u32 *ok)
+
+// Bit 7 of each byte: set when the byte is nonzero.
+__device__ __forceinline__ kiln_u32 nonzero_bytes(kiln_u32 w)
 {
-    kiln_h8_to_f32(l, f);
+    return (((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u;
+}
+
+// Each half of two halves: all ones when its mask byte (bit 7 of bytes lo, lo + 1 of nz) is set.
+template <int LO>
+__device__ __forceinline__ kiln_u32 half_mask(kiln_u32 nz)
+{
+    kiln_u32 r;
+    // prmt with bit 3 of a selector nibble set replicates the selected byte's sign bit.
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(nz), "n"(LO == 0 ? 0x9988 : 0xbbaa));
+    return r;
+}
+
+// An ineligible half becomes a quiet NaN.
+__device__ __forceinline__ kiln_u32 mask_nan(kiln_u32 h, kiln_u32 keep) { return (h & keep) | (0x7e007e00u & ~keep); }
+
+__device__ __forceinline__ kiln_u32 hmax2(kiln_u32 a, kiln_u32 b)
+{
+    kiln_u32 r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// Folds the 8 tokens of vector v (rb: their repetition bits) into best.
+__device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_u32 v, kiln_u32 rb, float penalty)
+{
+    const kiln_u32 nz0 = nonzero_bytes((kiln_u32)m), nz1 = nonzero_bytes((kiln_u32)(m >> 32));
+    kiln_u32 h[4] = {mask_nan(l.x, half_mask<0>(nz0)), mask_nan(l.y, half_mask<1>(nz0)),
+                     mask_nan(l.z, half_mask<0>(nz1)), mask_nan(l.w, half_mask<1>(nz1))};
+    float f[8], vm;
+    if (rb == 0) {
+        const kiln_u32 m2 = hmax2(hmax2(h[0], h[1]), hmax2(h[2], h[3]));
+        float lo, hi;
+        kiln_h2_to_f32(m2, &lo, &hi);
+        vm = fmax_nan_ignoring(lo, hi);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 8; e++)
-        ok[e] = (kiln_u32)(m >> (8 * e)) & 0xffu;
+        for (int e = 0; e < 4; e++)
+            kiln_h2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if ((rb >> e) & 1u)
+                f[e] = penalized(f[e], penalty);
+        vm = f[0];
+#pragma unroll
+        for (int e = 1; e < 8; e++)
+            vm = fmax_nan_ignoring(vm, f[e]);
+    }
+    if (beats(vm, best)) {
+        // Rare: the first token of the vector that holds vm.
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            kiln_h2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
+        kiln_u32 at = 7;
+#pragma unroll
+        for (int e = 7; e >= 0; e--) {
+            const float x = ((rb >> e) & 1u) ? penalized(f[e], penalty) : f[e];
+            at = x == vm ? (kiln_u32)e : at;
+        }
+        best.v = vm;
+        best.t = v * 8 + at;
+    }
 }
 #elif KILN_VEC == 1
 typedef kiln_f16 lvec_t;
@@ -74,50 +172,43 @@ __device__ __forceinline__ mvec_t load_mask(const unsigned char *m, kiln_u32 v)
     asm volatile("ld.global.nc.u8 %0, [%1];" : "=r"(b) : "l"(m + v));
     return b;
 }
-__device__ __forceinline__ void unpack(lvec_t l, mvec_t m, float *f, kiln_u32 *ok)
+__device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_u32 v, kiln_u32 rb, float penalty)
 {
-    f[0] = kiln_f16_to_f32(l);
-    ok[0] = m & 0xffu;
+    float x = kiln_f16_to_f32(l);
+    if (rb & 1u)
+        x = penalized(x, penalty);
+    if ((m & 0xffu) && beats(x, best)) {
+        best.v = x;
+        best.t = v;
+    }
 }
 #else
 #error "KILN_VEC must be 8 or 1"
 #endif
 
-// The key of an eligible value: order-preserving bits, -0 as +0, and ~t so
-// that among equal values the lowest token has the largest key. Never 0.
-__device__ __forceinline__ kiln_u64 key_of(float f, kiln_u32 t)
+// The repetition bits of vector v's tokens; base: the first token the bitmap covers.
+__device__ __forceinline__ kiln_u32 rep_bits(const kiln_u32 *bits, kiln_u32 v, kiln_u32 base)
 {
-    kiln_u32 b = kiln_f32_bits(f);
-    if (b == 0x80000000u)
-        b = 0;
-    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((kiln_u64)b << 32) | (kiln_u32)~t;
+    const kiln_u32 rel = v * KILN_VEC - base;
+#if KILN_VEC == 8
+    return (bits[rel >> 5] >> (rel & 31)) & 0xffu;
+#else
+    return repeated(bits, rel);
+#endif
 }
 
-__device__ __forceinline__ bool repeated(const kiln_u32 *bits, kiln_u32 rel)
+// The key of a thread's best: order-preserving bits of the value (-0 as +0)
+// and ~t, so that among equal values the lowest token has the largest key;
+// 0 when there is none.
+__device__ __forceinline__ kiln_u64 key_of(const best_t &b)
 {
-    return (bits[rel >> 5] >> (rel & 31)) & 1u;
-}
-
-// Folds vector v (tokens v*VEC ..) into best; base is the first token the bitmap covers.
-__device__ __forceinline__ kiln_u64 consider(kiln_u64 best, lvec_t l, mvec_t m, kiln_u32 v, kiln_u32 base,
-                                             const kiln_u32 *bits, float penalty)
-{
-    float f[KILN_VEC];
-    kiln_u32 ok[KILN_VEC];
-    unpack(l, m, f, ok);
-#pragma unroll
-    for (int e = 0; e < KILN_VEC; e++) {
-        const kiln_u32 t = v * KILN_VEC + e;
-        float x = f[e];
-        if (repeated(bits, t - base))
-            x = x > 0.0f ? x / penalty : x * penalty;
-        if (ok[e] && x == x) {
-            const kiln_u64 k = key_of(x, t);
-            best = k > best ? k : best;
-        }
-    }
-    return best;
+    if (b.t == KILN_ARGMAX_NONE)
+        return 0;
+    kiln_u32 u = kiln_f32_bits(b.v);
+    if (u == 0x80000000u)
+        u = 0;
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((kiln_u64)u << 32) | (kiln_u32)~b.t;
 }
 
 // Marks the participant's repetition ids that fall in tokens [lo, hi).
@@ -145,10 +236,8 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
     const kiln_f16 *row = logits + (kiln_u64)p * KILN_VOCAB;
     const kiln_u32 v_lo = rank * CHUNKV, v_hi = v_lo + CHUNKV < NV ? v_lo + CHUNKV : NV;
     kiln_u32 b = rep_offsets[p + 1], a = rep_offsets[p];
-    b = b < rep_capacity ? b : rep_capacity;
-    a = a < b ? a : b;
     const float penalty = *penalty_ptr;
-    kiln_u64 best = 0;
+    best_t best = {0.0f, KILN_ARGMAX_NONE};
 
 #if ONE_PASS
     lvec_t l[UNROLL];
@@ -163,6 +252,8 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
     }
     for (int w = threadIdx.x; w < BITMAP_WORDS; w += KILN_THREADS)
         bits[w] = 0;
+    b = b < rep_capacity ? b : rep_capacity;
+    a = a < b ? a : b;
     __syncthreads();
     mark(bits, rep_ids, a, b, v_lo * KILN_VEC, v_hi * KILN_VEC);
     __syncthreads();
@@ -170,9 +261,11 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
     for (int i = 0; i < UNROLL; i++) {
         const kiln_u32 v = v_lo + threadIdx.x + i * KILN_THREADS;
         if (v < v_hi)
-            best = consider(best, l[i], m[i], v, v_lo * KILN_VEC, bits, penalty);
+            consider(best, l[i], m[i], v, rep_bits(bits, v, v_lo * KILN_VEC), penalty);
     }
 #else
+    b = b < rep_capacity ? b : rep_capacity;
+    a = a < b ? a : b;
     for (kiln_u32 s_lo = v_lo; s_lo < v_hi; s_lo += SUBV) {
         const kiln_u32 s_hi = s_lo + SUBV < v_hi ? s_lo + SUBV : v_hi;
         for (int w = threadIdx.x; w < BITMAP_WORDS; w += KILN_THREADS)
@@ -195,24 +288,24 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
             for (int i = 0; i < UNROLL; i++) {
                 const kiln_u32 v = base + threadIdx.x + i * KILN_THREADS;
                 if (v < s_hi)
-                    best = consider(best, l[i], m[i], v, s_lo * KILN_VEC, bits, penalty);
+                    consider(best, l[i], m[i], v, rep_bits(bits, v, s_lo * KILN_VEC), penalty);
             }
         }
         __syncthreads(); // the bitmap is cleared again for the next slice
     }
 #endif
 
-    best = kiln_block_max_u64<WARPS>(best, scratch);
+    const kiln_u64 key = kiln_block_max_u64<WARPS>(key_of(best), scratch);
     kiln_cluster_wait(); // every block of the cluster has started
     if (threadIdx.x == 0)
-        kiln_cluster_store_u64(&parts[rank], 0, best);
+        kiln_cluster_store_u64(&parts[rank], 0, key);
     kiln_cluster_arrive();
     kiln_cluster_wait();
     if (rank == 0 && threadIdx.x == 0) {
-        kiln_u64 m = 0;
+        kiln_u64 mx = 0;
 #pragma unroll
         for (int r = 0; r < KILN_CLUSTER; r++)
-            m = parts[r] > m ? parts[r] : m;
-        out[p] = m ? ~(kiln_u32)m : KILN_ARGMAX_NONE;
+            mx = parts[r] > mx ? parts[r] : mx;
+        out[p] = mx ? ~(kiln_u32)mx : KILN_ARGMAX_NONE;
     }
 }

@@ -1,13 +1,16 @@
-// RMSNorm over rows of f16, f32 accumulation, one block per token:
+// RMSNorm over rows of f16, f32 accumulation, one block per row at a time:
 //   kiln_rms_norm:          out = x * w / sqrt(mean(x^2) + eps)
 //   kiln_rms_norm_residual: h = f16(x + residual); residual = h;
 //                           out = h * w / sqrt(mean(h^2) + eps)
-// (the fused form equals residual_add then rms_norm, bit for bit). One
-// rounding to f16 per output. Constants: KILN_HIDDEN (row length), KILN_VEC
-// (halves per access: 8 = 16-byte vectors, 1 = scalar), KILN_THREADS. The
-// grid is the token count, a launch argument: one kernel serves every batch.
-// out may be x itself (in place): each element is read by the thread that
-// writes it, before it writes it.
+// (the fused form equals residual_add then rms_norm, bit for bit: h is one
+// f16 add, as residual_add's). One rounding to f16 per output. Constants:
+// KILN_HIDDEN (row length), KILN_VEC (halves per access: 8 = 16-byte vectors,
+// 1 = scalar), KILN_THREADS. The row count is a launch argument and block b
+// takes rows b, b + grid, ...: one kernel serves every batch, and a grid that
+// fits the device at once streams, each block's next row in flight while it
+// reduces and stores the current one (rows that fit in registers; the weight
+// is read once per block). out may be x itself (in place): each element is
+// read by the thread that writes it, before it writes it.
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_rms_norm
@@ -66,17 +69,32 @@ __device__ __forceinline__ float sum_squares(vec_t v)
     return s;
 }
 
-// h = f16(x + r), as f16 (the value residual keeps).
+// h = f16(x + r) (the value residual keeps): one f16 add, rounded to nearest,
+// the bits of the f32 sum rounded to f16 (as templates/residual_add.cu).
+#if KILN_VEC == 8
+__device__ __forceinline__ kiln_u32 hadd2(kiln_u32 a, kiln_u32 b)
+{
+    kiln_u32 r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
 __device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
 {
-    float a[KILN_VEC], b[KILN_VEC];
-    to_f32(x, a);
-    to_f32(r, b);
-#pragma unroll
-    for (int e = 0; e < KILN_VEC; e++)
-        a[e] += b[e];
-    return from_f32(a);
+    vec_t h;
+    h.x = hadd2(x.x, r.x);
+    h.y = hadd2(x.y, r.y);
+    h.z = hadd2(x.z, r.z);
+    h.w = hadd2(x.w, r.w);
+    return h;
 }
+#else
+__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
+{
+    kiln_f16 h;
+    asm("add.rn.f16 %0, %1, %2;" : "=h"(h) : "h"(x), "h"(r));
+    return h;
+}
+#endif
 
 __device__ __forceinline__ vec_t scale(vec_t h, vec_t w, float inv)
 {
@@ -94,93 +112,132 @@ __device__ __forceinline__ float inverse_rms(float sum_sq, float eps)
     return 1.0f / kiln_sqrt_rn(sum_sq / (float)KILN_HIDDEN + eps);
 }
 
-extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps)
+// Loads row r's part of this thread (CACHED rows).
+__device__ __forceinline__ void load_row(vec_t *v, const vec_t *base)
 {
-    __shared__ float scratch[WARPS];
-    const kiln_u64 row = (kiln_u64)blockIdx.x * KILN_HIDDEN;
-    const vec_t *xr = (const vec_t *)(x + row), *wr = (const vec_t *)weight;
-    vec_t *orow = (vec_t *)(out + row);
-    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        const int k = threadIdx.x + i * KILN_THREADS;
+        if (in_row(i, k))
+            v[i] = load_nc(base + k);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_THREADS)
+kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps, kiln_u32 rows)
+{
+    __shared__ float scratch[2][WARPS]; // alternate rows: one __syncthreads per row
+    kiln_u32 r = blockIdx.x;
+    if (r >= rows)
+        return;
+    const vec_t *wr = (const vec_t *)weight;
 #if CACHED
     vec_t v[ITEMS], w[ITEMS];
-    // All loads first: more bytes in flight per thread.
+    load_row(v, (const vec_t *)(x + (kiln_u64)r * KILN_HIDDEN));
+    load_row(w, wr);
+    for (int parity = 0;; parity ^= 1) {
+        const kiln_u32 next = r + gridDim.x;
+        vec_t nv[ITEMS];
+        if (next < rows)
+            load_row(nv, (const vec_t *)(x + (kiln_u64)next * KILN_HIDDEN));
+        float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k)) {
-            v[i] = load_nc(xr + k);
-            w[i] = load_nc(wr + k);
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k))
+                ss += sum_squares(v[i]);
         }
-    }
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
+        vec_t *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k))
-            ss += sum_squares(v[i]);
-    }
-    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k))
+                store(orow + k, scale(v[i], w[i], inv));
+        }
+        if (next >= rows)
+            break;
+        r = next;
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k))
-            store(orow + k, scale(v[i], w[i], inv));
+        for (int i = 0; i < ITEMS; i++)
+            v[i] = nv[i];
     }
 #else
-    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
-        ss += sum_squares(load_nc(xr + k));
-    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
-    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
-        store(orow + k, scale(load_nc(xr + k), load_nc(wr + k), inv));
+    for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+        const vec_t *xr = (const vec_t *)(x + (kiln_u64)r * KILN_HIDDEN);
+        vec_t *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+            ss += sum_squares(load_nc(xr + k));
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+            store(orow + k, scale(load_nc(xr + k), load_nc(wr + k), inv));
+    }
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__restrict__ weight, kiln_f16 *out,
-                       float eps)
+                       float eps, kiln_u32 rows)
 {
-    __shared__ float scratch[WARPS];
-    const kiln_u64 row = (kiln_u64)blockIdx.x * KILN_HIDDEN;
-    const vec_t *xr = (const vec_t *)(x + row), *wr = (const vec_t *)weight;
-    vec_t *rr = (vec_t *)(residual + row), *orow = (vec_t *)(out + row);
-    float ss = 0.0f;
+    __shared__ float scratch[2][WARPS];
+    kiln_u32 r = blockIdx.x;
+    if (r >= rows)
+        return;
+    const vec_t *wr = (const vec_t *)weight;
 #if CACHED
-    vec_t h[ITEMS], w[ITEMS];
-    vec_t r[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k)) {
-            h[i] = load_nc(xr + k);
-            r[i] = load_co(rr + k);
-            w[i] = load_nc(wr + k);
+    vec_t h[ITEMS], w[ITEMS], res[ITEMS];
+    load_row(h, (const vec_t *)(x + (kiln_u64)r * KILN_HIDDEN));
+    load_row(res, (const vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN));
+    load_row(w, wr);
+    for (int parity = 0;; parity ^= 1) {
+        const kiln_u32 next = r + gridDim.x;
+        vec_t nx[ITEMS], nr[ITEMS];
+        if (next < rows) {
+            load_row(nx, (const vec_t *)(x + (kiln_u64)next * KILN_HIDDEN));
+            load_row(nr, (const vec_t *)(residual + (kiln_u64)next * KILN_HIDDEN));
         }
-    }
+        vec_t *rr = (vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN), *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
+        float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k)) {
-            h[i] = add_round(h[i], r[i]);
-            store(rr + k, h[i]);
-            ss += sum_squares(h[i]);
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k)) {
+                h[i] = add_round(h[i], res[i]);
+                store(rr + k, h[i]);
+                ss += sum_squares(h[i]);
+            }
         }
-    }
-    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        const int k = threadIdx.x + i * KILN_THREADS;
-        if (in_row(i, k))
-            store(orow + k, scale(h[i], w[i], inv));
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k))
+                store(orow + k, scale(h[i], w[i], inv));
+        }
+        if (next >= rows)
+            break;
+        r = next;
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            h[i] = nx[i];
+            res[i] = nr[i];
+        }
     }
 #else
-    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS) {
-        const vec_t h = add_round(load_nc(xr + k), load_co(rr + k));
-        store(rr + k, h);
-        ss += sum_squares(h);
+    for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+        const vec_t *xr = (const vec_t *)(x + (kiln_u64)r * KILN_HIDDEN);
+        vec_t *rr = (vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN), *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
+        float ss = 0.0f;
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS) {
+            const vec_t h = add_round(load_nc(xr + k), load_co(rr + k));
+            store(rr + k, h);
+            ss += sum_squares(h);
+        }
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
+        // The second pass reads back what this thread stored: a coherent load.
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+            store(orow + k, scale(load_co(rr + k), load_nc(wr + k), inv));
     }
-    const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch), eps);
-    // The second pass reads back what this thread stored: a coherent load.
-    for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
-        store(orow + k, scale(load_co(rr + k), load_nc(wr + k), inv));
 #endif
 }

@@ -12,6 +12,9 @@
 #include "fake_runtime.h"
 #include "testutil.h"
 
+/* providers/masked_argmax.c: the spec for a cluster of 16 (the default) or 8 blocks. */
+kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster, kiln_spec *out);
+
 /* ---- configs ---- */
 
 static void llama(kiln_model_config *c) { kiln_model_config_default(c); }
@@ -123,6 +126,8 @@ static void test_every_code_path_compiles(void **state)
     for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
         KILN_CHECK(kiln_op_masked_argmax_spec(vocabs[i].n, vocabs[i].vec, &s));
         prepare(f->jit, &s);
+        KILN_CHECK(kiln__masked_argmax_spec_cluster(vocabs[i].n, vocabs[i].vec, 8, &s));
+        prepare(f->jit, &s);
     }
 }
 
@@ -147,7 +152,13 @@ static void test_spec_arguments(void **state)
     assert_string_equal(text, "HIDDEN=4096;THREADS=128;VEC=8");
     KILN_CHECK(kiln_op_masked_argmax_spec(151936, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "CLUSTER=8;THREADS=608;VEC=8;VOCAB=151936");
+    assert_string_equal(text, "CLUSTER=16;THREADS=608;UNROLL=2;VEC=8;VOCAB=151936");
+    /* The portable cluster, where 16 blocks cannot be scheduled together. */
+    KILN_CHECK(kiln__masked_argmax_spec_cluster(151936, 8, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
+    KILN_EXPECT(kiln__masked_argmax_spec_cluster(151936, 8, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "cluster 4", NULL);
 }
 
 static void test_workspace_estimates(void **state)

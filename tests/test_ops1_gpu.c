@@ -160,6 +160,8 @@ static void run_kind_at_model_sizes(fixture *f, kind k)
         {0, 4096, 9, 2, 0},   /* misaligned views: scalar path */
         {0, 65536, 3, 0, 0},  /* the longest row: read twice */
         {0, 65535, 2, 0, 0},  /* and scalar */
+        {0, 65536, 300, 0, 0}, /* read twice, several rows a block */
+        {0, 20001, 700, 0, 0}, /* scalar, read twice, several rows a block */
         {0, 8, 100, 0, 0},    /* one vector a row */
         {0, 1, 7, 0, 0},      /* one element a row */
     };
@@ -179,7 +181,7 @@ static void test_rms_norm(void **state)
     /* One kernel per hidden size and vector width: the token count is not a constant. */
     kiln_jit_counters k;
     kiln_jit_get_counters(f->jit, &k);
-    assert_int_equal(k.compiles, 3 + 5 /* 1001, 4096 scalar, 65536, 65535, 8 */ + 1 /* 1 */);
+    assert_int_equal(k.compiles, 3 + 6 /* 1001, 4096 scalar, 65536, 65535, 20001, 8 */ + 1 /* 1 */);
 }
 
 static void test_rms_norm_residual(void **state)
@@ -467,6 +469,28 @@ static void test_masked_argmax_edges(void **state)
         run_argmax_case(f, &cases[i]);
 }
 
+/* providers/masked_argmax.c: the largest cluster encode may use (16, or the portable 8). */
+void kiln__masked_argmax_set_max_cluster(int cluster);
+
+/* The portable cluster of 8 blocks (taken where 16 cannot be scheduled). */
+static void test_masked_argmax_portable_cluster(void **state)
+{
+    fixture *f = *state;
+    static const argmax_case cases[] = {
+        {151936, 64, 300, 0, 0.95, 0, S_NONE},
+        {128256, 5, 200, 0.5f, 0.9, 0, S_NONE},
+        {50001, 7, 500, 0, 0.3, 0, S_NONE},
+        {2000000, 2, 3000, 0, 0.9, 0, S_NONE},
+        {151936, 2, 20, 2.0f, 0.9, 0, S_TIES},
+        {128256, 4, 20, 0, 0.6, 0, S_ZEROS},
+        {7, 4, 3, 0, 0.7, 0, S_NONE},
+    };
+    kiln__masked_argmax_set_max_cluster(8);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_argmax_case(f, &cases[i]);
+    kiln__masked_argmax_set_max_cluster(16);
+}
+
 /* ---- replay and prewarm ---- */
 
 /* Every operation as a command, replayed from a graph, with attribution. */
@@ -518,6 +542,7 @@ static void test_commands_replay(void **state)
     for (int round = 0; round < 2; round++) {
         kiln_submit_options so = {.path = KILN_PATH_REPLAYED_ONLY, .timing = KILN_TIMING_SPANS, .phase = "decode"};
         kiln_fence *fence;
+        KILN_CHECK(kiln_stream_prepare(s, cmds, 4, &so, NULL));
         KILN_CHECK(kiln_stream_submit(s, cmds, 4, &so, &fence));
         KILN_CHECK(kiln_fence_wait(fence));
         for (size_t i = 0; i < 4; i++) {
@@ -543,7 +568,9 @@ static void test_commands_replay(void **state)
         KILN_CHECK(kiln_buffer_upload(b, tf.offset, offs, sizeof offs));
         KILN_CHECK(kiln_buffer_upload(b, ti.offset, &id, 4));
         KILN_CHECK(kiln_buffer_upload(b, tp.offset, &pen, 4));
-        KILN_CHECK(kiln_stream_submit(s, &cmds[3], 1, &so, NULL));
+        /* Alone, a segment of its own: adaptive (a replayed-only path may ask for resident graphs). */
+        kiln_submit_options one = {.timing = KILN_TIMING_SPANS, .phase = "decode"};
+        KILN_CHECK(kiln_stream_submit(s, &cmds[3], 1, &one, NULL));
         KILN_CHECK(kiln_stream_readback(s, &rg, got));
         assert_int_equal(got[0], 78); /* 77 repeated: 1 / 4 = 0.25 < 0.5 */
         assert_int_equal(got[1], 12345);
@@ -681,6 +708,7 @@ int main(void)
         T(test_fused_equals_add_then_norm),
         T(test_masked_argmax_model_vocabularies),
         T(test_masked_argmax_edges),
+        T(test_masked_argmax_portable_cluster),
         T(test_commands_replay),
         T(test_prewarmed_model_compiles_nothing),
         T(test_bad_bindings_are_refused_before_launch),

@@ -216,6 +216,68 @@ static void test_linear(void **state)
         run_linear(*state, &cases[i]);
 }
 
+/* providers/blas_cache.c's test hooks. */
+void kiln__blas_force_candidate(int index);
+uint64_t kiln__blas_tuned_shapes(void);
+
+/* Large products time the heuristic's candidates on first sight and keep the
+ * fastest: each candidate the timing may pick, forced one by one, gives the
+ * right product (shapes of Llama-3-8B prefill and decode, a bias, odd sizes). */
+static void test_linear_every_candidate(void **state)
+{
+    static const lin_case cases[] = {
+        {512, 4096, 4096, 0, 0, 0},
+        {1, 4096, 14336, 1, 0, 0},
+        {333, 1000, 2731, 1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n = 0;
+        for (int c = 0; c < 8; c++) {
+            kiln__blas_force_candidate(c);
+            lin_case lc = cases[i];
+            /* Is there a candidate c? Ask with a tiny encode first. */
+            fixture *f = *state;
+            kiln_buffer *b;
+            size_t ws_bytes;
+            KILN_CHECK(kiln_op_dense_linear_workspace(lc.tokens, lc.in, lc.out, &ws_bytes));
+            KILN_CHECK(kiln_buffer_create(f->rt, ws_bytes + ((size_t)lc.tokens * lc.in + (size_t)lc.out * lc.in +
+                                                             (size_t)lc.out + (size_t)lc.tokens * lc.out) * 2 + 4096,
+                                          256, &b));
+            kiln_tensor tx = t2(b, 0, KILN_DTYPE_F16, lc.tokens, lc.in);
+            size_t at = ((size_t)lc.tokens * lc.in * 2 + 255) & ~(size_t)255;
+            kiln_tensor tw = t2(b, at, KILN_DTYPE_F16, lc.out, lc.in);
+            at = (at + (size_t)lc.out * lc.in * 2 + 255) & ~(size_t)255;
+            kiln_tensor tb = t1(b, at, lc.out);
+            at = (at + (size_t)lc.out * 2 + 255) & ~(size_t)255;
+            kiln_tensor to = t2(b, at, KILN_DTYPE_F16, lc.tokens, lc.out);
+            at = (at + (size_t)lc.tokens * lc.out * 2 + 255) & ~(size_t)255;
+            kiln_region ws = {b, at, at + ws_bytes};
+            kiln_command *cmd = NULL;
+            kiln_status st = kiln_op_dense_linear_encode(f->jit, &tx, &tw, lc.bias ? &tb : NULL, &to, &ws, &cmd);
+            kiln_command_release(cmd);
+            kiln_buffer_destroy(b);
+            if (st == KILN_ERR_CUDA_BLAS && strstr(kiln_errmsg(), "candidate"))
+                break;
+            KILN_CHECK(st);
+            run_linear(f, &lc);
+            n++;
+        }
+        kiln__blas_force_candidate(-1);
+        fprintf(stderr, "linear %lldx%lld -> %lld: %d candidates checked\n", (long long)cases[i].tokens,
+                (long long)cases[i].in, (long long)cases[i].out, n);
+        assert_true(n >= 1);
+    }
+    /* A product past the timing threshold is timed once, then served from the cache. */
+    uint64_t t0 = kiln__blas_tuned_shapes();
+    lin_case big = {2048, 4096, 2304, 0, 0, 0};
+    run_linear(*state, &big);
+    uint64_t t1 = kiln__blas_tuned_shapes();
+    run_linear(*state, &big);
+    fprintf(stderr, "linear 2048x4096 -> 2304: %llu shape timed\n", (unsigned long long)(t1 - t0));
+    assert_true(t1 <= t0 + 1); /* none when the heuristic offers one candidate, or KILN_BLAS_TUNE=0 */
+    assert_int_equal(kiln__blas_tuned_shapes(), t1);
+}
+
 /* ---- dense SwiGLU ---- */
 
 typedef struct swiglu_case {
@@ -437,6 +499,7 @@ static void test_replayed_batch_reads_spans_from_device(void **state)
         KILN_CHECK(kiln_runtime_synchronize(f->rt));
         kiln_submit_options o = {.path = KILN_PATH_REPLAYED_ONLY, .timing = KILN_TIMING_SPANS, .phase = "decode"};
         kiln_fence *fence;
+        KILN_CHECK(kiln_stream_prepare(s, cmds, 3, &o, NULL));
         KILN_CHECK(kiln_stream_submit(s, cmds, 3, &o, &fence));
         KILN_CHECK(kiln_fence_wait(fence));
         static const char *const ids[3] = {"dense_linear", "dense_swiglu", "last_token_linear"};
@@ -728,12 +791,19 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     kiln_cache_close(cache);
 }
 
+static int teardown_candidates(void **state)
+{
+    kiln__blas_force_candidate(-1); /* a failed check leaves it set */
+    return gpu_fixture_teardown(state);
+}
+
 int main(void)
 {
     kiln_test_require_gpu();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_linear),
+        cmocka_unit_test_setup_teardown(test_linear_every_candidate, setup, teardown_candidates),
         T(test_swiglu),
         T(test_last_token_linear),
         T(test_replayed_batch_reads_spans_from_device),
