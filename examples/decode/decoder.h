@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <kiln/kiln.h>
 #include <kiln/safetensors.h>
@@ -140,5 +141,10 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
  * back, wall time per step. */
 kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
                             double *device_ms, double *wall_ms, uint64_t *replayed_commands);
+
+/* After dec_bench_steps for batch: one more step, eager, timed command by
+ * command; prints one JSON line of milliseconds (and, for the commands that
+ * read weights or the KV cache, bytes and GB/s) per kind of command. */
+kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out);
 
 #endif

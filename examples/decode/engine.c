@@ -16,6 +16,7 @@ enum { SLOT_IDS, SLOT_POS, SLOT_LENS, SLOT_SPANS, SLOT_TABLE, N_SLOTS };
 /* The commands of one step shape (tokens, participants). */
 typedef struct step_cmds {
     kiln_command **cmd;
+    const char **label; /* what each command is ("q_proj", ...): static strings */
     size_t n;
 } step_cmds;
 
@@ -183,7 +184,9 @@ static void cmds_release(step_cmds *c)
     for (size_t i = 0; i < c->n; i++)
         kiln_command_release(c->cmd[i]);
     free(c->cmd);
+    free(c->label);
     c->cmd = NULL;
+    c->label = NULL;
     c->n = 0;
 }
 
@@ -230,6 +233,7 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
         kiln_command_release(cmd);
         return dec_fail(KILN_ERR_INVALID_ARGUMENT, "too many commands");
     }
+    c->label[c->n] = what;
     c->cmd[c->n++] = cmd;
     return KILN_OK;
 }
@@ -239,9 +243,11 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
 {
     const dec_model *m = e->m;
     const size_t cap = 4 + (size_t)m->config.layers * 9;
-    step_cmds c = {calloc(cap, sizeof(kiln_command *)), 0};
-    if (!c.cmd)
+    step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
+    if (!c.cmd || !c.label) {
+        cmds_release(&c);
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    }
     const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
     kiln_tensor x = tensor(e->x, 0, F, 2, T, e->H, 0), res = tensor(e->res, 0, F, 2, T, e->H, 0),
                 nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), q = tensor(e->q, 0, F, 2, T, e->QD, 0),
@@ -596,4 +602,75 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
     }
     free(ms);
     return st;
+}
+
+/* Bytes a decode step's command of that label must read (weights, KV). */
+static double label_bytes(const dec_engine *e, const char *label, uint32_t batch, uint32_t context)
+{
+    const double H = (double)e->H, I = (double)e->I, Q = (double)e->QD, KV = (double)e->KVD, L = (double)e->m->config.layers;
+    if (!strcmp(label, "q_proj") || !strcmp(label, "o_proj"))
+        return 2 * H * Q * L;
+    if (!strcmp(label, "k_proj") || !strcmp(label, "v_proj"))
+        return 2 * H * KV * L;
+    if (!strcmp(label, "swiglu"))
+        return 2 * 2 * I * H * L;
+    if (!strcmp(label, "down_proj"))
+        return 2 * I * H * L;
+    if (!strcmp(label, "lm_head"))
+        return 2 * (double)e->V * H;
+    if (!strcmp(label, "attention"))
+        return 2 * 2 * (double)batch * context * KV * L;
+    return 0;
+}
+
+kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out)
+{
+    const step_cmds *c = &e->decode[batch];
+    if (batch > e->o.max_participants || !c->n)
+        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "breakdown: run dec_bench_steps for batch %u first", batch);
+    kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
+                               {SLOT_POS, 0, e->pos, (size_t)batch * 4},
+                               {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
+    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_SPANS,
+                              .phase = "decode", .arena = e->arena, .patches = p, .n_patches = 3};
+    kiln_fence *fence;
+    kiln_status st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence);
+    if (st)
+        return dec_kfail(st, "breakdown");
+    if ((st = kiln_fence_wait(fence))) {
+        kiln_fence_release(fence);
+        return dec_kfail(st, "breakdown");
+    }
+    enum { MAXL = 16 };
+    const char *names[MAXL];
+    double ms[MAXL] = {0}, total = 0;
+    size_t n_names = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        kiln_attribution a;
+        kiln_span sp;
+        if (kiln_fence_attribution(fence, i, &a) || a.span < 0 || kiln_fence_span(fence, (size_t)a.span, &sp))
+            continue;
+        size_t k = 0;
+        while (k < n_names && strcmp(names[k], c->label[i]))
+            k++;
+        if (k == n_names) {
+            if (n_names == MAXL)
+                continue;
+            names[n_names++] = c->label[i];
+        }
+        ms[k] += sp.duration_ms;
+        total += sp.duration_ms;
+    }
+    kiln_fence_release(fence);
+    fprintf(out, "{\"bench\":\"decode_step_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"batch\":%u,\"context\":%u,"
+                 "\"sum_ms\":%.4f,\"ops\":{", batch, context, total);
+    for (size_t k = 0; k < n_names; k++) {
+        double b = label_bytes(e, names[k], batch, context);
+        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", names[k], ms[k]);
+        if (b > 0 && ms[k] > 0)
+            fprintf(out, ",\"gb\":%.3f,\"gb_s\":%.0f", b / 1e9, b / (ms[k] * 1e-3) / 1e9);
+        fprintf(out, "}");
+    }
+    fprintf(out, "}}\n");
+    return KILN_OK;
 }

@@ -377,6 +377,8 @@ static int run_bench(const char *config_path, int64_t layers, const uint32_t *ba
         double dev = 0, wall = 0;
         uint64_t replayed = 0;
         st = dec_bench_steps(e, B, context, 5, steps, &dev, &wall, &replayed);
+        if (!st)
+            st = dec_bench_breakdown(e, B, context, stdout);
         dec_engine_free(e);
         if (st) {
             fail(st);
