@@ -56,6 +56,9 @@ kiln_status kiln_binding_arena_create(kiln_runtime *rt, const kiln_binding_slot 
     kiln_buffer_desc d = {.bytes = total_bytes, .alignment = 256, .usage = KILN_USAGE_BINDINGS};
     if ((st = kiln_buffer_create_ex(rt, &d, &a->buffer)))
         goto out_free;
+    /* The device starts as the mirror does (zeros): a patch uploads only its dirty range. */
+    if ((st = kiln_buffer_upload(a->buffer, 0, a->mirror, total_bytes)))
+        goto out_free;
     *out = a;
     return KILN_OK;
 out_free:

@@ -39,6 +39,7 @@ struct kiln__graph_cache {
     kiln__graph *rej_head, *rej_tail;
     size_t n_resident, resident_bytes, n_rejected;
     size_t max_graphs, max_bytes;
+    int capture;                 /* 0: the adaptive path never captures (the runtime's own stream) */
     uint32_t buckets[KILN_MAX_BATCH_BUCKETS];
     size_t n_buckets;
     kiln_graph_stats stats;
@@ -156,6 +157,7 @@ kiln_status kiln__graph_cache_create(kiln_runtime *rt, kiln__graph_cache **out)
     c->table_size = MIN_TABLE;
     c->max_graphs = DEFAULT_MAX_GRAPHS;
     c->max_bytes = DEFAULT_MAX_BYTES;
+    c->capture = 1;
     memcpy(c->buckets, default_buckets, sizeof default_buckets);
     c->n_buckets = sizeof default_buckets / sizeof default_buckets[0];
     *out = c;
@@ -335,6 +337,8 @@ void kiln__graph_reject(kiln__graph_cache *c, kiln_command *const *cmds, uint32_
 }
 
 void kiln__graph_deferred(kiln__graph_cache *c) { c->stats.deferred++; }
+void kiln__graph_cache_set_capture(kiln__graph_cache *c, int on) { c->capture = on; }
+int kiln__graph_cache_captures(const kiln__graph_cache *c) { return c->capture; }
 
 /* ---- the API ---- */
 

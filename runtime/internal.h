@@ -271,6 +271,9 @@ kiln_status kiln__graph_insert(kiln__graph_cache *c, kiln_command *const *cmds, 
 void kiln__graph_reject(kiln__graph_cache *c, kiln_command *const *cmds, uint32_t first, uint32_t last,
                         uint64_t hash);
 void kiln__graph_deferred(kiln__graph_cache *c);
+/* Whether the adaptive path captures segments it has not seen (1 by default). */
+void kiln__graph_cache_set_capture(kiln__graph_cache *c, int on);
+int kiln__graph_cache_captures(const kiln__graph_cache *c);
 void kiln__graph_ref(kiln__graph *g);
 void kiln__graph_unref(kiln__graph *g);
 CUgraphExec kiln__graph_exec(const kiln__graph *g);

@@ -126,6 +126,8 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     }
     if ((st = kiln__runtime_enter(rt)) || (st = kiln__stream_init(rt, &rt->own)))
         goto out_free;
+    /* The immediate calls submit one-off commands: capturing each would cost more than it saves. */
+    kiln__graph_cache_set_capture(rt->own->graphs, 0);
     *out = rt;
     return KILN_OK;
 out_free:

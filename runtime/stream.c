@@ -596,7 +596,7 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
     b->graphs = calloc(b->n, sizeof *b->graphs);
     if (!b->spans || !b->plans || !b->rows || !b->graphs)
         return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", b->n);
-    int quiescent = s->pending == NULL;
+    int quiescent = s->pending == NULL, captures = kiln__graph_cache_captures(s->graphs);
     uint32_t n = (uint32_t)b->n, deferred = 0;
     for (uint32_t i = 0; i < n;) {
         uint32_t last = i;
@@ -621,19 +621,19 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
                                   what, rejected ? " (its capture was rejected)" : "",
                                   o->path == KILN_PATH_REPLAYED_ONLY ? "replayed-only"
                                                                      : "replayed-with-eager-boundaries");
-            } else if (!rejected && quiescent) {
+            } else if (!rejected && quiescent && captures) {
                 path = KILN_EXEC_REPLAYED; /* captured at run */
             } else {
-                deferred += !rejected;
-                last = i; /* eager, one span per command */
+                deferred += !rejected && captures; /* the whole segment runs eager, one span per command */
             }
         }
-        if (path == KILN_EXEC_EAGER)
-            last = i;
-        b->plans[b->n_spans] = pl;
-        b->spans[b->n_spans++] = (kiln_span){.first = i, .last = last, .path = path, .start_ms = -1,
-                                             .duration_ms = -1};
+        /* A replayed segment is one span; eager commands are a span each. */
         for (uint32_t j = i; j <= last; j++) {
+            if (path == KILN_EXEC_REPLAYED ? j == i : 1) {
+                b->plans[b->n_spans] = pl;
+                b->spans[b->n_spans++] = (kiln_span){.first = j, .last = path == KILN_EXEC_REPLAYED ? last : j,
+                                                     .path = path, .start_ms = -1, .duration_ms = -1};
+            }
             const kiln_command *c = cmds[j];
             b->rows[j] = (kiln_attribution){.index = j, .phase = b->phase, .op_id = c->op_id, .path = path,
                                             .batching = c->batching, .participants = c->participants,

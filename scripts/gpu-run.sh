@@ -144,6 +144,9 @@ else
     FAILED=1
 fi
 
+# Issue 6: graph replay of a 64-kernel segment beside the raw driver, then torch.cuda.CUDAGraph.
+bench bench_graph 120 "$BUILD/bench/bench_graph" && bench peer_torch_graph 150 python3 "$ROOT/bench/peer_torch_graph.py" --kiln "$BENCH_JSONL"
+
 if [ -x "$BUILD/bench/bench_dense" ]; then
     bench bench_dense 150 "$BUILD/bench/bench_dense"
 else

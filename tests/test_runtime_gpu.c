@@ -134,7 +134,7 @@ static void test_fences_timing_attribution(void **state)
         cmds[i] = emb_encode(f, &e[i]);
     }
     assert_int_equal(kiln_stream_get_state(f->s), KILN_STREAM_READY);
-    kiln_submit_options o = {.timing = KILN_TIMING_SPANS, .phase = "prefill"};
+    kiln_submit_options o = {.path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_SPANS, .phase = "prefill"};
     kiln_fence *fence;
     KILN_CHECK(kiln_stream_submit(f->s, cmds, 3, &o, &fence));
     kiln_stream_state ss = kiln_stream_get_state(f->s);
@@ -176,7 +176,7 @@ static void test_fences_timing_attribution(void **state)
     kiln_fence_release(fence);
 
     /* Completion timing only: elapsed, no spans. */
-    kiln_submit_options oc = {.timing = KILN_TIMING_COMPLETION};
+    kiln_submit_options oc = {.path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_COMPLETION};
     KILN_CHECK(kiln_stream_submit(f->s, cmds, 3, &oc, &fence));
     KILN_CHECK(kiln_fence_wait(fence));
     KILN_CHECK(kiln_fence_receipt(fence, &r));

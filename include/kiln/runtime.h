@@ -314,7 +314,10 @@ KILN_API kiln_status kiln_stream_readback(kiln_stream *stream, const kiln_region
  * segments must be resident already, or the submission fails before anything
  * is enqueued (KILN_ERR_RUNTIME_CONTRACT naming the segment).
  * kiln_stream_prepare makes a batch's segments resident without running it,
- * busy stream or not.
+ * busy stream or not. The runtime's own stream (kiln_runtime_stream, the one
+ * the immediate kiln_op_* calls use) launches resident graphs but does not
+ * capture under the adaptive path: its one-off commands would each cost a
+ * capture.
  *
  * Values that change every step (token ids, positions, lengths, block tables)
  * belong in a binding arena, not in replay keys, so that one graph serves
