@@ -214,9 +214,9 @@ typedef struct attn_launch {
 static kiln_status launch3(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned x, unsigned y,
                            unsigned z, void **args, const char *what)
 {
-    CUresult r = kiln__runtime_driver(rt)->cuLaunchKernel(fn, x, y, z, THREADS, 1, 1, 0,
-                                                          (CUstream)kiln_launch_stream(ctx), args, NULL);
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, what);
+    const unsigned grid[3] = {x, y, z};
+    kiln_status st = kiln__launch_ex(ctx, rt, fn, grid, THREADS, 0, args, KILN__LAUNCH_PDL);
+    return st ? kiln__fail(kiln__runtime_errslot(rt), st, "%s: %s", what, kiln_errmsg()) : KILN_OK;
 }
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)

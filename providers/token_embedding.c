@@ -59,7 +59,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         unsigned grid = n > MAX_TOKENS_PER_LAUNCH ? MAX_TOKENS_PER_LAUNCH : (unsigned)n;
         unsigned token_base = (unsigned)base;
         void *args[] = {&l->table, &l->ids, &l->out, &token_base, &fault};
-        kiln_status st = kiln__launch(ctx, l->rt, l->fn, grid, l->threads, 0, args);
+        const unsigned dims[3] = {grid, 1, 1};
+        kiln_status st = kiln__launch_ex(ctx, l->rt, l->fn, dims, l->threads, 0, args, KILN__LAUNCH_PDL);
         if (st)
             return st;
     }

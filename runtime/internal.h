@@ -39,6 +39,7 @@
     X(cuModuleUnload, PFN_cuModuleUnload_v2000)                                                                     \
     X(cuModuleGetFunction, PFN_cuModuleGetFunction_v2000)                                                           \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)                                                                     \
+    X(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060)                                                                \
     X(cuEventCreate, PFN_cuEventCreate_v2000)                                                                       \
     X(cuEventDestroy, PFN_cuEventDestroy_v4000)                                                                     \
     X(cuEventRecord, PFN_cuEventRecord_v2000)                                                                       \
@@ -104,6 +105,7 @@ struct kiln_runtime {
     kiln_runtime_info info;
     _Atomic int broken;         /* a sticky device error: every later call fails with it */
     _Atomic uint64_t module_epoch; /* bumped when a module is unloaded: older graphs are dropped */
+    int pdl;                    /* programmatic dependent launch (sm_90 and later) */
     struct kiln_stream *own;    /* the stream of the immediate calls */
     kiln__errslot err;
 };
@@ -205,9 +207,16 @@ kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
 kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out);
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module);
-/* Launches fn on the context's stream. */
+/* Launches fn on the context's stream, with programmatic dependent launch
+ * (every kiln template calls kiln_grid_dependency_sync() first thing). */
 kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
                          unsigned block_x, unsigned shared_bytes, void **args);
+/* The same with a 3-D grid, and with programmatic dependent launch when the
+ * kernel calls kiln_grid_dependency_sync() first thing (KILN__LAUNCH_PDL; a
+ * plain launch where the device has no PDL, before sm_90). */
+#define KILN__LAUNCH_PDL 1u
+kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],
+                            unsigned block_x, unsigned shared_bytes, void **args, unsigned flags);
 kiln_runtime *kiln__buffer_runtime(const kiln_buffer *buf);
 CUdeviceptr kiln__buffer_ptr(const kiln_buffer *buf);
 void kiln__buffer_retain(kiln_buffer *buf);

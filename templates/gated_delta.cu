@@ -143,6 +143,7 @@ kiln_gated_delta(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
                  const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
                  const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ out, kiln_u32 tokens, kiln_fault *fault)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS; // sh = seq * VH + h
     const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
     const int lane = threadIdx.x % KILN_G;

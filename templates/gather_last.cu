@@ -43,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_gather_last(const kiln_f16 *__restrict__ x, const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ rows,
                  kiln_u32 part_rows, kiln_u32 limit, kiln_fault *fault)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u32 p = blockIdx.x;
     const kiln_u32 start = spans[2 * p], length = spans[2 * p + 1];
     const kiln_u64 end = (kiln_u64)start + length;

@@ -50,6 +50,22 @@ struct kiln_fault {
 
 #define KILN_FAULT_TOKEN_ID 1u
 
+// Programmatic dependent launch (sm_90 and later). A kernel kiln launches
+// with programmatic stream serialization may start before the kernel ahead of
+// it in the stream has finished: it must call kiln_grid_dependency_sync()
+// before it reads or writes anything that kernel touches (kiln's kernels call
+// it first thing). kiln_grid_dependency_sync also lets the next kernel start
+// launching now: by the time every block of this grid has passed it, no block
+// of this grid is left waiting for an SM, so the next grid's early blocks take
+// no slot this grid needs. A no-op when launched the ordinary way.
+__device__ __forceinline__ void kiln_grid_dependency_sync()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void kiln_report_fault(kiln_fault *f, kiln_u32 code, kiln_u32 index, kiln_u32 value,
                                                   kiln_u64 limit)
 {

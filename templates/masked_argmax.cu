@@ -227,6 +227,7 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
                    const kiln_u32 *__restrict__ rep_ids, const kiln_u32 *__restrict__ rep_offsets,
                    const float *__restrict__ penalty_ptr, kiln_u32 rep_capacity, kiln_u32 *__restrict__ out)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ kiln_u32 bits[BITMAP_WORDS];
     __shared__ kiln_u64 scratch[WARPS];
     __shared__ kiln_u64 parts[KILN_CLUSTER];

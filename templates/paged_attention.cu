@@ -153,6 +153,7 @@ kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v
                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, rope_freqs freqs,
                   kiln_fault *fault)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u32 s = blockIdx.z, h = blockIdx.y;
     seq_info q;
     // The attention kernel reports; this one only skips.
@@ -196,6 +197,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, const kiln_u32 *__restric
                      kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                      rope_freqs freqs, kiln_fault *fault)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ __align__(16) float sq[ROWS][D];
     __shared__ __align__(16) kiln_f16 sk[KC][D + KPAD];
     __shared__ __align__(16) kiln_f16 sv[KC][D];

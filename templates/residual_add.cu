@@ -66,6 +66,7 @@ __device__ __forceinline__ vec_t add(vec_t a, vec_t b)
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_residual_add(const kiln_f16 *a, const kiln_f16 *b, kiln_f16 *out, kiln_u64 n)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u64 step = (kiln_u64)gridDim.x * blockDim.x;
     for (kiln_u64 k = (kiln_u64)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += step)
         store((vec_t *)out + k, add(load((const vec_t *)a + k), load((const vec_t *)b + k)));

@@ -126,6 +126,7 @@ __device__ __forceinline__ void load_row(vec_t *v, const vec_t *base)
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps, kiln_u32 rows)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ float scratch[2][WARPS]; // alternate rows: one __syncthreads per row
     kiln_u32 r = blockIdx.x;
     if (r >= rows)
@@ -180,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__restrict__ weight, kiln_f16 *out,
                        float eps, kiln_u32 rows)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ float scratch[2][WARPS];
     kiln_u32 r = blockIdx.x;
     if (r >= rows)

@@ -41,6 +41,7 @@ __device__ __forceinline__ kiln_u32 pair(kiln_u32 g, kiln_u32 u)
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_swiglu(const kiln_f16 *__restrict__ gu, kiln_f16 *__restrict__ out)
 {
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u64 t = blockIdx.x;
     const kiln_f16 *gate = gu + t * (2ull * KILN_INTERMEDIATE);
     const kiln_f16 *up = gate + KILN_INTERMEDIATE;

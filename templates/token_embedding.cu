@@ -33,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_token_embedding(const kiln_f16 *__restrict__ table, const kiln_u32 *__restrict__ ids,
                      kiln_f16 *__restrict__ out, kiln_u32 token_base, kiln_fault *fault)
 {
+    kiln_grid_dependency_sync();
     const kiln_u32 t = token_base + blockIdx.x;
     const kiln_u32 id = ids[t];
     kiln_vec *dst = (kiln_vec *)(out + (kiln_u64)t * KILN_HIDDEN);
