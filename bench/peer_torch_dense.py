@@ -85,11 +85,11 @@ def main():
                 def call():
                     return F.linear(x, w)
             # Warm-up: at least --warmup calls and WARM_S of them, as bench_dense.
-            t0, n = time.perf_counter(), 0
-            while n < args.warmup or time.perf_counter() - t0 < WARM_S:
+            t0, calls = time.perf_counter(), 0
+            while calls < args.warmup or time.perf_counter() - t0 < WARM_S:
                 call()
-                n += 1
-                if n % 8 == 0:
+                calls += 1
+                if calls % 8 == 0:
                     torch.cuda.synchronize(dev)
             torch.cuda.synchronize(dev)
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(args.iters)]
