@@ -10,7 +10,11 @@
 #     bench.jsonl     the benchmarks' JSON lines (kiln and its peers), nothing else
 #     bench.err       the benchmarks' stderr
 #     env.txt         the machine: nvidia-smi -L, driver, python packages
+#     decode-check.log  examples/decode/check.py (issue 8: kiln vs transformers, token for token)
 # A failing step does not stop the others; the script exits 1 when any failed.
+# Filters, for a run that cannot afford everything (device time is scarce):
+#     MEMCHECK_TESTS="test_graph_gpu ..."   memcheck only these binaries
+#     BENCHES="bench_graph peer_torch_graph ..."   only these benchmark steps
 # Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
 # default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
 # of it to the benchmarks): a step that would start past the budget is
@@ -71,6 +75,10 @@ step() {
 bench() {
     local name="$1" limit="$2"
     shift 2
+    if [ -n "${BENCHES:-}" ] && ! [[ " $BENCHES " == *" $name "* ]]; then
+        record "$name" skipped 0 "(not in BENCHES)"
+        return 0
+    fi
     echo "== $name: $*" >>"$BENCH_ERR"
     step "$name" "$limit" 0 "$@" >>"$BENCH_JSONL" 2>>"$BENCH_ERR"
 }
@@ -108,6 +116,7 @@ for t in "$BUILD"/tests/test_*_gpu; do
     if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
     # test_fault_gpu makes an illegal address on purpose: memcheck would (rightly) report it.
     case "$(basename "$t")" in test_fault_gpu) continue ;; esac
+    if [ -n "${MEMCHECK_TESTS:-}" ] && ! [[ " $MEMCHECK_TESTS " == *" $(basename "$t") "* ]]; then continue; fi
     found=1
     name="memcheck-$(basename "$t")"
     echo "===== $name" >>"$OUT/memcheck.log"
@@ -159,11 +168,20 @@ bench bench_ops1 120 "$BUILD/bench/bench_ops1" && bench peer_torch_ops1 180 pyth
 
 # Every line of bench.jsonl must be one JSON object.
 # Issue 7: a shipped database ready in <= 20 ms; prewarm's -j scaling on this machine's cores.
-bench bench_ship 60 "$BUILD/bench/bench_ship" --db "$BUILD/tests/shipped/kernels.db"
+rm -f "$BUILD/tests/llama-export.db"
+"$BUILD/kiln" export --arch sm_90 -o "$BUILD/tests/llama-export.db" >/dev/null 2>>"$BENCH_ERR" || true
+bench bench_ship 60 "$BUILD/bench/bench_ship" --db "$BUILD/tests/llama-export.db"
 bench bench_prewarm 120 bash "$ROOT/bench/bench_prewarm.sh" "$BUILD"
 for b in bench_attention bench_recurrent; do
     if [ -x "$BUILD/bench/$b" ]; then bench "$b" 120 "$BUILD/bench/$b"; fi
 done
+
+# Issue 8: decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
+bench bench_decode 240 bash "$ROOT/bench/bench_decode.sh" "$BUILD"
+if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" decode-check "* ]]; then
+    step decode-check 300 0 python3 "$ROOT/examples/decode/check.py" --build "$BUILD" >"$OUT/decode-check.log" 2>&1
+    tail -n 30 "$OUT/decode-check.log"
+fi
 
 step bench-jsonl-valid 30 0 python3 -c '
 import json, sys

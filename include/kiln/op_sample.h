@@ -24,7 +24,8 @@
  * at or past vocab are ignored; offsets past R are clamped to R and a range
  * that ends before it starts is empty (never an out-of-bounds read).
  *
- * One launch; a cluster of 8 blocks per participant (sm_90 and later). The
+ * One launch; a cluster of 16 blocks per participant (a non-portable cluster
+ * size; 8 where the device cannot schedule 16), sm_90 and later. The
  * kernel is specialized on vocab (and a vector width: 8 when vocab % 8 == 0,
  * logits start 16-byte and valid 8-byte aligned; else 1). Validation and
  * errors as in kiln/op_norm.h; the command is replayable (its key: the
