@@ -9,17 +9,13 @@
 #include "providers/blas.h"
 
 /* Candidates asked of the heuristic for a shape. When a product is large
- * enough for the choice to matter (TUNE_MIN_FLOP, TUNE_MIN_BYTES), each candidate is timed
+ * enough for the choice to matter (TUNE_MIN_FLOP), each candidate is timed
  * once, on first sight of the shape, on a private stream into private
  * scratch (the bindings' output and workspace are not touched: commands
  * encoded earlier may still read them), and the fastest is kept; else, or when
  * timing fails, the heuristic's first. KILN_BLAS_TUNE=0 turns timing off. */
 #define CANDIDATES 8
 #define TUNE_MIN_FLOP (1ull << 34)
-/* Or when its operands are big: a decode-sized product (a few rows times a
- * weight of several MiB) is bound by reading the weight, and the heuristic's
- * first choice often reads it at half the bandwidth a candidate reaches. */
-#define TUNE_MIN_BYTES ((size_t)4 << 20)
 #define TUNE_TARGET_MS 2.0f /* timed per candidate */
 #define TUNE_MAX_REPS 20
 
@@ -222,9 +218,7 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
      * f32 accumulation (seen: 333 x 1000 -> 2731, errors of 4x the tolerance
      * of tests/test_ops_dense_gpu.c). One candidate, the heuristic's first,
      * unless the product is timed. */
-    const double elems = (double)key->m * (double)key->k + (double)key->n * (double)key->k;
-    const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP ||
-                     2.0 * elems >= (double)TUNE_MIN_BYTES;
+    const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;
     const int want = forced >= 0 || (wide && tuning_enabled()) ? CANDIDATES : 1;
     cublasLtMatmulHeuristicResult_t results[CANDIDATES];
     int found = 0, n = 0;
