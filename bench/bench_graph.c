@@ -48,27 +48,12 @@
 #define TARGET_NS_PER_KERNEL 1000.0
 
 static const kiln__driver *g_d;
-static char g_dir[4096], g_db[4200];
-static int g_made;
-
-static void tempdb_remove(void)
-{
-    if (!g_made)
-        return;
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    char p[4300];
-    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
-        snprintf(p, sizeof p, "%s%s", g_db, suffixes[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    g_made = 0;
-}
+static bench_tempdb g_db;
 
 static void fail(const char *phase, kiln_status st, const char *detail)
 {
     bench_json_error(BENCH, phase, st ? kiln_status_code(st) : "bench", detail, kiln_errmsg());
-    tempdb_remove();
+    bench_tempdb_remove(&g_db);
     exit(1);
 }
 
@@ -212,13 +197,7 @@ int main(int argc, char **argv)
     }
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {
-        bench_json j;
-        bench_json_begin(&j, BENCH);
-        bench_json_bool(&j, "peer", 0);
-        char msg[512];
-        snprintf(msg, sizeof msg, "no driver: %s", why && *why ? why : "unknown");
-        bench_json_str(&j, "skipped", msg);
-        bench_json_end(&j);
+        bench_skip_no_driver(BENCH, why);
         return 0;
     }
     setup su = {0};
@@ -226,13 +205,11 @@ int main(int argc, char **argv)
     kiln_runtime_info info;
     kiln_runtime_get_info(su.rt, &info);
     g_d = kiln__runtime_driver(su.rt);
-    snprintf(g_dir, sizeof g_dir, "%s/kiln-bench-graph-XXXXXX", db_parent);
-    if (!mkdtemp(g_dir))
-        fail("setup", KILN_OK, strerror(errno));
-    g_made = 1;
-    snprintf(g_db, sizeof g_db, "%s/kernels.db", g_dir);
+    char why_not[4400];
+    if (bench_tempdb_make(&g_db, db_parent, "graph", why_not, sizeof why_not))
+        fail("setup", KILN_OK, why_not);
     kiln_cache *cache = NULL;
-    kiln_cache_options co = {.size = sizeof co, .path = g_db};
+    kiln_cache_options co = {.size = sizeof co, .path = g_db.path};
     check(kiln_cache_open(&co, &cache), "kiln_cache_open");
     kiln_jit *jit = NULL;
     kiln_jit_options jo = {.size = sizeof jo, .cache = cache, .runtime = su.rt};
@@ -426,6 +403,6 @@ int main(int argc, char **argv)
     kiln_jit_destroy(jit);
     kiln_cache_close(cache);
     kiln_runtime_destroy(su.rt);
-    tempdb_remove();
+    bench_tempdb_remove(&g_db);
     return 0;
 }

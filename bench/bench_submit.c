@@ -50,28 +50,13 @@
 #define TARGET_RATIO 1.3
 
 static const kiln__driver *g_d;
-static char g_dir[4096], g_db[4200];
-static int g_made;
-
-static void tempdb_remove(void)
-{
-    if (!g_made)
-        return;
-    static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    char p[4300];
-    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
-        snprintf(p, sizeof p, "%s%s", g_db, suffixes[i]);
-        unlink(p);
-    }
-    rmdir(g_dir);
-    g_made = 0;
-}
+static bench_tempdb g_db;
 
 /* Prints an error line and exits 1. */
 static void fail(const char *phase, kiln_status st, const char *detail)
 {
     bench_json_error(BENCH, phase, st ? kiln_status_code(st) : "bench", detail, kiln_errmsg());
-    tempdb_remove();
+    bench_tempdb_remove(&g_db);
     exit(1);
 }
 
@@ -82,17 +67,6 @@ static void cu_check(CUresult r, const char *what)
     char msg[512];
     bench_cu_message(g_d, r, what, msg, sizeof msg);
     fail(what, KILN_ERR_CUDA_DRIVER, msg);
-}
-
-static void skip(const char *why)
-{
-    bench_json j;
-    bench_json_begin(&j, BENCH);
-    bench_json_bool(&j, "peer", 0);
-    char msg[512];
-    snprintf(msg, sizeof msg, "no driver: %s", why && *why ? why : "unknown");
-    bench_json_str(&j, "skipped", msg);
-    bench_json_end(&j);
 }
 
 static double now_ns(void)
@@ -261,7 +235,7 @@ int main(int argc, char **argv)
 
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {
-        skip(why);
+        bench_skip_no_driver(BENCH, why);
         return 0;
     }
     kiln_status st;
@@ -269,7 +243,7 @@ int main(int argc, char **argv)
     kiln_runtime_options ro = {.size = sizeof ro, .device_ordinal = 0};
     if ((st = kiln_runtime_create(&ro, &su.rt))) {
         if (st == KILN_ERR_NO_DEVICE) {
-            skip(kiln_errmsg());
+            bench_skip_no_driver(BENCH, kiln_errmsg());
             return 0;
         }
         fail("setup", st, NULL);
@@ -279,16 +253,11 @@ int main(int argc, char **argv)
     g_d = kiln__runtime_driver(su.rt);
 
     /* A jit on a temporary cache database. */
-    snprintf(g_dir, sizeof g_dir, "%s/kiln-bench-submit-XXXXXX", db_parent);
-    if (!mkdtemp(g_dir)) {
-        char msg[4400];
-        snprintf(msg, sizeof msg, "mkdtemp(%s): %s", g_dir, strerror(errno));
-        fail("setup", KILN_OK, msg);
-    }
-    g_made = 1;
-    snprintf(g_db, sizeof g_db, "%s/kernels.db", g_dir);
+    char why_not[4400];
+    if (bench_tempdb_make(&g_db, db_parent, "submit", why_not, sizeof why_not))
+        fail("setup", KILN_OK, why_not);
     kiln_cache *cache = NULL;
-    kiln_cache_options co = {.size = sizeof co, .path = g_db};
+    kiln_cache_options co = {.size = sizeof co, .path = g_db.path};
     if ((st = kiln_cache_open(&co, &cache)))
         fail("setup", st, NULL);
     kiln_jit *jit = NULL;
@@ -420,6 +389,6 @@ int main(int argc, char **argv)
     kiln_jit_destroy(jit);
     kiln_cache_close(cache);
     kiln_runtime_destroy(su.rt);
-    tempdb_remove();
+    bench_tempdb_remove(&g_db);
     return 0;
 }

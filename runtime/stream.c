@@ -724,24 +724,33 @@ static kiln_status run(kiln_stream *s, kiln_fence *b)
     return st;
 }
 
-kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
-                               kiln_fence **fence)
+/* What submit and prepare check first: the stream, the runtime, the batch. */
+static kiln_status submit_begin(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
+                                const char *fn)
 {
-    kiln_submit_options def = {0};
-    if (fence)
-        *fence = NULL;
     if (!s)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_submit: stream is NULL");
-    if (!opts)
-        opts = &def;
-    kiln_runtime *rt = s->rt;
-    kiln_status st = kiln__runtime_enter(rt);
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: stream is NULL", fn);
+    kiln_status st = kiln__runtime_enter(s->rt);
     if (st)
         return st;
     if (s->state == KILN_STREAM_SUBMITTED)
         reap(s);
-    if ((st = kiln__submit_validate(s, cmds, n, opts)))
+    return kiln__submit_validate(s, cmds, n, opts);
+}
+
+static const kiln_submit_options default_submit;
+
+kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
+                               kiln_fence **fence)
+{
+    if (fence)
+        *fence = NULL;
+    if (!opts)
+        opts = &default_submit;
+    kiln_status st = submit_begin(s, cmds, n, opts, "kiln_stream_submit");
+    if (st)
         return st;
+    kiln_runtime *rt = s->rt;
 
     kiln_fence *b = calloc(1, sizeof *b);
     if (!b)
@@ -815,21 +824,14 @@ out_unwind:
 kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
                                 size_t *captured)
 {
-    kiln_submit_options def = {0};
     if (captured)
         *captured = 0;
-    if (!s)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_prepare: stream is NULL");
     if (!opts)
-        opts = &def;
-    kiln_runtime *rt = s->rt;
-    kiln_status st = kiln__runtime_enter(rt);
+        opts = &default_submit;
+    kiln_status st = submit_begin(s, cmds, n, opts, "kiln_stream_prepare");
     if (st)
         return st;
-    if (s->state == KILN_STREAM_SUBMITTED)
-        reap(s);
-    if ((st = kiln__submit_validate(s, cmds, n, opts)))
-        return st;
+    kiln_runtime *rt = s->rt;
     if (opts->path == KILN_PATH_EAGER_ONLY)
         return KILN_OK;
     kiln_status first_failure = KILN_OK;
