@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 
+#include "jit/embedded.h"
 #include "jit/internal.h"
 #include "testutil.h"
 
@@ -252,6 +253,35 @@ static void test_without_a_database(void **state)
     kiln_jit_destroy(NULL);
 }
 
+/* kiln launches every kernel with programmatic dependent launch: a kernel may
+ * start before the one ahead of it has finished, so each must call
+ * kiln_grid_dependency_sync() before anything else (kiln_prelude.cuh). Every
+ * __global__ function of every embedded template: its body's first statement. */
+static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
+{
+    (void)state;
+    size_t kernels = 0;
+    for (size_t i = 0; i < kiln__embedded_count; i++) {
+        const kiln__embedded_file *f = &kiln__embedded_files[i];
+        for (const char *p = strstr(f->data, "__global__"); p; p = strstr(p + 1, "__global__")) {
+            const char *body = strchr(p, '{');
+            assert_non_null(body);
+            body++;
+            while (*body == ' ' || *body == '\n' || *body == '\t')
+                body++;
+            static const char want[] = "kiln_grid_dependency_sync();";
+            if (strncmp(body, want, sizeof want - 1)) {
+                char line[80];
+                snprintf(line, sizeof line, "%.60s", body);
+                fail_msg("%s: a kernel body starts with \"%s\", not %s", f->name, line, want);
+            }
+            kernels++;
+        }
+    }
+    fprintf(stderr, "%zu kernels start with kiln_grid_dependency_sync()\n", kernels);
+    assert_true(kernels >= 10);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -264,6 +294,7 @@ int main(void)
         T(test_unknown_template_and_bad_options),
         T(test_corrupt_row_is_recompiled),
         T(test_without_a_database),
+        cmocka_unit_test(test_every_kernel_syncs_on_the_grid_before_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
