@@ -43,6 +43,15 @@ const char *kiln_errmsg(void)
     return t && t->msg ? t->msg : "";
 }
 
+static void set_thread_msg(const char *text);
+
+void kiln__errmsg_clear(void)
+{
+    thread_msg *t = get_thread_msg(0);
+    if (t && t->msg)
+        t->msg[0] = 0;
+}
+
 static void set_thread_msg(const char *text)
 {
     thread_msg *t = get_thread_msg(1);

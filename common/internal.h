@@ -29,6 +29,9 @@ kiln_status kiln__fail(kiln__errslot *slot, kiln_status st, const char *fmt, ...
 kiln_status kiln__vfail(kiln__errslot *slot, kiln_status st, const char *fmt, va_list ap);
 /* Copies the calling thread's last message into slot (a failure passed up). */
 kiln_status kiln__propagate(kiln__errslot *slot, kiln_status st);
+/* Empties the calling thread's last message: a failure that was handled (a
+ * graph capture that fell back to eager) must not be taken for a later one's. */
+void kiln__errmsg_clear(void);
 
 static inline int kiln__add_overflows(size_t a, size_t b, size_t *r) { return __builtin_add_overflow(a, b, r); }
 static inline int kiln__mul_overflows(size_t a, size_t b, size_t *r) { return __builtin_mul_overflow(a, b, r); }

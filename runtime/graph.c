@@ -3,6 +3,7 @@
  * captured and how it is launched lives in stream.c; this file only keeps
  * executables. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ struct kiln__graph {
     int resident;                /* in the cache's table (and list) */
     uint64_t hash;
     uint64_t epoch;              /* the runtime's module epoch at capture */
+    uint64_t call;               /* the last submission (or prepare) that used it */
     uint8_t *key;                /* the commands' keys, each as u32 length + bytes */
     size_t key_bytes;
     uint32_t n_cmds;
@@ -40,6 +42,7 @@ struct kiln__graph_cache {
     size_t n_resident, resident_bytes, n_rejected;
     size_t max_graphs, max_bytes;
     int capture;                 /* 0: the adaptive path never captures (the runtime's own stream) */
+    uint64_t call;               /* the current submission or prepare: what it uses is not evicted by it */
     uint32_t buckets[KILN_MAX_BATCH_BUCKETS];
     size_t n_buckets;
     kiln_graph_stats stats;
@@ -200,17 +203,22 @@ void kiln__graph_cache_destroy(kiln__graph_cache *c)
     free(c);
 }
 
-/* Evicts from the cold end until the capacity holds; keep is never evicted. */
-static void enforce(kiln__graph_cache *c, size_t max_graphs, size_t max_bytes, const kiln__graph *keep)
+/* Evicts from the cold end until the capacity holds. With protect, graphs the
+ * current call uses stay (the capacity holds again at a later call): a batch
+ * must not evict the graph it is about to launch. */
+static void enforce(kiln__graph_cache *c, size_t max_graphs, size_t max_bytes, int protect)
 {
     kiln__graph *g = c->lru_tail;
     while (g && (c->n_resident > max_graphs || c->resident_bytes > max_bytes)) {
         kiln__graph *prev = g->prev;
-        if (g != keep)
+        if (!protect || g->call != c->call)
             drop(c, g, 1);
         g = prev;
     }
 }
+
+void kiln__graph_cache_begin_call(kiln__graph_cache *c) { c->call++; }
+void kiln__graph_use(kiln__graph_cache *c, kiln__graph *g) { g->call = c->call; }
 
 static void grow(kiln__graph_cache *c)
 {
@@ -259,6 +267,7 @@ kiln__graph *kiln__graph_find(kiln__graph_cache *c, kiln_command *const *cmds, u
 void kiln__graph_hit(kiln__graph_cache *c, kiln__graph *g)
 {
     c->stats.hits++;
+    g->call = c->call;
     if (g->resident && c->lru_head != g) {
         list_unlink(&c->lru_head, &c->lru_tail, g);
         list_push_front(&c->lru_head, &c->lru_tail, g);
@@ -313,12 +322,13 @@ kiln_status kiln__graph_insert(kiln__graph_cache *c, kiln_command *const *cmds, 
     }
     g->exec = exec;
     g->bytes = bytes;
+    g->call = c->call;
     table_insert(c, g);
     list_push_front(&c->lru_head, &c->lru_tail, g);
     c->n_resident++;
     c->resident_bytes += bytes;
     c->stats.captured++;
-    enforce(c, c->max_graphs, c->max_bytes, g);
+    enforce(c, c->max_graphs, c->max_bytes, 1);
     *out = g;
     return KILN_OK;
 }
@@ -336,7 +346,7 @@ void kiln__graph_reject(kiln__graph_cache *c, kiln_command *const *cmds, uint32_
         drop(c, c->rej_tail, 0);
 }
 
-void kiln__graph_deferred(kiln__graph_cache *c) { c->stats.deferred++; }
+void kiln__graph_deferred(kiln__graph_cache *c, uint64_t n) { c->stats.deferred += n; }
 void kiln__graph_cache_set_capture(kiln__graph_cache *c, int on) { c->capture = on; }
 int kiln__graph_cache_captures(const kiln__graph_cache *c) { return c->capture; }
 
@@ -366,7 +376,7 @@ kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_optio
         memcpy(c->buckets, default_buckets, sizeof default_buckets);
         c->n_buckets = sizeof default_buckets / sizeof default_buckets[0];
     }
-    enforce(c, c->max_graphs, c->max_bytes, NULL);
+    enforce(c, c->max_graphs, c->max_bytes, 0);
     return KILN_OK;
 }
 
@@ -386,7 +396,12 @@ kiln_status kiln_stream_graph_trim(kiln_stream *s, size_t keep_graphs, size_t ke
 {
     if (!s)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_stream_graph_trim: stream is NULL");
-    enforce(s->graphs, keep_graphs, keep_bytes, NULL);
+    /* 0 means no limit on that count, unless both are 0: then everything goes. */
+    if (keep_graphs || keep_bytes) {
+        keep_graphs = keep_graphs ? keep_graphs : SIZE_MAX;
+        keep_bytes = keep_bytes ? keep_bytes : SIZE_MAX;
+    }
+    enforce(s->graphs, keep_graphs, keep_bytes, 0);
     while (s->graphs->rej_head)
         drop(s->graphs, s->graphs->rej_head, 0);
     return KILN_OK;

@@ -165,6 +165,7 @@ struct kiln_fence {
     struct kiln__span_plan *plans; /* per span: the graph to launch or the segment to capture */
     kiln__graph **graphs;       /* the graphs it launched, one reference each */
     size_t n_graphs;
+    uint32_t n_deferred;        /* distinct segments run eager on a busy stream */
     kiln_fence_state state;
     int timed;                  /* timings read back */
     struct kiln_fence *next;    /* in the stream's pending or quarantine list */
@@ -279,7 +280,11 @@ kiln_status kiln__graph_insert(kiln__graph_cache *c, kiln_command *const *cmds, 
                                uint64_t hash, CUgraphExec exec, size_t bytes, kiln__graph **out);
 void kiln__graph_reject(kiln__graph_cache *c, kiln_command *const *cmds, uint32_t first, uint32_t last,
                         uint64_t hash);
-void kiln__graph_deferred(kiln__graph_cache *c);
+void kiln__graph_deferred(kiln__graph_cache *c, uint64_t n);
+/* A submission or prepare begins: graphs it uses (kiln__graph_use, hits,
+ * captures) are not evicted for capacity until the next call begins. */
+void kiln__graph_cache_begin_call(kiln__graph_cache *c);
+void kiln__graph_use(kiln__graph_cache *c, kiln__graph *g);
 /* Whether the adaptive path captures segments it has not seen (1 by default). */
 void kiln__graph_cache_set_capture(kiln__graph_cache *c, int on);
 int kiln__graph_cache_captures(const kiln__graph_cache *c);

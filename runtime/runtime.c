@@ -190,10 +190,13 @@ void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
 {
     if (!module)
         return;
-    /* Graphs captured earlier may hold functions of this module. */
+    /* Graphs captured earlier may hold functions of this module: none is
+     * launched again, and none still running is cut short. */
     atomic_fetch_add(&rt->module_epoch, 1);
-    if (kiln__runtime_usable(rt))
+    if (kiln__runtime_usable(rt)) {
+        rt->d->cuCtxSynchronize();
         rt->d->cuModuleUnload(module);
+    }
 }
 
 kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],

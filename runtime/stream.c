@@ -352,8 +352,9 @@ void kiln_stream_destroy(kiln_stream *s)
     if (!s)
         return;
     kiln_runtime *rt = s->rt;
-    if (kiln__runtime_usable(rt) && s->handle)
-        rt->d->cuStreamSynchronize(s->handle);
+    /* Batches the device finished are succeeded for fences the caller still holds. */
+    if (kiln__runtime_usable(rt) && s->handle && rt->d->cuStreamSynchronize(s->handle) == CUDA_SUCCESS)
+        reap(s);
     kiln_fence *lists[2] = {s->pending, s->quarantine};
     for (int l = 0; l < 2; l++) {
         while (lists[l]) {
@@ -485,6 +486,7 @@ kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, siz
 struct kiln__span_plan {
     kiln__graph *graph; /* resident when planned (the batch holds a reference), or NULL: capture */
     uint64_t hash;
+    int deferred;       /* an eager command of a segment deferred on a busy stream */
 };
 
 /* Whether command i may be part of a replayed segment under the path. */
@@ -515,18 +517,26 @@ static void describe_segment(char *buf, size_t cap, kiln_command *const *cmds, u
         snprintf(buf, cap, "commands %u (%s) to %u (%s)", first, cmds[first]->op_id, last, cmds[last]->op_id);
 }
 
+/* How a capture ended. */
+typedef enum capture_outcome {
+    CAPTURED,   /* resident now, *out holds it */
+    REJECTED,   /* the capture itself failed (an enqueue capture cannot hold, an
+                 * instantiation the driver refuses): remembered, runs eager */
+    NOT_NOW,    /* a failure that may pass (memory, the command's own enqueue
+                 * error): not remembered; the caller may run the segment eager */
+    FAILED      /* the runtime failed: the error goes up */
+} capture_outcome;
+
 /* Captures commands [first, last] into an executable, instantiates and
- * uploads it and takes it into the cache. *rejected says the capture itself
- * failed (an enqueue that cannot be captured, an instantiation the driver
- * refused): the segment is remembered as rejected and nothing ran. Other
- * failures (uploading, memory) are returned as they are. */
+ * uploads it and takes it into the cache. The status carries the message of
+ * anything but CAPTURED. */
 static kiln_status capture(kiln_stream *s, kiln_command *const *cmds, uint32_t first, uint32_t last, uint64_t hash,
-                           kiln__graph **out, int *rejected)
+                           kiln__graph **out, capture_outcome *how)
 {
     kiln_runtime *rt = s->rt;
     const kiln__driver *d = rt->d;
     *out = NULL;
-    *rejected = 0;
+    *how = FAILED;
     char what[2 * KILN_OP_ID_MAX + 64];
     describe_segment(what, sizeof what, cmds, first, last);
     CUresult r = d->cuStreamBeginCapture(s->handle, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
@@ -546,41 +556,56 @@ static kiln_status capture(kiln_stream *s, kiln_command *const *cmds, uint32_t f
             d->cuGraphDestroy(graph);
         return kiln__runtime_enter(rt);
     }
-    CUgraphExec exec = NULL;
-    size_t nodes = 0, free0 = 0, free1 = 0, total = 0;
-    if (!st && end == CUDA_SUCCESS) {
-        d->cuGraphGetNodes(graph, NULL, &nodes);
-        d->cuMemGetInfo(&free0, &total);
-        r = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
-    }
-    if (graph)
-        d->cuGraphDestroy(graph);
-    if (st || end != CUDA_SUCCESS || r != CUDA_SUCCESS) {
-        if (r == CUDA_ERROR_OUT_OF_MEMORY)
-            return kiln__runtime_cu_fail(rt, r, "cuGraphInstantiate");
-        *rejected = 1;
+    if (end != CUDA_SUCCESS || st) {
+        if (graph)
+            d->cuGraphDestroy(graph);
+        if (end == CUDA_SUCCESS) {
+            /* The capture held: the command failed on its own account. */
+            *how = NOT_NOW;
+            return kiln__fail(&rt->err, st, "graph capture of %s: command %u (%s) failed to enqueue: %s", what,
+                              failed, cmds[failed]->op_id, kiln_errmsg());
+        }
+        *how = REJECTED;
         kiln__graph_reject(s->graphs, cmds, first, last, hash);
         if (st)
             return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
                               "graph capture of %s failed at command %u (%s): %s; the segment runs eager", what,
                               failed, cmds[failed]->op_id, kiln_errmsg());
-        kiln__cuda_fail(&rt->err, end != CUDA_SUCCESS ? end : r,
-                        end != CUDA_SUCCESS ? "cuStreamEndCapture" : "cuGraphInstantiate");
+        kiln__cuda_fail(&rt->err, end, "cuStreamEndCapture");
         return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "graph capture of %s: %s; the segment runs eager",
                           what, kiln_errmsg());
     }
+    size_t nodes = 0, free0 = 0, free1 = 0, total = 0;
+    CUgraphExec exec = NULL;
+    d->cuGraphGetNodes(graph, NULL, &nodes);
+    d->cuMemGetInfo(&free0, &total);
+    r = d->cuGraphInstantiateWithFlags(&exec, graph, 0);
+    d->cuGraphDestroy(graph);
+    if (r != CUDA_SUCCESS) {
+        *how = r == CUDA_ERROR_OUT_OF_MEMORY ? NOT_NOW : REJECTED;
+        if (*how == REJECTED)
+            kiln__graph_reject(s->graphs, cmds, first, last, hash);
+        kiln__cuda_fail(&rt->err, r, "cuGraphInstantiate");
+        return kiln__fail(&rt->err, *how == REJECTED ? KILN_ERR_RUNTIME_CONTRACT : KILN_ERR_CUDA_OUT_OF_MEMORY,
+                          "graph capture of %s: %s; the segment runs eager", what, kiln_errmsg());
+    }
     if ((r = d->cuGraphUpload(exec, s->handle)) != CUDA_SUCCESS) {
         d->cuGraphExecDestroy(exec);
-        return kiln__runtime_cu_fail(rt, r, "cuGraphUpload");
+        st = kiln__runtime_cu_fail(rt, r, "cuGraphUpload");
+        *how = atomic_load(&rt->broken) ? FAILED : NOT_NOW;
+        return st;
     }
     d->cuMemGetInfo(&free1, &total);
     size_t bytes = free0 > free1 ? free0 - free1 : 0;
     if (bytes < nodes * KILN_GRAPH_NODE_BYTES)
         bytes = nodes * KILN_GRAPH_NODE_BYTES;
-    st = kiln__graph_insert(s->graphs, cmds, first, last, hash, exec, bytes, out);
-    if (st)
+    if ((st = kiln__graph_insert(s->graphs, cmds, first, last, hash, exec, bytes, out))) {
         d->cuGraphExecDestroy(exec);
-    return st;
+        *how = NOT_NOW;
+        return st;
+    }
+    *how = CAPTURED;
+    return KILN_OK;
 }
 
 /* Decides what each replayable segment does before anything is enqueued:
@@ -598,6 +623,7 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
         return kiln__fail(&rt->err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for a batch of %zu", b->n);
     int quiescent = s->pending == NULL, captures = kiln__graph_cache_captures(s->graphs);
     uint32_t n = (uint32_t)b->n, deferred = 0;
+    kiln__graph_cache_begin_call(s->graphs);
     for (uint32_t i = 0; i < n;) {
         uint32_t last = i;
         kiln_exec_path path = KILN_EXEC_EAGER;
@@ -609,6 +635,7 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
             pl.graph = kiln__graph_find(s->graphs, cmds, i, last, pl.hash, &rejected);
             if (pl.graph) {
                 kiln__graph_ref(pl.graph);
+                kiln__graph_use(s->graphs, pl.graph);
                 b->graphs[b->n_graphs++] = pl.graph;
                 path = KILN_EXEC_REPLAYED;
             } else if (o->path != KILN_PATH_ADAPTIVE) {
@@ -623,8 +650,13 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
                                                                      : "replayed-with-eager-boundaries");
             } else if (!rejected && quiescent && captures) {
                 path = KILN_EXEC_REPLAYED; /* captured at run */
-            } else {
-                deferred += !rejected && captures; /* the whole segment runs eager, one span per command */
+            } else if (!rejected && captures) {
+                /* The whole segment runs eager, one span per command; counted once per distinct segment. */
+                pl.deferred = 1;
+                int seen = 0;
+                for (size_t k = 0; k < b->n_spans && !seen; k++)
+                    seen = b->plans[k].deferred && b->plans[k].hash == pl.hash;
+                deferred += !seen;
             }
         }
         /* A replayed segment is one span; eager commands are a span each. */
@@ -644,9 +676,7 @@ static kiln_status plan(kiln_stream *s, kiln_fence *b, kiln_command *const *cmds
         }
         i = last + 1;
     }
-    /* A deferred segment repeats as eager commands: count it once per submission. */
-    for (uint32_t k = 0; k < deferred; k++)
-        kiln__graph_deferred(s->graphs);
+    b->n_deferred = deferred; /* counted once the batch is enqueued */
     return KILN_OK;
 }
 
@@ -664,6 +694,8 @@ static kiln_status run_eager(kiln_stream *s, kiln_fence *b, uint32_t first, uint
         st = b->cmds[i]->enqueue(b->cmds[i]->user, &ctx);
         if (st && !kiln_errmsg()[0])
             kiln__fail(&s->rt->err, st, "command %u (%s) failed to enqueue", i, b->cmds[i]->op_id);
+        else if (st)
+            kiln__fail(&s->rt->err, st, "command %u (%s): %s", i, b->cmds[i]->op_id, kiln_errmsg());
     }
     return st;
 }
@@ -684,11 +716,14 @@ static kiln_status run_replayed(kiln_stream *s, kiln_fence *b, size_t k)
         if (g) {
             kiln__graph_hit(s->graphs, g);
         } else if (!rejected) {
-            kiln_status st = capture(s, b->cmds, sp->first, sp->last, b->plans[k].hash, &g, &rejected);
-            if (st && !rejected)
+            capture_outcome how;
+            kiln_status st = capture(s, b->cmds, sp->first, sp->last, b->plans[k].hash, &g, &how);
+            if (how == FAILED)
                 return st;
         }
         if (!g) {
+            /* Handled: the segment runs eager. Its message must not pass for a later failure's. */
+            kiln__errmsg_clear();
             sp->path = KILN_EXEC_EAGER;
             for (uint32_t i = sp->first; i <= sp->last; i++)
                 b->rows[i].path = KILN_EXEC_EAGER;
@@ -805,6 +840,7 @@ kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t
         return st;
     }
     move(s, KILN__EV_ENQUEUED);
+    kiln__graph_deferred(s->graphs, b->n_deferred);
     kiln_fence **tail = &s->pending;
     while (*tail)
         tail = &(*tail)->next;
@@ -835,6 +871,7 @@ kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_
     if (opts->path == KILN_PATH_EAGER_ONLY)
         return KILN_OK;
     kiln_status first_failure = KILN_OK;
+    kiln__graph_cache_begin_call(s->graphs);
     for (uint32_t i = 0; i < (uint32_t)n; i++) {
         if (!candidate(opts, cmds, i))
             continue;
@@ -842,15 +879,18 @@ kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_
         uint64_t hash = kiln__segment_hash(cmds, i, last);
         int rejected = 0;
         kiln__graph *g = kiln__graph_find(s->graphs, cmds, i, last, hash, &rejected);
-        if (!g && !rejected) {
-            st = capture(s, cmds, i, last, hash, &g, &rejected);
-            if (st && !rejected)
+        if (g) {
+            kiln__graph_use(s->graphs, g);
+        } else if (!rejected) {
+            capture_outcome how;
+            st = capture(s, cmds, i, last, hash, &g, &how);
+            if (how == FAILED)
                 return st;
+            if (how == CAPTURED && captured)
+                (*captured)++;
             if (st && !first_failure)
                 first_failure = st;
-            if (g && captured)
-                (*captured)++;
-        } else if (rejected && !first_failure) {
+        } else if (!first_failure) {
             char what[2 * KILN_OP_ID_MAX + 64];
             describe_segment(what, sizeof what, cmds, i, last);
             first_failure = kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
@@ -881,6 +921,8 @@ kiln_status kiln_fence_wait(kiln_fence *b)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_fence_wait: fence is NULL");
     kiln_stream *s = b->stream;
     kiln_runtime *rt = s->rt;
+    if (s->destroyed && b->state == KILN_FENCE_SUCCEEDED)
+        return KILN_OK; /* its stream (and fault record) is gone; the batch completed */
     if (b->state == KILN_FENCE_INDETERMINATE)
         return kiln__fail(&rt->err, atomic_load(&rt->broken) ? (kiln_status)atomic_load(&rt->broken)
                                                              : KILN_ERR_RUNTIME_CONTRACT,

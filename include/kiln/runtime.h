@@ -26,9 +26,10 @@
  * for the whole process: a new runtime in that process fails with the same
  * code and a message saying to restart; a new process works (tested).
  *
- * Threading: a stream (and what it submits) is used by one thread at a time;
- * different streams of one runtime may be used from different threads.
- * Reference counts are atomic.
+ * Threading: a stream (and what it submits, its fences included) is used by
+ * one thread at a time; different streams of one runtime may be used from
+ * different threads. The reference counts of buffers and commands are atomic;
+ * release a fence on its stream's thread.
  */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -326,11 +327,21 @@ KILN_API kiln_status kiln_stream_readback(kiln_stream *stream, const kiln_region
  * that bucket.
  *
  * Capacity: a count of resident graphs and an estimate of their device memory
- * (the device memory they took when instantiated and uploaded, at least
- * KILN_GRAPH_NODE_BYTES per node); the least recently launched go first. An
- * evicted graph is destroyed once no pending batch uses it. Loading or
- * unloading kernels does not invalidate graphs; unloading a module (a jit
- * destroyed) drops every graph captured before it. */
+ * (the drop in the device's free memory across instantiating and uploading
+ * it, device-wide, at least KILN_GRAPH_NODE_BYTES per node); the least
+ * recently launched go first, but never a graph the current submission (or
+ * prepare) uses: a batch larger than the capacity keeps its graphs until the
+ * next call. An evicted graph is destroyed once no pending batch uses it.
+ * Unloading a module (a jit destroyed) waits for the device and drops every
+ * graph captured before it.
+ *
+ * Spans: a replayed segment is one span. A segment whose capture is rejected
+ * while its batch is being enqueued runs eager within that one span; later
+ * batches, which know it is rejected, give each of its commands a span.
+ * Statistics: "deferred" counts each distinct segment once per submission in
+ * which it ran eager because the stream was busy; a capture that failed for a
+ * reason that may pass (memory, an enqueue error of the command itself) runs
+ * the segment eager without rejecting it. */
 
 #define KILN_GRAPH_NODE_BYTES 1024u
 #define KILN_MAX_BATCH_BUCKETS 32
@@ -359,8 +370,9 @@ typedef struct kiln_graph_stats {
 KILN_API kiln_status kiln_stream_set_graph_options(kiln_stream *stream, const kiln_graph_options *opts);
 KILN_API void kiln_stream_graph_stats(const kiln_stream *stream, kiln_graph_stats *out);
 /* Evicts least recently used graphs until at most keep_graphs remain and
- * their bytes are at most keep_bytes (0, 0: all of them). Rejected segments
- * are forgotten too (they will be tried again). */
+ * their bytes are at most keep_bytes; 0 is no limit on that count, and 0, 0
+ * evicts every graph. Rejected segments are forgotten too (they will be tried
+ * again). A graph a pending batch launched lives until that batch is done. */
 KILN_API kiln_status kiln_stream_graph_trim(kiln_stream *stream, size_t keep_graphs, size_t keep_bytes);
 /* The smallest batch bucket holding participants; KILN_ERR_RUNTIME_CONTRACT
  * naming the largest bucket when none does, or for 0 participants. */
