@@ -454,6 +454,28 @@ static kiln_status submit1(kiln_stream *s, kiln_command *c, kiln_compute_path pa
     return kiln_stream_submit(s, &c, 1, &o, fence);
 }
 
+/* A host function that keeps the stream busy. */
+static void CUDA_CB sleep_ms(void *user)
+{
+    struct timespec ts = {0, (long)(uintptr_t)user * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static kiln_status enqueue_sleep(void *user, const kiln_launch_context *ctx)
+{
+    const kiln__driver *d = kiln__driver_get(NULL);
+    CUresult r = d->cuLaunchHostFunc((CUstream)kiln_launch_stream(ctx), sleep_ms, user);
+    return r == CUDA_SUCCESS ? KILN_OK : KILN_ERR_CUDA_DRIVER;
+}
+
+static kiln_command *sleeper(fixture *f, unsigned ms)
+{
+    kiln_command *c;
+    kiln_command_desc d = {.op_id = "test.sleep", .enqueue = enqueue_sleep, .user = (void *)(uintptr_t)ms};
+    KILN_CHECK(kiln_command_create(f->rt, &d, &c));
+    return c;
+}
+
 static void test_eviction_and_trim(void **state)
 {
     fixture *f = *state;
@@ -511,12 +533,22 @@ static void test_eviction_and_trim(void **state)
     KILN_CHECK(kiln_buffer_fill(e[1].out, 0, 0, 16 * 64 * 2));
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     kiln_fence *fence;
-    KILN_CHECK(submit1(f->s, e[1].cmd, KILN_PATH_REPLAYED_ONLY, &fence));
+    kiln_command *busy = sleeper(f, 100);
+    kiln_command *pair[2] = {busy, e[1].cmd}; /* the host function first: the batch is surely pending */
+    kiln_submit_options ad = {.path = KILN_PATH_ADAPTIVE};
+    KILN_CHECK(kiln_stream_submit(f->s, pair, 2, &ad, &fence));
+    kiln_attribution row;
+    KILN_CHECK(kiln_fence_attribution(fence, 1, &row));
+    assert_int_equal(row.path, KILN_EXEC_REPLAYED);
+    kiln_fence_state fs;
+    KILN_CHECK(kiln_fence_query(fence, &fs));
+    assert_int_equal(fs, KILN_FENCE_PENDING);
     KILN_CHECK(kiln_stream_graph_trim(f->s, 0, 0));
     kiln_stream_graph_stats(f->s, &g);
     assert_int_equal(g.resident, 0);
     assert_int_equal(g.resident_bytes, 0);
     KILN_CHECK(kiln_fence_wait(fence));
+    kiln_command_release(busy);
     kiln_fence_release(fence);
     emb_check(&e[1]);
 
@@ -534,28 +566,6 @@ static void test_eviction_and_trim(void **state)
                 "13 participants", "1 to 12");
     for (int i = 0; i < 3; i++)
         emb_free(&e[i]);
-}
-
-/* A host function that keeps the stream busy. */
-static void CUDA_CB sleep_ms(void *user)
-{
-    struct timespec ts = {0, (long)(uintptr_t)user * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static kiln_status enqueue_sleep(void *user, const kiln_launch_context *ctx)
-{
-    const kiln__driver *d = kiln__driver_get(NULL);
-    CUresult r = d->cuLaunchHostFunc((CUstream)kiln_launch_stream(ctx), sleep_ms, user);
-    return r == CUDA_SUCCESS ? KILN_OK : KILN_ERR_CUDA_DRIVER;
-}
-
-static kiln_command *sleeper(fixture *f, unsigned ms)
-{
-    kiln_command *c;
-    kiln_command_desc d = {.op_id = "test.sleep", .enqueue = enqueue_sleep, .user = (void *)(uintptr_t)ms};
-    KILN_CHECK(kiln_command_create(f->rt, &d, &c));
-    return c;
 }
 
 static void test_deferred_on_busy_stream(void **state)
@@ -710,6 +720,68 @@ static void test_module_unload_drops_graphs(void **state)
     emb_free(&e);
 }
 
+/* A segment twice in one batch is captured once; prepare works on a busy
+ * stream; a fence held across its stream's destroy reports the batch. */
+static void test_repeats_busy_prepare_and_destroy(void **state)
+{
+    fixture *f = *state;
+    emb e, e2;
+    emb_make(f, &e);
+    emb_make(f, &e2);
+    kiln_buffer *scratch = buf(f, NULL, 4096);
+    kiln_region r = {scratch, 0, 4096};
+    kiln_command *z;
+    KILN_CHECK(kiln_command_zero(f->rt, &r, &z)); /* no replay key: eager between the two */
+    kiln_command *axa[3] = {e.cmd, z, e.cmd};
+    kiln_submit_options ad = {.path = KILN_PATH_ADAPTIVE};
+    kiln_fence *fence;
+    KILN_CHECK(kiln_stream_submit(f->s, axa, 3, &ad, &fence));
+    static const kiln_exec_path want[3] = {KILN_EXEC_REPLAYED, KILN_EXEC_EAGER, KILN_EXEC_REPLAYED};
+    for (size_t i = 0; i < 3; i++) {
+        kiln_attribution a;
+        KILN_CHECK(kiln_fence_attribution(fence, i, &a));
+        assert_int_equal(a.path, want[i]);
+    }
+    KILN_CHECK(kiln_fence_wait(fence));
+    kiln_fence_release(fence);
+    emb_check(&e);
+    kiln_graph_stats g;
+    kiln_stream_graph_stats(f->s, &g);
+    assert_int_equal(g.captured, 1);
+    assert_int_equal(g.hits, 1);
+
+    kiln_command *busy = sleeper(f, 100);
+    KILN_CHECK(submit1(f->s, busy, KILN_PATH_EAGER_ONLY, NULL));
+    kiln_submit_options ro = {.path = KILN_PATH_REPLAYED_ONLY};
+    size_t captured = 0;
+    KILN_CHECK(kiln_stream_prepare(f->s, &e2.cmd, 1, &ro, &captured));
+    assert_int_equal(captured, 1);
+    KILN_CHECK(submit1(f->s, e2.cmd, KILN_PATH_REPLAYED_ONLY, NULL));
+    KILN_CHECK(kiln_stream_synchronize(f->s));
+    emb_check(&e2);
+
+    kiln_stream *s2;
+    KILN_CHECK(kiln_stream_create(f->rt, &s2));
+    KILN_CHECK(kiln_buffer_fill(e.out, 0, 0, 16 * 64 * 2));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    KILN_CHECK(submit1(s2, busy, KILN_PATH_EAGER_ONLY, NULL));
+    kiln_fence *held;
+    KILN_CHECK(submit1(s2, e.cmd, KILN_PATH_ADAPTIVE, &held)); /* busy: deferred, eager */
+    kiln_stream_destroy(s2);                                    /* waits for it */
+    kiln_fence_state fs;
+    KILN_CHECK(kiln_fence_query(held, &fs));
+    assert_int_equal(fs, KILN_FENCE_SUCCEEDED);
+    KILN_CHECK(kiln_fence_wait(held));
+    kiln_fence_release(held);
+    emb_check(&e);
+
+    kiln_command_release(busy);
+    kiln_command_release(z);
+    kiln_buffer_destroy(scratch);
+    emb_free(&e);
+    emb_free(&e2);
+}
+
 int main(void)
 {
     kiln_test_require_gpu();
@@ -720,6 +792,7 @@ int main(void)
         T(test_deferred_on_busy_stream),
         T(test_rejected_capture_runs_eager),
         T(test_module_unload_drops_graphs),
+        T(test_repeats_busy_prepare_and_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
