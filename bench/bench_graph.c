@@ -72,13 +72,6 @@ static void check(kiln_status st, const char *what)
         fail(what, st, NULL);
 }
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 /* ---- the flag command: arena counter -> mapped host memory ---- */
 
 typedef struct flag_cmd {
@@ -135,19 +128,19 @@ static double submit_step(setup *su, mode m)
         kiln_binding_patch p = {0, 0, &su->step, 4};
         kiln_submit_options o = {.path = m == M_EAGER ? KILN_PATH_EAGER_ONLY : KILN_PATH_REPLAYED_ONLY,
                                  .arena = su->arena, .patches = &p, .n_patches = 1};
-        t0 = now_ns();
+        t0 = bench_now_ns();
         kiln_status st = kiln_stream_submit(su->s, su->cmds, N_KERNELS + 1, &o, NULL);
-        t1 = now_ns();
+        t1 = bench_now_ns();
         check(st, "kiln_stream_submit");
     } else {
         /* The same upload kiln's arena makes (from pageable memory), then the work. */
-        t0 = now_ns();
+        t0 = bench_now_ns();
         CUresult r = g_d->cuMemcpyHtoDAsync(su->counter, &su->step, 4, su->stream);
         if (m == M_RAW_GRAPH)
             r = r ? r : g_d->cuGraphLaunch(su->raw_exec, su->stream);
         else
             raw_launches(su);
-        t1 = now_ns();
+        t1 = bench_now_ns();
         cu_check(r, "raw step");
     }
     return t1 - t0;
@@ -286,9 +279,9 @@ int main(int argc, char **argv)
 
     /* kiln's graph: made resident once. */
     kiln_submit_options ro = {.path = KILN_PATH_REPLAYED_ONLY};
-    double p0 = now_ns();
+    double p0 = bench_now_ns();
     check(kiln_stream_prepare(su.s, su.cmds, N_KERNELS + 1, &ro, NULL), "kiln_stream_prepare");
-    double prepare_us = (now_ns() - p0) / 1e3;
+    double prepare_us = (bench_now_ns() - p0) / 1e3;
 
     int ok[N_MODES], all = 1;
     for (int m = 0; m < N_MODES; m++)
@@ -312,15 +305,15 @@ int main(int argc, char **argv)
     for (int m = 0; m < N_MODES; m++) {
         /* Host cost and the latency to "GPU busy", one step at a time, the GPU idle before each. */
         for (long i = 0; i < steps + 50; i++) {
-            double t0 = now_ns();
+            double t0 = bench_now_ns();
             double h = submit_step(&su, (mode)m);
             double t1;
             while (*su.host_flag != su.step)
-                if ((t1 = now_ns()) - t0 > 5e9)
+                if ((t1 = bench_now_ns()) - t0 > 5e9)
                     fail("submit_to_busy", KILN_OK, "the flag did not arrive within 5 s");
-            t1 = now_ns();
+            t1 = bench_now_ns();
             sync_all(&su);
-            double t2 = now_ns();
+            double t2 = bench_now_ns();
             if (i >= 50) {
                 host[i - 50] = h;
                 lat[i - 50] = t1 - t0;
@@ -330,11 +323,11 @@ int main(int argc, char **argv)
         /* Back to back: the GPU's own pace. */
         double b2b[B2B_RUNS];
         for (int r = 0; r < B2B_RUNS; r++) {
-            double t0 = now_ns();
+            double t0 = bench_now_ns();
             for (int i = 0; i < B2B_STEPS; i++)
                 submit_step(&su, (mode)m);
             sync_all(&su);
-            b2b[r] = (now_ns() - t0) / (B2B_STEPS * N_KERNELS);
+            b2b[r] = (bench_now_ns() - t0) / (B2B_STEPS * N_KERNELS);
         }
         bench_sort(host, (size_t)steps);
         bench_sort(lat, (size_t)steps);

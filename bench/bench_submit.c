@@ -69,13 +69,6 @@ static void cu_check(CUresult r, const char *what)
     fail(what, KILN_ERR_CUDA_DRIVER, msg);
 }
 
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 /* The same launches the provider's enqueue makes, straight to the driver. */
 typedef struct raw_peer {
     CUfunction fn;
@@ -115,15 +108,15 @@ static double run_once(setup *su, mode m)
 {
     double t0, t1;
     if (m == MODE_RAW) {
-        t0 = now_ns();
+        t0 = bench_now_ns();
         CUresult r = raw_launch_all(&su->raw);
-        t1 = now_ns();
+        t1 = bench_now_ns();
         cu_check(r, "cuLaunchKernel");
         cu_check(g_d->cuStreamSynchronize(su->raw.stream), "cuStreamSynchronize");
     } else {
-        t0 = now_ns();
+        t0 = bench_now_ns();
         kiln_status st = kiln_stream_submit(su->s, su->cmds, N_CMDS, &su->opts[m], NULL);
-        t1 = now_ns();
+        t1 = bench_now_ns();
         if (st)
             fail("kiln_stream_submit", st, NULL);
         if ((st = kiln_stream_synchronize(su->s)))

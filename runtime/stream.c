@@ -416,8 +416,8 @@ static int is_boundary(const kiln_submit_options *o, uint32_t i)
     return 0;
 }
 
-/* Whether command i runs replayed under the options (after validation). */
-static int replayed(const kiln_submit_options *o, kiln_command *const *cmds, uint32_t i)
+/* Whether the path requires command i replayed (after validation). */
+static int replayed(const kiln_submit_options *o, uint32_t i)
 {
     switch (o->path) {
     case KILN_PATH_REPLAYED_ONLY:
@@ -425,8 +425,7 @@ static int replayed(const kiln_submit_options *o, kiln_command *const *cmds, uin
     case KILN_PATH_REPLAYED_WITH_EAGER_BOUNDARIES:
         return !is_boundary(o, i);
     default:
-        /* Adaptive replays what the graph cache holds; without one, eager. */
-        (void)cmds;
+        /* Adaptive requires nothing: candidate() says what it may replay. */
         return 0;
     }
 }
@@ -465,7 +464,7 @@ kiln_status kiln__submit_validate(kiln_stream *s, kiln_command *const *cmds, siz
                               "submit: eager boundary %zu is %u; boundaries are increasing indices below %zu", k,
                               o->eager_boundaries[k], n);
     for (uint32_t i = 0; i < n; i++) {
-        if (replayed(o, cmds, i) && !cmds[i]->replay_key_bytes)
+        if (replayed(o, i) && !cmds[i]->replay_key_bytes)
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                               "submit: command %u (%s) has no replay key, and the %s path %s", i, cmds[i]->op_id,
                               o->path == KILN_PATH_REPLAYED_ONLY ? "replayed-only" : "replayed-with-eager-boundaries",
@@ -492,7 +491,7 @@ struct kiln__span_plan {
 /* Whether command i may be part of a replayed segment under the path. */
 static int candidate(const kiln_submit_options *o, kiln_command *const *cmds, uint32_t i)
 {
-    return o->path == KILN_PATH_ADAPTIVE ? cmds[i]->replay_key_bytes > 0 : replayed(o, cmds, i);
+    return o->path == KILN_PATH_ADAPTIVE ? cmds[i]->replay_key_bytes > 0 : replayed(o, i);
 }
 
 /* The end of the segment starting at first (first is a candidate). */
