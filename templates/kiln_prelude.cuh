@@ -54,15 +54,21 @@ struct kiln_fault {
 // with programmatic stream serialization may start before the kernel ahead of
 // it in the stream has finished: it must call kiln_grid_dependency_sync()
 // before it reads or writes anything that kernel touches (kiln's kernels call
-// it first thing). kiln_grid_dependency_sync also lets the next kernel start
-// launching now: by the time every block of this grid has passed it, no block
-// of this grid is left waiting for an SM, so the next grid's early blocks take
-// no slot this grid needs. A no-op when launched the ordinary way.
+// it first thing). It first lets the next kernel start launching
+// (launch_dependents), then waits (wait): wait returns only when every grid
+// this one depends on has completed and its memory is visible, so the next
+// kernel, which waits in turn, can never run ahead of this one's writes, nor
+// of anything before it (this grid completes only after its own wait). The
+// next grid launches once every block of this one has triggered (or exited),
+// that is once no block of this grid is left waiting for an SM, so its early
+// blocks take no slot this grid needs; they sit in their own wait, and the
+// launch latency of a chain of small kernels overlaps the work ahead of it.
+// A no-op when launched the ordinary way.
 __device__ __forceinline__ void kiln_grid_dependency_sync()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
