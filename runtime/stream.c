@@ -252,6 +252,29 @@ kiln_stream_state kiln_stream_get_state(kiln_stream *s)
     return s->state;
 }
 
+/* The message of each fault code the kernels report: printf formats of
+ * (index, value, limit) as unsigned, unsigned, unsigned long long; a format
+ * may leave the later ones out. */
+static const struct {
+    uint32_t code;
+    const char *format;
+} fault_texts[] = {
+    {KILN__FAULT_TOKEN_ID, "token_embedding: ids[%u] = %u is at or past the vocabulary size %llu (lowest bad index); "
+                           "its output row was zeroed"},
+    {KILN__FAULT_EMPTY_SPAN,
+     "last_token_linear: participant %u has an empty span (lowest such participant); its row was zeroed"},
+    {KILN__FAULT_SPAN_PAST_END, "last_token_linear: participant %u's span ends at row %u, past the %llu rows it may "
+                                "read (lowest such participant); its row was zeroed"},
+    {KILN__FAULT_KV_SPAN, "paged_attention: sequence %u's query span ends at token %u, past the %llu tokens of q "
+                          "(lowest bad sequence); the sequence was skipped"},
+    {KILN__FAULT_KV_QUERY_COUNT, "paged_attention: sequence %u has %u new tokens, more than its limit %llu (its "
+                                 "seq_len, or max_query_tokens) (lowest bad sequence); the sequence was skipped"},
+    {KILN__FAULT_KV_SEQ_PAST_TABLE, "paged_attention: sequence %u has seq_len %u, longer than its block table holds "
+                                    "(%llu tokens) (lowest bad sequence); the sequence was skipped"},
+    {KILN__FAULT_GATED_DELTA_SPAN, "gated_delta: sequence %u's span ends at token %u, past the %llu tokens of the "
+                                   "batch (lowest bad sequence); nothing of that sequence was touched"},
+};
+
 kiln_status kiln__stream_check_fault(kiln_stream *s)
 {
     kiln__fault f;
@@ -263,53 +286,19 @@ kiln_status kiln__stream_check_fault(kiln_stream *s)
         return KILN_OK;
     if ((r = d->cuMemcpyHtoD(s->fault, &clean_fault, sizeof clean_fault)) != CUDA_SUCCESS)
         return kiln__runtime_cu_fail(s->rt, r, "clearing the fault record");
-    uint32_t index = (uint32_t)(f.first >> 32), value = (uint32_t)f.first;
-    switch (f.code) {
-    case KILN__FAULT_TOKEN_ID:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "token_embedding: ids[%u] = %u is at or past the vocabulary size %llu (lowest bad index); "
-                          "its output row was zeroed",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_EMPTY_SPAN:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "last_token_linear: participant %u has an empty span (lowest such participant); its row "
-                          "was zeroed",
-                          index);
-    case KILN__FAULT_SPAN_PAST_END:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "last_token_linear: participant %u's span ends at row %u, past the %llu rows it may read "
-                          "(lowest such participant); its row was zeroed",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_KV_SPAN:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "paged_attention: sequence %u's query span ends at token %u, past the %llu tokens of q "
-                          "(lowest bad sequence); the sequence was skipped",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_KV_QUERY_COUNT:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "paged_attention: sequence %u has %u new tokens, more than its limit %llu (its seq_len, "
-                          "or max_query_tokens) (lowest bad sequence); the sequence was skipped",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_KV_SEQ_PAST_TABLE:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "paged_attention: sequence %u has seq_len %u, longer than its block table holds (%llu "
-                          "tokens) (lowest bad sequence); the sequence was skipped",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_GATED_DELTA_SPAN:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "gated_delta: sequence %u's span ends at token %u, past the %llu tokens of the batch "
-                          "(lowest bad sequence); nothing of that sequence was touched",
-                          index, value, (unsigned long long)f.limit);
-    case KILN__FAULT_KV_BLOCK_PAST_ARENA:
+    const uint32_t index = (uint32_t)(f.first >> 32), value = (uint32_t)f.first;
+    if (f.code == KILN__FAULT_KV_BLOCK_PAST_ARENA) /* limit = block << 32 | pages */
         return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
                           "paged_attention: sequence %u's block table entry %llu is page %u, past the %llu pages of "
                           "kv_pages (lowest bad sequence); the sequence was skipped",
                           index, (unsigned long long)(f.limit >> 32), value,
                           (unsigned long long)(f.limit & 0xffffffffu));
-    default:
-        return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT,
-                          "a kernel reported fault code %u (index %u, value %u)", f.code, index, value);
-    }
+    for (size_t i = 0; i < sizeof fault_texts / sizeof fault_texts[0]; i++)
+        if (fault_texts[i].code == f.code)
+            return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT, fault_texts[i].format, index, value,
+                              (unsigned long long)f.limit);
+    return kiln__fail(&s->rt->err, KILN_ERR_DEVICE_CONTRACT, "a kernel reported fault code %u (index %u, value %u)",
+                      f.code, index, value);
 }
 
 kiln_status kiln_stream_synchronize(kiln_stream *s)
