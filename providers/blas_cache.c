@@ -15,6 +15,8 @@
  * encoded earlier may still read them), and the fastest is kept; else, or when
  * timing fails, the heuristic's first. KILN_BLAS_TUNE=0 turns timing off. */
 #define CANDIDATES 8
+/* Asked of the heuristic, before the ones kiln never runs are dropped (see accurate()). */
+#define ASKED 16
 #define TUNE_MIN_FLOP (1ull << 34)
 #define TUNE_TARGET_MS 2.0f /* timed per candidate */
 #define TUNE_MAX_REPS 20
@@ -23,6 +25,11 @@
 static _Atomic int forced_candidate = -1;
 void kiln__blas_force_candidate(int index);
 void kiln__blas_force_candidate(int index) { atomic_store(&forced_candidate, index < 0 ? -1 : index); }
+
+/* Test hook: the configuration of the candidate last taken through
+ * kiln__blas_force_candidate, as text (tests print it beside its errors). */
+static char forced_config[256];
+void kiln__blas_forced_config(char *buf, size_t cap);
 
 /* The cache: 64 sets of 8 ways, least recently used evicted within a set.
  * Token counts change from batch to batch, so shapes keep coming; a bound
@@ -48,6 +55,13 @@ static heur_entry cache[SETS][WAYS];
 static uint64_t tick, queries, hits, tuned;
 
 /* Test hook: shapes whose candidates were timed. */
+void kiln__blas_forced_config(char *buf, size_t cap)
+{
+    pthread_mutex_lock(&cache_lock);
+    snprintf(buf, cap, "%s", forced_config);
+    pthread_mutex_unlock(&cache_lock);
+}
+
 uint64_t kiln__blas_tuned_shapes(void);
 uint64_t kiln__blas_tuned_shapes(void)
 {
@@ -96,6 +110,45 @@ static int tuning_enabled(void)
 {
     const char *e = getenv("KILN_BLAS_TUNE");
     return !(e && !strcmp(e, "0"));
+}
+
+typedef struct algo_config {
+    int32_t id, split_k;
+    uint32_t tile, reduction, swizzle, custom, stages;
+    uint16_t inner, cluster;
+} algo_config;
+
+/* An attribute cuBLASLt cannot report reads as 0 (split_k: 1, the default). */
+static void config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->split_k = 1;
+    size_t w;
+#define KILN__GET(attr, field) lt->cublasLtMatmulAlgoConfigGetAttribute(a, attr, &c->field, sizeof c->field, &w)
+    KILN__GET(CUBLASLT_ALGO_CONFIG_ID, id);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split_k);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, reduction);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner);
+    KILN__GET(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+#undef KILN__GET
+}
+
+/* Whether a candidate keeps the f32 accumulation up to the f16 output's one
+ * rounding. Split K must keep its partial sums in f32 (the preference's
+ * reduction mask asks for that; checked again here). And with the bias
+ * epilogue, split K is refused altogether: such a kernel rounds the product to
+ * f16 and adds the bias in f16 (two roundings; where bias and product cancel
+ * the error is the product's ulp, not the sum's: seen at 333 x 1000 -> 2731,
+ * 2.7x the tolerance of tests/test_ops_dense_gpu.c). */
+static int accurate(const algo_config *c, int bias)
+{
+    if (c->split_k > 1 && c->reduction != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+        return 0;
+    return !(bias && c->split_k > 1);
 }
 
 /* Times each of the n candidates (see CANDIDATES) and returns the index of
@@ -216,18 +269,24 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     /* Split K only with partial sums in f32: partial sums in f16 (the output
      * type, also what the in-place scheme adds in) lose the accuracy of the
      * f32 accumulation (seen: 333 x 1000 -> 2731, errors of 4x the tolerance
-     * of tests/test_ops_dense_gpu.c). One candidate, the heuristic's first,
-     * unless the product is timed. */
+     * of tests/test_ops_dense_gpu.c). The heuristic's list, less what
+     * accurate() refuses: its first candidate, or up to CANDIDATES when the
+     * product is timed. */
     const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;
     const int want = forced >= 0 || (wide && tuning_enabled()) ? CANDIDATES : 1;
-    cublasLtMatmulHeuristicResult_t results[CANDIDATES];
+    cublasLtMatmulHeuristicResult_t results[ASKED];
+    algo_config configs[ASKED];
     int found = 0, n = 0;
     memset(results, 0, sizeof results);
-    s = lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, want, results, &found);
+    s = lt->cublasLtMatmulAlgoGetHeuristic(g->handle, g->op, g->a, g->b, g->d, g->d, pref, ASKED, results, &found);
     queries++;
-    for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < want; i++)
-        if (results[i].state == CUBLAS_STATUS_SUCCESS)
+    for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < ASKED && n < want; i++) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS)
+            continue;
+        config_of(lt, &results[i].algo, &configs[n]);
+        if (accurate(&configs[n], key->bias != 0))
             results[n++] = results[i];
+    }
     if (s != CUBLAS_STATUS_SUCCESS || n < 1) {
         st = kiln__fail(err, KILN_ERR_CUDA_BLAS,
                         "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (f16, f32 compute%s, alignments "
@@ -245,6 +304,13 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
             goto out_pref;
         }
         *algo = results[forced].algo;
+        const algo_config *c = &configs[forced];
+        snprintf(forced_config, sizeof forced_config,
+                 "candidate %d of %d: id %d tile %u stages %u split-K %d reduction %u swizzle %u custom %u inner %u "
+                 "cluster %u, workspace %zu, waves %.2f, epilogue %s",
+                 forced, n, (int)c->id, c->tile, c->stages, (int)c->split_k, c->reduction, c->swizzle, c->custom,
+                 (unsigned)c->inner, (unsigned)c->cluster, results[forced].workspaceSize,
+                 (double)results[forced].wavesCount, key->bias ? "bias" : "default");
         goto out_pref;
     }
     int pick = 0;

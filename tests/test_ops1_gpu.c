@@ -700,6 +700,7 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
+    kiln_test_filter();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_rms_norm),

@@ -218,11 +218,15 @@ static void test_linear(void **state)
 
 /* providers/blas_cache.c's test hooks. */
 void kiln__blas_force_candidate(int index);
+void kiln__blas_forced_config(char *buf, size_t cap);
 uint64_t kiln__blas_tuned_shapes(void);
 
 /* Large products time the heuristic's candidates on first sight and keep the
  * fastest: each candidate the timing may pick, forced one by one, gives the
- * right product (shapes of Llama-3-8B prefill and decode, a bias, odd sizes). */
+ * right product (shapes of Llama-3-8B prefill and decode, a bias, odd sizes).
+ * 333 x 1000 -> 2731 with a bias is where the heuristic offers split-K
+ * kernels that add the bias in f16 (blas_cache.c refuses them): each
+ * candidate's configuration is printed beside its errors. */
 static void test_linear_every_candidate(void **state)
 {
     static const lin_case cases[] = {
@@ -259,6 +263,10 @@ static void test_linear_every_candidate(void **state)
             if (st == KILN_ERR_CUDA_BLAS && strstr(kiln_errmsg(), "candidate"))
                 break;
             KILN_CHECK(st);
+            char config[256];
+            kiln__blas_forced_config(config, sizeof config);
+            fprintf(stderr, "linear %lldx%lld -> %lld%s: %s\n", (long long)lc.tokens, (long long)lc.in,
+                    (long long)lc.out, lc.bias ? " +bias" : "", config);
             run_linear(f, &lc);
             n++;
         }
@@ -800,6 +808,7 @@ static int teardown_candidates(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
+    kiln_test_filter();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_linear),

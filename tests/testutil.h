@@ -29,6 +29,16 @@ static inline void kiln_test_require_gpu(void)
     }
 }
 
+/* Runs only the tests whose names match $KILN_TEST_FILTER (cmocka's pattern:
+ * * and ? wildcards), when it is set: memcheck of a slow binary can take a
+ * subset. */
+static inline void kiln_test_filter(void)
+{
+    const char *pattern = getenv("KILN_TEST_FILTER");
+    if (pattern && *pattern)
+        cmocka_set_test_filter(pattern);
+}
+
 /* A fresh folder under $TMPDIR; the path is static storage per call site. */
 static inline char *kiln_test_tmpdir(char *buf, size_t cap)
 {
