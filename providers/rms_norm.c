@@ -124,7 +124,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 }
 
 /* Blocks take rows b, b + grid, ...: one per row, or as many as the device
- * holds at once, fewer when that evens the rows per block. */
+ * holds at once, fewer when that evens the rows per block (the plain form:
+ * each block has its next row in flight). */
 static unsigned grid_for(kiln_runtime *rt, CUfunction fn, unsigned threads, uint32_t rows)
 {
     kiln_runtime_info info;
@@ -178,7 +179,9 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
                        .eps = eps,
                        .tokens = (uint32_t)tokens,
                        .threads = (unsigned)threads_for(hidden, vec)};
-    l->grid = grid_for(rt, l->fn, l->threads, l->tokens);
+    /* The fused form holds no next row (templates/rms_norm.cu): one row per
+     * block, and the block scheduler keeps the SMs busy to the end. */
+    l->grid = residual ? l->tokens : grid_for(rt, l->fn, l->threads, l->tokens);
     /* The replay key: the kernel, its entry, and everything it is launched with. */
     uint32_t eps_bits;
     memcpy(&eps_bits, &eps, sizeof eps_bits);

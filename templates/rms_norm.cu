@@ -6,11 +6,15 @@
 // f16 add, as residual_add's). One rounding to f16 per output. Constants:
 // KILN_HIDDEN (row length), KILN_VEC (halves per access: 8 = 16-byte vectors,
 // 1 = scalar), KILN_THREADS. The row count is a launch argument and block b
-// takes rows b, b + grid, ...: one kernel serves every batch, and a grid that
-// fits the device at once streams, each block's next row in flight while it
-// reduces and stores the current one (rows that fit in registers; the weight
-// is read once per block). out may be x itself (in place): each element is
-// read by the thread that writes it, before it writes it.
+// takes rows b, b + grid, ...: one kernel serves every batch. The plain form,
+// launched with a grid that fits the device at once, streams: each block's
+// next row in flight while it reduces and stores the current one (rows that
+// fit in registers; the weight is read once per block). The fused form has
+// twice the rows to hold, so it is launched one row per block and holds no
+// next row: fewer registers, more blocks per SM (2048 x 4096 on the H200, L2
+// cold: 3.79 TB/s against 3.34 with the next row in flight over 4 rows a
+// block). out may be x itself (in place): each element is read by the thread
+// that writes it, before it writes it.
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_rms_norm
@@ -194,11 +198,6 @@ kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__
     load_row(w, wr);
     for (int parity = 0;; parity ^= 1) {
         const kiln_u32 next = r + gridDim.x;
-        vec_t nx[ITEMS], nr[ITEMS];
-        if (next < rows) {
-            load_row(nx, (const vec_t *)(x + (kiln_u64)next * KILN_HIDDEN));
-            load_row(nr, (const vec_t *)(residual + (kiln_u64)next * KILN_HIDDEN));
-        }
         vec_t *rr = (vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN), *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
         float ss = 0.0f;
 #pragma unroll
@@ -220,11 +219,8 @@ kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__
         if (next >= rows)
             break;
         r = next;
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            h[i] = nx[i];
-            res[i] = nr[i];
-        }
+        load_row(h, (const vec_t *)(x + (kiln_u64)r * KILN_HIDDEN));
+        load_row(res, (const vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN));
     }
 #else
     for (int parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
