@@ -2,13 +2,16 @@
  * dispatches): GPU time through kiln with CUDA events, back to back over
  * iters submissions of the pre-encoded command, divided by iters (median of
  * 5 such runs). Shapes: Llama-3-8B heads (32 q, 8 kv, head_dim 128) and
- * Qwen2.5-7B heads (28 q, 4 kv, 128); decode of 1, 16 and 64 sequences at
- * context 1024 and 4096 (reported: KV bytes read per second), prefill of 512
- * and 4096 tokens of one sequence and 4 x 1024 packed (reported: attention
- * TFLOP/s, 4 * heads * head_dim * causal pairs). bench/peer_torch_attention.py
- * measures torch's scaled_dot_product_attention on the same shapes.
+ * Qwen2.5-7B heads (28 q, 4 kv, 128); decode of 1, 8, 32 and 64 sequences
+ * at context 1024 and 4096 with the workspace (split-KV), and at 1024
+ * without it (one block per sequence and kv head) (reported: KV bytes read
+ * per second: 2 * seqs * context * kv_heads * head_dim * 2, the command's
+ * two kernels together), prefill of 512 and 4096 tokens of one sequence and
+ * 4 x 1024 packed (reported: attention TFLOP/s, 4 * heads * head_dim * causal
+ * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
+ * several split targets (blocks a split decode aims at; 1024 is kiln's).
  *
- * Usage: bench_attention [--iters 50]
+ * Usage: bench_attention [--iters 50] [--sweep]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +19,7 @@
 
 #include "bench_common.h"
 #include "kiln/kiln.h"
+#include "providers/internal.h"
 #include "runtime/internal.h"
 
 #define BENCH "attention"
@@ -64,7 +68,7 @@ static void fill_random(kiln_buffer *b, size_t bytes)
 
 /* One case: S sequences, each with ctx cached tokens before and count new ones. */
 static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint32_t S, uint32_t ctx, uint32_t count,
-                     long iters)
+                     long iters, int split, uint32_t target)
 {
     uint32_t pt;
     ck(kiln_op_paged_attention_page_tokens(D, KVH, &pt), "page_tokens");
@@ -100,29 +104,49 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
                 ts = {.buffer = bi, .offset = ((size_t)T + (size_t)S * blocks + S) * 4, .dtype = KILN_DTYPE_U32,
                       .rank = 2, .dims = {S, 2}};
     kiln_region pr = {bp, 0, (size_t)pages * KILN_PAGED_KV_PAGE_BYTES};
-    kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 500000.0f,
-                                   count == 1 ? 1 : 0};
+    kiln__paged_attention_set_split_target(target);
+    size_t ws_bytes = 0;
+    ck(kiln_op_paged_attention_workspace(S, H, KVH, D, count == 1 ? 1 : T, &ws_bytes), "workspace");
+    kiln_buffer *bw = buf(ws_bytes ? ws_bytes : 256);
+    kiln_region wr = {bw, 0, ws_bytes ? ws_bytes : 256};
+    kiln_paged_attention_desc d = {.size = sizeof d, .q = &tq, .k = &tk, .v = &tv, .positions = &tp,
+                                   .block_table = &tt, .seq_lens = &tl, .query_spans = &ts, .out = &to,
+                                   .kv_pages = &pr, .rope_theta = 500000.0f, .max_query_tokens = count == 1 ? 1 : 0,
+                                   .workspace = split ? &wr : NULL};
     kiln_command *cmd;
     ck(kiln_op_paged_attention_encode(g_jit, &d, &cmd), "encode");
-    kiln_stream *s = kiln_runtime_stream(g_rt);
+    /* iters copies of the command in one submission on a stream of its own:
+     * captured into one graph the first time, replayed after (what a decode
+     * step does), so the host's submission cost is not what is timed. */
+    kiln_stream *s;
+    ck(kiln_stream_create(g_rt, &s), "stream");
+    kiln_command **cmds = malloc((size_t)iters * sizeof *cmds);
+    if (!cmds)
+        fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    for (long i = 0; i < iters; i++)
+        cmds[i] = cmd;
     CUstream cs = (CUstream)kiln_stream_handle(s);
     CUevent e0, e1;
     g_d->cuEventCreate(&e0, CU_EVENT_DEFAULT);
     g_d->cuEventCreate(&e1, CU_EVENT_DEFAULT);
-    for (int i = 0; i < 5; i++)
-        ck(kiln_stream_submit(s, &cmd, 1, NULL, NULL), "warmup");
-    ck(kiln_stream_synchronize(s), "warmup");
+    for (int i = 0; i < 3; i++) {
+        ck(kiln_stream_submit(s, cmds, (size_t)iters, NULL, NULL), "warmup");
+        ck(kiln_stream_synchronize(s), "warmup");
+    }
     double runs[5];
     for (int r = 0; r < 5; r++) {
         g_d->cuEventRecord(e0, cs);
-        for (long i = 0; i < iters; i++)
-            ck(kiln_stream_submit(s, &cmd, 1, NULL, NULL), "launch");
+        ck(kiln_stream_submit(s, cmds, (size_t)iters, NULL, NULL), "launch");
         g_d->cuEventRecord(e1, cs);
         ck(kiln_stream_synchronize(s), "launch");
         float ms = 0;
         g_d->cuEventElapsedTime(&ms, e0, e1);
         runs[r] = (double)ms * 1e3 / (double)iters;
     }
+    kiln_graph_stats gs;
+    kiln_stream_graph_stats(s, &gs);
+    free(cmds);
+    kiln_stream_destroy(s);
     bench_sort(runs, 5);
     const double us = runs[2];
     bench_json j;
@@ -135,7 +159,13 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_int(&j, "seqs", S);
     bench_json_int(&j, "context", ctx);
     bench_json_int(&j, "new_tokens", count);
+    if (count == 1) {
+        bench_json_bool(&j, "split", split);
+        bench_json_int(&j, "split_target", target ? target : 1024);
+        bench_json_int(&j, "workspace_bytes", split ? (long long)ws_bytes : 0);
+    }
     bench_json_num(&j, "median_us", us);
+    bench_json_bool(&j, "replayed", gs.hits >= 5);
     if (count == 1) {
         const double kv = 2.0 * S * (double)L * (double)KVH * (double)D * 2;
         bench_json_num(&j, "kv_gbps", kv / (us * 1e3));
@@ -148,17 +178,22 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     g_d->cuEventDestroy(e0);
     g_d->cuEventDestroy(e1);
     kiln_command_release(cmd);
-    kiln_buffer *all[6] = {bq, bk, bv, bo, bi, bp};
-    for (int i = 0; i < 6; i++)
+    kiln__paged_attention_set_split_target(0);
+    kiln_buffer *all[7] = {bq, bk, bv, bo, bi, bp, bw};
+    for (int i = 0; i < 7; i++)
         kiln_buffer_destroy(all[i]);
 }
 
 int main(int argc, char **argv)
 {
     long iters = 50;
-    for (int i = 1; i + 1 < argc; i += 2)
-        if (!strcmp(argv[i], "--iters") && bench_parse_positive(argv[i + 1]))
-            iters = bench_parse_positive(argv[i + 1]);
+    int sweep = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sweep"))
+            sweep = 1;
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
+            iters = bench_parse_positive(argv[++i]);
+    }
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {
         bench_json j;
@@ -172,15 +207,24 @@ int main(int argc, char **argv)
     kiln_runtime_get_info(g_rt, &g_info);
     kiln_jit_options jo = {.runtime = g_rt};
     ck(kiln_jit_create(&jo, &g_jit), "jit");
-    static const struct { int64_t H, KVH; } heads[] = {{32, 8}, {28, 4}};
-    for (int h = 0; h < 2; h++) {
-        static const uint32_t seqs[] = {1, 16, 64}, ctxs[] = {1024, 4096};
-        for (int c = 0; c < 2; c++)
-            for (int n = 0; n < 3; n++)
-                run_case("decode", heads[h].H, heads[h].KVH, 128, seqs[n], ctxs[c] - 1, 1, iters);
-        run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 512, iters / 5 + 1);
-        run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 4096, iters / 10 + 1);
-        run_case("prefill", heads[h].H, heads[h].KVH, 128, 4, 0, 1024, iters / 10 + 1);
+    if (sweep) {
+        static const uint32_t targets[] = {256, 512, 1024, 2048, 4096}, seqs[] = {1, 8, 32};
+        for (int n = 0; n < 3; n++)
+            for (int t = 0; t < 5; t++)
+                run_case("decode", 32, 8, 128, seqs[n], 1023, 1, iters, 1, targets[t]);
+    } else {
+        static const struct { int64_t H, KVH; } heads[] = {{32, 8}, {28, 4}};
+        for (int h = 0; h < 2; h++) {
+            static const uint32_t seqs[] = {1, 8, 32, 64}, ctxs[] = {1024, 4096};
+            for (int c = 0; c < 2; c++)
+                for (int n = 0; n < 4; n++)
+                    run_case("decode", heads[h].H, heads[h].KVH, 128, seqs[n], ctxs[c] - 1, 1, iters, 1, 0);
+            for (int n = 0; n < 4; n++)
+                run_case("decode", heads[h].H, heads[h].KVH, 128, seqs[n], 1023, 1, iters, 0, 0);
+            run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 512, iters / 5 + 1, 0, 0);
+            run_case("prefill", heads[h].H, heads[h].KVH, 128, 1, 0, 4096, iters / 10 + 1, 0, 0);
+            run_case("prefill", heads[h].H, heads[h].KVH, 128, 4, 0, 1024, iters / 10 + 1, 0, 0);
+        }
     }
     kiln_jit_destroy(g_jit);
     kiln_runtime_destroy(g_rt);

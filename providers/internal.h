@@ -38,15 +38,27 @@ kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sin
 /* bytes[8]: each binding's bytes, in the order of kiln_gated_delta_bindings. */
 kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bindings *b, size_t bytes[8], int *vec);
 
-/* Paged attention: what the host knows of an invocation once it is checked. */
+/* Paged attention: what the host knows of an invocation once it is checked.
+ * bytes: each binding's bytes, in the order q, k, v, qkv, positions,
+ * block_table, seq_lens, query_spans, out, kv_pages, workspace (0 for one
+ * not given). */
+#define KILN__PA_BINDINGS 11
 typedef struct kiln__paged_attention_info {
-    size_t bytes[9]; /* q, k, v, positions, block_table, seq_lens, query_spans, out, kv_pages */
+    size_t bytes[KILN__PA_BINDINGS];
     uint32_t tokens, seqs, max_blocks, max_query, page_tokens, pages, append_tiles, attention_tiles;
+    uint32_t q_stride, kv_stride; /* halves between two tokens' rows of q, and of k and v */
+    size_t k_offset, v_offset;    /* fused: bytes from qkv's start to k's and v's first row */
+    uint32_t splits;              /* chunks per (sequence, kv head, row tile): 1 unless a decode splits */
+    size_t counter_bytes, workspace_bytes; /* of the workspace the split uses (0 when it does not) */
     int64_t heads, kv_heads, head_dim;
-    int decode;
+    int decode, fused;
 } kiln__paged_attention_info;
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
+/* The blocks a split decode aims at (0: the default, 1024): for benchmarks
+ * that compare split counts. Changes what kiln_op_paged_attention_workspace
+ * returns; process-wide. */
+void kiln__paged_attention_set_split_target(uint32_t blocks);
 
 #endif

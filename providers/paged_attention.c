@@ -2,20 +2,35 @@
  * contract of include/kiln/op_attention.h, checked here for what the host
  * knows; the kernels check what lives in device memory. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit/internal.h"
+#include "providers/blas.h"
 #include "providers/internal.h"
 
 #define OP "paged_attention"
-#define KEY_TAG "kiln.paged_attention.1"
+#define KEY_TAG "kiln.paged_attention.2"
 #define THREADS 128
 #define APPEND_TOKENS 16 /* new tokens per append block (the template's) */
 #define PREFILL_ROWS 16
 #define MAX_SEQS 65535u  /* the grid's z */
 #define GRID_X_MAX 0x7fffffffu
+#define KC 64            /* keys per tile (the template's) */
+#define MAX_SPLITS 64    /* chunks of one split decode at most (the template's) */
+#define SPLIT_TARGET 1024 /* blocks a split decode aims at: several waves' worth on any GPU kiln targets */
+/* The desc before workspace and qkv were appended. */
+#define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
+
+static _Atomic uint32_t split_target = SPLIT_TARGET;
+
+void kiln__paged_attention_set_split_target(uint32_t blocks)
+{
+    atomic_store(&split_target, blocks ? blocks : SPLIT_TARGET);
+}
 
 kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out)
 {
@@ -62,14 +77,51 @@ kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_
     return KILN_OK;
 }
 
-kiln_status kiln_op_paged_attention_workspace(int64_t tokens, int64_t heads, int64_t head_dim, size_t *bytes)
+/* Row tiles of one (sequence, kv head) in a decode command. */
+static uint64_t decode_tiles(int64_t group)
 {
-    (void)tokens;
-    (void)heads;
-    (void)head_dim;
+    const int64_t rows = rows_for(group, 1);
+    return (uint64_t)((group + rows - 1) / rows);
+}
+
+/* The split count of a decode command over pairs (sequence, kv head, row
+ * tile) blocks, and the workspace it needs: the counters (one u32 a pair,
+ * rounded up to 256 bytes), then one f32 partial of rows x (head_dim + 2) per
+ * pair and chunk. 1 and 0 bytes when the pairs alone fill the GPU. */
+static void split_layout(uint64_t pairs, int64_t rows, int64_t head_dim, uint32_t *splits, size_t *counter_bytes,
+                         size_t *bytes)
+{
+    const uint64_t ns = atomic_load(&split_target) / pairs;
+    *splits = ns < 2 ? 1 : ns > MAX_SPLITS ? MAX_SPLITS : (uint32_t)ns;
+    *counter_bytes = *bytes = 0;
+    if (*splits == 1)
+        return;
+    /* pairs * splits <= the target (at most 2^32): no overflow. */
+    *counter_bytes = (size_t)((pairs * 4 + 255) / 256 * 256);
+    *bytes = *counter_bytes + (size_t)(pairs * *splits * (uint64_t)rows * (uint64_t)(head_dim + 2) * 4);
+}
+
+kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                              int64_t max_query_tokens, size_t *bytes)
+{
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    kiln_spec spec;
+    kiln_status st = kiln_op_paged_attention_spec(head_dim, heads, kv_heads, 1, &spec);
+    if (st)
+        return st;
+    if (seqs < 1 || seqs > (int64_t)MAX_SEQS || max_query_tokens < 1)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": %lld sequences (1 to %u) of at most %lld new tokens (>= 1): no such command",
+                          (long long)seqs, MAX_SEQS, (long long)max_query_tokens);
     *bytes = 0;
+    if (max_query_tokens != 1)
+        return KILN_OK;
+    const int64_t group = heads / kv_heads;
+    uint32_t splits;
+    size_t counters;
+    split_layout((uint64_t)seqs * (uint64_t)kv_heads * decode_tiles(group), rows_for(group, 1), head_dim, &splits,
+                 &counters, bytes);
     return KILN_OK;
 }
 
@@ -88,46 +140,103 @@ kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec
     return KILN_OK;
 }
 
-enum { B_Q, B_K, B_V, B_POS, B_TABLE, B_LENS, B_SPANS, B_OUT, B_PAGES, N_BINDINGS };
-static const char *const names[N_BINDINGS] = {"q",        "k",           "v",   "positions", "block_table",
-                                              "seq_lens", "query_spans", "out", "kv_pages"};
+enum { B_Q, B_K, B_V, B_QKV, B_POS, B_TABLE, B_LENS, B_SPANS, B_OUT, B_PAGES, B_WS };
+static const char *const names[KILN__PA_BINDINGS] = {
+    "q", "k", "v", "qkv", "positions", "block_table", "seq_lens", "query_spans", "out", "kv_pages", "workspace"};
 
-kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
+/* T, H and D from q (three tensors) or from out (fused qkv), then kv heads
+ * from k or from qkv's width. */
+static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_paged_attention_desc *d,
+                             kiln__paged_attention_info *info, int64_t *T, int64_t *H, int64_t *D, int64_t *KVH)
+{
+    size_t *bytes = info->bytes;
+    const kiln_tensor *shape = d->qkv ? d->out : d->q;
+    const char *shape_name = d->qkv ? "out" : "q";
+    kiln_status st;
+    if (d->qkv && (d->q || d->k || d->v)) {
+        char given[8] = "";
+        const kiln_tensor *each[3] = {d->q, d->k, d->v};
+        for (int i = 0; i < 3; i++)
+            if (each[i])
+                snprintf(given + strlen(given), sizeof given - strlen(given), "%s%c", *given ? " " : "", "qkv"[i]);
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding qkv is given, so bindings q, k and v must be NULL (given: %s)", given);
+    }
+    if ((st = kiln__check_tensor(err, OP, shape_name, shape, rt, KILN_DTYPE_F16, 3, NULL,
+                                 &bytes[d->qkv ? B_OUT : B_Q])))
+        return st;
+    *T = shape->dims[0];
+    *H = shape->dims[1];
+    *D = shape->dims[2];
+    if (*D != 64 && *D != 128)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding %s has head_dim %lld; supported: 64, 128",
+                          shape_name, (long long)*D);
+    if (*T > INT32_MAX || *H > KILN_MODEL_MAX_HEADS)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding %s is [%lld, %lld, %lld]; at most %d tokens and %d heads", shape_name,
+                          (long long)*T, (long long)*H, (long long)*D, INT32_MAX, KILN_MODEL_MAX_HEADS);
+    if (d->qkv) {
+        const int64_t want[2] = {*T, -1};
+        if ((st = kiln__check_tensor(err, OP, "qkv", d->qkv, rt, KILN_DTYPE_F16, 2, want, &bytes[B_QKV])))
+            return st;
+        const int64_t cols = d->qkv->dims[1], heads = cols / *D;
+        if (cols % *D || heads <= *H || (heads - *H) % 2)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              OP ": binding qkv has %lld columns; expected (heads %lld + 2 x kv_heads) x head_dim %lld "
+                              "(q, then k, then v in each row)",
+                              (long long)cols, (long long)*H, (long long)*D);
+        *KVH = (heads - *H) / 2;
+        info->q_stride = info->kv_stride = (uint32_t)cols;
+        info->k_offset = (size_t)*H * (size_t)*D * 2;
+        info->v_offset = info->k_offset + (size_t)*KVH * (size_t)*D * 2;
+    } else {
+        const int64_t want_kv[3] = {*T, -1, *D};
+        if ((st = kiln__check_tensor(err, OP, "k", d->k, rt, KILN_DTYPE_F16, 3, want_kv, &bytes[B_K])))
+            return st;
+        *KVH = d->k->dims[1];
+    }
+    if (*H % *KVH)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding %s has %lld kv heads, which does not divide the %lld heads of %s",
+                          d->qkv ? "qkv" : "k", (long long)*KVH, (long long)*H, shape_name);
+    uint32_t pt;
+    if ((st = kiln_op_paged_attention_page_tokens(*D, *KVH, &pt)))
+        return kiln__propagate(err, st);
+    info->page_tokens = pt;
+    const int64_t want_v[3] = {*T, *KVH, *D}, want_out[3] = {*T, *H, *D};
+    if (!d->qkv) {
+        if ((st = kiln__check_tensor(err, OP, "v", d->v, rt, KILN_DTYPE_F16, 3, want_v, &bytes[B_V])) ||
+            (st = kiln__check_tensor(err, OP, "out", d->out, rt, KILN_DTYPE_F16, 3, want_out, &bytes[B_OUT])))
+            return st;
+        info->q_stride = (uint32_t)(*H * *D);
+        info->kv_stride = (uint32_t)(*KVH * *D);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *desc,
                                         kiln__paged_attention_info *info)
 {
     kiln__errslot *err = kiln__runtime_errslot(rt);
-    if (!d || !info)
+    if (!desc || !info)
         return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": desc is NULL");
-    if (d->size && d->size < sizeof *d)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": desc size %u; expected %zu", d->size, sizeof *d);
+    if (desc->size && desc->size < DESC_V1_SIZE)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": desc size %u; expected %zu (or %zu, without workspace and qkv)",
+                          desc->size, sizeof *desc, DESC_V1_SIZE);
+    /* A desc of the earlier size has no workspace and no qkv. */
+    kiln_paged_attention_desc full;
+    memset(&full, 0, sizeof full);
+    memcpy(&full, desc, desc->size && desc->size < sizeof full ? desc->size : sizeof full);
+    const kiln_paged_attention_desc *d = &full;
     memset(info, 0, sizeof *info);
     size_t *bytes = info->bytes;
-    kiln_status st;
-    if ((st = kiln__check_tensor(err, OP, "q", d->q, rt, KILN_DTYPE_F16, 3, NULL, &bytes[B_Q])))
+    int64_t T = 0, H = 0, D = 0, KVH = 1;
+    kiln_status st = check_qkv(err, rt, d, info, &T, &H, &D, &KVH);
+    if (st)
         return st;
-    const int64_t T = d->q->dims[0], H = d->q->dims[1], D = d->q->dims[2];
-    if (D != 64 && D != 128)
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding q has head_dim %lld; supported: 64, 128",
-                          (long long)D);
-    if (T > INT32_MAX || H > KILN_MODEL_MAX_HEADS)
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                          OP ": binding q is [%lld, %lld, %lld]; at most %d tokens and %d heads", (long long)T,
-                          (long long)H, (long long)D, INT32_MAX, KILN_MODEL_MAX_HEADS);
-    const int64_t want_kv[3] = {T, -1, D};
-    if ((st = kiln__check_tensor(err, OP, "k", d->k, rt, KILN_DTYPE_F16, 3, want_kv, &bytes[B_K])))
-        return st;
-    const int64_t KVH = d->k->dims[1];
-    if (H % KVH)
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                          OP ": binding k has %lld kv heads, which does not divide the %lld heads of q", (long long)KVH,
-                          (long long)H);
-    uint32_t pt;
-    if ((st = kiln_op_paged_attention_page_tokens(D, KVH, &pt)))
-        return kiln__propagate(err, st);
-    const int64_t want_v[3] = {T, KVH, D}, want_out[3] = {T, H, D}, want_pos[1] = {T};
-    if ((st = kiln__check_tensor(err, OP, "v", d->v, rt, KILN_DTYPE_F16, 3, want_v, &bytes[B_V])) ||
-        (st = kiln__check_tensor(err, OP, "out", d->out, rt, KILN_DTYPE_F16, 3, want_out, &bytes[B_OUT])) ||
-        (st = kiln__check_tensor(err, OP, "positions", d->positions, rt, KILN_DTYPE_U32, 1, want_pos, &bytes[B_POS])) ||
+    const uint32_t pt = info->page_tokens;
+    const int64_t want_pos[1] = {T};
+    if ((st = kiln__check_tensor(err, OP, "positions", d->positions, rt, KILN_DTYPE_U32, 1, want_pos, &bytes[B_POS])) ||
         (st = kiln__check_tensor(err, OP, "block_table", d->block_table, rt, KILN_DTYPE_U32, 2, NULL,
                                  &bytes[B_TABLE])))
         return st;
@@ -166,8 +275,8 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     bytes[B_PAGES] = pbytes;
     const uint64_t maxq = d->max_query_tokens ? d->max_query_tokens : (uint64_t)T;
     if (maxq > (uint64_t)T)
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": max_query_tokens %u exceeds the %lld tokens of q",
-                          d->max_query_tokens, (long long)T);
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": max_query_tokens %u exceeds the %lld tokens of %s",
+                          d->max_query_tokens, (long long)T, d->qkv ? "qkv" : "q");
     const int64_t G = H / KVH;
     const int decode = maxq == 1;
     const uint64_t rows = (uint64_t)rows_for(G, decode), tiles = (maxq * (uint64_t)G + rows - 1) / rows;
@@ -178,15 +287,29 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     if (!isfinite(d->rope_theta) || !(d->rope_theta > 0.0f))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": rope_theta must be a finite number > 0, got %g",
                           (double)d->rope_theta);
-    /* What is written (out, kv_pages) overlaps nothing else. */
+    /* What is written (out, kv_pages, workspace) overlaps nothing else. */
     const kiln_tensor pages_view = {.buffer = pg->buffer, .offset = pg->start};
-    const kiln_tensor *t[N_BINDINGS] = {d->q, d->k, d->v, d->positions, d->block_table, d->seq_lens,
-                                        d->query_spans, d->out, &pages_view};
+    const kiln_tensor *t[KILN__PA_BINDINGS] = {d->q,           d->k,        d->v,           d->qkv,
+                                               d->positions,   d->block_table, d->seq_lens, d->query_spans,
+                                               d->out,         &pages_view, NULL};
     for (int w = B_OUT; w <= B_PAGES; w++)
-        for (int i = 0; i < N_BINDINGS; i++)
-            if (i != w && kiln__tensors_overlap(t[w], bytes[w], t[i], bytes[i]))
+        for (int i = 0; i < B_WS; i++)
+            if (i != w && t[i] && kiln__tensors_overlap(t[w], bytes[w], t[i], bytes[i]))
                 return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding %s overlaps binding %s", names[w],
                                   names[i]);
+    /* The workspace: checked whenever given; used when the decode splits. */
+    uint32_t splits = 1;
+    size_t counter_bytes = 0, need = 0;
+    if (decode)
+        split_layout((uint64_t)S * (uint64_t)KVH * tiles, (int64_t)rows, D, &splits, &counter_bytes, &need);
+    if (d->workspace) {
+        if ((st = kiln__check_workspace(err, OP, d->workspace, rt, need, t, bytes, names, B_WS)))
+            return st;
+        bytes[B_WS] = d->workspace->end - d->workspace->start;
+    } else {
+        splits = 1; /* no workspace: one block per (sequence, kv head, row tile) */
+        counter_bytes = need = 0;
+    }
     info->tokens = (uint32_t)T;
     info->seqs = (uint32_t)S;
     info->max_blocks = (uint32_t)MB;
@@ -194,19 +317,23 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     info->heads = H;
     info->kv_heads = KVH;
     info->head_dim = D;
-    info->page_tokens = pt;
     info->pages = (uint32_t)(pbytes / KILN_PAGED_KV_PAGE_BYTES);
     info->decode = decode;
+    info->fused = d->qkv != NULL;
     info->append_tiles = (uint32_t)((maxq + APPEND_TOKENS - 1) / APPEND_TOKENS);
     info->attention_tiles = (uint32_t)tiles;
+    info->splits = splits;
+    info->counter_bytes = counter_bytes;
+    info->workspace_bytes = need;
     return KILN_OK;
 }
 
 typedef struct attn_launch {
     kiln_runtime *rt;
     CUfunction append, attention;
-    CUdeviceptr q, k, v, pos, table, lens, spans, pages, out;
-    uint32_t n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles, attention_tiles;
+    CUdeviceptr q, k, v, pos, table, lens, spans, pages, out, counters, partials;
+    uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
+        attention_tiles, splits;
     float qscale;
     float inv_freq[64]; /* head_dim / 2 used: the kernels' rope_freqs, by value */
 } attn_launch;
@@ -223,21 +350,22 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     attn_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
-    void *append_args[] = {&l->k,          &l->v,      &l->pos,       &l->table,     &l->lens,
-                           &l->spans,      &l->pages,  &l->n_pages,   &l->max_blocks, &l->tokens,
-                           &l->max_query,  l->inv_freq, &fault};
+    void *append_args[] = {&l->k,         &l->v,          &l->kv_stride, &l->pos,      &l->table,
+                           &l->lens,      &l->spans,      &l->pages,     &l->n_pages,  &l->max_blocks,
+                           &l->tokens,    &l->max_query,  l->inv_freq,   &l->counters, &l->attention_tiles,
+                           &fault};
     kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, l->kv_heads, l->seqs, append_args,
                              "cuLaunchKernel (paged_attention append)");
     if (st)
         return st;
-    void *attn_args[] = {&l->q,         &l->pos,      &l->table,     &l->lens,   &l->spans,
-                         &l->pages,     &l->out,      &l->n_pages,   &l->max_blocks, &l->tokens,
-                         &l->max_query, &l->qscale,   l->inv_freq,   &fault};
-    return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, attn_args,
+    void *attn_args[] = {&l->q,        &l->q_stride, &l->pos,        &l->table,      &l->lens,     &l->spans,
+                         &l->pages,    &l->out,      &l->n_pages,    &l->max_blocks, &l->tokens,   &l->max_query,
+                         &l->qscale,   l->inv_freq,  &l->splits,     &l->counters,   &l->partials, &fault};
+    return launch3(ctx, l->rt, l->attention, l->attention_tiles * l->splits, l->kv_heads, l->seqs, attn_args,
                    "cuLaunchKernel (paged_attention)");
 }
 
-kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *d, kiln_command **cmd)
+kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc, kiln_command **cmd)
 {
     if (!jit || !cmd)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
@@ -247,9 +375,13 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
     kiln__errslot *err = kiln__runtime_errslot(rt);
     kiln__paged_attention_info in;
-    kiln_status st = kiln__paged_attention_check(rt, d, &in);
+    kiln_status st = kiln__paged_attention_check(rt, desc, &in);
     if (st)
         return st;
+    kiln_paged_attention_desc full; /* checked: size is 0, the earlier layout's or larger */
+    memset(&full, 0, sizeof full);
+    memcpy(&full, desc, desc->size && desc->size < sizeof full ? desc->size : sizeof full);
+    const kiln_paged_attention_desc *d = &full;
     kiln_spec spec;
     kiln_kernel *k;
     void *fa, *fb;
@@ -264,9 +396,15 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->rt = rt;
     l->append = (CUfunction)fa;
     l->attention = (CUfunction)fb;
-    l->q = PTR(d->q);
-    l->k = PTR(d->k);
-    l->v = PTR(d->v);
+    if (in.fused) {
+        l->q = PTR(d->qkv);
+        l->k = l->q + in.k_offset;
+        l->v = l->q + in.v_offset;
+    } else {
+        l->q = PTR(d->q);
+        l->k = PTR(d->k);
+        l->v = PTR(d->v);
+    }
     l->pos = PTR(d->positions);
     l->table = PTR(d->block_table);
     l->lens = PTR(d->seq_lens);
@@ -274,6 +412,12 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->out = PTR(d->out);
 #undef PTR
     l->pages = kiln__buffer_ptr(d->kv_pages->buffer) + d->kv_pages->start;
+    if (in.splits > 1) {
+        l->counters = kiln__buffer_ptr(d->workspace->buffer) + d->workspace->start;
+        l->partials = l->counters + in.counter_bytes;
+    }
+    l->q_stride = in.q_stride;
+    l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;
@@ -282,6 +426,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->kv_heads = (uint32_t)in.kv_heads;
     l->append_tiles = in.append_tiles;
     l->attention_tiles = in.attention_tiles;
+    l->splits = in.splits;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
     for (int64_t i = 0; i < in.head_dim / 2; i++)
@@ -290,27 +435,34 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     struct {
         char tag[sizeof KEY_TAG];
         uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
-        uint64_t ptrs[N_BINDINGS], bytes[N_BINDINGS];
-        uint32_t tokens, seqs, max_blocks, max_query;
+        uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
+        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits;
         float theta;
     } key;
     memset(&key, 0, sizeof key);
     memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);
     memcpy(key.fingerprint, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    const uint64_t ptrs[N_BINDINGS] = {l->q, l->k, l->v, l->pos, l->table, l->lens, l->spans, l->out, l->pages};
-    const kiln_tensor *t[N_BINDINGS - 1] = {d->q, d->k, d->v, d->positions, d->block_table, d->seq_lens,
-                                            d->query_spans, d->out};
-    kiln_region regions[N_BINDINGS];
-    for (int i = 0; i < N_BINDINGS; i++) {
-        key.ptrs[i] = ptrs[i];
+    const kiln_tensor *t[KILN__PA_BINDINGS] = {d->q,         d->k,           d->v,        d->qkv,
+                                               d->positions, d->block_table, d->seq_lens, d->query_spans,
+                                               d->out,       NULL,           NULL};
+    const kiln_region *whole[KILN__PA_BINDINGS] = {[B_PAGES] = d->kv_pages, [B_WS] = d->workspace};
+    kiln_region regions[KILN__PA_BINDINGS];
+    size_t n_regions = 0;
+    for (int i = 0; i < KILN__PA_BINDINGS; i++) {
+        if (!t[i] && !whole[i])
+            continue;
+        regions[n_regions++] = whole[i] ? *whole[i]
+                                        : (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + in.bytes[i]};
+        key.ptrs[i] = kiln__buffer_ptr(regions[n_regions - 1].buffer) + regions[n_regions - 1].start;
         key.bytes[i] = in.bytes[i];
-        regions[i] = i == B_PAGES ? *d->kv_pages
-                                  : (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + in.bytes[i]};
     }
     key.tokens = in.tokens;
     key.seqs = in.seqs;
     key.max_blocks = in.max_blocks;
     key.max_query = in.max_query;
+    key.q_stride = in.q_stride;
+    key.kv_stride = in.kv_stride;
+    key.splits = in.splits;
     key.theta = d->rope_theta;
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,
@@ -318,7 +470,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
                             .tokens = in.tokens,
                             .dispatches = 2,
                             .regions = regions,
-                            .n_regions = N_BINDINGS,
+                            .n_regions = n_regions,
                             .enqueue = enqueue,
                             .user = l,
                             .user_free = free,

@@ -12,7 +12,7 @@
  * hand when a provider's host-side logic changes; the templates' bytes are
  * hashed as they are. */
 #define KILN_PROVIDER_VERSIONS                                                                                      \
-    "token_embedding:1;rms_norm:1;residual_add:1;masked_argmax:1;dense_linear:1;dense_swiglu:1;last_token_linear:1;gated_delta:1;paged_attention:1"
+    "token_embedding:1;rms_norm:1;residual_add:1;masked_argmax:1;dense_linear:1;dense_swiglu:1;last_token_linear:1;gated_delta:1;paged_attention:2"
 
 static _Atomic uint64_t next_instance = 1;
 

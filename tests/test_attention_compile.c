@@ -5,6 +5,7 @@
  * check that let a bad call through would crash here). */
 #include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "providers/internal.h"
 #include "offline_fixture.h"
@@ -99,9 +100,39 @@ static void test_spec_and_page_arguments(void **state)
     KILN_CHECK(kiln_op_paged_attention_spec(64, 14, 2, 0, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "HEADS=14;HEAD_DIM=64;KV_HEADS=2;PAGE_TOKENS=128;ROWS=16");
+    /* Workspace: prefill needs none; decode splits below 1024 / 2 blocks. */
     size_t b = 1;
-    KILN_CHECK(kiln_op_paged_attention_workspace(100, 32, 128, &b));
+    KILN_CHECK(kiln_op_paged_attention_workspace(100, 32, 8, 128, 100, &b));
     assert_int_equal(b, 0);
+    KILN_CHECK(kiln_op_paged_attention_workspace(1, 32, 8, 128, 2, &b));
+    assert_int_equal(b, 0);
+    /* 1 sequence x 8 kv heads: 64 chunks of 4 rows x (128 + 2) floats, 256 bytes of counters. */
+    KILN_CHECK(kiln_op_paged_attention_workspace(1, 32, 8, 128, 1, &b));
+    assert_int_equal(b, 256 + 8 * 64 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(8, 32, 8, 128, 1, &b)); /* 64 pairs: 16 chunks */
+    assert_int_equal(b, 256 + 64 * 16 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(32, 32, 8, 128, 1, &b)); /* 256 pairs: 4 chunks */
+    assert_int_equal(b, 1024 + 256 * 4 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(64, 32, 8, 128, 1, &b)); /* 512 pairs: 2 chunks */
+    assert_int_equal(b, 2048 + 512 * 2 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(65, 32, 8, 128, 1, &b)); /* 520 pairs: the GPU is full */
+    assert_int_equal(b, 0);
+    KILN_CHECK(kiln_op_paged_attention_workspace(3, 28, 4, 128, 1, &b)); /* group 7: 8 rows; 12 pairs, 64 chunks */
+    assert_int_equal(b, 256 + 12 * 64 * 8 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(1, 64, 2, 64, 1, &b)); /* group 32: 2 tiles of 16 rows */
+    assert_int_equal(b, 256 + 4 * 64 * 16 * 66 * 4);
+    KILN_EXPECT(kiln_op_paged_attention_workspace(0, 32, 8, 128, 1, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "0 sequences", NULL);
+    KILN_EXPECT(kiln_op_paged_attention_workspace(65536, 32, 8, 128, 1, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "65536 sequences", "65535");
+    KILN_EXPECT(kiln_op_paged_attention_workspace(1, 32, 8, 128, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "0 new tokens", NULL);
+    KILN_EXPECT(kiln_op_paged_attention_workspace(1, 30, 8, 128, 1, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "heads 30", NULL);
+    KILN_EXPECT(kiln_op_paged_attention_workspace(1, 32, 8, 96, 1, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "head_dim 96", NULL);
+    KILN_EXPECT(kiln_op_paged_attention_workspace(1, 32, 8, 128, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
+                kiln_errmsg(), NULL, NULL);
 }
 
 /* ---- validation against fake buffers ---- */
@@ -279,6 +310,143 @@ static void test_validation_names_binding_and_values(void **state)
     fake_runtime_free(other);
 }
 
+/* The workspace (split-KV decode) and the fused q | k | v input. */
+static void test_workspace_and_fused_qkv(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(0), *other = fake_runtime(0);
+    const size_t MB = 1 << 20;
+    kiln_buffer *buf = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES), *kv = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES),
+                *wsb = fake_buffer(rt, 16 * MB, KILN_DTYPE_BYTES), *foreign = fake_buffer(other, 16 * MB, KILN_DTYPE_BYTES);
+    const int64_t S = 8, H = 32, KVH = 8, D = 128, B = 64;
+    call c = {0};
+    c.q = view3(buf, 0, KILN_DTYPE_F16, S, H, D);
+    c.k = view3(buf, 4 * MB, KILN_DTYPE_F16, S, KVH, D);
+    c.v = view3(buf, 5 * MB, KILN_DTYPE_F16, S, KVH, D);
+    c.out = view3(buf, 8 * MB, KILN_DTYPE_F16, S, H, D);
+    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, S, 0, 0);
+    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
+    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
+    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
+    c.pages = (kiln_region){kv, 0, 64 * MB};
+    c.d.rope_theta = 500000.0f;
+    c.d.max_query_tokens = 1;
+    link_call(&c);
+    kiln__paged_attention_info in;
+    /* No workspace: one block per sequence and kv head. */
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.splits, 1);
+    assert_int_equal(in.q_stride, H * D);
+    assert_int_equal(in.kv_stride, KVH * D);
+    size_t need;
+    KILN_CHECK(kiln_op_paged_attention_workspace(S, H, KVH, D, 1, &need));
+    assert_int_equal(need, 256 + 64 * 16 * 4 * 130 * 4);
+    kiln_region ws = {wsb, 0, need};
+    c.d.workspace = &ws;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.splits, 16);
+    assert_int_equal(in.counter_bytes, 256);
+    assert_int_equal(in.workspace_bytes, need);
+    assert_int_equal(in.bytes[10], need);
+    /* Prefill takes a workspace and leaves it unused. */
+    c.d.max_query_tokens = 0;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.splits, 1);
+    assert_int_equal(in.workspace_bytes, 0);
+    c.d.max_query_tokens = 1;
+    ws.end = need - 1;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace has 2130175 bytes", "at least 2130176");
+    ws = (kiln_region){wsb, 64, 64 + need};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace must start 256-byte aligned", "offset 64");
+    ws = (kiln_region){foreign, 0, need};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace belongs to another runtime", NULL);
+    ws = (kiln_region){buf, 4 * MB, 4 * MB + need}; /* over k */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace", "overlaps binding k");
+    ws = (kiln_region){kv, 0, need}; /* over the pages */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace", "overlaps binding kv_pages");
+    ws = (kiln_region){NULL, 0, need};
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace has no buffer", "2130176 bytes");
+    ws = (kiln_region){wsb, 0, need};
+    /* A desc of the size before workspace and qkv: neither is read. */
+    c.d.size = (uint32_t)offsetof(kiln_paged_attention_desc, workspace);
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.splits, 1);
+    c.d.size = sizeof c.d;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    assert_int_equal(in.splits, 16);
+
+    /* Fused: qkv [S, (32 + 2 x 8) x 128], q, k and v NULL. */
+    kiln_tensor qkv = view3(buf, 0, KILN_DTYPE_F16, S, (H + 2 * KVH) * D, 0);
+    call f = c;
+    link_call(&f);
+    f.d.workspace = &ws;
+    f.d.qkv = &qkv;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv is given, so bindings q, k and v must be NULL", "(given: q k v)");
+    f.d.q = f.d.v = NULL;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv is given", "(given: k)");
+    f.d.q = f.d.k = f.d.v = NULL;
+    KILN_CHECK(kiln__paged_attention_check(rt, &f.d, &in));
+    assert_int_equal(in.fused, 1);
+    assert_int_equal(in.kv_heads, KVH);
+    assert_int_equal(in.heads, H);
+    assert_int_equal(in.q_stride, (H + 2 * KVH) * D);
+    assert_int_equal(in.kv_stride, (H + 2 * KVH) * D);
+    assert_int_equal(in.k_offset, H * D * 2);
+    assert_int_equal(in.v_offset, (H + KVH) * D * 2);
+    assert_int_equal(in.bytes[3], S * (H + 2 * KVH) * D * 2);
+    assert_int_equal(in.splits, 16);
+    qkv.dims[1] = (H + 2 * KVH) * D + 64;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv has 6208 columns", "(heads 32 + 2 x kv_heads) x head_dim 128");
+    qkv.dims[1] = (H + 2 * KVH + 1) * D; /* an odd number of k and v heads */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv has 6272 columns", NULL);
+    qkv.dims[1] = H * D; /* no k, no v */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv has 4096 columns", NULL);
+    qkv.dims[1] = (H + 2 * 5) * D; /* 5 kv heads */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv has 5 kv heads", "does not divide the 32 heads of out");
+    qkv.dims[1] = (H + 2 * KVH) * D;
+    qkv.dims[0] = S + 1;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv has dims [9, 6144]", "must be 8");
+    qkv.dims[0] = S;
+    qkv.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding qkv must be f16", NULL);
+    qkv.dtype = KILN_DTYPE_F16;
+    f.out.dims[2] = 96;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has head_dim 96", "64, 128");
+    f.out.dims[2] = D;
+    f.out.offset = 64; /* over qkv */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out overlaps binding qkv", NULL);
+    f.out.offset = 8 * MB;
+    ws = (kiln_region){buf, 0, need}; /* over qkv */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding workspace", "overlaps binding qkv");
+    ws = (kiln_region){wsb, 0, need};
+    f.d.out = NULL;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out has no buffer", NULL);
+
+    kiln_buffer *bufs[5] = {buf, kv, wsb, foreign, NULL};
+    for (int i = 0; bufs[i]; i++)
+        free(bufs[i]);
+    fake_runtime_free(rt);
+    fake_runtime_free(other);
+}
+
 static void test_offline_encode_needs_a_device(void **state)
 {
     fixture *f = *state;
@@ -299,6 +467,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_page_arguments),
         cmocka_unit_test(test_validation_names_binding_and_values),
+        cmocka_unit_test(test_workspace_and_fused_qkv),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,10 +7,15 @@
  * 1, 4 and 7; prefill of 1 to 4096 tokens, several sequences packed with
  * cached prefixes (chunked prefill); decode at 1 to 64 sequences with
  * contexts over many pages and lengths that are not multiples of a page;
- * block tables scattered over the arena, unused entries garbage; one decode
- * command replayed from a graph over several steps with its per-step values
- * in a binding arena; bad device data reported through the fault record
- * (the bad sequence skipped, the others right); contract errors at encode.
+ * block tables scattered over the arena, unused entries garbage; split-KV
+ * decode (a workspace, poisoned first) at the lengths where its chunking
+ * changes (1, 2, a page, a tile and one past each, 1024 at 8 and 32
+ * sequences, 16384 at one) and unsplit decode (no workspace); q, k and v
+ * fused in one tensor, prefill and decode; one decode command replayed from
+ * a graph over several steps with its per-step values in a binding arena,
+ * and bit for bit the same as the same command run eager; bad device data
+ * reported through the fault record (the bad sequence skipped, the others
+ * right), in prefill and split decode; contract errors at encode.
  * KILN_ATTN_QUICK=1 runs a reduced set (for compute-sanitizer). */
 #include <math.h>
 #include <pthread.h>
@@ -166,6 +171,8 @@ typedef struct step {
     const uint32_t *count; /* new tokens per sequence */
     uint32_t max_query;    /* 0: T */
     bad_kind bad;          /* applied to sequence 1 */
+    int no_workspace;      /* eager: no workspace binding (decode unsplit) */
+    int fused;             /* eager: q, k and v in one qkv tensor */
     kiln_status (*runner)(void *user, const step_io *io); /* NULL: encode and run eagerly here */
     void *user;
 } step;
@@ -330,14 +337,46 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
                     tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
                     ts = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}};
         kiln_region pr = {s->pages, 0, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES};
-        kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, s->theta,
-                                       st->max_query};
+        /* The workspace starts as garbage (the counters too): the command needs no zeroed scratch. */
+        size_t ws_need = 0;
+        kiln_buffer *bw = NULL;
+        kiln_region wr = {0};
+        if (!st->no_workspace) {
+            KILN_CHECK(kiln_op_paged_attention_workspace(S, H, KVH, D, st->max_query ? st->max_query : Tb, &ws_need));
+            bw = buffer(f->rt, ws_need + 256);
+            KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_need + 256));
+            wr = (kiln_region){bw, 0, ws_need ? ws_need : 256};
+        }
+        /* Fused: each row q | k | v. */
+        const int64_t W = (H + 2 * KVH) * D;
+        kiln_buffer *bf = NULL;
+        kiln_tensor tf = {.dtype = KILN_DTYPE_F16, .rank = 2, .dims = {T, W}};
+        if (st->fused) {
+            uint16_t *packed = malloc((size_t)Tb * W * 2);
+            assert_non_null(packed);
+            for (uint32_t t = 0; t < T; t++) {
+                memcpy(packed + (size_t)t * W, q + (size_t)t * H * D, (size_t)H * D * 2);
+                memcpy(packed + (size_t)t * W + H * D, k + (size_t)t * KVH * D, (size_t)KVH * D * 2);
+                memcpy(packed + (size_t)t * W + (H + KVH) * D, v + (size_t)t * KVH * D, (size_t)KVH * D * 2);
+            }
+            bf = buffer(f->rt, (size_t)Tb * W * 2);
+            KILN_CHECK(kiln_buffer_upload(bf, 0, packed, (size_t)Tb * W * 2));
+            free(packed);
+            tf.buffer = bf;
+        }
+        kiln_paged_attention_desc d = {.size = sizeof d, .q = st->fused ? NULL : &tq, .k = st->fused ? NULL : &tk,
+                                       .v = st->fused ? NULL : &tv, .positions = &tp, .block_table = &tt,
+                                       .seq_lens = &tl, .query_spans = &ts, .out = &to, .kv_pages = &pr,
+                                       .rope_theta = s->theta, .max_query_tokens = st->max_query,
+                                       .workspace = bw ? &wr : NULL, .qkv = st->fused ? &tf : NULL};
         kiln_command *cmd;
         KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
         assert_true(kiln_command_replayable(cmd));
         KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, NULL, NULL));
         result = kiln_stream_synchronize(f->s);
         kiln_command_release(cmd);
+        kiln_buffer_destroy(bw);
+        kiln_buffer_destroy(bf);
         kiln_buffer_destroy(bp);
         kiln_buffer_destroy(bt);
         kiln_buffer_destroy(bl);
@@ -399,8 +438,9 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.lock);
-    fprintf(stderr, "%s: D %lld H %lld KVH %lld S %u T %u max_query %u: %zu outputs, max rel err %.3g\n", label,
-            (long long)D, (long long)H, (long long)KVH, S, T, st->max_query, r.checked, r.worst);
+    fprintf(stderr, "%s: D %lld H %lld KVH %lld S %u T %u max_query %u%s%s: %zu outputs, max rel err %.3g\n", label,
+            (long long)D, (long long)H, (long long)KVH, S, T, st->max_query, st->no_workspace ? " unsplit" : "",
+            st->fused ? " fused" : "", r.checked, r.worst);
     if (r.wrong)
         fail_msg("%s: %zu of %zu outputs wrong", label, r.wrong, r.checked);
     for (uint32_t i = 0; i < S; i++)
@@ -479,7 +519,8 @@ static void test_prefill_packed_with_prefixes(void **state)
     }
 }
 
-/* Decode: one token per sequence, contexts over many pages. */
+/* Decode: one token per sequence, contexts over many pages; the second step
+ * of 7 sequences without a workspace (one block per sequence and kv head). */
 static void test_decode(void **state)
 {
     gpu_fixture *f = *state;
@@ -497,12 +538,87 @@ static void test_decode(void **state)
             sess_init(&s, f, layouts[l], S, ctx, cap, 500000.0f);
             step st = {.count = count, .max_query = 1};
             KILN_CHECK(run_step(&s, &st, "decode"));
+            st.no_workspace = n == 1;
             KILN_CHECK(run_step(&s, &st, "decode 2")); /* the next token too */
             sess_free(&s);
             free(ctx);
             free(cap);
             free(count);
         }
+}
+
+/* Split-KV decode at the lengths where its chunking changes: 1 and 2 keys,
+ * a page and one past it, one 64-key tile and one past it, two tiles; 1024
+ * keys at 8 and 32 sequences (16 and 4 chunks a sequence); 1 sequence of
+ * 16384 keys (64 chunks); group 32 (two row tiles per kv head, each with
+ * its own partials). Each case runs two steps (every length + 1 next). */
+static void decode_case(gpu_fixture *f, layout L, uint32_t S, const uint32_t *special, uint32_t n_special,
+                        uint32_t random_below, int fused, const char *label)
+{
+    uint32_t *ctx = malloc(S * 4), *cap = malloc(S * 4), *count = malloc(S * 4);
+    assert_true(ctx && cap && count);
+    for (uint32_t i = 0; i < S; i++) {
+        ctx[i] = i < n_special ? special[i] : kiln_rng_below(&f->rng, random_below);
+        cap[i] = ctx[i] + 2;
+        count[i] = 1;
+    }
+    sess s;
+    sess_init(&s, f, L, S, ctx, cap, 500000.0f);
+    step st = {.count = count, .max_query = 1, .fused = fused};
+    KILN_CHECK(run_step(&s, &st, label));
+    KILN_CHECK(run_step(&s, &st, label));
+    sess_free(&s);
+    free(ctx);
+    free(cap);
+    free(count);
+}
+
+static void test_decode_split_lengths(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{128, 32, 8}, {64, 14, 2}, {128, 8, 8}, {64, 64, 2}};
+    for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
+        uint32_t pt;
+        KILN_CHECK(kiln_op_paged_attention_page_tokens(ls[l].D, ls[l].KVH, &pt));
+        /* Cached lengths before the step; the step adds one. */
+        const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
+        decode_case(f, ls[l], 8, edges, 8, 1500, l == 1, "decode edges");
+        if (quick())
+            continue;
+        const uint32_t k1023[8] = {1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023};
+        decode_case(f, ls[l], 8, k1023, 8, 1, 0, "decode 8 x 1024");
+        decode_case(f, ls[l], 32, k1023, 8, 1100, l == 0, "decode 32 x ~1024");
+        const uint32_t longest[1] = {16383};
+        decode_case(f, ls[l], 1, longest, 1, 1, l == 2, "decode 1 x 16384");
+        const uint32_t one[1] = {0};
+        decode_case(f, ls[l], 1, one, 1, 1, 0, "decode 1 x 1");
+    }
+}
+
+/* q, k and v from one fused tensor: chunked prefill and decode, with and
+ * without the workspace. */
+static void test_fused_qkv(void **state)
+{
+    gpu_fixture *f = *state;
+    for (size_t l = 1; l < N_LAYOUTS; l += 2) {
+        enum { S = 5 };
+        uint32_t ctx[S], cap[S], count[S], one[S];
+        for (uint32_t i = 0; i < S; i++) {
+            ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
+            count[i] = i == 3 ? 0 : 1 + kiln_rng_below(&f->rng, quick() ? 60 : 300);
+            cap[i] = ctx[i] + count[i] + 2;
+            one[i] = 1;
+        }
+        sess s;
+        sess_init(&s, f, layouts[l], S, ctx, cap, 1e6f);
+        step pre = {.count = count, .fused = 1};
+        KILN_CHECK(run_step(&s, &pre, "fused prefill"));
+        step dec = {.count = one, .max_query = 1, .fused = 1};
+        KILN_CHECK(run_step(&s, &dec, "fused decode"));
+        dec.no_workspace = 1;
+        KILN_CHECK(run_step(&s, &dec, "fused decode"));
+        sess_free(&s);
+    }
 }
 
 /* Bad device data: the lowest bad sequence named, the others computed. */
@@ -519,12 +635,16 @@ static void test_bad_device_data_is_reported(void **state)
         {BAD_SPAN, 0, "sequence 1's query span ends at token", "past the"},
         {BAD_COUNT, 0, "sequence 1 has", "more than its limit"},
         {BAD_OVER_MAX, 1, "sequence 1 has 3 new tokens", "limit 1"}, /* a decode command given 3 tokens */
+        {BAD_TABLE, 1, "sequence 1's block table entry", "pages of kv_pages"}, /* split decode */
+        {BAD_LEN, 1, "sequence 1 has seq_len", "longer than its block table holds"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         enum { S = 4 };
-        uint32_t ctx[S] = {5, 100, 40, 77}, cap[S], count[S] = {3, 3, 3, 3};
+        uint32_t ctx[S] = {5, 100, 40, 1077}, cap[S], count[S] = {3, 3, 3, 3};
         if (cases[i].max_query == 1)
             count[0] = count[2] = count[3] = 1;
+        if (cases[i].max_query == 1 && cases[i].bad != BAD_OVER_MAX)
+            count[1] = 1;
         for (uint32_t k = 0; k < S; k++)
             cap[k] = ctx[k] + 2 * count[k]; /* room for the clean step after */
         sess s;
@@ -542,22 +662,38 @@ static void test_bad_device_data_is_reported(void **state)
 
 /* One decode command, encoded once on a binding arena, replayed from a graph
  * over several steps: positions, lengths, spans and block tables change
- * every step without a new command. */
+ * every step without a new command. Each step then runs the same command
+ * eager on the same inputs: the same bits (split-KV combines in a fixed
+ * order whatever order its blocks finish in). */
 typedef struct replay {
     gpu_fixture *f;
     kiln_binding_arena *arena;
-    kiln_buffer *q, *k, *v, *out;
+    kiln_buffer *q, *k, *v, *qkv, *out, *ws;
     kiln_command *cmd;
     size_t q_bytes, kv_bytes;
+    int64_t H, KVH, D;
     int steps;
 } replay;
 
 static kiln_status replay_runner(void *user, const step_io *io)
 {
     replay *r = user;
-    KILN_CHECK(kiln_buffer_upload(r->q, 0, io->q, r->q_bytes));
-    KILN_CHECK(kiln_buffer_upload(r->k, 0, io->k, r->kv_bytes));
-    KILN_CHECK(kiln_buffer_upload(r->v, 0, io->v, r->kv_bytes));
+    if (r->qkv) {
+        const int64_t W = (r->H + 2 * r->KVH) * r->D, QW = r->H * r->D, KW = r->KVH * r->D;
+        uint16_t *packed = malloc((size_t)io->T * W * 2);
+        assert_non_null(packed);
+        for (uint32_t t = 0; t < io->T; t++) {
+            memcpy(packed + (size_t)t * W, io->q + (size_t)t * QW, (size_t)QW * 2);
+            memcpy(packed + (size_t)t * W + QW, io->k + (size_t)t * KW, (size_t)KW * 2);
+            memcpy(packed + (size_t)t * W + QW + KW, io->v + (size_t)t * KW, (size_t)KW * 2);
+        }
+        KILN_CHECK(kiln_buffer_upload(r->qkv, 0, packed, (size_t)io->T * W * 2));
+        free(packed);
+    } else {
+        KILN_CHECK(kiln_buffer_upload(r->q, 0, io->q, r->q_bytes));
+        KILN_CHECK(kiln_buffer_upload(r->k, 0, io->k, r->kv_bytes));
+        KILN_CHECK(kiln_buffer_upload(r->v, 0, io->v, r->kv_bytes));
+    }
     KILN_CHECK(kiln_buffer_fill(r->out, 0, 0xff, r->q_bytes));
     KILN_CHECK(kiln_runtime_synchronize(r->f->rt));
     kiln_binding_patch p[4] = {{0, 0, io->pos, (size_t)io->T * 4},
@@ -577,11 +713,22 @@ static kiln_status replay_runner(void *user, const step_io *io)
     assert_int_equal(a.dispatches, 2);
     kiln_fence_release(fence);
     KILN_CHECK(kiln_stream_synchronize(r->f->s));
-    void *tmp = malloc(r->q_bytes);
-    assert_non_null(tmp);
+    void *tmp = malloc(r->q_bytes), *eager = malloc(r->q_bytes);
+    assert_true(tmp && eager);
     KILN_CHECK(kiln_buffer_readback(r->out, 0, tmp, r->q_bytes));
+    /* Eager, same inputs (the append writes the same k and v again). */
+    KILN_CHECK(kiln_buffer_fill(r->out, 0, 0xff, r->q_bytes));
+    KILN_CHECK(kiln_buffer_fill(r->ws, 0, 0xff, kiln_buffer_size(r->ws)));
+    KILN_CHECK(kiln_runtime_synchronize(r->f->rt));
+    so.path = KILN_PATH_EAGER_ONLY;
+    KILN_CHECK(kiln_stream_submit(r->f->s, &r->cmd, 1, &so, NULL));
+    KILN_CHECK(kiln_stream_synchronize(r->f->s));
+    KILN_CHECK(kiln_buffer_readback(r->out, 0, eager, r->q_bytes));
+    if (memcmp(tmp, eager, r->q_bytes))
+        fail_msg("decode replayed: the eager run of the same command gave other bits");
     KILN_CHECK(kiln_buffer_upload(io->out, 0, tmp, r->q_bytes));
     free(tmp);
+    free(eager);
     r->steps++;
     return st;
 }
@@ -589,52 +736,67 @@ static kiln_status replay_runner(void *user, const step_io *io)
 static void test_decode_replayed_over_steps(void **state)
 {
     gpu_fixture *f = *state;
-    for (size_t l = 1; l < N_LAYOUTS; l += 4) {
+    for (size_t l = 1; l < N_LAYOUTS; l += 2) {
         const layout L = layouts[l];
+        const int fused = l != 3;
         enum { S = 9, STEPS = 4 };
         uint32_t ctx[S], cap[S], count[S];
         for (uint32_t i = 0; i < S; i++) {
-            ctx[i] = 1 + kiln_rng_below(&f->rng, 700);
+            ctx[i] = i == 0 ? 0 : 1 + kiln_rng_below(&f->rng, i == 1 ? 5000 : 700);
             cap[i] = ctx[i] + STEPS;
             count[i] = 1;
         }
         sess s;
         sess_init(&s, f, L, S, ctx, cap, 1e6f);
-        replay r = {.f = f, .q_bytes = (size_t)S * L.H * L.D * 2, .kv_bytes = (size_t)S * L.KVH * L.D * 2};
+        replay r = {.f = f, .q_bytes = (size_t)S * L.H * L.D * 2, .kv_bytes = (size_t)S * L.KVH * L.D * 2,
+                    .H = L.H, .KVH = L.KVH, .D = L.D};
         const size_t tb = (size_t)S * s.MB * 4;
         kiln_binding_slot slots[4] = {{0, 256}, {256, (tb + 255) / 256 * 256}, {0, 256}, {0, 256}};
         slots[2].offset = slots[1].offset + slots[1].bytes;
         slots[3].offset = slots[2].offset + 256;
         KILN_CHECK(kiln_binding_arena_create(f->rt, slots, 4, slots[3].offset + 256, &r.arena));
         kiln_buffer *ab = kiln_binding_arena_buffer(r.arena);
-        r.q = buffer(f->rt, r.q_bytes);
+        const int64_t W = (L.H + 2 * L.KVH) * L.D;
+        size_t ws_bytes;
+        KILN_CHECK(kiln_op_paged_attention_workspace(S, L.H, L.KVH, L.D, 1, &ws_bytes));
+        assert_true(ws_bytes > 0);
+        r.ws = buffer(f->rt, ws_bytes);
         r.out = buffer(f->rt, r.q_bytes);
-        r.k = buffer(f->rt, r.kv_bytes);
-        r.v = buffer(f->rt, r.kv_bytes);
+        if (fused) {
+            r.qkv = buffer(f->rt, (size_t)S * W * 2);
+        } else {
+            r.q = buffer(f->rt, r.q_bytes);
+            r.k = buffer(f->rt, r.kv_bytes);
+            r.v = buffer(f->rt, r.kv_bytes);
+        }
         kiln_tensor tq = {.buffer = r.q, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.H, L.D}},
                     to = {.buffer = r.out, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.H, L.D}},
                     tk = {.buffer = r.k, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.KVH, L.D}},
                     tv = {.buffer = r.v, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {S, L.KVH, L.D}},
+                    tf = {.buffer = r.qkv, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {S, W}},
                     tp = {.buffer = ab, .offset = slots[0].offset, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
                     tt = {.buffer = ab, .offset = slots[1].offset, .dtype = KILN_DTYPE_U32, .rank = 2,
                           .dims = {S, s.MB}},
                     tl = {.buffer = ab, .offset = slots[2].offset, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
                     ts = {.buffer = ab, .offset = slots[3].offset, .dtype = KILN_DTYPE_U32, .rank = 2,
                           .dims = {S, 2}};
-        kiln_region pr = {s.pages, 0, (size_t)s.n_pages * KILN_PAGED_KV_PAGE_BYTES};
-        kiln_paged_attention_desc d = {sizeof d, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, s.theta, 1};
+        kiln_region pr = {s.pages, 0, (size_t)s.n_pages * KILN_PAGED_KV_PAGE_BYTES}, wr = {r.ws, 0, ws_bytes};
+        kiln_paged_attention_desc d = {.size = sizeof d, .q = fused ? NULL : &tq, .k = fused ? NULL : &tk,
+                                       .v = fused ? NULL : &tv, .positions = &tp, .block_table = &tt,
+                                       .seq_lens = &tl, .query_spans = &ts, .out = &to, .kv_pages = &pr,
+                                       .rope_theta = s.theta, .max_query_tokens = 1, .workspace = &wr,
+                                       .qkv = fused ? &tf : NULL};
         KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &r.cmd));
         for (int k = 0; k < STEPS; k++) {
             step st = {.count = count, .max_query = 1, .runner = replay_runner, .user = &r};
-            KILN_CHECK(run_step(&s, &st, "decode replayed"));
+            KILN_CHECK(run_step(&s, &st, fused ? "decode replayed fused" : "decode replayed"));
         }
         assert_int_equal(r.steps, STEPS);
-        assert_int_equal(kiln_binding_arena_uploads(r.arena), STEPS);
+        assert_int_equal(kiln_binding_arena_uploads(r.arena), 2 * STEPS);
         kiln_command_release(r.cmd);
-        kiln_buffer_destroy(r.q);
-        kiln_buffer_destroy(r.k);
-        kiln_buffer_destroy(r.v);
-        kiln_buffer_destroy(r.out);
+        kiln_buffer *all[6] = {r.q, r.k, r.v, r.qkv, r.out, r.ws};
+        for (int i = 0; i < 6; i++)
+            kiln_buffer_destroy(all[i]);
         kiln_binding_arena_destroy(r.arena);
         sess_free(&s);
     }
@@ -655,7 +817,7 @@ static void test_contract_errors_at_encode(void **state)
     tv.offset = 2 << 20;
     to.offset = 3 << 20;
     kiln_region pr = {kv, 0, 4 * KILN_PAGED_KV_PAGE_BYTES};
-    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0};
+    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0, NULL, NULL};
     kiln_command *cmd = NULL;
     KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_runtime_errmsg(f->rt), "3 kv heads", "does not divide the 28 heads");
@@ -679,6 +841,8 @@ int main(void)
         T(test_prefill_single_sequence),
         T(test_prefill_packed_with_prefixes),
         T(test_decode),
+        T(test_decode_split_lengths),
+        T(test_fused_qkv),
         T(test_decode_replayed_over_steps),
         T(test_bad_device_data_is_reported),
         T(test_contract_errors_at_encode),

@@ -8,6 +8,10 @@
  * Bindings (kiln_paged_attention_desc):
  *   q            f16 [T, heads, head_dim]      the new tokens' queries (not rotated);
  *   k, v         f16 [T, kv_heads, head_dim]   their keys (not rotated) and values;
+ *   qkv          f16 [T, (heads + 2 kv_heads) * head_dim]   instead of q, k and v
+ *                (which are then NULL): each row holds the token's q, then its
+ *                k, then its v, as one dense product of the three weights
+ *                concatenated writes them; heads and head_dim come from out;
  *   positions    u32 [T]                       RoPE position of each new token;
  *   block_table  u32 [S, max_blocks]           page numbers, within kv_pages, of
  *                                              each sequence's cached tokens, in order;
@@ -20,7 +24,16 @@
  *                fixed-block storage profile "paged_kv"): page p is bytes
  *                [start + p * 65536, start + (p + 1) * 65536); its device address
  *                16-byte aligned;
- *   out          f16 [T, heads, head_dim].
+ *   out          f16 [T, heads, head_dim];
+ *   workspace    optional: a region of at least kiln_op_paged_attention_workspace
+ *                bytes, 256-byte aligned on its device address, overlapping no
+ *                other binding. A decode command (max_query_tokens = 1) given
+ *                one splits each sequence's keys over several blocks (split-KV,
+ *                "flash decoding"; see Kernels); without one (or when the
+ *                workspace function says 0 bytes) it runs one block per
+ *                sequence and kv head, much slower at small batches. The
+ *                workspace needs no initialization and holds nothing between
+ *                commands: one region may serve every command of a stream.
  * positions, block_table, seq_lens and query_spans are read on the device
  * (put them in a binding arena): one command, and the graph it is captured
  * in, serve every step of the same T, S and max_blocks.
@@ -53,8 +66,10 @@
  * expected and the actual value): dtypes, ranks and dims of every binding,
  * head_dim in {64, 128}, kv_heads dividing heads, a page holding >= 1 token,
  * kv_pages whole pages, max_blocks * page_tokens < 2^32, 1 <= S <= 65535,
- * max_query_tokens <= T, rope_theta finite and > 0, and that nothing written
- * (out, kv_pages) overlaps another binding.
+ * max_query_tokens <= T, rope_theta finite and > 0, qkv's width (heads +
+ * 2 kv_heads) * head_dim and q, k, v NULL when qkv is given, a given
+ * workspace on the runtime, in its buffer, aligned and large enough, and that
+ * nothing written (out, kv_pages, workspace) overlaps another binding.
  * Checked on the device, per sequence, before anything of it is read: the
  * span within T, count <= min(seq_lens[s], max_query_tokens), seq_lens[s] <=
  * max_blocks * page_tokens, and every block table entry the sequence uses
@@ -71,11 +86,23 @@
  * per sequence, kv head and 16 new tokens) and an attention kernel (one
  * block per sequence, kv head and tile of 16 query rows for prefill, or of
  * the group's heads for decode; 128 threads, keys in tiles of 64 through
- * shared memory, f32 arithmetic on CUDA cores). Two dispatches per command;
- * workspace: none. The command is replayable: its key holds both kernels'
+ * shared memory, the next tile's loads in flight while one is computed, f32
+ * arithmetic on CUDA cores). Split-KV decode: the command's split count n
+ * is fixed at encode from S, kv_heads and the row tiles (pairs = S *
+ * kv_heads * tiles; n = min(64, 1024 / pairs), no split below 2), so one
+ * graph serves every step; on the device each sequence's L keys are cut in
+ * ceil(L / c) chunks of c = 64 * ceil(ceil(L / n) / 64) keys (blocks past
+ * them exit at once), each chunk's block writes an f32 partial (unnormalized
+ * output, running max and sum per row), and the last block of a sequence
+ * and kv head to finish (an atomic counter the append kernel zeroes every
+ * launch) combines them in chunk order and writes out: the result is the
+ * same bits however the blocks were scheduled, replayed or eager. A sequence
+ * of at most c keys does not touch the workspace. Two dispatches per
+ * command. The command is replayable: its key holds both kernels'
  * fingerprint, every binding's address and bytes, T, S, max_blocks,
- * max_query_tokens and rope_theta. Needs a runtime (KILN_ERR_NO_DEVICE
- * offline); errors from acquiring the kernel pass through.
+ * max_query_tokens, the row strides, the split count and rope_theta. Needs a
+ * runtime (KILN_ERR_NO_DEVICE offline); errors from acquiring the kernel pass
+ * through.
  */
 #ifndef KILN_OP_ATTENTION_H
 #define KILN_OP_ATTENTION_H
@@ -106,6 +133,12 @@ typedef struct kiln_paged_attention_desc {
      * for it; a sequence with more is reported, not computed). 0: T. 1: the
      * decode kernel, specialized for one token per sequence. */
     uint32_t max_query_tokens;
+    /* Appended after the first release (a desc whose size ends at
+     * max_query_tokens has neither, and is still taken):
+     * the split-KV scratch, by reference (borrowed; may be NULL), and the
+     * fused q | k | v input (NULL: q, k and v). */
+    const kiln_region *workspace;
+    const struct kiln_tensor *qkv;
 } kiln_paged_attention_desc;
 
 KILN_API kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc,
@@ -125,9 +158,16 @@ KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64
 KILN_API kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                                   kiln_spec *out);
 
-/* Workspace bytes: always 0 (the uniform provider interface). */
-KILN_API kiln_status kiln_op_paged_attention_workspace(int64_t tokens, int64_t heads, int64_t head_dim,
-                                                       size_t *bytes);
+/* Workspace bytes a command needs to split its decode (see the desc's
+ * workspace): 0 unless max_query_tokens is 1 and S * kv_heads * row tiles is
+ * at most 512; at most about 1024 * rows * (head_dim + 2) * 4 bytes (2 MiB for
+ * Llama-3-8B's heads, 8.5 MiB at 16 rows). seqs is S (the block table's
+ * first dim), max_query_tokens the desc's (T where the desc says 0).
+ * KILN_ERR_RUNTIME_CONTRACT for a head layout kiln_op_paged_attention_spec
+ * refuses, seqs outside [1, 65535] or max_query_tokens < 1;
+ * KILN_ERR_INVALID_ARGUMENT for a NULL bytes. */
+KILN_API kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64_t kv_heads,
+                                                       int64_t head_dim, int64_t max_query_tokens, size_t *bytes);
 
 #ifdef __cplusplus
 }
