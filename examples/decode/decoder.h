@@ -67,9 +67,12 @@ void dec_checkpoint_close(dec_checkpoint *ck);
  * KILN_ERR_CONFIG a tensor of another dtype or shape. */
 kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *files, size_t n_files);
 
-/* The model's weights on the device. */
+/* The model's weights on the device. q_proj, k_proj and v_proj are
+ * concatenated at load (rows q, then k, then v: [(heads + 2 kv_heads) *
+ * head_dim, hidden]), and so are their biases when the model has them: one
+ * dense product writes the fused qkv rows the attention reads. */
 typedef struct dec_layer {
-    kiln_buffer *in_norm, *post_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *w_gate_up, *w_down;
+    kiln_buffer *in_norm, *post_norm, *wqkv, *bqkv, *wo, *w_gate_up, *w_down;
 } dec_layer;
 
 typedef struct dec_model {

@@ -26,10 +26,10 @@ struct dec_engine {
     kiln_runtime *rt;
     const dec_model *m;
     dec_engine_options o;
-    int64_t H, I, V, NH, KVH, HD, QD, KVD;
+    int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
     float eps, theta;
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
-    kiln_buffer *x, *res, *norm, *q, *k, *v, *attn, *act, *logits, *ws, *kv;
+    kiln_buffer *x, *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
     kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
     kiln_binding_arena *arena;
     kiln_buffer *ab; /* the arena's buffer (borrowed) */
@@ -88,6 +88,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     e->HD = c->head_dim;
     e->QD = e->NH * e->HD;
     e->KVD = e->KVH * e->HD;
+    e->QKVD = e->QD + 2 * e->KVD;
     e->eps = (float)c->rms_norm_eps;
     e->theta = (float)c->rope_theta;
     const uint32_t P = o->max_participants;
@@ -102,9 +103,9 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     e->pages_per_layer = P * e->max_blocks;
     /* The workspace: the largest any command of a step asks for. */
     size_t ws = 0, w;
-    const int64_t outs[4] = {e->QD, e->KVD, e->H, e->H};
-    const int64_t ins[4] = {e->H, e->H, e->QD, e->I};
-    for (int i = 0; i < 4; i++) {
+    const int64_t outs[3] = {e->QKVD, e->H, e->H};
+    const int64_t ins[3] = {e->H, e->QD, e->I};
+    for (int i = 0; i < 3; i++) {
         if ((st = kiln_op_dense_linear_workspace((int64_t)R, ins[i], outs[i], &w))) {
             dec_kfail(st, "linear workspace");
             goto fail;
@@ -121,6 +122,14 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         goto fail;
     }
     ws = w > ws ? w : ws;
+    /* Attention's split-KV decode: the most any batch size up to P asks for. */
+    for (uint32_t b = 1; b <= P; b++) {
+        if ((st = kiln_op_paged_attention_workspace(b, e->NH, e->KVH, e->HD, 1, &w))) {
+            dec_kfail(st, "attention workspace");
+            goto fail;
+        }
+        ws = w > ws ? w : ws;
+    }
     size_t am_ws;
     if ((st = kiln_op_masked_argmax_workspace(e->V, P, &am_ws))) {
         dec_kfail(st, "argmax workspace");
@@ -128,8 +137,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     }
     const size_t kv_bytes = (size_t)m->config.layers * e->pages_per_layer * (size_t)KILN_PAGED_KV_PAGE_BYTES;
     if ((st = buf(e, R * e->H * 2, &e->x, "x")) || (st = buf(e, R * e->H * 2, &e->res, "residual")) ||
-        (st = buf(e, R * e->H * 2, &e->norm, "normed")) || (st = buf(e, R * e->QD * 2, &e->q, "q")) ||
-        (st = buf(e, R * e->KVD * 2, &e->k, "k")) || (st = buf(e, R * e->KVD * 2, &e->v, "v")) ||
+        (st = buf(e, R * e->H * 2, &e->norm, "normed")) || (st = buf(e, R * e->QKVD * 2, &e->qkv, "qkv")) ||
         (st = buf(e, R * e->QD * 2, &e->attn, "attention out")) ||
         (st = buf(e, R * e->I * 2, &e->act, "mlp activations")) ||
         (st = buf(e, (size_t)P * e->V * 2, &e->logits, "logits")) || (st = buf(e, ws, &e->ws, "workspace")) ||
@@ -200,9 +208,9 @@ void dec_engine_free(dec_engine *e)
         for (uint32_t p = 0; p <= e->o.max_participants; p++)
             cmds_release(&e->decode[p]);
     free(e->decode);
-    kiln_buffer *all[] = {e->x,      e->res,   e->norm,    e->q,       e->k,     e->v,   e->attn,
-                          e->act,    e->logits, e->ws,     e->kv,      e->valid, e->rep_ids,
-                          e->rep_off, e->penalty, e->am_ws, e->next};
+    kiln_buffer *all[] = {e->x,      e->res,    e->norm,  e->qkv,   e->attn,    e->act,
+                          e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
+                          e->penalty, e->am_ws, e->next};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         kiln_buffer_destroy(all[i]);
     kiln_binding_arena_destroy(e->arena);
@@ -242,7 +250,7 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
 static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
 {
     const dec_model *m = e->m;
-    const size_t cap = 4 + (size_t)m->config.layers * 9;
+    const size_t cap = 4 + (size_t)m->config.layers * 7;
     step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
     if (!c.cmd || !c.label) {
         cmds_release(&c);
@@ -250,10 +258,8 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     }
     const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
     kiln_tensor x = tensor(e->x, 0, F, 2, T, e->H, 0), res = tensor(e->res, 0, F, 2, T, e->H, 0),
-                nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), q = tensor(e->q, 0, F, 2, T, e->QD, 0),
-                k = tensor(e->k, 0, F, 2, T, e->KVD, 0), v = tensor(e->v, 0, F, 2, T, e->KVD, 0),
-                q3 = tensor(e->q, 0, F, 3, T, e->NH, e->HD), k3 = tensor(e->k, 0, F, 3, T, e->KVH, e->HD),
-                v3 = tensor(e->v, 0, F, 3, T, e->KVH, e->HD), at3 = tensor(e->attn, 0, F, 3, T, e->NH, e->HD),
+                nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), qkv = tensor(e->qkv, 0, F, 2, T, e->QKVD, 0),
+                at3 = tensor(e->attn, 0, F, 3, T, e->NH, e->HD),
                 at = tensor(e->attn, 0, F, 2, T, e->QD, 0), act = tensor(e->act, 0, F, 2, T, e->I, 0),
                 ids = tensor(e->ab, e->slots[SLOT_IDS].offset, U, 1, T, 0, 0),
                 pos = tensor(e->ab, e->slots[SLOT_POS].offset, U, 1, T, 0, 0),
@@ -271,33 +277,23 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     for (int64_t l = 0; l < m->config.layers; l++) {
         const dec_layer *L = &m->layer[l];
         kiln_tensor in_w = tensor(L->in_norm, 0, F, 1, e->H, 0, 0), post_w = tensor(L->post_norm, 0, F, 1, e->H, 0, 0),
-                    wq = tensor(L->wq, 0, F, 2, e->QD, e->H, 0), wk = tensor(L->wk, 0, F, 2, e->KVD, e->H, 0),
-                    wv = tensor(L->wv, 0, F, 2, e->KVD, e->H, 0), wo = tensor(L->wo, 0, F, 2, e->H, e->QD, 0),
+                    wqkv = tensor(L->wqkv, 0, F, 2, e->QKVD, e->H, 0), wo = tensor(L->wo, 0, F, 2, e->H, e->QD, 0),
                     gu = tensor(L->w_gate_up, 0, F, 2, 2 * e->I, e->H, 0),
-                    wd = tensor(L->w_down, 0, F, 2, e->H, e->I, 0), bq, bk, bv;
-        if (L->bq) {
-            bq = tensor(L->bq, 0, F, 1, e->QD, 0, 0);
-            bk = tensor(L->bk, 0, F, 1, e->KVD, 0, 0);
-            bv = tensor(L->bv, 0, F, 1, e->KVD, 0, 0);
-        }
+                    wd = tensor(L->w_down, 0, F, 2, e->H, e->I, 0), bqkv = tensor(L->bqkv, 0, F, 1, e->QKVD, 0, 0);
         /* Layer 0 normalizes the embedding (already in the residual); later
          * layers add the last MLP's output to the residual first. */
         st = l == 0 ? kiln_op_rms_norm_encode(e->jit, &res, &in_w, e->eps, &nrm, &cmd)
                     : kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &in_w, e->eps, &nrm, &cmd);
         if ((st = push(&c, cap, st, &cmd, "input norm", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wq, L->bq ? &bq : NULL, &q, &ws, &cmd), &cmd,
-                       "q_proj", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wk, L->bk ? &bk : NULL, &k, &ws, &cmd), &cmd,
-                       "k_proj", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &nrm, &wv, L->bv ? &bv : NULL, &v, &ws, &cmd), &cmd,
-                       "v_proj", l)))
+            (st = push(&c, cap,
+                       kiln_op_dense_linear_encode(e->jit, &nrm, &wqkv, L->bqkv ? &bqkv : NULL, &qkv, &ws, &cmd), &cmd,
+                       "qkv_proj", l)))
             goto fail;
         const size_t layer_bytes = (size_t)e->pages_per_layer * KILN_PAGED_KV_PAGE_BYTES;
         kiln_region pages = {e->kv, (size_t)l * layer_bytes, (size_t)(l + 1) * layer_bytes};
-        kiln_paged_attention_desc d = {.size = sizeof d, .q = &q3, .k = &k3, .v = &v3, .positions = &pos,
-                                       .block_table = &table, .seq_lens = &lens, .query_spans = &spans,
-                                       .out = &at3, .kv_pages = &pages, .rope_theta = e->theta,
-                                       .max_query_tokens = maxq};
+        kiln_paged_attention_desc d = {.size = sizeof d, .qkv = &qkv, .positions = &pos, .block_table = &table,
+                                       .seq_lens = &lens, .query_spans = &spans, .out = &at3, .kv_pages = &pages,
+                                       .rope_theta = e->theta, .max_query_tokens = maxq, .workspace = &ws};
         if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), &cmd, "attention", l)) ||
             (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &at, &wo, NULL, &x, &ws, &cmd), &cmd, "o_proj",
                        l)) ||
@@ -608,10 +604,10 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
 static double label_bytes(const dec_engine *e, const char *label, uint32_t batch, uint32_t context)
 {
     const double H = (double)e->H, I = (double)e->I, Q = (double)e->QD, KV = (double)e->KVD, L = (double)e->m->config.layers;
-    if (!strcmp(label, "q_proj") || !strcmp(label, "o_proj"))
+    if (!strcmp(label, "qkv_proj"))
+        return 2 * H * (Q + 2 * KV) * L;
+    if (!strcmp(label, "o_proj"))
         return 2 * H * Q * L;
-    if (!strcmp(label, "k_proj") || !strcmp(label, "v_proj"))
-        return 2 * H * KV * L;
     if (!strcmp(label, "swiglu"))
         return 2 * 2 * I * H * L;
     if (!strcmp(label, "down_proj"))

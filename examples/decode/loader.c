@@ -420,12 +420,12 @@ static kiln_buffer **slot_of(dec_model *m, const wspec *w)
     case W_LM_HEAD: return &m->lm_head;
     case W_IN_NORM: return &L->in_norm;
     case W_POST_NORM: return &L->post_norm;
-    case W_Q: return &L->wq;
-    case W_K: return &L->wk;
-    case W_V: return &L->wv;
-    case W_BQ: return &L->bq;
-    case W_BK: return &L->bk;
-    case W_BV: return &L->bv;
+    case W_Q:
+    case W_K:
+    case W_V: return &L->wqkv;
+    case W_BQ:
+    case W_BK:
+    case W_BV: return &L->bqkv;
     case W_O: return &L->wo;
     case W_GATE:
     case W_UP: return &L->w_gate_up;
@@ -434,14 +434,25 @@ static kiln_buffer **slot_of(dec_model *m, const wspec *w)
     return NULL;
 }
 
-/* Bytes of w's buffer, and where w lies in it (gate and up share one). */
+/* Bytes of w's buffer, and where w lies in it: gate and up share one, and
+ * q, k and v (weights, and biases) share one, in that order. */
 static void placement(const dec_config *c, const wspec *w, size_t *buffer_bytes, size_t *offset, size_t *bytes)
 {
-    size_t n = (size_t)w->dims[0] * (size_t)(w->rank == 2 ? w->dims[1] : 1) * 2;
+    const size_t n = (size_t)w->dims[0] * (size_t)(w->rank == 2 ? w->dims[1] : 1) * 2;
+    const size_t row = (size_t)(w->rank == 2 ? w->dims[1] : 1) * 2; /* bytes per output row */
+    const size_t q = (size_t)(c->base.num_attention_heads * c->base.head_dim) * row,
+                 kv = (size_t)(c->base.num_key_value_heads * c->base.head_dim) * row;
     *bytes = n;
-    *offset = w->kind == W_UP ? n : 0;
-    *buffer_bytes = (w->kind == W_GATE || w->kind == W_UP) ? 2 * n : n;
-    (void)c;
+    *offset = 0;
+    *buffer_bytes = n;
+    switch (w->kind) {
+    case W_GATE: *buffer_bytes = 2 * n; break;
+    case W_UP: *offset = n; *buffer_bytes = 2 * n; break;
+    case W_Q: case W_BQ: *buffer_bytes = q + 2 * kv; break;
+    case W_K: case W_BK: *offset = q; *buffer_bytes = q + 2 * kv; break;
+    case W_V: case W_BV: *offset = q + kv; *buffer_bytes = q + 2 * kv; break;
+    default: break;
+    }
 }
 
 static kiln_status model_new(kiln_runtime *rt, const dec_config *c, dec_model **out)
@@ -591,8 +602,7 @@ void dec_model_free(dec_model *m)
         return;
     for (int64_t i = 0; i < m->config.layers; i++) {
         dec_layer *L = &m->layer[i];
-        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wq, L->wk, L->wv, L->bq,
-                              L->bk,      L->bv,        L->wo, L->w_gate_up, L->w_down};
+        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wqkv, L->bqkv, L->wo, L->w_gate_up, L->w_down};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
             kiln_buffer_destroy(all[k]);
     }
