@@ -140,10 +140,13 @@ static void config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_
 /* Whether a candidate keeps the f32 accumulation up to the f16 output's one
  * rounding. Split K must keep its partial sums in f32 (the preference's
  * reduction mask asks for that; checked again here). And with the bias
- * epilogue, split K is refused altogether: such a kernel rounds the product to
- * f16 and adds the bias in f16 (two roundings; where bias and product cancel
- * the error is the product's ulp, not the sum's: seen at 333 x 1000 -> 2731,
- * 2.7x the tolerance of tests/test_ops_dense_gpu.c). */
+ * epilogue, split K is refused altogether: cuBLASLt 13's split-K kernels of
+ * algorithm 24 round the product to f16 and add the bias in f16 (two
+ * roundings; where bias and product cancel, the error is the product's ulp,
+ * not the sum's). Seen on the H200 at 333 x 1000 -> 2731: split 2 and 4 with
+ * f32 partials, 2.6x the tolerance of tests/test_ops_dense_gpu.c with the
+ * bias, 0.45x without it; algorithm 66's split-K kernels were exact with the
+ * bias, but nothing documented tells the two kinds apart. */
 static int accurate(const algo_config *c, int bias)
 {
     if (c->split_k > 1 && c->reduction != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
