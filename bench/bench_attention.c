@@ -9,7 +9,7 @@
  * two kernels together), prefill of 512 and 4096 tokens of one sequence and
  * 4 x 1024 packed (reported: attention TFLOP/s, 4 * heads * head_dim * causal
  * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
- * several split targets (blocks a split decode aims at; 1024 is kiln's).
+ * several split targets (blocks a split decode aims at; 512 is kiln's).
  *
  * Usage: bench_attention [--iters 50] [--sweep]
  */
@@ -161,7 +161,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_int(&j, "new_tokens", count);
     if (count == 1) {
         bench_json_bool(&j, "split", split);
-        bench_json_int(&j, "split_target", target ? target : 1024);
+        bench_json_int(&j, "split_target", target ? target : 512);
         bench_json_int(&j, "workspace_bytes", split ? (long long)ws_bytes : 0);
     }
     bench_json_num(&j, "median_us", us);

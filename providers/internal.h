@@ -56,7 +56,7 @@ typedef struct kiln__paged_attention_info {
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
-/* The blocks a split decode aims at (0: the default, 1024): for benchmarks
+/* The blocks a split decode aims at (0: the default, 512): for benchmarks
  * that compare split counts. Changes what kiln_op_paged_attention_workspace
  * returns; process-wide. */
 void kiln__paged_attention_set_split_target(uint32_t blocks);

@@ -100,7 +100,7 @@ static void test_spec_and_page_arguments(void **state)
     KILN_CHECK(kiln_op_paged_attention_spec(64, 14, 2, 0, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "HEADS=14;HEAD_DIM=64;KV_HEADS=2;PAGE_TOKENS=128;ROWS=16");
-    /* Workspace: prefill needs none; decode splits below 1024 / 2 blocks. */
+    /* Workspace: prefill needs none; decode splits up to 512 / 2 blocks. */
     size_t b = 1;
     KILN_CHECK(kiln_op_paged_attention_workspace(100, 32, 8, 128, 100, &b));
     assert_int_equal(b, 0);
@@ -109,18 +109,23 @@ static void test_spec_and_page_arguments(void **state)
     /* 1 sequence x 8 kv heads: 64 chunks of 4 rows x (128 + 2) floats, 256 bytes of counters. */
     KILN_CHECK(kiln_op_paged_attention_workspace(1, 32, 8, 128, 1, &b));
     assert_int_equal(b, 256 + 8 * 64 * 4 * 130 * 4);
-    KILN_CHECK(kiln_op_paged_attention_workspace(8, 32, 8, 128, 1, &b)); /* 64 pairs: 16 chunks */
-    assert_int_equal(b, 256 + 64 * 16 * 4 * 130 * 4);
-    KILN_CHECK(kiln_op_paged_attention_workspace(32, 32, 8, 128, 1, &b)); /* 256 pairs: 4 chunks */
-    assert_int_equal(b, 1024 + 256 * 4 * 4 * 130 * 4);
-    KILN_CHECK(kiln_op_paged_attention_workspace(64, 32, 8, 128, 1, &b)); /* 512 pairs: 2 chunks */
-    assert_int_equal(b, 2048 + 512 * 2 * 4 * 130 * 4);
-    KILN_CHECK(kiln_op_paged_attention_workspace(65, 32, 8, 128, 1, &b)); /* 520 pairs: the GPU is full */
+    KILN_CHECK(kiln_op_paged_attention_workspace(8, 32, 8, 128, 1, &b)); /* 64 pairs: 8 chunks */
+    assert_int_equal(b, 256 + 64 * 8 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(32, 32, 8, 128, 1, &b)); /* 256 pairs: 2 chunks */
+    assert_int_equal(b, 1024 + 256 * 2 * 4 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(33, 32, 8, 128, 1, &b)); /* 264 pairs: the GPU is full */
     assert_int_equal(b, 0);
-    KILN_CHECK(kiln_op_paged_attention_workspace(3, 28, 4, 128, 1, &b)); /* group 7: 8 rows; 12 pairs, 64 chunks */
-    assert_int_equal(b, 256 + 12 * 64 * 8 * 130 * 4);
+    KILN_CHECK(kiln_op_paged_attention_workspace(3, 28, 4, 128, 1, &b)); /* group 7: 8 rows; 12 pairs, 42 chunks */
+    assert_int_equal(b, 256 + 12 * 42 * 8 * 130 * 4);
     KILN_CHECK(kiln_op_paged_attention_workspace(1, 64, 2, 64, 1, &b)); /* group 32: 2 tiles of 16 rows */
     assert_int_equal(b, 256 + 4 * 64 * 16 * 66 * 4);
+    /* The split target (benchmarks only) moves the split count. */
+    kiln__paged_attention_set_split_target(1024);
+    KILN_CHECK(kiln_op_paged_attention_workspace(8, 32, 8, 128, 1, &b)); /* 16 chunks */
+    assert_int_equal(b, 256 + 64 * 16 * 4 * 130 * 4);
+    kiln__paged_attention_set_split_target(0);
+    KILN_CHECK(kiln_op_paged_attention_workspace(8, 32, 8, 128, 1, &b));
+    assert_int_equal(b, 256 + 64 * 8 * 4 * 130 * 4);
     KILN_EXPECT(kiln_op_paged_attention_workspace(0, 32, 8, 128, 1, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "0 sequences", NULL);
     KILN_EXPECT(kiln_op_paged_attention_workspace(65536, 32, 8, 128, 1, &b), KILN_ERR_RUNTIME_CONTRACT,
@@ -340,11 +345,11 @@ static void test_workspace_and_fused_qkv(void **state)
     assert_int_equal(in.kv_stride, KVH * D);
     size_t need;
     KILN_CHECK(kiln_op_paged_attention_workspace(S, H, KVH, D, 1, &need));
-    assert_int_equal(need, 256 + 64 * 16 * 4 * 130 * 4);
+    assert_int_equal(need, 256 + 64 * 8 * 4 * 130 * 4);
     kiln_region ws = {wsb, 0, need};
     c.d.workspace = &ws;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
-    assert_int_equal(in.splits, 16);
+    assert_int_equal(in.splits, 8);
     assert_int_equal(in.counter_bytes, 256);
     assert_int_equal(in.workspace_bytes, need);
     assert_int_equal(in.bytes[10], need);
@@ -356,7 +361,7 @@ static void test_workspace_and_fused_qkv(void **state)
     c.d.max_query_tokens = 1;
     ws.end = need - 1;
     KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding workspace has 2130175 bytes", "at least 2130176");
+                "binding workspace has 1065215 bytes", "at least 1065216");
     ws = (kiln_region){wsb, 64, 64 + need};
     KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "binding workspace must start 256-byte aligned", "offset 64");
@@ -371,7 +376,7 @@ static void test_workspace_and_fused_qkv(void **state)
                 "binding workspace", "overlaps binding kv_pages");
     ws = (kiln_region){NULL, 0, need};
     KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding workspace has no buffer", "2130176 bytes");
+                "binding workspace has no buffer", "1065216 bytes");
     ws = (kiln_region){wsb, 0, need};
     /* A desc of the size before workspace and qkv: neither is read. */
     c.d.size = (uint32_t)offsetof(kiln_paged_attention_desc, workspace);
@@ -379,7 +384,7 @@ static void test_workspace_and_fused_qkv(void **state)
     assert_int_equal(in.splits, 1);
     c.d.size = sizeof c.d;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
-    assert_int_equal(in.splits, 16);
+    assert_int_equal(in.splits, 8);
 
     /* Fused: qkv [S, (32 + 2 x 8) x 128], q, k and v NULL. */
     kiln_tensor qkv = view3(buf, 0, KILN_DTYPE_F16, S, (H + 2 * KVH) * D, 0);
@@ -402,7 +407,7 @@ static void test_workspace_and_fused_qkv(void **state)
     assert_int_equal(in.k_offset, H * D * 2);
     assert_int_equal(in.v_offset, (H + KVH) * D * 2);
     assert_int_equal(in.bytes[3], S * (H + 2 * KVH) * D * 2);
-    assert_int_equal(in.splits, 16);
+    assert_int_equal(in.splits, 8);
     qkv.dims[1] = (H + 2 * KVH) * D + 64;
     KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "binding qkv has 6208 columns", "(heads 32 + 2 x kv_heads) x head_dim 128");

@@ -89,7 +89,7 @@
  * shared memory, the next tile's loads in flight while one is computed, f32
  * arithmetic on CUDA cores). Split-KV decode: the command's split count n
  * is fixed at encode from S, kv_heads and the row tiles (pairs = S *
- * kv_heads * tiles; n = min(64, 1024 / pairs), no split below 2), so one
+ * kv_heads * tiles; n = min(64, 512 / pairs), no split below 2), so one
  * graph serves every step; on the device each sequence's L keys are cut in
  * ceil(L / c) chunks of c = 64 * ceil(ceil(L / n) / 64) keys (blocks past
  * them exit at once), each chunk's block writes an f32 partial (unnormalized
@@ -160,8 +160,8 @@ KILN_API kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t head
 
 /* Workspace bytes a command needs to split its decode (see the desc's
  * workspace): 0 unless max_query_tokens is 1 and S * kv_heads * row tiles is
- * at most 512; at most about 1024 * rows * (head_dim + 2) * 4 bytes (2 MiB for
- * Llama-3-8B's heads, 8.5 MiB at 16 rows). seqs is S (the block table's
+ * at most 256; at most about 512 * rows * (head_dim + 2) * 4 bytes (1 MiB for
+ * Llama-3-8B's heads, 4.3 MiB at 16 rows). seqs is S (the block table's
  * first dim), max_query_tokens the desc's (T where the desc says 0).
  * KILN_ERR_RUNTIME_CONTRACT for a head layout kiln_op_paged_attention_spec
  * refuses, seqs outside [1, 65535] or max_query_tokens < 1;
