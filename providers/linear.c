@@ -1,10 +1,12 @@
 /* Dense linear: out[t, o] = sum_i x[t, i] · weight[o, i] (+ bias[o]), one
- * cuBLASLt call (providers/blas.h has the layout algebra). */
+ * cuBLASLt call (providers/blas.h has the layout algebra), or for a few tokens
+ * kiln's own weight-streaming kernel (providers/skinny.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/skinny.h"
 
 #define OP "dense_linear"
 /* The provider's part of the replay key; bumped when what it enqueues changes. */
@@ -88,6 +90,17 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 4)))
         return st;
 
+    kiln_region regions[5];
+    size_t n = 0;
+    regions[n++] = (kiln_region){x->buffer, x->offset, x->offset + x_bytes};
+    regions[n++] = (kiln_region){weight->buffer, weight->offset, weight->offset + w_bytes};
+    if (bias)
+        regions[n++] = (kiln_region){bias->buffer, bias->offset, bias->offset + b_bytes};
+    regions[n++] = (kiln_region){out->buffer, out->offset, out->offset + o_bytes};
+    regions[n++] = *workspace;
+    const uint64_t dx = kiln__buffer_ptr(x->buffer) + x->offset, dw = kiln__buffer_ptr(weight->buffer) + weight->offset;
+    if (kiln__skinny_linear_applies(rt, tokens, in, dx, dw))
+        return kiln__skinny_linear_encode(jit, x, weight, bias, out, regions, n, cmd);
     kiln__gemm *g = malloc(sizeof *g);
     if (!g)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
@@ -107,14 +120,6 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     kiln__gemm_key_of(g, &gk);
     memcpy(key, KEY_TAG, sizeof KEY_TAG);
     memcpy(key + sizeof KEY_TAG, &gk, sizeof gk);
-    kiln_region regions[5];
-    size_t n = 0;
-    regions[n++] = (kiln_region){x->buffer, x->offset, x->offset + x_bytes};
-    regions[n++] = (kiln_region){weight->buffer, weight->offset, weight->offset + w_bytes};
-    if (bias)
-        regions[n++] = (kiln_region){bias->buffer, bias->offset, bias->offset + b_bytes};
-    regions[n++] = (kiln_region){out->buffer, out->offset, out->offset + o_bytes};
-    regions[n++] = *workspace;
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,
                             .participants = 1,

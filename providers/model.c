@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "providers/internal.h"
+#include "providers/skinny.h"
 
 /* A config.json larger than this is not a config. */
 #define MAX_CONFIG_BYTES (16u << 20)
@@ -248,7 +249,7 @@ kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec *
         kiln_status (*fn)(const kiln_model_config *, kiln__spec_sink, void *);
     } providers[] = {{kiln__token_embedding_specs}, {kiln__dense_swiglu_specs}, {kiln__last_token_linear_specs},
                      {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs},
-                     {kiln__gated_delta_specs}, {kiln__paged_attention_specs}};
+                     {kiln__gated_delta_specs}, {kiln__paged_attention_specs}, {kiln__skinny_linear_specs}};
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
         kiln_status st = providers[i].fn(cfg, add_spec, &l);
         if (st) {

@@ -211,6 +211,14 @@ static void test_linear(void **state)
         {5, 1000, 50001, 1, 0, 0},     /* odd: vocab 50001, rows of odd length */
         {3, 64, 40, 1, 2, 2},          /* misaligned views: 2-byte aligned x and out */
         {1, 1, 1, 0, 0, 0},            /* the smallest */
+        /* The skinny kernel (1 to 8 tokens, in a multiple of 32), and past it: */
+        {8, 4096, 6144, 1, 0, 0},      /* fused q/k/v of Llama-3-8B, batch 8, a bias */
+        {32, 4096, 4096, 0, 0, 0},     /* 32 tokens: cuBLASLt */
+        {5, 896, 4864, 1, 0, 0},       /* Qwen2.5-0.5B gate */
+        {2, 14336, 4096, 0, 0, 0},     /* Llama-3-8B down_proj */
+        {3, 96, 40, 1, 0, 0},          /* one warp per block; rows past out in the last block */
+        {7, 64, 1000, 1, 0, 0},        /* two warps */
+        {1, 4864, 24, 0, 0, 0},        /* fewer rows than one block */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_linear(*state, &cases[i]);
@@ -227,6 +235,54 @@ uint64_t kiln__blas_tuned_shapes(void);
  * 333 x 1000 -> 2731 with a bias is where the heuristic offers split-K
  * kernels that add the bias in f16 (blas_cache.c refuses them): each
  * candidate's configuration is printed beside its errors. */
+/* A few tokens (<= 8) take kiln's skinny kernel (a kernel is acquired), more
+ * and KILN_SKINNY=0 take cuBLASLt (none is). test_linear checks both paths'
+ * results. */
+static uint64_t acquired(kiln_jit *jit)
+{
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    return k.compiles + k.database_hits + k.memory_hits;
+}
+
+static void test_few_tokens_take_the_skinny_kernel(void **state)
+{
+    fixture *f = *state;
+    kiln_buffer *bx, *bw, *bo, *bws;
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_dense_linear_workspace(64, 4096, 1024, &ws_bytes));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * 4096 * 2, 0, &bx));
+    KILN_CHECK(kiln_buffer_create(f->rt, 1024 * 4096 * 2, 0, &bw));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * 1024 * 2, 0, &bo));
+    KILN_CHECK(kiln_buffer_create(f->rt, ws_bytes, 0, &bws));
+    kiln_region ws = whole(bws);
+    kiln_tensor w = t2(bw, 0, KILN_DTYPE_F16, 1024, 4096);
+    static const struct {
+        int64_t tokens;
+        const char *env;
+        int kernels;
+    } cases[] = {{1, NULL, 1}, {8, NULL, 1}, {9, NULL, 0}, {64, NULL, 0}, {8, "0", 0}, {8, "1", 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env)
+            setenv("KILN_SKINNY", cases[i].env, 1);
+        kiln_tensor x = t2(bx, 0, KILN_DTYPE_F16, cases[i].tokens, 4096),
+                    o = t2(bo, 0, KILN_DTYPE_F16, cases[i].tokens, 1024);
+        const uint64_t before = acquired(f->jit);
+        kiln_command *cmd;
+        KILN_CHECK(kiln_op_dense_linear_encode(f->jit, &x, &w, NULL, &o, &ws, &cmd));
+        kiln_command_release(cmd);
+        unsetenv("KILN_SKINNY");
+        if (acquired(f->jit) - before != (uint64_t)cases[i].kernels)
+            fail_msg("%lld tokens (KILN_SKINNY %s): %llu kernels acquired, expected %d", (long long)cases[i].tokens,
+                     cases[i].env ? cases[i].env : "unset", (unsigned long long)(acquired(f->jit) - before),
+                     cases[i].kernels);
+    }
+    kiln_buffer_destroy(bx);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bws);
+}
+
 static void test_linear_every_candidate(void **state)
 {
     static const lin_case cases[] = {
@@ -781,11 +837,14 @@ static void test_prewarmed_model_compiles_nothing(void **state)
             (unsigned long long)k.compiles, (unsigned long long)k.database_hits, (unsigned long long)(q1 - q0),
             (unsigned long long)(h1 - h0));
     assert_int_equal(k.compiles, 0);
-    assert_int_equal(k.database_hits, 9); /* embedding, SwiGLU, gather for each model */
-    /* The same shapes again: served by the heuristic cache, no new query. */
+    /* Embedding, SwiGLU, gather for each model; the 7-token linear's skinny
+     * kernel for Llama (in 4096) and Qwen (896); the odd model's (in 1000)
+     * goes through cuBLASLt. */
+    assert_int_equal(k.database_hits, 11);
+    /* The same shape again: served by the heuristic cache, no new query. */
     kiln_command *again;
-    kiln_tensor x = t2(bx, 0, KILN_DTYPE_F16, 7, 4096), wl = t2(bw, 0, KILN_DTYPE_F16, 4096, 4096),
-                lo = t2(bo, 0, KILN_DTYPE_F16, 7, 4096);
+    kiln_tensor x = t2(bx, 0, KILN_DTYPE_F16, 7, 1000), wl = t2(bw, 0, KILN_DTYPE_F16, 1000, 1000),
+                lo = t2(bo, 0, KILN_DTYPE_F16, 7, 1000);
     KILN_CHECK(kiln_op_dense_linear_encode(jit, &x, &wl, NULL, &lo, &ws, &again));
     kiln_command_release(again);
     uint64_t q2, h2;
@@ -812,6 +871,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_linear),
+        T(test_few_tokens_take_the_skinny_kernel),
         cmocka_unit_test_setup_teardown(test_linear_every_candidate, setup, teardown_candidates),
         T(test_swiglu),
         T(test_last_token_linear),

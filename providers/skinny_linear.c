@@ -1,0 +1,141 @@
+/* Dense linear for a few tokens: templates/skinny_linear.cu (providers/skinny.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/skinny.h"
+
+#define OP "dense_linear"
+#define TEMPLATE "skinny_linear"
+/* Measured on the H200 (bench/bench_linear_tune, 1 and 8 tokens of Llama-3-8B's
+ * projections): 8 warps splitting K, 4 steps per load stage, one 16-row group
+ * per warp, the first stage warmed in L2 before the dependency sync; more
+ * blocks per SM asked of the compiler helped q/k/v and cost down_proj. */
+#define WARPS 8
+#define UNROLL 4
+#define ROW_GROUPS 1
+#define PREFETCH 1
+#define MIN_BLOCKS 0
+
+/* Warps per block: 8 splitting K where it divides, fewer for short rows. */
+static int warps_for(int64_t in)
+{
+    for (int w = WARPS; w > 1; w /= 2)
+        if (in % (32 * w) == 0)
+            return w;
+    return 1;
+}
+
+kiln_status kiln__skinny_linear_spec(int64_t in, kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": out is NULL");
+    if (in < 32 || in > INT32_MAX || in % 32)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, TEMPLATE ": in = %lld; it must be a multiple of 32 in [32, %d]",
+                          (long long)in, INT32_MAX);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "IN", in)) ||
+        (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
+        (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
+        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", MIN_BLOCKS)))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    const int64_t ins[3] = {cfg->hidden_size, cfg->intermediate_size, cfg->num_attention_heads * cfg->head_dim};
+    for (int i = 0; i < 3; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= ins[j] == ins[i];
+        if (seen || ins[i] < 32 || ins[i] % 32 || ins[i] > INT32_MAX)
+            continue;
+        kiln_spec spec;
+        kiln_status st = kiln__skinny_linear_spec(ins[i], &spec);
+        if (st || (st = sink(user, &spec)))
+            return st;
+    }
+    return KILN_OK;
+}
+
+int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, uint64_t dx, uint64_t dw)
+{
+    const char *env = getenv("KILN_SKINNY");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    if (tokens < 1 || tokens > KILN__SKINNY_MAX_TOKENS || in < 32 || in % 32 || in > INT32_MAX || (dx | dw) % 16)
+        return 0;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int major = 0;
+    return sscanf(info.arch, "sm_%1d", &major) == 1 && major >= 8;
+}
+
+typedef struct skinny_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr x, w, bias, out;
+    uint32_t n_out, tokens;
+    unsigned grid, threads;
+} skinny_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    skinny_launch *l = user;
+    void *args[] = {&l->x, &l->w, &l->bias, &l->out, &l->n_out, &l->tokens};
+    return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
+}
+
+kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                       const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *regions,
+                                       size_t n_regions, kiln_command **cmd)
+{
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    const int64_t tokens = x->dims[0], in = x->dims[1], n_out = weight->dims[0];
+    kiln_spec spec;
+    kiln_status st;
+    if ((st = kiln__skinny_linear_spec(in, &spec)))
+        return kiln__propagate(err, st);
+    const int64_t rg = ROW_GROUPS;
+    kiln_kernel *k;
+    void *fn;
+    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    skinny_launch *l = malloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    *l = (skinny_launch){.rt = rt,
+                         .fn = (CUfunction)fn,
+                         .x = kiln__buffer_ptr(x->buffer) + x->offset,
+                         .w = kiln__buffer_ptr(weight->buffer) + weight->offset,
+                         .bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0,
+                         .out = kiln__buffer_ptr(out->buffer) + out->offset,
+                         .n_out = (uint32_t)n_out,
+                         .tokens = (uint32_t)tokens,
+                         .grid = (unsigned)((n_out + 16 * rg - 1) / (16 * rg)),
+                         .threads = 32u * (unsigned)warps_for(in)};
+    /* The replay key: the kernel, every address and size, the grid. */
+    const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
+                                ((uint64_t)l->grid << 32) | l->threads};
+    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
+    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
+    kiln_command_desc d = {.op_id = OP,
+                           .batching = KILN_BATCHING_PACKED,
+                           .participants = 1,
+                           .tokens = (uint32_t)tokens,
+                           .dispatches = 1,
+                           .regions = regions,
+                           .n_regions = n_regions,
+                           .enqueue = enqueue,
+                           .user = l,
+                           .user_free = free,
+                           .replay_key = key,
+                           .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &d, cmd)))
+        free(l);
+    return st;
+}
