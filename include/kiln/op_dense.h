@@ -46,8 +46,14 @@ struct kiln_tensor;
  * out[t, o] = sum_i x[t, i] · weight[o, i] (+ bias[o]).
  *   x f16 [tokens, in], weight f16 [out, in], bias f16 [out] or NULL,
  *   out f16 [tokens, out]; tokens, in, out at most 2^31 - 1.
- * One cuBLASLt call. Attribution: op "dense_linear", packed, 1 participant,
- * tokens, 1 dispatch. Needs no NVRTC kernel: nothing to prewarm. */
+ * One cuBLASLt call; or, for 1 to 8 tokens with in a multiple of 32, x and
+ * weight 16-byte aligned and an sm_80+ device, kiln's own weight-streaming
+ * kernel (templates/skinny_linear.cu: tensor-core products, f32 sums added in
+ * a fixed order, the bias in f32, one rounding; launched with programmatic
+ * dependent launch, which cuBLASLt's kernels lack; $KILN_SKINNY=0 turns it
+ * off). Attribution: op "dense_linear", packed, 1 participant, tokens, 1
+ * dispatch. kiln_model_specializations lists the kernel for in = hidden_size,
+ * intermediate_size and num_attention_heads * head_dim. */
 KILN_API kiln_status kiln_op_dense_linear_workspace(int64_t tokens, int64_t in, int64_t out, size_t *bytes);
 KILN_API kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const struct kiln_tensor *x,
                                                  const struct kiln_tensor *weight, const struct kiln_tensor *bias,
