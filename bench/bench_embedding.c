@@ -98,13 +98,7 @@ int main(int argc, char **argv)
 
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {
-        bench_json j;
-        bench_json_begin(&j, BENCH);
-        bench_json_bool(&j, "peer", 0);
-        char msg[512];
-        snprintf(msg, sizeof msg, "no driver: %s", why ? why : "unknown");
-        bench_json_str(&j, "skipped", msg);
-        bench_json_end(&j);
+        bench_skip_no_driver(BENCH, why);
         return 0;
     }
 
