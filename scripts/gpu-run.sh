@@ -165,6 +165,8 @@ fi
 bench peer_torch_dense 150 python3 "$ROOT/bench/peer_torch_dense.py" --kiln "$BENCH_JSONL"
 
 bench bench_ops1 120 "$BUILD/bench/bench_ops1" && bench peer_torch_ops1 180 python3 "$ROOT/bench/peer_torch_ops1.py" --kiln "$BENCH_JSONL"
+# Dense linear at decode shapes: kiln's choice (the skinny kernel up to 8 tokens) beside every cuBLASLt candidate.
+if [ -x "$BUILD/bench/bench_linear_tune" ]; then bench bench_linear_tune 120 "$BUILD/bench/bench_linear_tune"; fi
 
 # Every line of bench.jsonl must be one JSON object.
 # Issue 7: a shipped database ready in <= 20 ms; prewarm's -j scaling on this machine's cores.
