@@ -247,9 +247,12 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     if (S > (int64_t)MAX_SEQS)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding block_table has %lld sequences; at most %u",
                           (long long)S, MAX_SEQS);
-    if ((uint64_t)MB * pt > UINT32_MAX)
+    /* Keys go in tiles of 64 with a 32-bit index: a length past 2^32 - 65
+     * would wrap it (and a device seq_len up to the table's capacity is
+     * accepted). */
+    if ((uint64_t)MB * pt > UINT32_MAX - 64u)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                          OP ": binding block_table has %lld blocks per sequence of %u tokens: more than 2^32 - 1 tokens",
+                          OP ": binding block_table has %lld blocks per sequence of %u tokens: more than 2^32 - 65 tokens",
                           (long long)MB, pt);
     const int64_t want_lens[1] = {S}, want_spans[2] = {S, 2};
     if ((st = kiln__check_tensor(err, OP, "seq_lens", d->seq_lens, rt, KILN_DTYPE_U32, 1, want_lens, &bytes[B_LENS])) ||

@@ -36,6 +36,9 @@
 #define STEPS (KW / 32)   // 32-wide K steps per warp
 #define TOKENS_MAX 8      // one 8-token tile
 #define PF_BYTES (KILN_PREFETCH * UNROLL * 64) // bytes of each row a warp warms in L2 before the sync
+// Lines each lane warms: none where the warp's slice of a row is shorter (the
+// warm-up must stay inside the weight), and none below one line per lane.
+#define PF_LINES (PF_BYTES <= KW * 2 ? PF_BYTES / 256 : 0)
 #if KILN_MIN_BLOCKS > 0
 #define BOUNDS __launch_bounds__(THREADS, KILN_MIN_BLOCKS)
 #else
@@ -94,7 +97,7 @@ extern "C" __global__ void BOUNDS
 kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ w, const kiln_f16 *__restrict__ bias,
                    kiln_f16 *__restrict__ out, kiln_u32 n_out, kiln_u32 tokens)
 {
-    kiln_grid_dependency_sync_after_prefetch(prefetch_start(w, n_out), PF_BYTES / 256); // first: kiln_prelude.cuh
+    kiln_grid_dependency_sync_after_prefetch(prefetch_start(w, n_out), PF_LINES); // first: kiln_prelude.cuh
     __shared__ float red[WARPS][RG][4][32];
     const kiln_u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
     const kiln_u32 n0 = blockIdx.x * ROWS;
@@ -135,7 +138,7 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
                 mma(acc[r], a0.z, a1.z, a0.w, a1.w, b.z, b.w);
             }
         }
-        cur = nxt;
+        cur = nxt; // past the last stage nxt holds nothing, and cur is not read again
     }
 
     // acc[r][i]: row 16r + g (i < 2) or 16r + g + 8 (i >= 2), token 2q + (i & 1).

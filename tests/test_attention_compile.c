@@ -285,7 +285,10 @@ static void test_validation_names_binding_and_values(void **state)
     b.table.offset = 0;
     b.table.buffer = fake_buffer(rt, (size_t)3 << 30, KILN_DTYPE_BYTES);
     KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "268435456 blocks per sequence", "2^32 - 1 tokens");
+                "268435456 blocks per sequence", "2^32 - 65 tokens");
+    b.table.dims[1] = 0x10000000 - 3; /* 2^32 - 48 tokens: the key tiles' index would wrap */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "268435453 blocks per sequence", "2^32 - 65 tokens");
     kiln_buffer *big_table = b.table.buffer;
     b = c;
     link_call(&b);

@@ -65,7 +65,7 @@
  * Checked at encode (KILN_ERR_RUNTIME_CONTRACT naming the binding, the
  * expected and the actual value): dtypes, ranks and dims of every binding,
  * head_dim in {64, 128}, kv_heads dividing heads, a page holding >= 1 token,
- * kv_pages whole pages, max_blocks * page_tokens < 2^32, 1 <= S <= 65535,
+ * kv_pages whole pages, max_blocks * page_tokens <= 2^32 - 65, 1 <= S <= 65535,
  * max_query_tokens <= T, rope_theta finite and > 0, qkv's width (heads +
  * 2 kv_heads) * head_dim and q, k, v NULL when qkv is given, a given
  * workspace on the runtime, in its buffer, aligned and large enough, and that
