@@ -3,6 +3,7 @@
  * does), the model's list holds exactly what encode will ask for, and sizes
  * out of contract are refused naming the value. */
 #include "offline_fixture.h"
+#include "providers/skinny.h"
 #include "testutil.h"
 
 typedef offline_fixture fixture;
@@ -88,6 +89,52 @@ static void test_specializations_compile_offline(void **state)
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
 }
 
+/* The skinny dense linear (1 to 8 tokens): the model lists one kernel per
+ * distinct in of its projections that is a multiple of 32, and each compiles
+ * offline, from one warp per block to eight, with and without the L2 warm-up. */
+static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, size_t n_ins)
+{
+    kiln_spec *specs = NULL;
+    size_t n = 0, found = 0;
+    KILN_CHECK(kiln_model_specializations(c, &specs, &n));
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(specs[i].template_id, "skinny_linear"))
+            continue;
+        assert_true(found < n_ins);
+        kiln_spec want;
+        KILN_CHECK(kiln__skinny_linear_spec(ins[found], &want));
+        assert_memory_equal(&specs[i], &want, sizeof want);
+        found++;
+    }
+    assert_int_equal(found, n_ins);
+    kiln_free(specs);
+}
+
+static void test_skinny_linear_specs(void **state)
+{
+    fixture *f = *state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    static const int64_t llama[] = {4096, 14336}, qwen[] = {896, 4864};
+    expect_skinny_specs(&c, llama, 2);
+    KILN_CHECK(kiln_model_config_parse(qwen_json, strlen(qwen_json), &c));
+    expect_skinny_specs(&c, qwen, 2);
+    KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c)); /* 1000, 2731: not multiples of 32 */
+    expect_skinny_specs(&c, NULL, 0);
+    static const int64_t compile[] = {32, 64, 96, 256, 896, 4096, 14336, 65536};
+    for (size_t i = 0; i < sizeof compile / sizeof compile[0]; i++) {
+        kiln_spec s;
+        int compiled = 0;
+        KILN_CHECK(kiln__skinny_linear_spec(compile[i], &s));
+        KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+    }
+    kiln_spec s;
+    KILN_EXPECT(kiln__skinny_linear_spec(1000, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
+                "multiple of 32");
+    KILN_EXPECT(kiln__skinny_linear_spec(0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
+    assert_int_equal(kiln__skinny_linear_spec(64, NULL), KILN_ERR_INVALID_ARGUMENT);
+}
+
 static void test_spec_sizes_out_of_contract(void **state)
 {
     (void)state;
@@ -157,6 +204,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_what_encode_needs),
         T(test_specializations_compile_offline),
+        T(test_skinny_linear_specs),
         cmocka_unit_test(test_spec_sizes_out_of_contract),
         cmocka_unit_test(test_workspace_estimates),
         T(test_encode_offline_is_a_clear_error),
