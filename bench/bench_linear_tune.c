@@ -27,8 +27,7 @@
 #define MAX_CANDIDATES 8
 
 void kiln__blas_force_candidate(int index);
-/* Weak: present in libraries that have the hook. */
-void kiln__blas_forced_config(char *buf, size_t cap) __attribute__((weak));
+void kiln__blas_forced_config(char *buf, size_t cap);
 
 static void fail(const char *what, kiln_status st, const char *detail)
 {
@@ -132,8 +131,6 @@ int main(int argc, char **argv)
                         ok = 0; /* past the end of the heuristic's list */
                 }
                 if (c >= 0 && ok)
-                    snprintf(config, sizeof config, "candidate %d", c);
-                if (c >= 0 && ok && kiln__blas_forced_config)
                     kiln__blas_forced_config(config, sizeof config);
                 kiln__blas_force_candidate(-1);
                 if (!ok) {

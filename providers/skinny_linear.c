@@ -17,6 +17,7 @@
 #define ROW_GROUPS 1
 #define PREFETCH 1
 #define MIN_BLOCKS 0
+#define ROWS_PER_BLOCK (16 * ROW_GROUPS)
 
 /* Warps per block: 8 splitting K where it divides, fewer for short rows. */
 static int warps_for(int64_t in)
@@ -99,7 +100,6 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, cons
     kiln_status st;
     if ((st = kiln__skinny_linear_spec(in, &spec)))
         return kiln__propagate(err, st);
-    const int64_t rg = ROW_GROUPS;
     kiln_kernel *k;
     void *fn;
     if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
@@ -115,7 +115,7 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, cons
                          .out = kiln__buffer_ptr(out->buffer) + out->offset,
                          .n_out = (uint32_t)n_out,
                          .tokens = (uint32_t)tokens,
-                         .grid = (unsigned)((n_out + 16 * rg - 1) / (16 * rg)),
+                         .grid = (unsigned)((n_out + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
                          .threads = 32u * (unsigned)warps_for(in)};
     /* The replay key: the kernel, every address and size, the grid. */
     const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,

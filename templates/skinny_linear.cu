@@ -34,7 +34,6 @@
 #define ROWS (16 * RG)    // output rows per block
 #define KW (K / WARPS)    // K per warp
 #define STEPS (KW / 32)   // 32-wide K steps per warp
-#define TOKENS_MAX 8      // one 8-token tile
 #define PF_BYTES (KILN_PREFETCH * UNROLL * 64) // bytes of each row a warp warms in L2 before the sync
 // Lines each lane warms: none where the warp's slice of a row is shorter (the
 // warm-up must stay inside the weight), and none below one line per lane.
