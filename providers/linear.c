@@ -100,7 +100,7 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     regions[n++] = *workspace;
     const uint64_t dx = kiln__buffer_ptr(x->buffer) + x->offset, dw = kiln__buffer_ptr(weight->buffer) + weight->offset;
     if (kiln__skinny_linear_applies(rt, tokens, in, dx, dw))
-        return kiln__skinny_linear_encode(jit, x, weight, bias, out, regions, n, cmd);
+        return kiln__skinny_linear_encode(jit, OP, x, weight, bias, 0, out, regions, n, cmd);
     kiln__gemm *g = malloc(sizeof *g);
     if (!g)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");

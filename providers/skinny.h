@@ -16,16 +16,21 @@
  * turned off ($KILN_SKINNY=0). */
 int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, uint64_t dx, uint64_t dw);
 
-/* The specialization for in (a multiple of 32, at most INT32_MAX). */
-kiln_status kiln__skinny_linear_spec(int64_t in, kiln_spec *out);
+/* The specialization for in (a multiple of 32, at most INT32_MAX), plain
+ * (glu 0) or gated (glu 1: out = silu(gate) * up of a [2 n_out, in] weight). */
+kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out);
 
-/* A command for out = x weightᵀ (+ bias) through the path; the bindings are
- * checked (linear.c), regions and key made here. */
-kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
-                                       const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *regions,
-                                       size_t n_regions, kiln_command **cmd);
+/* A command of op (its attribution) for out = x weightᵀ (+ bias), or with glu
+ * out = silu(x gateᵀ) * (x upᵀ) where weight is [gate; up] (no bias), through
+ * the path; the bindings are checked by the caller (linear.c, swiglu.c),
+ * regions given, the key made here. */
+kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln_tensor *x,
+                                       const kiln_tensor *weight, const kiln_tensor *bias, int glu,
+                                       const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
+                                       kiln_command **cmd);
 
-/* The model's specializations: in = hidden_size, intermediate_size and
- * num_attention_heads * head_dim (what its projections read), once each. */
+/* The model's specializations: plain for in = hidden_size, intermediate_size
+ * and num_attention_heads * head_dim (what its projections read), once each;
+ * gated for in = hidden_size (the MLP's gate/up). */
 kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 #endif

@@ -6,7 +6,6 @@
 #include "jit/internal.h"
 #include "providers/skinny.h"
 
-#define OP "dense_linear"
 #define TEMPLATE "skinny_linear"
 /* Measured on the H200 (bench/bench_linear_tune, 1 and 8 tokens of Llama-3-8B's
  * projections): 8 warps splitting K, 4 steps per load stage, one 16-row group
@@ -17,7 +16,8 @@
 #define ROW_GROUPS 1
 #define PREFETCH 1
 #define MIN_BLOCKS 0
-#define ROWS_PER_BLOCK (16 * ROW_GROUPS)
+/* Outputs per block: 16 rows, or 8 gated outputs (their gate and up rows). */
+#define ROWS_PER_BLOCK(glu) ((glu) ? 8 * ROW_GROUPS : 16 * ROW_GROUPS)
 
 /* Warps per block: 8 splitting K where it divides, fewer for short rows. */
 static int warps_for(int64_t in)
@@ -28,7 +28,7 @@ static int warps_for(int64_t in)
     return 1;
 }
 
-kiln_status kiln__skinny_linear_spec(int64_t in, kiln_spec *out)
+kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": out is NULL");
@@ -39,22 +39,26 @@ kiln_status kiln__skinny_linear_spec(int64_t in, kiln_spec *out)
     if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "IN", in)) ||
         (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
         (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
-        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", MIN_BLOCKS)))
+        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", MIN_BLOCKS)) ||
+        (st = kiln_spec_set(out, "GLU", glu ? 1 : 0)))
         return st;
     return KILN_OK;
 }
 
 kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
-    const int64_t ins[3] = {cfg->hidden_size, cfg->intermediate_size, cfg->num_attention_heads * cfg->head_dim};
-    for (int i = 0; i < 3; i++) {
+    /* The plain products' ins, then the gated one's (gate/up reads hidden). */
+    const int64_t ins[4] = {cfg->hidden_size, cfg->intermediate_size, cfg->num_attention_heads * cfg->head_dim,
+                            cfg->hidden_size};
+    for (int i = 0; i < 4; i++) {
+        const int glu = i == 3;
         int seen = 0;
-        for (int j = 0; j < i; j++)
+        for (int j = 0; j < i && !glu; j++)
             seen |= ins[j] == ins[i];
         if (seen || ins[i] < 32 || ins[i] % 32 || ins[i] > INT32_MAX)
             continue;
         kiln_spec spec;
-        kiln_status st = kiln__skinny_linear_spec(ins[i], &spec);
+        kiln_status st = kiln__skinny_linear_spec(ins[i], glu, &spec);
         if (st || (st = sink(user, &spec)))
             return st;
     }
@@ -89,16 +93,17 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
 }
 
-kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
-                                       const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *regions,
-                                       size_t n_regions, kiln_command **cmd)
+kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln_tensor *x,
+                                       const kiln_tensor *weight, const kiln_tensor *bias, int glu,
+                                       const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
+                                       kiln_command **cmd)
 {
     kiln_runtime *rt = kiln__jit_runtime(jit);
     kiln__errslot *err = kiln__runtime_errslot(rt);
-    const int64_t tokens = x->dims[0], in = x->dims[1], n_out = weight->dims[0];
+    const int64_t tokens = x->dims[0], in = x->dims[1], n_out = glu ? weight->dims[0] / 2 : weight->dims[0];
     kiln_spec spec;
     kiln_status st;
-    if ((st = kiln__skinny_linear_spec(in, &spec)))
+    if ((st = kiln__skinny_linear_spec(in, glu, &spec)))
         return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;
@@ -111,11 +116,11 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, cons
                          .fn = (CUfunction)fn,
                          .x = kiln__buffer_ptr(x->buffer) + x->offset,
                          .w = kiln__buffer_ptr(weight->buffer) + weight->offset,
-                         .bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0,
+                         .bias = bias && !glu ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0,
                          .out = kiln__buffer_ptr(out->buffer) + out->offset,
                          .n_out = (uint32_t)n_out,
                          .tokens = (uint32_t)tokens,
-                         .grid = (unsigned)((n_out + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+                         .grid = (unsigned)((n_out + ROWS_PER_BLOCK(glu) - 1) / ROWS_PER_BLOCK(glu)),
                          .threads = 32u * (unsigned)warps_for(in)};
     /* The replay key: the kernel, every address and size, the grid. */
     const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
@@ -123,7 +128,7 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const kiln_tensor *x, cons
     uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
     memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
     memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
-    kiln_command_desc d = {.op_id = OP,
+    kiln_command_desc d = {.op_id = op,
                            .batching = KILN_BATCHING_PACKED,
                            .participants = 1,
                            .tokens = (uint32_t)tokens,

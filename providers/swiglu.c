@@ -1,10 +1,13 @@
 /* Dense SwiGLU: [g | u] = x · gate_upᵀ through cuBLASLt into the workspace,
- * then out = silu(g) · u in the kernel of templates/swiglu.cu. */
+ * then out = silu(g) · u in the kernel of templates/swiglu.cu; for a few
+ * tokens, one kernel that does both (the skinny path's gated form,
+ * providers/skinny.h), g and u never leaving the registers. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/skinny.h"
 
 #define OP "dense_swiglu"
 #define KEY_TAG "kiln.dense_swiglu.1"
@@ -132,6 +135,14 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     static const char *const all_names[3] = {"x", "gate_up", "out"};
     if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 3)))
         return st;
+    kiln_region regions[4] = {{x->buffer, x->offset, x->offset + x_bytes},
+                              {gate_up->buffer, gate_up->offset, gate_up->offset + w_bytes},
+                              {out->buffer, out->offset, out->offset + o_bytes},
+                              *workspace};
+    const uint64_t dx = kiln__buffer_ptr(x->buffer) + x->offset,
+                   dw = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset;
+    if (kiln__skinny_linear_applies(rt, tokens, hidden, dx, dw))
+        return kiln__skinny_linear_encode(jit, OP, x, gate_up, NULL, 1, out, regions, 4, cmd);
 
     swiglu_launch *l = calloc(1, sizeof *l);
     if (!l)
@@ -174,10 +185,6 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     key.out = l->out;
     key.tokens = l->tokens;
     key.threads = l->threads;
-    kiln_region regions[4] = {{x->buffer, x->offset, x->offset + x_bytes},
-                              {gate_up->buffer, gate_up->offset, gate_up->offset + w_bytes},
-                              {out->buffer, out->offset, out->offset + o_bytes},
-                              *workspace};
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,
                             .participants = 1,

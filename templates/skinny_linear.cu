@@ -1,12 +1,19 @@
 // Dense linear for a few tokens (1 to 8, a decode step's batch):
 //   out[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n])
+// or, with KILN_GLU, the gated form of a SwiGLU MLP over a weight of 2 n_out
+// rows (gate rows first, then up rows, as HF's gate_proj and up_proj):
+//   out[t, n] = silu(g) * u, g = sum_k x[t, k] w[n, k], u = sum_k x[t, k] w[n_out + n, k]
+// with g and u in f32 (no rounding between the product and silu).
 // f16 in, products and sums in f32 on the tensor cores (mma.sync m16n8k16),
 // the bias added in f32, one rounding to f16. At so few tokens the weight is
 // the whole cost: each byte of it is read once, streamed through 16-byte loads
 // with several in flight per thread, and the kernel launches ahead of the one
 // before it (programmatic dependent launch), which cuBLASLt's kernels do not.
 //
-// Block b takes output rows [16 RG b, 16 RG (b + 1)); its WARPS warps split K in equal
+// Block b takes output rows [16 RG b, 16 RG (b + 1)) (GLU: outputs [8 RG b,
+// 8 RG (b + 1)), each 16-row group holding 8 gate rows then their 8 up rows,
+// so that each lane's accumulators hold a gate and its up: the epilogue needs
+// no exchange); its WARPS warps split K in equal
 // slices and their partial sums are added in a fixed order (deterministic).
 // The order of a dot product's terms does not matter to the tensor core's
 // result beyond rounding, so each lane feeds the mma fragments from one
@@ -19,9 +26,9 @@
 // KILN_UNROLL (32-wide K steps per load stage), KILN_ROW_GROUPS (RG),
 // KILN_PREFETCH (load stages of each row warmed in L2 before the dependency
 // sync: row group 0 only), KILN_MIN_BLOCKS (resident blocks per SM asked of
-// the compiler, 0: none).
-// Arguments: x [tokens, K], w [n_out, K], bias [n_out] or 0, out [tokens,
-// n_out]; x, w 16-byte aligned; tokens in [1, 8]; grid = ceil(n_out / (16 RG)).
+// the compiler, 0: none), KILN_GLU (1: the gated form, bias not read).
+// Arguments: x [tokens, K], w [n_out, K] (GLU: [2 n_out, K]), bias [n_out] or
+// 0, out [tokens, n_out]; x, w 16-byte aligned; tokens in [1, 8]; grid = ceil(n_out / ROWS).
 #include "kiln_prelude.cuh"
 
 //! kiln:entry kiln_skinny_linear
@@ -31,7 +38,8 @@
 #define UNROLL KILN_UNROLL // K steps whose weight loads are in flight together
 #define RG KILN_ROW_GROUPS // 16-row groups per warp
 #define THREADS (WARPS * 32)
-#define ROWS (16 * RG)    // output rows per block
+#define GLU KILN_GLU
+#define ROWS ((GLU ? 8 : 16) * RG) // outputs per block
 #define KW (K / WARPS)    // K per warp
 #define STEPS (KW / 32)   // 32-wide K steps per warp
 #define PF_BYTES (KILN_PREFETCH * UNROLL * 64) // bytes of each row a warp warms in L2 before the sync
@@ -44,6 +52,9 @@
 #define BOUNDS __launch_bounds__(THREADS)
 #endif
 
+#if GLU != 0 && GLU != 1
+#error "KILN_GLU must be 0 or 1"
+#endif
 #if K % (32 * WARPS) != 0
 #error "KILN_IN must be a multiple of 32 * KILN_WARPS"
 #endif
@@ -84,12 +95,27 @@ __device__ __forceinline__ void load_stage(stage *st, const kiln_f16 *const *wr,
         }
 }
 
+// The weight row behind row i (0..15) of 16-row group r of the block whose
+// first output is n0; outputs past n_out (the last block) read the last
+// output's row, their sums dropped.
+__device__ __forceinline__ kiln_u64 weight_row(kiln_u32 n0, kiln_u32 r, kiln_u32 i, kiln_u32 n_out)
+{
+#if GLU
+    const kiln_u32 o = n0 + 8 * r + i % 8;
+    return (o < n_out ? o : n_out - 1) + (i >= 8 ? (kiln_u64)n_out : 0);
+#else
+    const kiln_u32 o = n0 + 16 * r + i;
+    return o < n_out ? o : n_out - 1;
+#endif
+}
+
 // Where lane l of a warp starts warming L2: row l % 16 of the block, half l / 16
 // of the warp's first PF_BYTES of it.
 __device__ __forceinline__ const kiln_f16 *prefetch_start(const kiln_f16 *w, kiln_u32 n_out)
 {
-    const kiln_u32 lane = threadIdx.x % 32, row = blockIdx.x * ROWS + lane % 16;
-    return w + (kiln_u64)(row < n_out ? row : n_out - 1) * K + (threadIdx.x / 32) * KW + (lane / 16) * (PF_BYTES / 4);
+    const kiln_u32 lane = threadIdx.x % 32;
+    return w + weight_row(blockIdx.x * ROWS, 0, lane % 16, n_out) * K + (threadIdx.x / 32) * KW +
+           (lane / 16) * (PF_BYTES / 4);
 }
 
 extern "C" __global__ void BOUNDS
@@ -101,13 +127,10 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
     const kiln_u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
     const kiln_u32 n0 = blockIdx.x * ROWS;
     const kiln_u64 k0 = (kiln_u64)warp * KW + 8 * q;
-    // Rows past n_out (the last block) read the last row; their sums are dropped.
     const kiln_f16 *wr[2 * RG];
 #pragma unroll
-    for (int r = 0; r < 2 * RG; r++) {
-        const kiln_u32 row = n0 + 16 * (r / 2) + g + 8 * (r % 2);
-        wr[r] = w + (kiln_u64)(row < n_out ? row : n_out - 1) * K + k0;
-    }
+    for (int r = 0; r < 2 * RG; r++)
+        wr[r] = w + weight_row(n0, r / 2, g + 8 * (r % 2), n_out) * K + k0;
     const bool has_token = g < tokens;
     const kiln_f16 *xs = x + (kiln_u64)(has_token ? g : 0) * K + k0;
 
@@ -140,13 +163,33 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
         cur = nxt; // past the last stage nxt holds nothing, and cur is not read again
     }
 
-    // acc[r][i]: row 16r + g (i < 2) or 16r + g + 8 (i >= 2), token 2q + (i & 1).
+    // acc[r][i]: row g (i < 2) or g + 8 (i >= 2) of group r, token 2q + (i & 1).
 #pragma unroll
     for (int r = 0; r < RG; r++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
             red[warp][r][i][lane] = acc[r][i];
     __syncthreads();
+#if GLU
+    // Output n0 + 8r + l / 4, token 2 (l % 4) + i: gate at slot i, up at i + 2.
+    for (kiln_u32 e = threadIdx.x; e < RG * 64; e += THREADS) {
+        const kiln_u32 r = e / 64, i = (e / 32) % 2, l = e % 32;
+        const kiln_u32 col = n0 + 8 * r + l / 4, tok = 2 * (l % 4) + i;
+        if (col >= n_out || tok >= tokens)
+            continue;
+        float gate = 0.0f, up = 0.0f;
+#pragma unroll
+        for (int v = 0; v < WARPS; v++) {
+            gate += red[v][r][i][l];
+            up += red[v][r][i + 2][l];
+        }
+        // silu(g) = g / (1 + exp(-g)); ex2.approx gives +inf for large
+        // arguments, where g / inf = -0 is silu's limit.
+        float e2;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e2) : "f"(-gate * 1.4426950408889634f));
+        out[(kiln_u64)tok * n_out + col] = kiln_f32_to_f16(gate / (1.0f + e2) * up);
+    }
+#else
     for (kiln_u32 e = threadIdx.x; e < RG * 128; e += THREADS) {
         const kiln_u32 r = e / 128, i = (e / 32) % 4, l = e % 32;
         const kiln_u32 row = n0 + 16 * r + l / 4 + (i >= 2 ? 8 : 0), tok = 2 * (l % 4) + (i & 1);
@@ -160,4 +203,5 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
             sum += kiln_f16_to_f32(bias[row]);
         out[(kiln_u64)tok * n_out + row] = kiln_f32_to_f16(sum);
     }
+#endif
 }

@@ -90,8 +90,9 @@ static void test_specializations_compile_offline(void **state)
 }
 
 /* The skinny dense linear (1 to 8 tokens): the model lists one kernel per
- * distinct in of its projections that is a multiple of 32, and each compiles
- * offline, from one warp per block to eight, with and without the L2 warm-up. */
+ * distinct in of its projections that is a multiple of 32, then the gated
+ * (SwiGLU) one of in = hidden, and each compiles offline, from one warp per
+ * block to eight, plain and gated. ins: n_ins - 1 plain ins, then the gated. */
 static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, size_t n_ins)
 {
     kiln_spec *specs = NULL;
@@ -102,7 +103,7 @@ static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, 
             continue;
         assert_true(found < n_ins);
         kiln_spec want;
-        KILN_CHECK(kiln__skinny_linear_spec(ins[found], &want));
+        KILN_CHECK(kiln__skinny_linear_spec(ins[found], found == n_ins - 1, &want));
         assert_memory_equal(&specs[i], &want, sizeof want);
         found++;
     }
@@ -115,24 +116,25 @@ static void test_skinny_linear_specs(void **state)
     fixture *f = *state;
     kiln_model_config c;
     kiln_model_config_default(&c);
-    static const int64_t llama[] = {4096, 14336}, qwen[] = {896, 4864};
-    expect_skinny_specs(&c, llama, 2);
+    static const int64_t llama[] = {4096, 14336, 4096}, qwen[] = {896, 4864, 896};
+    expect_skinny_specs(&c, llama, 3);
     KILN_CHECK(kiln_model_config_parse(qwen_json, strlen(qwen_json), &c));
-    expect_skinny_specs(&c, qwen, 2);
+    expect_skinny_specs(&c, qwen, 3);
     KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c)); /* 1000, 2731: not multiples of 32 */
     expect_skinny_specs(&c, NULL, 0);
     static const int64_t compile[] = {32, 64, 96, 256, 896, 4096, 14336, 65536};
-    for (size_t i = 0; i < sizeof compile / sizeof compile[0]; i++) {
-        kiln_spec s;
-        int compiled = 0;
-        KILN_CHECK(kiln__skinny_linear_spec(compile[i], &s));
-        KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
-    }
+    for (size_t i = 0; i < sizeof compile / sizeof compile[0]; i++)
+        for (int glu = 0; glu < 2; glu++) {
+            kiln_spec s;
+            int compiled = 0;
+            KILN_CHECK(kiln__skinny_linear_spec(compile[i], glu, &s));
+            KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
+        }
     kiln_spec s;
-    KILN_EXPECT(kiln__skinny_linear_spec(1000, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
+    KILN_EXPECT(kiln__skinny_linear_spec(1000, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
                 "multiple of 32");
-    KILN_EXPECT(kiln__skinny_linear_spec(0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
-    assert_int_equal(kiln__skinny_linear_spec(64, NULL), KILN_ERR_INVALID_ARGUMENT);
+    KILN_EXPECT(kiln__skinny_linear_spec(0, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
+    assert_int_equal(kiln__skinny_linear_spec(64, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
 static void test_spec_sizes_out_of_contract(void **state)

@@ -374,33 +374,48 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
     kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, c->tokens, c->hidden), tw = t2(bw, 0, KILN_DTYPE_F16, n2, c->hidden),
                 to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->inter);
     kiln_region ws = whole(bws);
+    /* 1 to 8 tokens and hidden a multiple of 32: one fused kernel (the
+     * skinny path's gated form), gate and up never stored; otherwise cuBLASLt
+     * into the workspace, then the elementwise kernel. */
+    const char *env = getenv("KILN_SKINNY");
+    const int fused = c->tokens <= 8 && c->hidden % 32 == 0 && !(env && !strcmp(env, "0"));
     KILN_CHECK(kiln_op_dense_swiglu(f->jit, &tx, &tw, &to, &ws));
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
-    KILN_CHECK(kiln_buffer_readback(bws, kiln_op_dense_swiglu_product_offset(), prod, pn * 2));
     char what[128];
-    /* 1. The gate/up product, every element. */
     reference(x, c->tokens, c->hidden, w, n2, NULL, ref, mag);
-    snprintf(what, sizeof what, "swiglu %lldx%lld -> 2x%lld: gate|up", (long long)c->tokens, (long long)c->hidden,
-             (long long)c->inter);
-    compare(what, prod, ref, mag, pn);
-    /* 2. silu(g) * u from the f16 g and u the product stored (f16 storage is the contract). */
+    if (!fused) {
+        /* 1. The gate/up product, every element. */
+        KILN_CHECK(kiln_buffer_readback(bws, kiln_op_dense_swiglu_product_offset(), prod, pn * 2));
+        snprintf(what, sizeof what, "swiglu %lldx%lld -> 2x%lld: gate|up", (long long)c->tokens,
+                 (long long)c->hidden, (long long)c->inter);
+        compare(what, prod, ref, mag, pn);
+    }
     double err2 = 0, ref2 = 0;
     for (int64_t t = 0; t < c->tokens; t++) {
         for (int64_t i = 0; i < c->inter; i++) {
-            const double g = f16_table[prod[(size_t)t * n2 + i]], u = f16_table[prod[(size_t)t * n2 + c->inter + i]];
-            const size_t o = (size_t)t * c->inter + i;
-            oref[o] = g / (1.0 + exp(-g)) * u;
-            omag[o] = 1e-1 * fabs(oref[o]); /* silu in f32: ~1e-6 relative, well inside 1e-3 */
-            /* End to end, from the exact g and u: norm-wise. */
-            const double ge = ref[(size_t)t * n2 + i], ue = ref[(size_t)t * n2 + c->inter + i];
-            const double exact = ge / (1.0 + exp(-ge)) * ue, d = f16_table[got[o]] - exact;
+            const size_t o = (size_t)t * c->inter + i, gi = (size_t)t * n2 + i, ui = gi + (size_t)c->inter;
+            /* End to end, from the exact g and u. */
+            const double ge = ref[gi], ue = ref[ui], sg = 1.0 / (1.0 + exp(-ge));
+            const double exact = ge * sg * ue, d = f16_table[got[o]] - exact;
             err2 += d * d;
             ref2 += exact * exact;
+            if (fused) {
+                /* 2a. Every element from the exact g and u: the f32 sums'
+                 * errors (bounded by mag) carried through silu (|silu'| <= 1.1). */
+                oref[o] = exact;
+                omag[o] = 1.1 * fabs(ue) * mag[gi] + fabs(ge * sg) * mag[ui];
+            } else {
+                /* 2b. silu(g) * u from the f16 g and u the product stored
+                 * (f16 storage is the contract). */
+                const double g = f16_table[prod[gi]], u = f16_table[prod[ui]];
+                oref[o] = g / (1.0 + exp(-g)) * u;
+                omag[o] = 1e-1 * fabs(oref[o]); /* silu in f32: ~1e-6 relative, well inside 1e-3 */
+            }
         }
     }
-    snprintf(what, sizeof what, "swiglu %lldx%lld -> %lld: silu(g)*u", (long long)c->tokens, (long long)c->hidden,
-             (long long)c->inter);
+    snprintf(what, sizeof what, "swiglu %lldx%lld -> %lld%s: silu(g)*u", (long long)c->tokens, (long long)c->hidden,
+             (long long)c->inter, fused ? " (fused)" : "");
     compare(what, got, oref, omag, on);
     const double norm_err = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
     fprintf(stderr, "%s: end to end, norm-wise relative error %.3g\n", what, norm_err);
@@ -415,11 +430,15 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
 static void test_swiglu(void **state)
 {
     static const swiglu_case cases[] = {
-        {1, 4096, 14336},   /* Llama-3-8B, decode */
+        {1, 4096, 14336},   /* Llama-3-8B, decode: fused */
+        {8, 4096, 14336},   /* batch 8: fused */
+        {5, 896, 4864},     /* Qwen2.5-0.5B: fused */
+        {3, 96, 20},        /* fused, one warp a block, outputs past 20 in the last block */
+        {7, 1000, 2731},    /* hidden not a multiple of 32: not fused */
         {64, 4096, 14336},  /* Llama-3-8B */
         {4096, 896, 4864},  /* Qwen2.5-0.5B, 4096 tokens */
         {333, 1000, 2731},  /* odd: scalar kernel */
-        {2, 64, 8},         /* the smallest vector kernel */
+        {9, 64, 8},         /* the smallest vector kernel */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_swiglu(*state, &cases[i]);
@@ -842,9 +861,10 @@ static void test_prewarmed_model_compiles_nothing(void **state)
             (unsigned long long)k.compiles, (unsigned long long)k.database_hits, (unsigned long long)(q1 - q0),
             (unsigned long long)(h1 - h0));
     assert_int_equal(k.compiles, 0);
-    /* Embedding, SwiGLU, gather for each model; the 7-token linear's skinny
-     * kernel for Llama (in 4096) and Qwen (896); the odd model's (in 1000)
-     * goes through cuBLASLt. */
+    /* Embedding and gather for each model; the 7-token linear's and SwiGLU's
+     * skinny kernels (plain and gated) for Llama (in 4096) and Qwen (896);
+     * the odd model's (in 1000) linear goes through cuBLASLt, its SwiGLU
+     * through cuBLASLt and the elementwise kernel. */
     assert_int_equal(k.database_hits, 11);
     /* The same shape again: served by the heuristic cache, no new query. */
     kiln_command *again;
