@@ -13,7 +13,10 @@
  * timing), 2048x896 and 4096x4096. Modes: hot (the same buffers each time)
  * and rotated (up to 16 sets of buffers, about 256 MiB, so that L2 cannot
  * hold the previous launch's data). Bytes: rms_norm 2*T*H*2 + H*2;
- * rms_norm_residual 4*T*H*2 + H*2; residual_add 3*T*H*2.
+ * rms_norm_residual 4*T*H*2 + H*2; residual_add 3*T*H*2. A peer beside them:
+ * d2d_copy, the driver's copy of T*H*2 bytes (a kiln copy command), 2*T*H*2,
+ * the ceiling a kernel that reads and writes those bytes meets; the target
+ * lines quote it.
  * The argmax: vocab 151936 (target <= 6 us) and 128256, P 1 and 64, 512
  * repetition ids per participant, 90% of the vocabulary valid.
  *
@@ -175,7 +178,7 @@ static void emit(const char *op, const char *mode, long long tokens, long long h
 {
     bench_json j;
     bench_json_begin(&j, BENCH);
-    bench_json_bool(&j, "peer", 0);
+    bench_json_bool(&j, "peer", !strcmp(op, "d2d_copy"));
     bench_json_str(&j, "op", op);
     bench_json_str(&j, "mode", mode);
     if (tokens)
@@ -207,7 +210,11 @@ typedef struct shape {
 } shape;
 static const shape g_shapes[] = {{2048, 4096}, {1, 4096}, {16, 4096}, {2048, 896}, {4096, 4096}};
 #define N_SHAPES (sizeof g_shapes / sizeof g_shapes[0])
-static const char *const g_ops[3] = {"rms_norm", "rms_norm_residual", "residual_add"};
+/* The ops, and a peer: the driver's device-to-device copy (cuMemcpyAsync, a
+ * kiln copy command) of the norm's bytes, timed the same way: what moving
+ * tokens x hidden in and out costs at best, launch gaps and L2 included. */
+#define N_OPS 4
+static const char *const g_ops[N_OPS] = {"rms_norm", "rms_norm_residual", "residual_add", "d2d_copy"};
 
 int main(int argc, char **argv)
 {
@@ -252,11 +259,11 @@ int main(int argc, char **argv)
     fill_f16(br, pool);
     fill_f16(bw, 65536 * 2);
 
-    double target[3][2] = {{0}};
+    double target[N_OPS][2] = {{0}};
     for (size_t s = 0; s < N_SHAPES; s++) {
         const int64_t T = g_shapes[s].tokens, H = g_shapes[s].hidden;
         const size_t set_bytes = (size_t)T * H * 2;
-        for (int op = 0; op < 3; op++) {
+        for (int op = 0; op < N_OPS; op++) {
             for (int rot = 0; rot < 2; rot++) {
                 size_t sets = rot ? (ROTATE_BYTES + set_bytes - 1) / set_bytes : 1;
                 sets = sets > MAX_SETS ? MAX_SETS : sets;
@@ -268,16 +275,20 @@ int main(int argc, char **argv)
                                 r = x, o = x;
                     r.buffer = br;
                     o.buffer = bo;
+                    const kiln_region src = {bx, k * set_bytes, (k + 1) * set_bytes},
+                                      dst = {bo, k * set_bytes, (k + 1) * set_bytes};
                     st = op == 0   ? kiln_op_rms_norm_encode(jit, &x, &w, 1e-5f, &o, &cmds[k])
                          : op == 1 ? kiln_op_rms_norm_residual_encode(jit, &x, &r, &w, 1e-5f, &o, &cmds[k])
-                                   : kiln_op_residual_add_encode(jit, &x, &r, &o, &cmds[k]);
+                         : op == 2 ? kiln_op_residual_add_encode(jit, &x, &r, &o, &cmds[k])
+                                   : kiln_command_copy(g_rt, &src, &dst, &cmds[k]);
                     if (st)
                         fail("encode", st, NULL);
                 }
                 timing t = time_commands(cmds, sets, iters, warmup);
                 double bytes = op == 0   ? 2.0 * set_bytes + H * 2.0
                                : op == 1 ? 4.0 * set_bytes + H * 2.0
-                                         : 3.0 * set_bytes;
+                               : op == 2 ? 3.0 * set_bytes
+                                         : 2.0 * set_bytes;
                 emit(g_ops[op], rot ? "rotated" : "hot", T, H, 0, 0, sets, bytes, &t);
                 if (s == 0)
                     target[op][rot] = bytes / (t.graph * 1e6);
@@ -299,6 +310,8 @@ int main(int argc, char **argv)
         bench_json_num(&j, "graph_tbps_rotated", target[op][1]);
         bench_json_bool(&j, "meets_target", target[op][0] >= TARGET_TBPS);
         bench_json_bool(&j, "meets_target_rotated", target[op][1] >= TARGET_TBPS);
+        bench_json_num(&j, "d2d_copy_graph_tbps_hot", target[N_OPS - 1][0]);
+        bench_json_num(&j, "d2d_copy_graph_tbps_rotated", target[N_OPS - 1][1]);
         bench_json_end(&j);
     }
 
