@@ -17,8 +17,10 @@
 int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, uint64_t dx, uint64_t dw);
 
 /* The specialization for in (a multiple of 32, at most INT32_MAX), plain
- * (glu 0) or gated (glu 1: out = silu(gate) * up of a [2 n_out, in] weight). */
-kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out);
+ * (glu 0) or gated (glu 1: out = silu(gate) * up of a [2 n_out, in] weight);
+ * wide: the variant compiled for more blocks an SM (fewer registers), which
+ * a product takes when that puts its grid in one wave instead of two. */
+kiln_status kiln__skinny_linear_spec(int64_t in, int glu, int wide, kiln_spec *out);
 
 /* A command of op (its attribution) for out = x weightᵀ (+ bias), or with glu
  * out = silu(x gateᵀ) * (x upᵀ) where weight is [gate; up] (no bias), through
@@ -29,8 +31,9 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
                                        const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
                                        kiln_command **cmd);
 
-/* The model's specializations: plain for in = hidden_size, intermediate_size
- * and num_attention_heads * head_dim (what its projections read), once each;
- * gated for in = hidden_size (the MLP's gate/up). */
+/* The model's specializations: plain, in both variants, for in =
+ * hidden_size, intermediate_size and num_attention_heads * head_dim (what its
+ * projections read), once each; gated for in = hidden_size (the MLP's
+ * gate/up). */
 kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 #endif

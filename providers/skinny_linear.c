@@ -9,13 +9,18 @@
 #define TEMPLATE "skinny_linear"
 /* Measured on the H200 (bench/bench_linear_tune, 1 and 8 tokens of Llama-3-8B's
  * projections): 8 warps splitting K, 4 steps per load stage, one 16-row group
- * per warp, the first stage warmed in L2 before the dependency sync; more
- * blocks per SM asked of the compiler helped q/k/v and cost down_proj. */
+ * per warp, the first stage warmed in L2 before the dependency sync. The
+ * registers this takes (94) leave 2 blocks an SM. A product whose blocks take
+ * two waves at that and one at WIDE_MIN_BLOCKS an SM runs the variant
+ * compiled for WIDE_MIN_BLOCKS (fewer registers): the fused q/k/v of Llama-3-8B
+ * (384 blocks on 132 SMs) 16.2 -> 13.4 us at 1 token, 17.0 -> 13.6 at 8,
+ * where it costs q/o (9.3 -> 11.9), gate/up and down_proj if taken always. */
 #define WARPS 8
 #define UNROLL 4
 #define ROW_GROUPS 1
 #define PREFETCH 1
 #define MIN_BLOCKS 0
+#define WIDE_MIN_BLOCKS 3
 /* Outputs per block: 16 rows, or 8 gated outputs (their gate and up rows). */
 #define ROWS_PER_BLOCK(glu) ((glu) ? 8 * ROW_GROUPS : 16 * ROW_GROUPS)
 
@@ -28,7 +33,7 @@ static int warps_for(int64_t in)
     return 1;
 }
 
-kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out)
+kiln_status kiln__skinny_linear_spec(int64_t in, int glu, int wide, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": out is NULL");
@@ -39,7 +44,7 @@ kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out)
     if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "IN", in)) ||
         (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
         (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
-        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", MIN_BLOCKS)) ||
+        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", wide ? WIDE_MIN_BLOCKS : MIN_BLOCKS)) ||
         (st = kiln_spec_set(out, "GLU", glu ? 1 : 0)))
         return st;
     return KILN_OK;
@@ -47,7 +52,9 @@ kiln_status kiln__skinny_linear_spec(int64_t in, int glu, kiln_spec *out)
 
 kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
-    /* The plain products' ins, then the gated one's (gate/up reads hidden). */
+    /* The plain products' ins, each in both variants (which one a product
+     * takes depends on the device's SM count: encode); then the gated one's
+     * (gate/up reads hidden). */
     const int64_t ins[4] = {cfg->hidden_size, cfg->intermediate_size, cfg->num_attention_heads * cfg->head_dim,
                             cfg->hidden_size};
     for (int i = 0; i < 4; i++) {
@@ -57,10 +64,12 @@ kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_s
             seen |= ins[j] == ins[i];
         if (seen || ins[i] < 32 || ins[i] % 32 || ins[i] > INT32_MAX)
             continue;
-        kiln_spec spec;
-        kiln_status st = kiln__skinny_linear_spec(ins[i], glu, &spec);
-        if (st || (st = sink(user, &spec)))
-            return st;
+        for (int wide = 0; wide <= !glu; wide++) {
+            kiln_spec spec;
+            kiln_status st = kiln__skinny_linear_spec(ins[i], glu, wide, &spec);
+            if (st || (st = sink(user, &spec)))
+                return st;
+        }
     }
     return KILN_OK;
 }
@@ -76,6 +85,22 @@ int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, ui
     kiln_runtime_get_info(rt, &info);
     int sm = 0; /* "sm_90" -> 90, "sm_100" -> 100: tensor-core mma.sync m16n8k16 from sm_80 */
     return sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 80;
+}
+
+/* Whether grid blocks of fn take more than one wave of the SMs and fit in
+ * one at WIDE_MIN_BLOCKS an SM. */
+static int takes_wide(kiln_runtime *rt, CUfunction fn, unsigned grid, unsigned threads)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int per_sm = 0;
+    const kiln__driver *d = kiln__runtime_driver(rt);
+    if (info.multiprocessors < 1 || kiln__runtime_enter(rt) ||
+        d->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)threads, 0) != CUDA_SUCCESS ||
+        per_sm < 1 || per_sm >= WIDE_MIN_BLOCKS)
+        return 0;
+    const uint64_t sms = (uint64_t)info.multiprocessors;
+    return grid > sms * (uint64_t)per_sm && grid <= sms * WIDE_MIN_BLOCKS;
 }
 
 typedef struct skinny_launch {
@@ -101,13 +126,18 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
     kiln_runtime *rt = kiln__jit_runtime(jit);
     kiln__errslot *err = kiln__runtime_errslot(rt);
     const int64_t tokens = x->dims[0], in = x->dims[1], n_out = glu ? weight->dims[0] / 2 : weight->dims[0];
+    const unsigned grid = (unsigned)((n_out + ROWS_PER_BLOCK(glu) - 1) / ROWS_PER_BLOCK(glu)),
+                   threads = 32u * (unsigned)warps_for(in);
     kiln_spec spec;
     kiln_status st;
-    if ((st = kiln__skinny_linear_spec(in, glu, &spec)))
-        return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;
-    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
+    if ((st = kiln__skinny_linear_spec(in, glu, 0, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    if (!glu && takes_wide(rt, (CUfunction)fn, grid, threads) &&
+        ((st = kiln__skinny_linear_spec(in, 0, 1, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+         (st = kiln_kernel_function(k, NULL, &fn))))
         return kiln__propagate(err, st);
     skinny_launch *l = malloc(sizeof *l);
     if (!l)
@@ -120,8 +150,8 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
                          .out = kiln__buffer_ptr(out->buffer) + out->offset,
                          .n_out = (uint32_t)n_out,
                          .tokens = (uint32_t)tokens,
-                         .grid = (unsigned)((n_out + ROWS_PER_BLOCK(glu) - 1) / ROWS_PER_BLOCK(glu)),
-                         .threads = 32u * (unsigned)warps_for(in)};
+                         .grid = grid,
+                         .threads = threads};
     /* The replay key: the kernel, every address and size, the grid. */
     const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
                                 ((uint64_t)l->grid << 32) | l->threads};

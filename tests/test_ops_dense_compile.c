@@ -89,10 +89,11 @@ static void test_specializations_compile_offline(void **state)
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
 }
 
-/* The skinny dense linear (1 to 8 tokens): the model lists one kernel per
- * distinct in of its projections that is a multiple of 32, then the gated
- * (SwiGLU) one of in = hidden, and each compiles offline, from one warp per
- * block to eight, plain and gated. ins: n_ins - 1 plain ins, then the gated. */
+/* The skinny dense linear (1 to 8 tokens): the model lists, for each
+ * distinct in of its projections that is a multiple of 32, the plain kernel
+ * and its wide variant (more blocks an SM), then the gated (SwiGLU) one of in
+ * = hidden; each compiles offline, from one warp per block to eight, plain,
+ * wide and gated. ins: n_ins - 1 plain ins, then the gated. */
 static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, size_t n_ins)
 {
     kiln_spec *specs = NULL;
@@ -101,13 +102,16 @@ static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, 
     for (size_t i = 0; i < n; i++) {
         if (strcmp(specs[i].template_id, "skinny_linear"))
             continue;
-        assert_true(found < n_ins);
+        /* found: 2 per plain in (narrow, wide), then the gated one. */
+        const size_t which = found / 2 < n_ins - 1 ? found / 2 : n_ins - 1;
+        const int glu = which == n_ins - 1, wide = !glu && found % 2;
+        assert_true(n_ins > 0 && (glu ? found == 2 * (n_ins - 1) : 1));
         kiln_spec want;
-        KILN_CHECK(kiln__skinny_linear_spec(ins[found], found == n_ins - 1, &want));
+        KILN_CHECK(kiln__skinny_linear_spec(ins[which], glu, wide, &want));
         assert_memory_equal(&specs[i], &want, sizeof want);
         found++;
     }
-    assert_int_equal(found, n_ins);
+    assert_int_equal(found, n_ins ? 2 * (n_ins - 1) + 1 : 0);
     kiln_free(specs);
 }
 
@@ -124,17 +128,17 @@ static void test_skinny_linear_specs(void **state)
     expect_skinny_specs(&c, NULL, 0);
     static const int64_t compile[] = {32, 64, 96, 256, 896, 4096, 14336, 65536};
     for (size_t i = 0; i < sizeof compile / sizeof compile[0]; i++)
-        for (int glu = 0; glu < 2; glu++) {
+        for (int v = 0; v < 3; v++) {
             kiln_spec s;
             int compiled = 0;
-            KILN_CHECK(kiln__skinny_linear_spec(compile[i], glu, &s));
+            KILN_CHECK(kiln__skinny_linear_spec(compile[i], v == 2, v == 1, &s));
             KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
         }
     kiln_spec s;
-    KILN_EXPECT(kiln__skinny_linear_spec(1000, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
+    KILN_EXPECT(kiln__skinny_linear_spec(1000, 0, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
                 "multiple of 32");
-    KILN_EXPECT(kiln__skinny_linear_spec(0, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
-    assert_int_equal(kiln__skinny_linear_spec(64, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
+    KILN_EXPECT(kiln__skinny_linear_spec(0, 1, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
+    assert_int_equal(kiln__skinny_linear_spec(64, 0, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
 static void test_spec_sizes_out_of_contract(void **state)
