@@ -1,15 +1,16 @@
-/* Causal paged attention (RoPE, append, attention; one command, two
- * dispatches): GPU time through kiln with CUDA events, back to back over
+/* Causal paged attention (RoPE, append, attention; one command: one
+ * dispatch for decode, two for prefill): GPU time through kiln with CUDA events, back to back over
  * iters submissions of the pre-encoded command, divided by iters (median of
  * 5 such runs). Shapes: Llama-3-8B heads (32 q, 8 kv, head_dim 128) and
  * Qwen2.5-7B heads (28 q, 4 kv, 128); decode of 1, 8, 32 and 64 sequences
- * at context 1024 and 4096 with the workspace (split-KV), and at 1024
- * without it (one block per sequence and kv head) (reported: KV bytes read
- * per second: 2 * seqs * context * kv_heads * head_dim * 2, the command's
- * two kernels together), prefill of 512 and 4096 tokens of one sequence and
+ * at context 1024 and 4096 split as kiln picks (split-KV over a cluster),
+ * and at 1024 unsplit (split target 1: one block per sequence, kv head and
+ * row tile) (reported: KV bytes read per second: 2 * seqs * context *
+ * kv_heads * head_dim * 2), prefill of 512 and 4096 tokens of one sequence and
  * 4 x 1024 packed (reported: attention TFLOP/s, 4 * heads * head_dim * causal
  * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
- * several split targets (blocks a split decode aims at; 512 is kiln's).
+ * several split targets (blocks a split decode aims at; kiln's is twice
+ * the SMs: 264 on an H200).
  *
  * Usage: bench_attention [--iters 50] [--sweep]
  */
@@ -104,7 +105,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
                 ts = {.buffer = bi, .offset = ((size_t)T + (size_t)S * blocks + S) * 4, .dtype = KILN_DTYPE_U32,
                       .rank = 2, .dims = {S, 2}};
     kiln_region pr = {bp, 0, (size_t)pages * KILN_PAGED_KV_PAGE_BYTES};
-    kiln__paged_attention_set_split_target(target);
+    kiln__paged_attention_set_split_target(split ? target : 1);
     size_t ws_bytes = 0;
     ck(kiln_op_paged_attention_workspace(S, H, KVH, D, count == 1 ? 1 : T, &ws_bytes), "workspace");
     kiln_buffer *bw = buf(ws_bytes ? ws_bytes : 256);
@@ -161,7 +162,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_int(&j, "new_tokens", count);
     if (count == 1) {
         bench_json_bool(&j, "split", split);
-        bench_json_int(&j, "split_target", target ? target : 512);
+        bench_json_int(&j, "split_target", split ? target : 1);
         bench_json_int(&j, "workspace_bytes", split ? (long long)ws_bytes : 0);
     }
     bench_json_num(&j, "median_us", us);
@@ -208,7 +209,7 @@ int main(int argc, char **argv)
     kiln_jit_options jo = {.runtime = g_rt};
     ck(kiln_jit_create(&jo, &g_jit), "jit");
     if (sweep) {
-        static const uint32_t targets[] = {256, 512, 1024, 2048, 4096}, seqs[] = {1, 8, 32};
+        static const uint32_t targets[] = {132, 264, 528, 1056, 2112}, seqs[] = {1, 8, 32};
         for (int n = 0; n < 3; n++)
             for (int t = 0; t < 5; t++)
                 run_case("decode", 32, 8, 128, seqs[n], 1023, 1, iters, 1, targets[t]);

@@ -13,26 +13,31 @@
 #include "providers/internal.h"
 
 #define OP "paged_attention"
-#define KEY_TAG "kiln.paged_attention.2"
+#define KEY_TAG "kiln.paged_attention.3"
 #define THREADS 128
 #define APPEND_TOKENS 16 /* new tokens per append block (the template's) */
 #define PREFILL_ROWS 16
 #define MAX_SEQS 65535u  /* the grid's z */
 #define GRID_X_MAX 0x7fffffffu
-#define KC 64            /* keys per tile (the template's) */
-#define MAX_SPLITS 64    /* chunks of one split decode at most (the template's) */
-/* Blocks a split decode aims at: about 4 an SM on an H200. Measured there
- * (bench_attention --sweep, Llama-3-8B heads, context 1024), 512 against
- * 1024: 21.4 vs 24.5 us at 8 sequences, 57.3 vs 62.5 at 32, the same at 1. */
-#define SPLIT_TARGET 512
 /* The desc before workspace and qkv were appended. */
 #define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
+#define DECODE_ROWS 8      /* query rows per decode block (the decode template's) */
+#define DECODE_MAX_CLUSTER 8 /* blocks a decode's keys split over at most: a portable cluster */
+/* Decode blocks an SM holds at once (the decode template's launch bounds and
+ * shared memory): the split aims at that many blocks per SM. */
+#define DECODE_BLOCKS_PER_SM 2
 
-static _Atomic uint32_t split_target = SPLIT_TARGET;
+static _Atomic uint32_t split_target; /* 0: DECODE_BLOCKS_PER_SM per SM */
 
 void kiln__paged_attention_set_split_target(uint32_t blocks)
 {
-    atomic_store(&split_target, blocks ? blocks : SPLIT_TARGET);
+    atomic_store(&split_target, blocks);
+}
+
+/* The decode template's dynamic shared memory: STAGES tiles of 64 keys, K and V. */
+static unsigned decode_smem(int64_t head_dim)
+{
+    return head_dim == 128 ? 3u * 2u * 64u * 128u * 2u : 4u * 2u * 64u * 64u * 2u;
 }
 
 kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out)
@@ -59,8 +64,9 @@ static int64_t rows_for(int64_t group, int decode)
     return group <= 4 ? 4 : group <= 8 ? 8 : 16;
 }
 
-kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
-                                         kiln_spec *out)
+/* The paged_attention template's spec with rows query rows per block (16:
+ * prefill; 4, 8 or 16: its decode, taken before sm_80). */
+static kiln_status attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -75,33 +81,24 @@ kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_
     if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
         (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
         (st = kiln_spec_set(out, "PAGE_TOKENS", pt)) ||
-        (st = kiln_spec_set(out, "ROWS", rows_for(heads / kv_heads, decode))))
+        (st = kiln_spec_set(out, "ROWS", rows)))
         return st;
     return KILN_OK;
 }
 
-/* Row tiles of one (sequence, kv head) in a decode command. */
-static uint64_t decode_tiles(int64_t group)
+kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
+                                         kiln_spec *out)
 {
-    const int64_t rows = rows_for(group, 1);
-    return (uint64_t)((group + rows - 1) / rows);
-}
-
-/* The split count of a decode command over pairs (sequence, kv head, row
- * tile) blocks, and the workspace it needs: the counters (one u32 a pair,
- * rounded up to 256 bytes), then one f32 partial of rows x (head_dim + 2) per
- * pair and chunk. 1 and 0 bytes when the pairs alone fill the GPU. */
-static void split_layout(uint64_t pairs, int64_t rows, int64_t head_dim, uint32_t *splits, size_t *counter_bytes,
-                         size_t *bytes)
-{
-    const uint64_t ns = atomic_load(&split_target) / pairs;
-    *splits = ns < 2 ? 1 : ns > MAX_SPLITS ? MAX_SPLITS : (uint32_t)ns;
-    *counter_bytes = *bytes = 0;
-    if (*splits == 1)
-        return;
-    /* pairs * splits <= the target (at most 2^32): no overflow. */
-    *counter_bytes = (size_t)((pairs * 4 + 255) / 256 * 256);
-    *bytes = *counter_bytes + (size_t)(pairs * *splits * (uint64_t)rows * (uint64_t)(head_dim + 2) * 4);
+    kiln_status st = attention_spec(head_dim, heads, kv_heads, PREFILL_ROWS, out);
+    if (st || !decode)
+        return st;
+    uint32_t pt;
+    if ((st = kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt)) ||
+        (st = kiln_spec_init(out, "paged_decode")) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
+        (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
+        (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
+        return st;
+    return KILN_OK;
 }
 
 kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -117,14 +114,9 @@ kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": %lld sequences (1 to %u) of at most %lld new tokens (>= 1): no such command",
                           (long long)seqs, MAX_SEQS, (long long)max_query_tokens);
+    /* The decode kernel splits over a cluster's shared memory, prefill does
+     * not split: no command needs scratch. */
     *bytes = 0;
-    if (max_query_tokens != 1)
-        return KILN_OK;
-    const int64_t group = heads / kv_heads;
-    uint32_t splits;
-    size_t counters;
-    split_layout((uint64_t)seqs * (uint64_t)kv_heads * decode_tiles(group), rows_for(group, 1), head_dim, &splits,
-                 &counters, bytes);
     return KILN_OK;
 }
 
@@ -303,18 +295,11 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
             if (i != w && t[i] && kiln__tensors_overlap(t[w], bytes[w], t[i], bytes[i]))
                 return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding %s overlaps binding %s", names[w],
                                   names[i]);
-    /* The workspace: checked whenever given; used when the decode splits. */
-    uint32_t splits = 1;
-    size_t counter_bytes = 0, need = 0;
-    if (decode)
-        split_layout((uint64_t)S * (uint64_t)KVH * tiles, (int64_t)rows, D, &splits, &counter_bytes, &need);
+    /* The workspace: checked whenever given; no kernel uses it. */
     if (d->workspace) {
-        if ((st = kiln__check_workspace(err, OP, d->workspace, rt, need, t, bytes, names, B_WS)))
+        if ((st = kiln__check_workspace(err, OP, d->workspace, rt, 0, t, bytes, names, B_WS)))
             return st;
         bytes[B_WS] = d->workspace->end - d->workspace->start;
-    } else {
-        splits = 1; /* no workspace: one block per (sequence, kv head, row tile) */
-        counter_bytes = need = 0;
     }
     info->tokens = (uint32_t)T;
     info->seqs = (uint32_t)S;
@@ -328,18 +313,18 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     info->fused = d->qkv != NULL;
     info->append_tiles = (uint32_t)((maxq + APPEND_TOKENS - 1) / APPEND_TOKENS);
     info->attention_tiles = (uint32_t)tiles;
-    info->splits = splits;
-    info->counter_bytes = counter_bytes;
-    info->workspace_bytes = need;
+    info->splits = 1; /* a decode's split is the encode's: it depends on the device */
     return KILN_OK;
 }
 
 typedef struct attn_launch {
     kiln_runtime *rt;
-    CUfunction append, attention;
+    CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
     CUdeviceptr q, k, v, pos, table, lens, spans, pages, out, counters, partials;
     uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
         attention_tiles, splits;
+    unsigned smem; /* the decode kernel's dynamic shared memory */
+    int pdl;       /* the decode's cluster launch also asks for programmatic dependent launch */
     float qscale;
     float inv_freq[64]; /* head_dim / 2 used: the kernels' rope_freqs, by value */
 } attn_launch;
@@ -352,10 +337,41 @@ static kiln_status launch3(const kiln_launch_context *ctx, kiln_runtime *rt, CUf
     return st ? kiln__fail(kiln__runtime_errslot(rt), st, "%s: %s", what, kiln_errmsg()) : KILN_OK;
 }
 
+/* The decode kernel: grid x = row tiles x splits, the splits of a row tile one
+ * cluster (a plain launch when there is one split). */
+static kiln_status launch_decode(attn_launch *l, const kiln_launch_context *ctx, CUdeviceptr *fault)
+{
+    void *args[] = {&l->q,     &l->q_stride,   &l->k,      &l->v,         &l->kv_stride, &l->pos,
+                    &l->table, &l->lens,       &l->spans,  &l->pages,     &l->out,       &l->n_pages,
+                    &l->max_blocks, &l->tokens, &l->max_query, &l->qscale, l->inv_freq,   fault};
+    const unsigned grid[3] = {l->attention_tiles * l->splits, l->kv_heads, l->seqs};
+    kiln_status st;
+    if (l->splits == 1) {
+        st = kiln__launch_ex(ctx, l->rt, l->decode, grid, THREADS, l->smem, args, KILN__LAUNCH_PDL);
+        return st ? kiln__fail(kiln__runtime_errslot(l->rt), st, "cuLaunchKernel (paged_attention decode): %s",
+                               kiln_errmsg())
+                  : KILN_OK;
+    }
+    CUlaunchAttribute attr[2];
+    memset(attr, 0, sizeof attr);
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr[0].value.clusterDim.x = l->splits;
+    attr[0].value.clusterDim.y = attr[0].value.clusterDim.z = 1;
+    attr[1].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[1].value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg = {.gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2], .blockDimX = THREADS,
+                          .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = l->smem,
+                          .hStream = (CUstream)kiln_launch_stream(ctx), .attrs = attr, .numAttrs = l->pdl ? 2 : 1};
+    const CUresult r = kiln__runtime_driver(l->rt)->cuLaunchKernelEx(&cfg, l->decode, args, NULL);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(l->rt, r, "cuLaunchKernelEx (paged_attention decode)");
+}
+
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     attn_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
+    if (l->decode)
+        return launch_decode(l, ctx, &fault);
     void *append_args[] = {&l->k,         &l->v,          &l->kv_stride, &l->pos,      &l->table,
                            &l->lens,      &l->spans,      &l->pages,     &l->n_pages,  &l->max_blocks,
                            &l->tokens,    &l->max_query,  l->inv_freq,   &l->counters, &l->attention_tiles,
@@ -369,6 +385,51 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
                          &l->qscale,   l->inv_freq,  &l->splits,     &l->counters,   &l->partials, &fault};
     return launch3(ctx, l->rt, l->attention, l->attention_tiles * l->splits, l->kv_heads, l->seqs, attn_args,
                    "cuLaunchKernel (paged_attention)");
+}
+
+/* The architecture's whole number: "sm_90" -> 90 (0 when unreadable). */
+static int arch_number(kiln_runtime *rt, int *sms)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int sm = 0;
+    *sms = info.multiprocessors;
+    return sscanf(info.arch, "sm_%d", &sm) == 1 ? sm : 0;
+}
+
+/* Prepares the decode kernel (its shared memory) and picks its split: the
+ * largest of 1, 2, 4, 8 that keeps seqs x kv_heads x tiles x splits within the
+ * blocks the device holds at once (the split target), and that the device
+ * can launch as a cluster. */
+static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms, uint64_t pairs, unsigned smem,
+                                uint32_t *splits)
+{
+    const kiln__driver *d = kiln__runtime_driver(rt);
+    kiln_status st = kiln__runtime_enter(rt);
+    if (st)
+        return st;
+    CUresult r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+    if (r != CUDA_SUCCESS)
+        return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention decode shared memory)");
+    const uint32_t target_set = atomic_load(&split_target);
+    const uint64_t target = target_set ? target_set : (uint64_t)(sms > 0 ? sms : 1) * DECODE_BLOCKS_PER_SM;
+    uint32_t n = 1;
+    while (sm >= 90 && n < DECODE_MAX_CLUSTER && pairs * n * 2 <= target)
+        n *= 2;
+    for (; n > 1; n /= 2) {
+        CUlaunchAttribute attr;
+        memset(&attr, 0, sizeof attr);
+        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = n;
+        attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+        CUlaunchConfig cfg = {.gridDimX = n, .gridDimY = 1, .gridDimZ = 1, .blockDimX = THREADS, .blockDimY = 1,
+                              .blockDimZ = 1, .sharedMemBytes = smem, .attrs = &attr, .numAttrs = 1};
+        int clusters = 0;
+        if (d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1)
+            break;
+    }
+    *splits = n;
+    return KILN_OK;
 }
 
 kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc, kiln_command **cmd)
@@ -390,10 +451,26 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     const kiln_paged_attention_desc *d = &full;
     kiln_spec spec;
     kiln_kernel *k;
-    void *fa, *fb;
-    if ((st = kiln_op_paged_attention_spec(in.head_dim, in.heads, in.kv_heads, in.decode, &spec)) ||
-        (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
-        (st = kiln_kernel_function(k, "kiln_paged_attention", &fb)))
+    void *fa = NULL, *fb = NULL, *fd = NULL;
+    int sms = 0;
+    const int sm = arch_number(rt, &sms);
+    /* Decode: one kernel on the tensor cores (sm_80 on); before that, and for
+     * prefill, the append and attention kernels. */
+    const int one_kernel = in.decode && sm >= 80;
+    uint32_t splits = 1, tiles = in.attention_tiles;
+    const unsigned smem = one_kernel ? decode_smem(in.head_dim) : 0;
+    if (one_kernel) {
+        tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
+        if ((st = kiln_op_paged_attention_spec(in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
+            (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_decode", &fd)))
+            return kiln__propagate(err, st);
+        if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * tiles, smem,
+                               &splits)))
+            return st;
+    } else if ((st = attention_spec(in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
+                                    &spec)) ||
+               (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
+               (st = kiln_kernel_function(k, "kiln_paged_attention", &fb)))
         return kiln__propagate(err, st);
     attn_launch *l = calloc(1, sizeof *l);
     if (!l)
@@ -402,6 +479,12 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->rt = rt;
     l->append = (CUfunction)fa;
     l->attention = (CUfunction)fb;
+    l->decode = (CUfunction)fd;
+    l->smem = smem;
+    {
+        const char *pdl = getenv("KILN_PDL"); /* the runtime's switch (runtime/runtime.c) */
+        l->pdl = sm >= 90 && !(pdl && !strcmp(pdl, "0"));
+    }
     if (in.fused) {
         l->q = PTR(d->qkv);
         l->k = l->q + in.k_offset;
@@ -418,10 +501,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->out = PTR(d->out);
 #undef PTR
     l->pages = kiln__buffer_ptr(d->kv_pages->buffer) + d->kv_pages->start;
-    if (in.splits > 1) {
-        l->counters = kiln__buffer_ptr(d->workspace->buffer) + d->workspace->start;
-        l->partials = l->counters + in.counter_bytes;
-    }
     l->q_stride = in.q_stride;
     l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
@@ -431,8 +510,8 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->seqs = in.seqs;
     l->kv_heads = (uint32_t)in.kv_heads;
     l->append_tiles = in.append_tiles;
-    l->attention_tiles = in.attention_tiles;
-    l->splits = in.splits;
+    l->attention_tiles = tiles;
+    l->splits = splits;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
     for (int64_t i = 0; i < in.head_dim / 2; i++)
@@ -468,13 +547,13 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.max_query = in.max_query;
     key.q_stride = in.q_stride;
     key.kv_stride = in.kv_stride;
-    key.splits = in.splits;
+    key.splits = splits;
     key.theta = d->rope_theta;
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,
                             .participants = in.seqs,
                             .tokens = in.tokens,
-                            .dispatches = 2,
+                            .dispatches = one_kernel ? 1 : 2,
                             .regions = regions,
                             .n_regions = n_regions,
                             .enqueue = enqueue,

@@ -8,9 +8,11 @@
  * cached prefixes (chunked prefill); decode at 1 to 64 sequences with
  * contexts over many pages and lengths that are not multiples of a page;
  * block tables scattered over the arena, unused entries garbage; split-KV
- * decode (a workspace, poisoned first) at the lengths where its chunking
- * changes (1, 2, a page, a tile and one past each, 1024 at 8 and 32
- * sequences, 16384 at one) and unsplit decode (no workspace); q, k and v
+ * decode (one kernel, the splits of a sequence one thread block cluster) at
+ * the lengths where its chunking changes (1, 2, a page, a tile and one past
+ * each, 1024 at 8 and 32 sequences, 16384 at one), at every cluster size
+ * (1, 2, 4, 8: short sequences leave blocks of a cluster without keys), and
+ * unsplit decode (the split target at 1); q, k and v
  * fused in one tensor, prefill and decode; one decode command replayed from
  * a graph over several steps with its per-step values in a binding arena,
  * and bit for bit the same as the same command run eager; bad device data
@@ -22,6 +24,7 @@
 #include <stdatomic.h>
 
 #include "gpu_fixture.h"
+#include "providers/internal.h"
 
 #define TOL 2e-3
 #define FLOOR (1.0 / 4096)
@@ -182,7 +185,7 @@ typedef struct step {
     const uint32_t *count; /* new tokens per sequence */
     uint32_t max_query;    /* 0: T */
     bad_kind bad;          /* applied to sequence 1 */
-    int no_workspace;      /* eager: no workspace binding (decode unsplit) */
+    int no_workspace;      /* eager: no workspace binding, and a decode unsplit (split target 1) */
     int fused;             /* eager: q, k and v in one qkv tensor */
     kiln_status (*runner)(void *user, const step_io *io); /* NULL: encode and run eagerly here */
     void *user;
@@ -383,7 +386,11 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
                                        .rope_theta = s->theta, .max_query_tokens = st->max_query,
                                        .workspace = bw ? &wr : NULL, .qkv = st->fused ? &tf : NULL};
         kiln_command *cmd;
+        if (st->no_workspace)
+            kiln__paged_attention_set_split_target(1);
         KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
+        if (st->no_workspace)
+            kiln__paged_attention_set_split_target(0);
         assert_true(kiln_command_replayable(cmd));
         KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, NULL, NULL));
         result = kiln_stream_synchronize(f->s);
@@ -608,6 +615,29 @@ static void test_decode_split_lengths(void **state)
     }
 }
 
+/* Every cluster size of the split decode (the split target picks it: pairs x
+ * n x 2 <= target < pairs x 2n x 2), at lengths that leave blocks of a
+ * cluster without keys (1, 2, 65) and longer ones, head_dim 128 (groups 4
+ * and 7) and 64 (group 7). */
+static void test_decode_every_cluster_size(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{128, 32, 8}, {128, 28, 4}, {64, 14, 2}};
+    enum { S = 5 };
+    const uint32_t lens[S] = {0, 1, 64, 700, 3000};
+    for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++)
+        for (uint32_t n = 1; n <= 8; n *= 2) {
+            if (quick() && l == 1)
+                continue;
+            const uint32_t pairs = S * (uint32_t)ls[l].KVH * (uint32_t)((ls[l].H / ls[l].KVH + 7) / 8);
+            kiln__paged_attention_set_split_target(pairs * n * 2);
+            char label[64];
+            snprintf(label, sizeof label, "decode cluster %u", n);
+            decode_case(f, ls[l], S, lens, S, 1, 0, label);
+            kiln__paged_attention_set_split_target(0);
+        }
+}
+
 /* q, k and v from one fused tensor: chunked prefill and decode, with and
  * without the workspace. */
 static void test_fused_qkv(void **state)
@@ -723,7 +753,7 @@ static kiln_status replay_runner(void *user, const step_io *io)
     KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
     assert_int_equal(a.path, KILN_EXEC_REPLAYED);
     assert_string_equal(a.op_id, "paged_attention");
-    assert_int_equal(a.dispatches, 2);
+    assert_int_equal(a.dispatches, 1); /* decode: append and attention in one kernel */
     kiln_fence_release(fence);
     KILN_CHECK(kiln_stream_synchronize(r->f->s));
     void *tmp = malloc(r->q_bytes), *eager = malloc(r->q_bytes);
@@ -772,7 +802,8 @@ static void test_decode_replayed_over_steps(void **state)
         const int64_t W = (L.H + 2 * L.KVH) * L.D;
         size_t ws_bytes;
         KILN_CHECK(kiln_op_paged_attention_workspace(S, L.H, L.KVH, L.D, 1, &ws_bytes));
-        assert_true(ws_bytes > 0);
+        assert_int_equal(ws_bytes, 0); /* none needed; one given is left alone */
+        ws_bytes = 4096;
         r.ws = buffer(f->rt, ws_bytes);
         r.out = buffer(f->rt, r.q_bytes);
         if (fused) {
@@ -856,6 +887,7 @@ int main(void)
         T(test_prefill_packed_with_prefixes),
         T(test_decode),
         T(test_decode_split_lengths),
+        T(test_decode_every_cluster_size),
         T(test_fused_qkv),
         T(test_decode_replayed_over_steps),
         T(test_bad_device_data_is_reported),

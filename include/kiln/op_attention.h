@@ -25,15 +25,10 @@
  *                [start + p * 65536, start + (p + 1) * 65536); its device address
  *                16-byte aligned;
  *   out          f16 [T, heads, head_dim];
- *   workspace    optional: a region of at least kiln_op_paged_attention_workspace
- *                bytes, 256-byte aligned on its device address, overlapping no
- *                other binding. A decode command (max_query_tokens = 1) given
- *                one splits each sequence's keys over several blocks (split-KV,
- *                "flash decoding"; see Kernels); without one (or when the
- *                workspace function says 0 bytes) it runs one block per
- *                sequence and kv head, much slower at small batches. The
- *                workspace needs no initialization and holds nothing between
- *                commands: one region may serve every command of a stream.
+ *   workspace    optional, and used by no kernel now (kiln_op_paged_attention_workspace
+ *                says 0 bytes): a region given is still checked (on the runtime,
+ *                256-byte aligned on its device address, overlapping no other
+ *                binding) and left untouched.
  * positions, block_table, seq_lens and query_spans are read on the device
  * (put them in a binding arena): one command, and the graph it is captured
  * in, serve every step of the same T, S and max_blocks.
@@ -68,7 +63,7 @@
  * kv_pages whole pages, max_blocks * page_tokens <= 2^32 - 65, 1 <= S <= 65535,
  * max_query_tokens <= T, rope_theta finite and > 0, qkv's width (heads +
  * 2 kv_heads) * head_dim and q, k, v NULL when qkv is given, a given
- * workspace on the runtime, in its buffer, aligned and large enough, and that
+ * workspace on the runtime, in its buffer and aligned, and that
  * nothing written (out, kv_pages, workspace) overlaps another binding.
  * Checked on the device, per sequence, before anything of it is read: the
  * span within T, count <= min(seq_lens[s], max_query_tokens), seq_lens[s] <=
@@ -80,28 +75,33 @@
  * value and the limit; the stream goes on. The kernels never read or write
  * out of bounds whatever the device data holds.
  *
- * Kernels (templates/paged_attention.cu), specialized on head_dim, heads,
- * kv_heads and the query rows per block (16 for prefill; 4, 8 or 16 from the
- * group size for decode, max_query_tokens = 1): an append kernel (one block
- * per sequence, kv head and 16 new tokens) and an attention kernel (one
- * block per sequence, kv head and tile of 16 query rows for prefill, or of
- * the group's heads for decode; 128 threads, keys in tiles of 64 through
- * shared memory, the next tile's loads in flight while one is computed, f32
- * arithmetic on CUDA cores). Split-KV decode: the command's split count n
- * is fixed at encode from S, kv_heads and the row tiles (pairs = S *
- * kv_heads * tiles; n = min(64, 512 / pairs), no split below 2), so one
- * graph serves every step; on the device each sequence's L keys are cut in
- * ceil(L / c) chunks of c = 64 * ceil(ceil(L / n) / 64) keys (blocks past
- * them exit at once), each chunk's block writes an f32 partial (unnormalized
- * output, running max and sum per row), and the last block of a sequence
- * and kv head to finish (an atomic counter the append kernel zeroes every
- * launch) combines them in chunk order and writes out: the result is the
- * same bits however the blocks were scheduled, replayed or eager. A sequence
- * of at most c keys does not touch the workspace. Two dispatches per
- * command. The command is replayable: its key holds both kernels'
- * fingerprint, every binding's address and bytes, T, S, max_blocks,
- * max_query_tokens, the row strides, the split count and rope_theta. Needs a
- * runtime (KILN_ERR_NO_DEVICE offline); errors from acquiring the kernel pass
+ * Kernels. Prefill (templates/paged_attention.cu, specialized on head_dim,
+ * heads, kv_heads and 16 query rows per block): an append kernel (one block
+ * per sequence, kv head and 16 new tokens) then an attention kernel (one
+ * block per sequence, kv head and tile of 16 query rows; 128 threads, keys in
+ * tiles of 64 through shared memory, f32 arithmetic on CUDA cores); two
+ * dispatches. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
+ * specialized on head_dim, heads and kv_heads; sm_80 on, else the prefill
+ * kernels with 4, 8 or 16 rows a block): one kernel, one dispatch, that
+ * appends and attends: one block per sequence, kv head, tile of 8 query
+ * heads of the group and key chunk; keys stream through shared memory with
+ * cp.async, scores and P.V on the tensor cores with f32 accumulation and q
+ * and p each as two f16 terms (as exact as f32); the block whose chunk holds
+ * the new token rotates its k, writes k and v to the page and uses them from
+ * shared memory. Split-KV: the command's split count n (1, 2, 4 or 8) is
+ * fixed at encode, the largest that keeps S x kv_heads x row tiles x n
+ * within twice the device's SMs and that the device launches as a thread
+ * block cluster, so one graph serves every step; on the device each
+ * sequence's L keys are cut in ceil(L / c) chunks of c = 64 * ceil(ceil(L /
+ * n) / 64) keys (blocks past them take none), the n blocks of one cluster,
+ * and after a cluster barrier each block combines a slice of the output
+ * from every block's partial (unnormalized output, max, sum) in its shared
+ * memory, in rank order: the result is the same bits however the blocks
+ * were scheduled, replayed or eager, and no workspace is needed. The
+ * command is replayable: its key holds the kernel's fingerprint, every
+ * binding's address and bytes, T, S, max_blocks, max_query_tokens, the row
+ * strides, the split count and rope_theta. Needs a runtime
+ * (KILN_ERR_NO_DEVICE offline); errors from acquiring the kernel pass
  * through.
  */
 #ifndef KILN_OP_ATTENTION_H
@@ -152,16 +152,15 @@ KILN_API kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_att
 KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out);
 
 /* The specialization for a head layout, decode (1: one new token per
- * sequence) or prefill (0). KILN_ERR_RUNTIME_CONTRACT for head_dim not in
+ * sequence; template paged_decode) or prefill (0; template paged_attention). KILN_ERR_RUNTIME_CONTRACT for head_dim not in
  * {64, 128}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
  * page holding no token. */
 KILN_API kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                                   kiln_spec *out);
 
-/* Workspace bytes a command needs to split its decode (see the desc's
- * workspace): 0 unless max_query_tokens is 1 and S * kv_heads * row tiles is
- * at most 256; at most about 512 * rows * (head_dim + 2) * 4 bytes (1 MiB for
- * Llama-3-8B's heads, 4.3 MiB at 16 rows). seqs is S (the block table's
+/* Workspace bytes a command needs (see the desc's workspace): 0, now that
+ * the decode splits over a cluster's shared memory (kept so that a caller
+ * sizing a shared workspace need not change). seqs is S (the block table's
  * first dim), max_query_tokens the desc's (T where the desc says 0).
  * KILN_ERR_RUNTIME_CONTRACT for a head layout kiln_op_paged_attention_spec
  * refuses, seqs outside [1, 65535] or max_query_tokens < 1;

@@ -1,0 +1,622 @@
+// Decode paged attention (one new token per sequence) with RoPE, the append
+// folded in: one kernel per command (include/kiln/op_attention.h is the
+// contract; templates/paged_attention.cu serves prefill and keeps the page
+// layout: 65536-byte pages, K at [0, 32768), V at [32768, 65536), each
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
+// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS).
+// A block serves one sequence, one kv head and up to 8 of its query heads
+// (a row tile), over one chunk of the sequence's keys. Keys stream through
+// shared memory in tiles of 64 (cp.async, STAGES tiles in flight, 16-byte
+// chunks XOR-swizzled so that ldmatrix reads are free of bank conflicts);
+// each of the 4 warps takes 16 keys of a tile and keeps its own online
+// softmax: scores S^T = K Q^T on the tensor cores (mma.sync m16n8k16, keys
+// as M, the rows as N, f32 accumulation), then O^T += V^T P^T (V^T through
+// ldmatrix.trans, P^T made the B operand with movmatrix). The f32 q and p
+// go in as two f16 terms each (hi = f16(x), lo = f16(x - hi): about 22
+// bits), so that the result is as exact as f32 arithmetic would give: for a
+// group of at most 4 rows both terms share one mma (columns 0-3 hi, 4-7 lo,
+// summed across lanes), else each term has its own.
+// The warps' partials are combined in warp order through shared memory.
+// The new token (key len - 1): the block whose chunk holds it rotates k
+// (rotate-half RoPE in f32, rounded to f16, the prefill append's arithmetic)
+// and, in row tile 0, writes k and v to the page; it puts them into its
+// shared tile itself, so that no block reads that slot of the page.
+// Split-KV: the grid's x holds row tiles times n, n blocks of a row tile form
+// a thread block cluster (n = 1, 2, 4 or 8, a launch attribute; 1 without
+// one); the keys of a sequence are cut in at most n chunks of whole 64-key
+// tiles, one block each, on the device from its length; after a cluster
+// barrier each block combines one slice of the output from every block's
+// partial (unnormalized output, max, sum), read from the other blocks'
+// shared memory, in rank order: the same bits whatever order the blocks ran
+// in, replayed or eager, and no workspace.
+// Everything that lives in device memory (spans, lengths, block table) is
+// checked before it is used: a bad sequence is skipped (nothing of it read or
+// written) and reported through the fault record.
+// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
+// KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
+// 128 threads; dynamic shared memory STAGES x 2 x 64 x HEAD_DIM halves
+// (96 KiB at head_dim 128, 64 KiB at 64). Needs sm_80 (sm_90 for n > 1).
+#include "kiln_reduce.cuh"
+
+//! kiln:entry kiln_paged_decode
+
+#define D KILN_HEAD_DIM
+#define HALF (D / 2)
+#define NH KILN_HEADS
+#define KVH KILN_KV_HEADS
+#define G (NH / KVH)
+#define PT KILN_PAGE_TOKENS
+#define THREADS 128
+#define WARPS 4
+#define KT 64              // keys per tile: 16 per warp
+#define ROWS 8             // query rows per block: the mma's N
+#define PACK (G <= 4)      // q and p's hi and lo terms share one n-tile (4 rows a block)
+#define CH (D / 8)         // 16-byte chunks per key
+#define STAGES (D == 128 ? 3 : 4)
+#define TILE_BYTES (KT * D * 2)   // K (or V) of one tile
+#define STAGE_BYTES (2 * TILE_BYTES)
+#define OPAD (D + 4)       // f32 row stride of the warps' outputs in the epilogue
+#define PAGE_BYTES 65536ull
+#define V_OFFSET 32768ull
+
+#if D != 64 && D != 128
+#error "KILN_HEAD_DIM must be 64 or 128"
+#endif
+#if NH % KVH != 0
+#error "KILN_KV_HEADS must divide KILN_HEADS"
+#endif
+#if PT < 1 || (KVH * PT * D * 2) > 32768
+#error "KILN_PAGE_TOKENS does not fit a page"
+#endif
+#if (WARPS * ROWS * OPAD + ROWS * D) * 4 > STAGES * STAGE_BYTES
+#error "the epilogue does not fit the tiles' shared memory"
+#endif
+
+#define KILN_FAULT_KV_SPAN 16u         // value: start + count (saturated), limit: tokens
+#define KILN_FAULT_KV_QUERY_COUNT 17u  // value: count, limit: min(seq_len, max_query_tokens)
+#define KILN_FAULT_KV_SEQ_PAST_TABLE 18u // value: seq_len, limit: max_blocks * PAGE_TOKENS
+#define KILN_FAULT_KV_BLOCK_PAST_ARENA 19u // value: the entry, limit: block << 32 | pages
+
+struct rope_freqs {
+    float inv[HALF]; // inv_freq[i] = theta^(-2i / HEAD_DIM), rounded to f32 on the host
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void st_f16(kiln_f16 *p, kiln_f16 v)
+{
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+// Eight halves at p (4-byte aligned: out's rows are only that).
+__device__ __forceinline__ void st_h8(kiln_f16 *p, const float *y)
+{
+    const kiln_u32x4 w = kiln_f32_to_h8(y);
+    kiln_u32 *d = (kiln_u32 *)p;
+    d[0] = w.x;
+    d[1] = w.y;
+    d[2] = w.z;
+    d[3] = w.w;
+}
+
+__device__ __forceinline__ kiln_u32 smem_addr(const void *p)
+{
+    kiln_u32 a;
+    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
+__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(kiln_u32 addr, kiln_u32 *r)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(kiln_u32 addr, kiln_u32 *r)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ kiln_u32 movmatrix_trans(kiln_u32 a)
+{
+    kiln_u32 r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(a));
+    return r;
+}
+
+// c += a (16 x 16, row) . b (16 x 8, col), f16 in, f32 accumulate.
+__device__ __forceinline__ void mma(float *c, const kiln_u32 *a, kiln_u32 b0, kiln_u32 b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Rotate-half RoPE of the pair (x[i], x[i + HALF]) at position pos.
+__device__ __forceinline__ void rope(float x0, float x1, kiln_u32 pos, float inv, float *y0, float *y1)
+{
+    float s, c;
+    sincosf((float)pos * inv, &s, &c);
+    *y0 = x0 * c - x1 * s;
+    *y1 = x1 * c + x0 * s;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ kiln_u32 cluster_size()
+{
+    kiln_u32 r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+
+// The f32 at p's place in the shared memory of the cluster's block rank.
+__device__ __forceinline__ float ld_cluster_f32(const float *p, kiln_u32 rank)
+{
+    kiln_u32 d;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(d) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void ld_cluster_f32x4(const float *p, kiln_u32 rank, float *v)
+{
+    kiln_u32 d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "r"(d)
+                 : "memory");
+}
+#endif
+
+struct seq_info {
+    kiln_u32 start, count, len;
+};
+
+// Reads and checks sequence s (every thread of the block calls it: it
+// synchronizes). Returns false when the sequence has no new token or is bad;
+// a bad one is reported when report is set. (paged_attention.cu's checks.)
+__device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                              const kiln_u32 *__restrict__ spans, kiln_u32 n_pages, kiln_u32 max_blocks,
+                              kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
+{
+    __shared__ kiln_u32 bad_block;
+    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1], len = seq_lens[s];
+    out->start = start;
+    out->count = count;
+    out->len = len;
+    if (count == 0)
+        return false;
+    const kiln_u64 end = (kiln_u64)start + count;
+    kiln_u32 code = 0, value = 0;
+    kiln_u64 limit = 0;
+    if (end > tokens) {
+        code = KILN_FAULT_KV_SPAN;
+        value = end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end;
+        limit = tokens;
+    } else if (count > max_query || count > len) {
+        code = KILN_FAULT_KV_QUERY_COUNT;
+        value = count;
+        limit = max_query < len ? max_query : len;
+    } else if ((kiln_u64)len > (kiln_u64)max_blocks * PT) {
+        code = KILN_FAULT_KV_SEQ_PAST_TABLE;
+        value = len;
+        limit = (kiln_u64)max_blocks * PT;
+    }
+    if (code) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, code, s, value, limit);
+        return false;
+    }
+    // Every page the sequence reads must lie in the arena.
+    if (threadIdx.x == 0)
+        bad_block = 0xffffffffu;
+    __syncthreads();
+    const kiln_u32 blocks = (len + PT - 1) / PT;
+    const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
+    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
+        if (row[b] >= n_pages)
+            atomicMin(&bad_block, b);
+    __syncthreads();
+    const kiln_u32 b = bad_block;
+    if (b != 0xffffffffu) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, KILN_FAULT_KV_BLOCK_PAST_ARENA, s, row[b], ((kiln_u64)b << 32) | n_pages);
+        return false;
+    }
+    return true;
+}
+
+// Byte offset of (key, 16-byte chunk) in a K or V tile: chunks swizzled by key.
+__device__ __forceinline__ kiln_u32 tile_off(kiln_u32 key, kiln_u32 ch)
+{
+    return (key * CH + (ch ^ (key & 7))) * 16;
+}
+
+// Starts the loads of keys [c0, c0 + KT) into a stage; keys from end on, and
+// the new token's (its block writes it), read as zero.
+__device__ __forceinline__ void issue_tile(kiln_u32 stage, const unsigned char *pages, const kiln_u32 *trow,
+                                           kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 cnew)
+{
+#pragma unroll
+    for (int e = 0; e < KT * CH / THREADS; e++) {
+        const kiln_u32 idx = threadIdx.x + e * THREADS, key = idx / CH, ch = idx % CH, c = c0 + key;
+        const bool ok = c < end && c != cnew;
+        const unsigned char *src = pages;
+        if (ok)
+            src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
+        const kiln_u32 dst = stage + tile_off(key, ch);
+        cp_async16(dst, src, ok ? 16 : 0);
+        cp_async16(dst + TILE_BYTES, ok ? src + V_OFFSET : src, ok ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_f16 *__restrict__ k,
+                  const kiln_f16 *__restrict__ v, kiln_u32 kv_stride, const kiln_u32 *__restrict__ positions,
+                  const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                  const kiln_u32 *__restrict__ spans, unsigned char *pages, kiln_f16 *out, kiln_u32 n_pages,
+                  kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale, rope_freqs freqs,
+                  kiln_fault *fault)
+{
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(16) kiln_f16 sq[2][ROWS][D]; // q's hi and lo terms
+    __shared__ __align__(16) kiln_f16 snew[2][D]; // the new token's rotated k, and v
+    __shared__ float swm[WARPS][ROWS], swl[WARPS][ROWS];
+    __shared__ float spm[ROWS], spl[ROWS];
+
+#if __CUDA_ARCH__ >= 900
+    const kiln_u32 nsplit = cluster_size(), split = kiln_cluster_rank();
+#else
+    const kiln_u32 nsplit = 1, split = 0;
+#endif
+    const kiln_u32 tile = blockIdx.x / nsplit, s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+    const kiln_u32 lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
+    seq_info q;
+    // The same outcome for every block of a cluster (it depends on s only):
+    // all of them leave here, or none.
+    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
+                       blockIdx.x == 0 && blockIdx.y == 0, &q))
+        return;
+    const kiln_u32 r0 = tile * ROWS;
+    if (r0 >= G)
+        return;
+    const kiln_u32 len = q.len, cnew = len - 1, t = q.start; // one new token: count is 1
+    // This block's keys: [kb, ke), whole tiles but the last.
+    const kiln_u32 per = (len + nsplit - 1) / nsplit, chunk = (per + KT - 1) / KT * KT;
+    const kiln_u64 kb64 = (kiln_u64)split * chunk;
+    const kiln_u32 kb = kb64 < len ? (kiln_u32)kb64 : len;
+    const kiln_u32 ke = kb64 + chunk < len ? (kiln_u32)(kb64 + chunk) : len;
+    const kiln_u32 ntiles = (ke - kb + KT - 1) / KT;
+    const bool has_new = kb <= cnew && cnew < ke;
+    const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+    const kiln_u32 sbase = smem_addr(smem);
+
+    // The first tiles in flight while q and the new k are rotated.
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; p++) {
+        if (p < (int)ntiles)
+            issue_tile(sbase + p * STAGE_BYTES, pages, trow, h, kb + p * KT, ke, cnew);
+        cp_async_commit();
+    }
+
+    if (has_new) {
+        const kiln_u32 c = cnew;
+        const kiln_u64 src = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
+        unsigned char *page = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES;
+        const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
+        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
+        for (kiln_u32 i = tid; i < HALF; i += THREADS) {
+            float y0, y1;
+            rope(kiln_f16_to_f32(ld_f16(k + src + i)), kiln_f16_to_f32(ld_f16(k + src + i + HALF)), positions[t],
+                 freqs.inv[i], &y0, &y1);
+            const kiln_f16 a = kiln_f32_to_f16(y0), b = kiln_f32_to_f16(y1);
+            const kiln_f16 va = ld_f16(v + src + i), vb = ld_f16(v + src + i + HALF);
+            snew[0][i] = a;
+            snew[0][i + HALF] = b;
+            snew[1][i] = va;
+            snew[1][i + HALF] = vb;
+            if (tile == 0) { // one row tile writes the cache
+                st_f16(kd + i, a);
+                st_f16(kd + i + HALF, b);
+                st_f16(vd + i, va);
+                st_f16(vd + i + HALF, vb);
+            }
+        }
+    }
+    // Rotated, scaled queries as two f16 terms (rows past the group's: zero).
+    for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
+        const kiln_u32 r = idx / HALF, i = idx % HALF, row = r0 + r;
+        float y0 = 0.0f, y1 = 0.0f;
+        if (row < G) {
+            const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + row) * D;
+            rope(kiln_f16_to_f32(ld_f16(src + i)), kiln_f16_to_f32(ld_f16(src + i + HALF)), positions[t],
+                 freqs.inv[i], &y0, &y1);
+        }
+        y0 *= qscale;
+        y1 *= qscale;
+        const kiln_f16 h0 = kiln_f32_to_f16(y0), h1 = kiln_f32_to_f16(y1);
+        sq[0][r][i] = h0;
+        sq[0][r][i + HALF] = h1;
+        sq[1][r][i] = kiln_f32_to_f16(y0 - kiln_f16_to_f32(h0));
+        sq[1][r][i + HALF] = kiln_f32_to_f16(y1 - kiln_f16_to_f32(h1));
+    }
+    __syncthreads();
+    // B fragments of Q^T, column g, dims 16 kk + 2 t4 (+1) and + 8: packed,
+    // row g % 4's term g / 4; else row g's hi (qf) and lo (ql) terms.
+    kiln_u32 qf[D / 16][2], ql[D / 16][2];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const kiln_f16 *qr = PACK ? sq[g >> 2][g & 3] : sq[0][g];
+        qf[kk][0] = *(const kiln_u32 *)&qr[16 * kk + 2 * t4];
+        qf[kk][1] = *(const kiln_u32 *)&qr[16 * kk + 2 * t4 + 8];
+        ql[kk][0] = *(const kiln_u32 *)&sq[1][g][16 * kk + 2 * t4];
+        ql[kk][1] = *(const kiln_u32 *)&sq[1][g][16 * kk + 2 * t4 + 8];
+    }
+
+    // Per thread: columns 2 t4 and 2 t4 + 1, which are rows 2 t4 and 2 t4 + 1
+    // (packed: rows 2 (t4 % 2) and + 1, lanes t4 and t4 ^ 2 the same values);
+    // the output's dims 16 mm + g and + 8.
+    float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.0f, l1 = 0.0f;
+    float acc[D / 16][4];
+#pragma unroll
+    for (int mm = 0; mm < D / 16; mm++)
+        acc[mm][0] = acc[mm][1] = acc[mm][2] = acc[mm][3] = 0.0f;
+    const kiln_u32 kw = warp * 16; // this warp's keys in a tile
+
+    for (kiln_u32 i = 0; i < ntiles; i++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads(); // tile i landed for every thread; tile i - 1 is consumed
+        const kiln_u32 c0 = kb + i * KT, stage = sbase + (i % STAGES) * STAGE_BYTES;
+        if (has_new && cnew - c0 < KT) { // the new token: from this block, not the page
+            const kiln_u32 key = cnew - c0;
+            if (tid < 2 * CH) {
+                const kiln_u32 ch = tid % CH, which = tid / CH;
+                const kiln_u32x4 val = *(const kiln_u32x4 *)&snew[which][ch * 8];
+                unsigned char *p = smem + (i % STAGES) * STAGE_BYTES + which * TILE_BYTES + tile_off(key, ch);
+                *(kiln_u32x4 *)p = val;
+            }
+            __syncthreads();
+        }
+        {
+            const kiln_u32 n = i + STAGES - 1;
+            if (n < ntiles)
+                issue_tile(sbase + (n % STAGES) * STAGE_BYTES, pages, trow, h, kb + n * KT, ke, cnew);
+            cp_async_commit();
+        }
+        if (c0 + kw >= ke)
+            continue; // no key of this warp's
+        // Scores of keys kw + g (s[0], s[1]) and kw + g + 8 (s[2], s[3]), rows 2 t4 and 2 t4 + 1.
+        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        {
+            const kiln_u32 key = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                kiln_u32 a[4];
+                ldsm_x4(stage + tile_off(key, 2 * kk + (lane >> 4)), a);
+                mma(sc, a, qf[kk][0], qf[kk][1]);
+                if (!PACK)
+                    mma(sc, a, ql[kk][0], ql[kk][1]);
+            }
+        }
+        if (PACK) // column c + 4 holds the lo term of column c's row
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                sc[j] += kiln_shfl_xor_f32(sc[j], 2);
+        const kiln_u32 ka = c0 + kw + g;
+        if (ka >= ke)
+            sc[0] = sc[1] = neg_inf();
+        if (ka + 8 >= ke)
+            sc[2] = sc[3] = neg_inf();
+        float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+        for (int m = 4; m < 32; m <<= 1) {
+            mx0 = fmaxf(mx0, kiln_shfl_xor_f32(mx0, m));
+            mx1 = fmaxf(mx1, kiln_shfl_xor_f32(mx1, m));
+        }
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float u0 = n0 == neg_inf() ? 0.0f : n0, u1 = n1 == neg_inf() ? 0.0f : n1;
+        const float a0 = fast_exp2(m0 - u0), a1 = fast_exp2(m1 - u1);
+        const float p0 = fast_exp2(sc[0] - u0), p1 = fast_exp2(sc[1] - u1);
+        const float p2 = fast_exp2(sc[2] - u0), p3 = fast_exp2(sc[3] - u1);
+        m0 = n0;
+        m1 = n1;
+        l0 = l0 * a0 + p0 + p2;
+        l1 = l1 * a1 + p1 + p3;
+        // P as hi and lo terms: packed, lanes t4 < 2 give the hi columns, the others the lo.
+        const kiln_u32 h01 = kiln_f32_to_h2(p0, p1), h23 = kiln_f32_to_h2(p2, p3);
+        float f[4];
+        kiln_h2_to_f32(h01, &f[0], &f[1]);
+        kiln_h2_to_f32(h23, &f[2], &f[3]);
+        const kiln_u32 l01 = kiln_f32_to_h2(p0 - f[0], p1 - f[1]), l23 = kiln_f32_to_h2(p2 - f[2], p3 - f[3]);
+        const bool lo_lane = PACK && t4 >= 2;
+        const kiln_u32 b0 = movmatrix_trans(lo_lane ? l01 : h01), b1 = movmatrix_trans(lo_lane ? l23 : h23);
+        kiln_u32 c0l = 0, c1l = 0;
+        if (!PACK) {
+            c0l = movmatrix_trans(l01);
+            c1l = movmatrix_trans(l23);
+        }
+        const kiln_u32 key = kw + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+        for (int mm = 0; mm < D / 16; mm++) {
+            acc[mm][0] *= a0;
+            acc[mm][1] *= a1;
+            acc[mm][2] *= a0;
+            acc[mm][3] *= a1;
+            kiln_u32 a[4];
+            ldsm_x4_trans(stage + TILE_BYTES + tile_off(key, 2 * mm + ((lane >> 3) & 1)), a);
+            mma(acc[mm], a, b0, b1);
+            if (!PACK)
+                mma(acc[mm], a, c0l, c1l);
+        }
+    }
+    cp_async_wait<0>();
+
+    // The warps' partials: sums over the lanes of a row, then through shared memory.
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) {
+        l0 += kiln_shfl_xor_f32(l0, m);
+        l1 += kiln_shfl_xor_f32(l1, m);
+    }
+    if (PACK) // the lo columns' part of the output joins the hi columns'
+#pragma unroll
+        for (int mm = 0; mm < D / 16; mm++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                acc[mm][j] += kiln_shfl_xor_f32(acc[mm][j], 2);
+    // Packed, rows 4-7 stay unwritten: no row past the group is ever output.
+    const bool writer = !PACK || t4 < 2;
+    if (g == 0 && writer) {
+        swm[warp][2 * t4] = m0;
+        swm[warp][2 * t4 + 1] = m1;
+        swl[warp][2 * t4] = l0;
+        swl[warp][2 * t4 + 1] = l1;
+    }
+    __syncthreads(); // the tiles are consumed: their memory holds the epilogue now
+    float *so = (float *)smem;               // [WARPS][ROWS][OPAD]: each warp's output, weighted
+    float *spo = so + WARPS * ROWS * OPAD;   // [ROWS][D]: the block's (split only)
+    {
+        float bm0 = neg_inf(), bm1 = neg_inf();
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            bm0 = fmaxf(bm0, swm[w][2 * t4]);
+            bm1 = fmaxf(bm1, swm[w][2 * t4 + 1]);
+        }
+        const float w0 = fast_exp2(m0 - (bm0 == neg_inf() ? 0.0f : bm0));
+        const float w1 = fast_exp2(m1 - (bm1 == neg_inf() ? 0.0f : bm1));
+        float *r0p = so + (warp * ROWS + 2 * t4) * OPAD, *r1p = r0p + OPAD;
+#pragma unroll
+        for (int mm = 0; mm < D / 16; mm++) {
+            if (!writer)
+                break;
+            r0p[16 * mm + g] = acc[mm][0] * w0;
+            r1p[16 * mm + g] = acc[mm][1] * w1;
+            r0p[16 * mm + g + 8] = acc[mm][2] * w0;
+            r1p[16 * mm + g + 8] = acc[mm][3] * w1;
+        }
+    }
+    __syncthreads();
+    // Row r's max and sum over the block (every thread that needs them).
+    float o[8];
+    kiln_u32 item = tid, r = item / CH, d0 = (item % CH) * 8;
+    float bm = neg_inf(), bl = 0.0f;
+    if (item < ROWS * CH) {
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+            bm = fmaxf(bm, swm[w][r]);
+        const float u = bm == neg_inf() ? 0.0f : bm;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+            bl += fast_exp2(swm[w][r] - u) * swl[w][r];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            o[j] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            const float *src = so + (w * ROWS + r) * OPAD + d0;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                o[j] += src[j];
+        }
+    }
+    if (nsplit == 1) {
+        if (item < ROWS * CH && r0 + r < G) {
+            const float inv = 1.0f / bl;
+            float y[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                y[j] = o[j] * inv;
+            st_h8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
+        }
+        return;
+    }
+#if __CUDA_ARCH__ >= 900
+    // Split: this block's partial in its shared memory, then each block of the
+    // cluster combines its slice of the items from every block, in rank order.
+    if (item < ROWS * CH) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            spo[r * D + d0 + j] = o[j];
+        if (d0 == 0) {
+            spm[r] = bm;
+            spl[r] = bl;
+        }
+    }
+    kiln_cluster_arrive();
+    kiln_cluster_wait();
+    {
+        const kiln_u32 per_rank = ROWS * CH / nsplit; // nsplit divides 64
+        item = split * per_rank + tid;
+        r = item / CH;
+        d0 = (item % CH) * 8;
+        if (tid < per_rank && r0 + r < G) {
+            float M = neg_inf();
+            for (kiln_u32 b = 0; b < nsplit; b++)
+                M = fmaxf(M, ld_cluster_f32(&spm[r], b));
+            // Finite: rank 0's chunk starts at key 0, and every sequence has one.
+            float L = 0.0f, y[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                y[j] = 0.0f;
+            for (kiln_u32 b = 0; b < nsplit; b++) {
+                const float w = fast_exp2(ld_cluster_f32(&spm[r], b) - M);
+                L += w * ld_cluster_f32(&spl[r], b);
+                float x[8];
+                ld_cluster_f32x4(spo + r * D + d0, b, x);
+                ld_cluster_f32x4(spo + r * D + d0 + 4, b, x + 4);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    y[j] += w * x[j];
+            }
+            const float inv = 1.0f / L;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                y[j] *= inv;
+            st_h8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
+        }
+    }
+    // No block leaves while another may still read its shared memory.
+    kiln_cluster_arrive();
+    kiln_cluster_wait();
+#endif
+#else
+    __trap(); // the provider takes paged_attention.cu's decode before sm_80
+#endif
+}
