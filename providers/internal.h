@@ -48,17 +48,17 @@ typedef struct kiln__paged_attention_info {
     uint32_t tokens, seqs, max_blocks, max_query, page_tokens, pages, append_tiles, attention_tiles;
     uint32_t q_stride, kv_stride; /* halves between two tokens' rows of q, and of k and v */
     size_t k_offset, v_offset;    /* fused: bytes from qkv's start to k's and v's first row */
-    uint32_t splits;              /* chunks per (sequence, kv head, row tile): 1 unless a decode splits */
-    size_t counter_bytes, workspace_bytes; /* of the workspace the split uses (0 when it does not) */
+    uint32_t splits;              /* 1: a decode's split is picked at encode (it depends on the device) */
+    size_t counter_bytes, workspace_bytes; /* 0: no kernel uses the workspace now */
     int64_t heads, kv_heads, head_dim;
     int decode, fused;
 } kiln__paged_attention_info;
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
-/* The blocks a split decode aims at (0: the default, 512): for benchmarks
- * that compare split counts. Changes what kiln_op_paged_attention_workspace
- * returns; process-wide. */
+/* The blocks a split decode aims at (0: the default, twice the device's
+ * SMs; 1: no split): for benchmarks and tests that compare split counts.
+ * Read at encode; process-wide. */
 void kiln__paged_attention_set_split_target(uint32_t blocks);
 
 #endif
