@@ -1,7 +1,8 @@
 /* The dense linear's path for a few tokens (templates/skinny_linear.cu): a
- * weight-streaming kernel on the tensor cores, launched with programmatic
- * dependent launch, that providers/linear.c takes instead of cuBLASLt where
- * it applies (kiln__skinny_linear_applies). */
+ * weight-streaming kernel on the tensor cores, launched plainly (not with
+ * programmatic dependent launch: skinny_linear.c says why), that
+ * providers/linear.c and providers/swiglu.c take instead of cuBLASLt where it
+ * applies (kiln__skinny_linear_applies). */
 #ifndef KILN_PROVIDERS_SKINNY_H
 #define KILN_PROVIDERS_SKINNY_H
 #include "kiln/kiln.h"

@@ -7,8 +7,9 @@
 // f16 in, products and sums in f32 on the tensor cores (mma.sync m16n8k16),
 // the bias added in f32, one rounding to f16. At so few tokens the weight is
 // the whole cost: each byte of it is read once, streamed through 16-byte loads
-// with several in flight per thread, and the kernel launches ahead of the one
-// before it (programmatic dependent launch), which cuBLASLt's kernels do not.
+// with several in flight per thread. (Launched with programmatic dependent
+// launch, it would warm its first stage in L2 while the kernel before it
+// runs; the provider launches it plainly: providers/skinny_linear.c.)
 //
 // Block b takes output rows [16 RG b, 16 RG (b + 1)) (GLU: outputs [8 RG b,
 // 8 RG (b + 1)), each 16-row group holding 8 gate rows then their 8 up rows,
