@@ -9,8 +9,8 @@
  * kv_heads * head_dim * 2), prefill of 512 and 4096 tokens of one sequence and
  * 4 x 1024 packed (reported: attention TFLOP/s, 4 * heads * head_dim * causal
  * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
- * several split targets (blocks a split decode aims at; kiln's is twice
- * the SMs: 264 on an H200).
+ * several split targets (blocks a split decode aims at; kiln's is the
+ * SMs: 132 on an H200).
  *
  * Usage: bench_attention [--iters 50] [--sweep]
  */

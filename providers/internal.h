@@ -56,8 +56,7 @@ typedef struct kiln__paged_attention_info {
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
-/* The blocks a split decode aims at (0: the default, twice the device's
- * SMs; 1: no split): for benchmarks and tests that compare split counts.
+/* The blocks a split decode aims at (0: the default, the device's SMs; 1: no split): for benchmarks and tests that compare split counts.
  * Read at encode; process-wide. */
 void kiln__paged_attention_set_split_target(uint32_t blocks);
 

@@ -23,9 +23,12 @@
 #define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
 #define DECODE_ROWS 8      /* query rows per decode block (the decode template's) */
 #define DECODE_MAX_CLUSTER 8 /* blocks a decode's keys split over at most: a portable cluster */
-/* Decode blocks an SM holds at once (the decode template's launch bounds and
- * shared memory): the split aims at that many blocks per SM. */
-#define DECODE_BLOCKS_PER_SM 2
+/* Decode blocks a split aims at per SM. One, though an SM holds two (the
+ * template's launch bounds and shared memory): splitting less costs less
+ * combining. bench_attention --sweep on the H200 (Llama-3-8B heads, context
+ * 1023, us): 8 sequences 13.8 at 132 blocks, 18.7 at 264, 24.8 at 528; 32
+ * sequences 38.1 at 132 and 264; 1 sequence 7.9 at every target. */
+#define DECODE_BLOCKS_PER_SM 1
 
 static _Atomic uint32_t split_target; /* 0: DECODE_BLOCKS_PER_SM per SM */
 

@@ -90,7 +90,7 @@
  * the new token rotates its k, writes k and v to the page and uses them from
  * shared memory. Split-KV: the command's split count n (1, 2, 4 or 8) is
  * fixed at encode, the largest that keeps S x kv_heads x row tiles x n
- * within twice the device's SMs and that the device launches as a thread
+ * within the device's SMs and that the device launches as a thread
  * block cluster, so one graph serves every step; on the device each
  * sequence's L keys are cut in ceil(L / c) chunks of c = 64 * ceil(ceil(L /
  * n) / 64) keys (blocks past them take none), the n blocks of one cluster,
