@@ -118,23 +118,28 @@ typedef struct algo_config {
     uint16_t inner, cluster;
 } algo_config;
 
-/* An attribute cuBLASLt cannot report reads as 0 (split_k: 1, the default). */
-static void config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_config *c)
+/* An attribute cuBLASLt cannot report reads as 0 (split_k: 1, the default).
+ * Returns 0 when the split-K count or the reduction scheme, which accurate()
+ * judges the candidate by, could not be read: such a candidate is dropped. */
+static int config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_config *c)
 {
     memset(c, 0, sizeof *c);
     c->split_k = 1;
-    size_t w;
-#define KILN__GET(attr, field) lt->cublasLtMatmulAlgoConfigGetAttribute(a, attr, &c->field, sizeof c->field, &w)
-    KILN__GET(CUBLASLT_ALGO_CONFIG_ID, id);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split_k);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, reduction);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner);
-    KILN__GET(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
+    size_t w = 0;
+#define KILN__GET(attr, field)                                                                                       \
+    (lt->cublasLtMatmulAlgoConfigGetAttribute(a, attr, &c->field, sizeof c->field, &w) == CUBLAS_STATUS_SUCCESS &&    \
+     w == sizeof c->field)
+    const int known = KILN__GET(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, split_k) &&
+                      KILN__GET(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, reduction);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_ID, id);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swizzle);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_STAGES_ID, stages);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, inner);
+    (void)KILN__GET(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster);
 #undef KILN__GET
+    return known;
 }
 
 /* Whether a candidate keeps the f32 accumulation up to the f16 output's one
@@ -253,7 +258,12 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
         goto out_unlock;
     }
     uint64_t ws = key->workspace;
-    uint32_t c_align = key->align_d, schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    /* With the bias epilogue no split K at all (accurate() says why): the
+     * heuristic is asked for algorithms without a reduction, so that a
+     * product whose best candidates split K still gets the best that do not
+     * (rather than none left after the filter). */
+    uint32_t c_align = key->align_d,
+             schemes = key->bias ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     if ((s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                       sizeof ws)) ||
         (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -286,8 +296,7 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < ASKED && n < want; i++) {
         if (results[i].state != CUBLAS_STATUS_SUCCESS)
             continue;
-        config_of(lt, &results[i].algo, &configs[n]);
-        if (accurate(&configs[n], key->bias != 0))
+        if (config_of(lt, &results[i].algo, &configs[n]) && accurate(&configs[n], key->bias != 0))
             results[n++] = results[i];
     }
     if (s != CUBLAS_STATUS_SUCCESS || n < 1) {

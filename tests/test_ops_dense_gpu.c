@@ -234,12 +234,6 @@ void kiln__blas_force_candidate(int index);
 void kiln__blas_forced_config(char *buf, size_t cap);
 uint64_t kiln__blas_tuned_shapes(void);
 
-/* Large products time the heuristic's candidates on first sight and keep the
- * fastest: each candidate the timing may pick, forced one by one, gives the
- * right product (shapes of Llama-3-8B prefill and decode, a bias, odd sizes).
- * 333 x 1000 -> 2731 with a bias is where the heuristic offers split-K
- * kernels that add the bias in f16 (blas_cache.c refuses them): each
- * candidate's configuration is printed beside its errors. */
 /* A few tokens (<= 8) take kiln's skinny kernel (a kernel is acquired), more
  * and KILN_SKINNY=0 take cuBLASLt (none is). test_linear checks both paths'
  * results. */
@@ -288,8 +282,16 @@ static void test_few_tokens_take_the_skinny_kernel(void **state)
     kiln_buffer_destroy(bws);
 }
 
+/* Large products time the heuristic's candidates on first sight and keep the
+ * fastest: each candidate the timing may pick, forced one by one, gives the
+ * right product (shapes of Llama-3-8B prefill and decode, a bias, odd sizes;
+ * KILN_SKINNY=0, so that the 1-token product goes through cuBLASLt too).
+ * 333 x 1000 -> 2731 with a bias is where the heuristic offered split-K
+ * kernels that add the bias in f16 (blas_cache.c now asks it for none with a
+ * bias): each candidate's configuration is printed beside its errors. */
 static void test_linear_every_candidate(void **state)
 {
+    setenv("KILN_SKINNY", "0", 1); /* unset again by teardown_candidates */
     static const lin_case cases[] = {
         {512, 4096, 4096, 0, 0, 0},
         {1, 4096, 14336, 1, 0, 0},
@@ -886,6 +888,7 @@ static void test_prewarmed_model_compiles_nothing(void **state)
 static int teardown_candidates(void **state)
 {
     kiln__blas_force_candidate(-1); /* a failed check leaves it set */
+    unsetenv("KILN_SKINNY");
     return gpu_fixture_teardown(state);
 }
 
