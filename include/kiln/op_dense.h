@@ -49,11 +49,12 @@ struct kiln_tensor;
  * One cuBLASLt call; or, for 1 to 8 tokens with in a multiple of 32, x and
  * weight 16-byte aligned and an sm_80+ device, kiln's own weight-streaming
  * kernel (templates/skinny_linear.cu: tensor-core products, f32 sums added in
- * a fixed order, the bias in f32, one rounding; launched with programmatic
- * dependent launch, which cuBLASLt's kernels lack; $KILN_SKINNY=0 turns it
- * off). Attribution: op "dense_linear", packed, 1 participant, tokens, 1
- * dispatch. kiln_model_specializations lists the kernel for in = hidden_size,
- * intermediate_size and num_attention_heads * head_dim. */
+ * a fixed order, the bias in f32, one rounding; $KILN_SKINNY=0 turns it
+ * off). A product whose blocks would take two waves of the device's SMs and
+ * fit in one at 3 blocks an SM takes the kernel's variant compiled for that.
+ * Attribution: op "dense_linear", packed, 1 participant, tokens, 1 dispatch.
+ * kiln_model_specializations lists the kernel, in both variants, for in =
+ * hidden_size, intermediate_size and num_attention_heads * head_dim. */
 KILN_API kiln_status kiln_op_dense_linear_workspace(int64_t tokens, int64_t in, int64_t out, size_t *bytes);
 KILN_API kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const struct kiln_tensor *x,
                                                  const struct kiln_tensor *weight, const struct kiln_tensor *bias,
@@ -75,7 +76,11 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
  * command ran: offset kiln_op_dense_swiglu_product_offset()); then the
  * kernel specialized on intermediate computes silu(g)·u in f32 and rounds to
  * f16. Attribution: op "dense_swiglu", packed, 1 participant, tokens, 2
- * dispatches. */
+ * dispatches. Where the dense linear would take kiln's own kernel (1 to 8
+ * tokens, hidden a multiple of 32, ...: above), one kernel does both: its
+ * gated form, silu(g)·u from g and u in f32, never rounded nor stored (the
+ * workspace is not written), 1 dispatch; kiln_model_specializations lists it
+ * (in = hidden_size) beside the elementwise kernel. */
 KILN_API kiln_status kiln_op_dense_swiglu_workspace(int64_t tokens, int64_t hidden, int64_t intermediate,
                                                     size_t *bytes);
 /* Where in the workspace the [g | u] product lies (bytes from its start). */
