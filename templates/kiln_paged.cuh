@@ -1,0 +1,123 @@
+// What the paged attention templates share (templates/paged_attention.cu:
+// prefill, and decode where paged_decode.cu does not run;
+// templates/paged_decode.cu): the page layout, the fault codes, RoPE, and the
+// checks of a sequence's data in device memory. Include it after
+// kiln_reduce.cuh, with D (head_dim), HALF (D / 2), NH, KVH (query and kv
+// heads), PT (tokens a page) and THREADS (the block's threads) defined.
+#ifndef KILN_PAGED_CUH
+#define KILN_PAGED_CUH
+
+// A page (65536 bytes): K at [0, 32768), V at [32768, 65536), each
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
+// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
+#define PAGE_BYTES 65536ull
+#define V_OFFSET 32768ull
+
+#if D != 64 && D != 128
+#error "KILN_HEAD_DIM must be 64 or 128"
+#endif
+#if NH % KVH != 0
+#error "KILN_KV_HEADS must divide KILN_HEADS"
+#endif
+#if PT < 1 || (KVH * PT * D * 2) > 32768
+#error "KILN_PAGE_TOKENS does not fit a page"
+#endif
+
+#define KILN_FAULT_KV_SPAN 16u         // value: start + count (saturated), limit: tokens
+#define KILN_FAULT_KV_QUERY_COUNT 17u  // value: count, limit: min(seq_len, max_query_tokens)
+#define KILN_FAULT_KV_SEQ_PAST_TABLE 18u // value: seq_len, limit: max_blocks * PAGE_TOKENS
+#define KILN_FAULT_KV_BLOCK_PAST_ARENA 19u // value: the entry, limit: block << 32 | pages
+
+struct rope_freqs {
+    float inv[HALF]; // inv_freq[i] = theta^(-2i / HEAD_DIM), rounded to f32 on the host
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void st_f16(kiln_f16 *p, kiln_f16 v)
+{
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+// Rotate-half RoPE of the pair (x[i], x[i + HALF]) at position pos.
+__device__ __forceinline__ void rope(float x0, float x1, kiln_u32 pos, float inv, float *y0, float *y1)
+{
+    float s, c;
+    sincosf((float)pos * inv, &s, &c);
+    *y0 = x0 * c - x1 * s;
+    *y1 = x1 * c + x0 * s;
+}
+
+struct seq_info {
+    kiln_u32 start, count, len;
+};
+
+// Reads and checks sequence s (every thread of the block calls it: it
+// synchronizes). Returns false when the sequence has no new tokens or is bad;
+// a bad one is reported when report is set.
+__device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                              const kiln_u32 *__restrict__ spans, kiln_u32 n_pages, kiln_u32 max_blocks,
+                              kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
+{
+    __shared__ kiln_u32 bad_block;
+    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1], len = seq_lens[s];
+    out->start = start;
+    out->count = count;
+    out->len = len;
+    if (count == 0)
+        return false;
+    const kiln_u64 end = (kiln_u64)start + count;
+    kiln_u32 code = 0, value = 0;
+    kiln_u64 limit = 0;
+    if (end > tokens) {
+        code = KILN_FAULT_KV_SPAN;
+        value = end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end;
+        limit = tokens;
+    } else if (count > max_query || count > len) {
+        code = KILN_FAULT_KV_QUERY_COUNT;
+        value = count;
+        limit = max_query < len ? max_query : len;
+    } else if ((kiln_u64)len > (kiln_u64)max_blocks * PT) {
+        code = KILN_FAULT_KV_SEQ_PAST_TABLE;
+        value = len;
+        limit = (kiln_u64)max_blocks * PT;
+    }
+    if (code) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, code, s, value, limit);
+        return false;
+    }
+    // Every page the sequence reads must lie in the arena.
+    if (threadIdx.x == 0)
+        bad_block = 0xffffffffu;
+    __syncthreads();
+    const kiln_u32 blocks = (len + PT - 1) / PT;
+    const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
+    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
+        if (row[b] >= n_pages)
+            atomicMin(&bad_block, b);
+    __syncthreads();
+    const kiln_u32 b = bad_block;
+    if (b != 0xffffffffu) {
+        if (report && threadIdx.x == 0)
+            kiln_report_fault(fault, KILN_FAULT_KV_BLOCK_PAST_ARENA, s, row[b], ((kiln_u64)b << 32) | n_pages);
+        return false;
+    }
+    return true;
+}
+
+#endif
