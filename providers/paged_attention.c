@@ -23,8 +23,8 @@
 #define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
 #define DECODE_ROWS 8      /* query rows per decode block (the decode template's) */
 #define DECODE_MAX_CLUSTER 8 /* blocks a decode's keys split over at most: a portable cluster */
-/* Decode blocks a split aims at per SM. One, though an SM holds two (the
- * template's launch bounds and shared memory): splitting less costs less
+/* Decode blocks a split aims at per SM. One, though an H200's SM holds two
+ * (the template's launch bounds and shared memory): splitting less costs less
  * combining. bench_attention --sweep on the H200 (Llama-3-8B heads, context
  * 1023, us): 8 sequences 13.8 at 132 blocks, 18.7 at 264, 24.8 at 528; 32
  * sequences 38.1 at 132 and 264; 1 sequence 7.9 at every target. */
@@ -273,6 +273,11 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": binding kv_pages starts at offset %zu: its device address must be 16-byte aligned",
                           pg->start);
+    /* The kernels store out two halves at a time. */
+    if ((kiln__buffer_ptr(d->out->buffer) + d->out->offset) % 4)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding out starts at offset %zu: its device address must be 4-byte aligned",
+                          d->out->offset);
     bytes[B_PAGES] = pbytes;
     const uint64_t maxq = d->max_query_tokens ? d->max_query_tokens : (uint64_t)T;
     if (maxq > (uint64_t)T)
@@ -403,15 +408,25 @@ static int arch_number(kiln_runtime *rt, int *sms)
 /* Prepares the decode kernel (its shared memory) and picks its split: the
  * largest of 1, 2, 4, 8 that keeps seqs x kv_heads x tiles x splits within the
  * blocks the device holds at once (the split target), and that the device
- * can launch as a cluster. */
+ * can launch as a cluster. *fits = 0 (and KILN_OK) where the device gives a
+ * block less shared memory than the kernel's (static plus smem dynamic: at
+ * head_dim 128 about 101 KiB, past the 99 KiB of sm_86, sm_89 and sm_120):
+ * the caller takes the two-kernel decode there. */
 static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms, uint64_t pairs, unsigned smem,
-                                uint32_t *splits)
+                                uint32_t *splits, int *fits)
 {
     const kiln__driver *d = kiln__runtime_driver(rt);
     kiln_status st = kiln__runtime_enter(rt);
     if (st)
         return st;
+    *fits = 1;
+    /* The driver refuses a dynamic size whose sum with the static one passes
+     * the device's opt-in limit (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN). */
     CUresult r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+    if (r == CUDA_ERROR_INVALID_VALUE) {
+        *fits = 0;
+        return KILN_OK;
+    }
     if (r != CUDA_SUCCESS)
         return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention decode shared memory)");
     const uint32_t target_set = atomic_load(&split_target);
@@ -457,23 +472,34 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     void *fa = NULL, *fb = NULL, *fd = NULL;
     int sms = 0;
     const int sm = arch_number(rt, &sms);
-    /* Decode: one kernel on the tensor cores (sm_80 on); before that, and for
-     * prefill, the append and attention kernels. */
-    const int one_kernel = in.decode && sm >= 80;
+    /* Decode: one kernel on the tensor cores (sm_80 on, where a block gets
+     * its shared memory); before that, and for prefill, the append and
+     * attention kernels. */
+    int one_kernel = in.decode && sm >= 80;
     uint32_t splits = 1, tiles = in.attention_tiles;
-    const unsigned smem = one_kernel ? decode_smem(in.head_dim) : 0;
+    unsigned smem = 0;
     if (one_kernel) {
-        tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
+        const uint32_t decode_tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
+        int fits = 0;
         if ((st = kiln_op_paged_attention_spec(in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_decode", &fd)))
             return kiln__propagate(err, st);
-        if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * tiles, smem,
-                               &splits)))
+        if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * decode_tiles,
+                               decode_smem(in.head_dim), &splits, &fits)))
             return st;
-    } else if ((st = attention_spec(in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
-                                    &spec)) ||
-               (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
-               (st = kiln_kernel_function(k, "kiln_paged_attention", &fb)))
+        if (fits) {
+            tiles = decode_tiles;
+            smem = decode_smem(in.head_dim);
+        } else {
+            one_kernel = 0;
+            fd = NULL;
+        }
+    }
+    if (!one_kernel &&
+        ((st = attention_spec(in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
+                              &spec)) ||
+         (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
+         (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
         return kiln__propagate(err, st);
     attn_launch *l = calloc(1, sizeof *l);
     if (!l)
@@ -484,10 +510,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->attention = (CUfunction)fb;
     l->decode = (CUfunction)fd;
     l->smem = smem;
-    {
-        const char *pdl = getenv("KILN_PDL"); /* the runtime's switch (runtime/runtime.c) */
-        l->pdl = sm >= 90 && !(pdl && !strcmp(pdl, "0"));
-    }
+    l->pdl = kiln__runtime_pdl(rt);
     if (in.fused) {
         l->q = PTR(d->qkv);
         l->k = l->q + in.k_offset;

@@ -207,6 +207,9 @@ kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what
 int kiln__runtime_usable(kiln_runtime *rt);
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
+/* Whether launches with KILN__LAUNCH_PDL use programmatic dependent launch
+ * (sm_90 and later, not turned off by $KILN_PDL=0 when rt was created). */
+int kiln__runtime_pdl(const kiln_runtime *rt);
 kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out);
 void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module);
 /* Launches fn on the context's stream, with programmatic dependent launch

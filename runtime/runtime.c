@@ -57,6 +57,8 @@ int kiln__runtime_usable(kiln_runtime *rt)
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d; }
 
+int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
+
 /* SHA-256 over every embedded template file and the provider versions. */
 static void implementation_fingerprint(char out[65])
 {

@@ -124,6 +124,9 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
                    kiln_f16 *__restrict__ out, kiln_u32 n_out, kiln_u32 tokens)
 {
     kiln_grid_dependency_sync_after_prefetch(prefetch_start(w, n_out), PF_LINES); // first: kiln_prelude.cuh
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); // no mma.sync m16n8k16: providers/skinny_linear.c takes cuBLASLt before sm_80
+#else
     __shared__ float red[WARPS][RG][4][32];
     const kiln_u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
     const kiln_u32 n0 = blockIdx.x * ROWS;
@@ -204,5 +207,6 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
             sum += kiln_f16_to_f32(bias[row]);
         out[(kiln_u64)tok * n_out + row] = kiln_f32_to_f16(sum);
     }
+#endif
 #endif
 }

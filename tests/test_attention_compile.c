@@ -235,6 +235,11 @@ static void test_validation_names_binding_and_values(void **state)
                 "kv_pages starts at offset 8", "16-byte aligned");
     b = c;
     link_call(&b);
+    b.out.offset = 8 * MB + 2; /* the kernels store out two halves at a time */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "out starts at offset 8388610", "4-byte aligned");
+    b = c;
+    link_call(&b);
     b.pages = (kiln_region){kv, 0, 65 * MB};
     KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "kv_pages [0, 68157440)", "past its buffer");

@@ -615,10 +615,10 @@ static void test_decode_split_lengths(void **state)
     }
 }
 
-/* Every cluster size of the split decode (the split target picks it: pairs x
- * n x 2 <= target < pairs x 2n x 2), at lengths that leave blocks of a
- * cluster without keys (1, 2, 65) and longer ones, head_dim 128 (groups 4
- * and 7) and 64 (group 7). */
+/* Every cluster size of the split decode (the split target picks it: the
+ * largest n with pairs x n <= target), at lengths that leave blocks of a
+ * cluster without keys (cached 0, 1 and 64, then one more) and longer ones,
+ * head_dim 128 (groups 4 and 7) and 64 (group 7). */
 static void test_decode_every_cluster_size(void **state)
 {
     gpu_fixture *f = *state;
@@ -630,7 +630,7 @@ static void test_decode_every_cluster_size(void **state)
             if (quick() && l == 1)
                 continue;
             const uint32_t pairs = S * (uint32_t)ls[l].KVH * (uint32_t)((ls[l].H / ls[l].KVH + 7) / 8);
-            kiln__paged_attention_set_split_target(pairs * n * 2);
+            kiln__paged_attention_set_split_target(pairs * n);
             char label[64];
             snprintf(label, sizeof label, "decode cluster %u", n);
             decode_case(f, ls[l], S, lens, S, 1, 0, label);

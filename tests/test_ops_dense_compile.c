@@ -204,6 +204,37 @@ static void test_encode_offline_is_a_clear_error(void **state)
     assert_int_equal(kiln_op_dense_swiglu_encode(f->jit, &t, &t, &t, &ws, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
+/* Every kernel of the default model (Llama-3-8B) compiles for the
+ * architectures after sm_90 too: `kiln prewarm --arch sm_100` or sm_120 must
+ * not fail on a template that only suits Hopper. */
+static void test_default_model_compiles_for_newer_archs(void **state)
+{
+    offline_fixture *f = *state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    kiln_spec *specs = NULL;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    static const char *const archs[] = {"sm_100", "sm_120"};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        for (size_t i = 0; i < n; i++) {
+            int compiled = 0;
+            kiln_status st = kiln_jit_prepare(jit, &specs[i], &compiled);
+            if (st)
+                fail_msg("%s, %s: %s", archs[a], specs[i].template_id, kiln_errmsg());
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compiles, n);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
+    }
+    kiln_free(specs);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, offline_fixture_setup, offline_fixture_teardown)
@@ -214,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_spec_sizes_out_of_contract),
         cmocka_unit_test(test_workspace_estimates),
         T(test_encode_offline_is_a_clear_error),
+        T(test_default_model_compiles_for_newer_archs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
