@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "jit/internal.h"
 #include "providers/internal.h"
 
 static void dims_text(const kiln_tensor *t, char *buf, size_t cap)
@@ -54,4 +55,13 @@ kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *b
 int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes)
 {
     return a->buffer == b->buffer && a->offset < b->offset + b_bytes && b->offset < a->offset + a_bytes;
+}
+
+kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_command **cmd)
+{
+    if (encoded)
+        return encoded;
+    kiln_status st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), cmd, 1, NULL, NULL);
+    kiln_command_release(*cmd);
+    return st;
 }

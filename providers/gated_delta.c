@@ -249,11 +249,6 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
 
 kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_bindings *b)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_gated_delta_encode(jit, b, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_gated_delta_encode(jit, b, &cmd), &cmd);
 }

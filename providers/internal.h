@@ -13,6 +13,10 @@
 kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
                                kiln_runtime *rt, kiln_dtype dtype, uint32_t rank, const int64_t *want,
                                size_t *bytes);
+/* The immediate form of an op: where encoded (what its _encode returned) is
+ * KILN_OK, submits *cmd on the jit's runtime's own stream and releases it;
+ * otherwise returns encoded. */
+kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_command **cmd);
 /* Whether two bindings' byte ranges overlap in one buffer. */
 int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes);
 

@@ -140,11 +140,6 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
 kiln_status kiln_op_dense_linear(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
                                  const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *workspace)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_dense_linear_encode(jit, x, weight, bias, out, workspace, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_dense_linear_encode(jit, x, weight, bias, out, workspace, &cmd), &cmd);
 }

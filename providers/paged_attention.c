@@ -594,11 +594,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
 
 kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_attention_desc *d)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_paged_attention_encode(jit, d, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_paged_attention_encode(jit, d, &cmd), &cmd);
 }

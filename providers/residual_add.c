@@ -173,11 +173,6 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
 
 kiln_status kiln_op_residual_add(kiln_jit *jit, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *out)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_residual_add_encode(jit, a, b, out, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_residual_add_encode(jit, a, b, out, &cmd), &cmd);
 }

@@ -214,13 +214,6 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
     return st;
 }
 
-static kiln_status submit_one(kiln_jit *jit, kiln_command *cmd)
-{
-    kiln_status st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
-}
-
 kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight, float eps,
                                     const kiln_tensor *out, kiln_command **cmd)
 {
@@ -230,9 +223,8 @@ kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const kiln_tensor *x, const k
 kiln_status kiln_op_rms_norm(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight, float eps,
                              const kiln_tensor *out)
 {
-    kiln_command *cmd;
-    kiln_status st = encode(jit, x, NULL, weight, eps, out, &cmd);
-    return st ? st : submit_one(jit, cmd);
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, encode(jit, x, NULL, weight, eps, out, &cmd), &cmd);
 }
 
 kiln_status kiln_op_rms_norm_residual_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual,
@@ -247,7 +239,7 @@ kiln_status kiln_op_rms_norm_residual_encode(kiln_jit *jit, const kiln_tensor *x
 kiln_status kiln_op_rms_norm_residual(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *residual,
                                       const kiln_tensor *weight, float eps, const kiln_tensor *out)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_rms_norm_residual_encode(jit, x, residual, weight, eps, out, &cmd);
-    return st ? st : submit_one(jit, cmd);
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_rms_norm_residual_encode(jit, x, residual, weight, eps, out, &cmd),
+                                &cmd);
 }

@@ -205,11 +205,6 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
 kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up,
                                  const kiln_tensor *out, const kiln_region *workspace)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_dense_swiglu_encode(jit, x, gate_up, out, workspace, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_dense_swiglu_encode(jit, x, gate_up, out, workspace, &cmd), &cmd);
 }

@@ -141,11 +141,6 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
 kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
                                     const kiln_tensor *out)
 {
-    kiln_command *cmd;
-    kiln_status st = kiln_op_token_embedding_encode(jit, table, ids, out, &cmd);
-    if (st)
-        return st;
-    st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), &cmd, 1, NULL, NULL);
-    kiln_command_release(cmd);
-    return st;
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(jit, kiln_op_token_embedding_encode(jit, table, ids, out, &cmd), &cmd);
 }
