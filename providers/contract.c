@@ -1,6 +1,7 @@
 /* Contract checks shared by every provider. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "jit/internal.h"
@@ -63,5 +64,34 @@ kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_comman
         return encoded;
     kiln_status st = kiln_stream_submit(kiln_runtime_stream(kiln__jit_runtime(jit)), cmd, 1, NULL, NULL);
     kiln_command_release(*cmd);
+    return st;
+}
+
+kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_desc *d, kiln_command **cmd)
+{
+    uint8_t key[KILN_REPLAY_KEY_MAX];
+    const size_t key_bytes = KILN_FINGERPRINT_SIZE + d->n_params * sizeof(uint64_t);
+    if (d->n_params > (KILN_REPLAY_KEY_MAX - KILN_FINGERPRINT_SIZE) / sizeof(uint64_t)) {
+        free(d->user);
+        return kiln__fail(kiln__runtime_errslot(rt), KILN_ERR_INVALID_ARGUMENT,
+                          "%s: %zu launch parameters do not fit a replay key", d->op, d->n_params);
+    }
+    memcpy(key, kiln_kernel_fingerprint(d->kernel), KILN_FINGERPRINT_SIZE);
+    memcpy(key + KILN_FINGERPRINT_SIZE, d->params, d->n_params * sizeof(uint64_t));
+    kiln_command_desc cd = {.op_id = d->op,
+                            .batching = KILN_BATCHING_PACKED,
+                            .participants = d->participants,
+                            .tokens = d->tokens,
+                            .dispatches = d->dispatches,
+                            .regions = d->regions,
+                            .n_regions = d->n_regions,
+                            .enqueue = d->enqueue,
+                            .user = d->user,
+                            .user_free = free,
+                            .replay_key = key,
+                            .replay_key_bytes = key_bytes};
+    kiln_status st = kiln_command_create(rt, &cd, cmd);
+    if (st)
+        free(d->user);
     return st;
 }

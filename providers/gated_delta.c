@@ -227,24 +227,18 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     }
     params[2 * N_BINDINGS] = (uint64_t)T;
     params[2 * N_BINDINGS + 1] = (uint64_t)S;
-    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
-    kiln_command_desc d = {.op_id = OP,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = (uint32_t)S,
-                           .tokens = (uint32_t)T,
-                           .dispatches = 1,
-                           .regions = regions,
-                           .n_regions = N_BINDINGS,
-                           .enqueue = enqueue,
-                           .user = l,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc d = {.op = OP,
+                                         .participants = (uint32_t)S,
+                                         .tokens = (uint32_t)T,
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = N_BINDINGS,
+                                         .enqueue = enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_bindings *b)

@@ -17,6 +17,23 @@ kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *b
  * KILN_OK, submits *cmd on the jit's runtime's own stream and releases it;
  * otherwise returns encoded. */
 kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_command **cmd);
+/* A provider's command of one kernel: packed attribution (op, participants,
+ * tokens, dispatches), its regions, enqueue on user, and the replay key: the
+ * kernel's fingerprint, then the n_params launch parameters (everything the
+ * kernel is launched with). user comes from malloc and goes with free(): with
+ * the command, or here when the command cannot be made. */
+typedef struct kiln__kernel_command_desc {
+    const char *op;
+    uint32_t participants, tokens, dispatches;
+    const kiln_region *regions;
+    size_t n_regions;
+    kiln_enqueue_fn enqueue;
+    void *user;
+    const kiln_kernel *kernel;
+    const uint64_t *params;
+    size_t n_params;
+} kiln__kernel_command_desc;
+kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_desc *d, kiln_command **cmd);
 /* Whether two bindings' byte ranges overlap in one buffer. */
 int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes);
 
@@ -60,8 +77,9 @@ typedef struct kiln__paged_attention_info {
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
-/* The blocks a split decode aims at (0: the default, the device's SMs; 1: no split): for benchmarks and tests that compare split counts.
- * Read at encode; process-wide. */
+/* The blocks a split decode aims at (0: the default, the device's SMs; 1: no
+ * split): for benchmarks and tests that compare split counts. Read at encode;
+ * process-wide. */
 void kiln__paged_attention_set_split_target(uint32_t blocks);
 
 #endif

@@ -245,24 +245,18 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
         regions[i] = (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + bytes[i]};
     }
 #undef PTR
-    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
-    kiln_command_desc d = {.op_id = OP,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = (uint32_t)P,
-                           .tokens = (uint32_t)P, /* the last token of each */
-                           .dispatches = 1,
-                           .regions = regions,
-                           .n_regions = N_BINDINGS,
-                           .enqueue = enqueue,
-                           .user = l,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc d = {.op = OP,
+                                         .participants = (uint32_t)P,
+                                         .tokens = (uint32_t)P, /* the last token of each */
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = N_BINDINGS,
+                                         .enqueue = enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 kiln_status kiln_op_masked_argmax(kiln_jit *jit, const kiln_masked_argmax_bindings *b)

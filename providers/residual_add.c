@@ -148,27 +148,21 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
                       .grid = (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID),
                       .threads = threads};
     const uint64_t params[6] = {l->a, l->b, l->out, bytes, l->n, ((uint64_t)l->grid << 32) | l->threads};
-    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
     kiln_region regions[3] = {{a->buffer, a->offset, a->offset + bytes},
                               {b->buffer, b->offset, b->offset + bytes},
                               {out->buffer, out->offset, out->offset + bytes}};
-    kiln_command_desc d = {.op_id = OP,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = 1,
-                           .tokens = (uint32_t)tokens,
-                           .dispatches = 1,
-                           .regions = regions,
-                           .n_regions = 3,
-                           .enqueue = enqueue,
-                           .user = l,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc d = {.op = OP,
+                                         .participants = 1,
+                                         .tokens = (uint32_t)tokens,
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = 3,
+                                         .enqueue = enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 kiln_status kiln_op_residual_add(kiln_jit *jit, const kiln_tensor *a, const kiln_tensor *b, const kiln_tensor *out)

@@ -187,9 +187,6 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
     memcpy(&eps_bits, &eps, sizeof eps_bits);
     const uint64_t params[9] = {residual ? 2 : 1, l->x,   l->residual, l->weight, l->out, bytes, wbytes,
                                 ((uint64_t)eps_bits << 32) | l->tokens, l->grid};
-    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
     kiln_region regions[4] = {{x->buffer, x->offset, x->offset + bytes},
                               {weight->buffer, weight->offset, weight->offset + wbytes},
                               {out->buffer, out->offset, out->offset + bytes},
@@ -197,21 +194,18 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
     size_t n_regions = 3;
     if (residual)
         regions[n_regions++] = (kiln_region){residual->buffer, residual->offset, residual->offset + bytes};
-    kiln_command_desc d = {.op_id = op,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = 1,
-                           .tokens = (uint32_t)tokens,
-                           .dispatches = 1,
-                           .regions = regions,
-                           .n_regions = n_regions,
-                           .enqueue = enqueue,
-                           .user = l,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc d = {.op = op,
+                                         .participants = 1,
+                                         .tokens = (uint32_t)tokens,
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = n_regions,
+                                         .enqueue = enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight, float eps,

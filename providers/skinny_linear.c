@@ -44,7 +44,8 @@ kiln_status kiln__skinny_linear_spec(int64_t in, int glu, int wide, kiln_spec *o
     if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "IN", in)) ||
         (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
         (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
-        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) || (st = kiln_spec_set(out, "MIN_BLOCKS", wide ? WIDE_MIN_BLOCKS : MIN_BLOCKS)) ||
+        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) ||
+        (st = kiln_spec_set(out, "MIN_BLOCKS", wide ? WIDE_MIN_BLOCKS : MIN_BLOCKS)) ||
         (st = kiln_spec_set(out, "GLU", glu ? 1 : 0)))
         return st;
     return KILN_OK;
@@ -165,22 +166,16 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
     /* The replay key: the kernel, every address and size, the grid. */
     const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
                                 ((uint64_t)l->grid << 32) | l->threads};
-    uint8_t key[KILN_FINGERPRINT_SIZE + sizeof params];
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
-    kiln_command_desc d = {.op_id = op,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = 1,
-                           .tokens = (uint32_t)tokens,
-                           .dispatches = 1,
-                           .regions = regions,
-                           .n_regions = n_regions,
-                           .enqueue = enqueue,
-                           .user = l,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc d = {.op = op,
+                                         .participants = 1,
+                                         .tokens = (uint32_t)tokens,
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = n_regions,
+                                         .enqueue = enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }

@@ -114,28 +114,23 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     *user = l;
     /* The replay key: the kernel (its fingerprint) and everything it is launched with. */
-    uint8_t key[KILN_FINGERPRINT_SIZE + 4 * sizeof(uint64_t)];
     uint64_t params[4] = {l.table, l.ids, l.out, l.tokens};
-    memcpy(key, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, params, sizeof params);
     kiln_region regions[3] = {{table->buffer, table->offset, table->offset + table_bytes},
                               {ids->buffer, ids->offset, ids->offset + ids_bytes},
                               {out->buffer, out->offset, out->offset + out_bytes}};
-    kiln_command_desc d = {.op_id = OP,
-                           .batching = KILN_BATCHING_PACKED,
-                           .participants = 1,
-                           .tokens = (uint32_t)tokens,
-                           .dispatches = (uint32_t)((tokens + MAX_TOKENS_PER_LAUNCH - 1) / MAX_TOKENS_PER_LAUNCH),
-                           .regions = regions,
-                           .n_regions = 3,
-                           .enqueue = enqueue,
-                           .user = user,
-                           .user_free = free,
-                           .replay_key = key,
-                           .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &d, cmd)))
-        free(user);
-    return st;
+    const uint32_t launches = (uint32_t)((tokens + MAX_TOKENS_PER_LAUNCH - 1) / MAX_TOKENS_PER_LAUNCH);
+    const kiln__kernel_command_desc d = {.op = OP,
+                                         .participants = 1,
+                                         .tokens = (uint32_t)tokens,
+                                         .dispatches = launches,
+                                         .regions = regions,
+                                         .n_regions = 3,
+                                         .enqueue = enqueue,
+                                         .user = user,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = sizeof params / sizeof params[0]};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
