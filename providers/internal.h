@@ -34,6 +34,9 @@ typedef struct kiln__kernel_command_desc {
     size_t n_params;
 } kiln__kernel_command_desc;
 kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_desc *d, kiln_command **cmd);
+/* Blocks of fn (threads each, no dynamic shared memory) one SM holds at
+ * once; 0 when the driver cannot say. */
+int kiln__blocks_per_sm(kiln_runtime *rt, CUfunction fn, unsigned threads);
 /* Whether two bindings' byte ranges overlap in one buffer. */
 int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes);
 

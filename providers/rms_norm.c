@@ -130,11 +130,7 @@ static unsigned grid_for(kiln_runtime *rt, CUfunction fn, unsigned threads, uint
 {
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int per_sm = 0;
-    const kiln__driver *d = kiln__runtime_driver(rt);
-    if (kiln__runtime_enter(rt) ||
-        d->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)threads, 0) != CUDA_SUCCESS || per_sm < 1)
-        per_sm = 1;
+    const int known = kiln__blocks_per_sm(rt, fn, threads), per_sm = known ? known : 1;
     const uint64_t most = (uint64_t)(info.multiprocessors > 0 ? info.multiprocessors : 1) * (uint64_t)per_sm;
     if (rows <= most)
         return rows;

@@ -94,11 +94,8 @@ static int takes_wide(kiln_runtime *rt, CUfunction fn, unsigned grid, unsigned t
 {
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int per_sm = 0;
-    const kiln__driver *d = kiln__runtime_driver(rt);
-    if (info.multiprocessors < 1 || kiln__runtime_enter(rt) ||
-        d->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)threads, 0) != CUDA_SUCCESS ||
-        per_sm < 1 || per_sm >= WIDE_MIN_BLOCKS)
+    const int per_sm = kiln__blocks_per_sm(rt, fn, threads);
+    if (info.multiprocessors < 1 || per_sm < 1 || per_sm >= WIDE_MIN_BLOCKS)
         return 0;
     const uint64_t sms = (uint64_t)info.multiprocessors;
     return grid > sms * (uint64_t)per_sm && grid <= sms * WIDE_MIN_BLOCKS;
