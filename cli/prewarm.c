@@ -228,7 +228,7 @@ int cli_load_model(const char *cmd, const char *model_path, const char *arch, ki
     if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
         return cli_fail(cmd, "--arch %s: %s", arch, kiln_errmsg());
     kiln_jit_destroy(probe);
-    if (kiln_model_specializations(config, specs, n_specs) != KILN_OK)
+    if (kiln_model_specializations_for_arch(config, arch, specs, n_specs) != KILN_OK)
         return cli_fail(cmd, "model %s: %s", config->name, kiln_errmsg());
     return CLI_EXIT_OK;
 }

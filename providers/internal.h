@@ -72,12 +72,13 @@ typedef struct kiln__paged_attention_info {
     uint32_t tokens, seqs, max_blocks, max_query, page_tokens, pages, append_tiles, attention_tiles;
     uint32_t q_stride, kv_stride; /* halves between two tokens' rows of q, and of k and v */
     size_t k_offset, v_offset;    /* fused: bytes from qkv's start to k's and v's first row */
-    uint32_t splits;              /* 1: a decode's split is picked at encode (it depends on the device) */
-    size_t counter_bytes, workspace_bytes; /* 0: no kernel uses the workspace now */
     int64_t heads, kv_heads, head_dim;
     int decode, fused;
 } kiln__paged_attention_info;
 kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+/* The same for a known architecture (NULL: as above): paged_attention.c. */
+kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                             void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,
                                         kiln__paged_attention_info *info);
 /* The blocks a split decode aims at (0: the default, the device's SMs; 1: no

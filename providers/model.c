@@ -239,6 +239,12 @@ static kiln_status add_spec(void *user, const kiln_spec *spec)
 
 kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec **specs, size_t *count)
 {
+    return kiln_model_specializations_for_arch(cfg, NULL, specs, count);
+}
+
+kiln_status kiln_model_specializations_for_arch(const kiln_model_config *cfg, const char *arch, kiln_spec **specs,
+                                                size_t *count)
+{
     if (!cfg || !specs || !count)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_specializations: NULL argument");
     *specs = NULL;
@@ -249,9 +255,10 @@ kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec *
         kiln_status (*fn)(const kiln_model_config *, kiln__spec_sink, void *);
     } providers[] = {{kiln__token_embedding_specs}, {kiln__dense_swiglu_specs}, {kiln__last_token_linear_specs},
                      {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs},
-                     {kiln__gated_delta_specs}, {kiln__paged_attention_specs}, {kiln__skinny_linear_specs}};
+                     {kiln__gated_delta_specs}, {NULL}, {kiln__skinny_linear_specs}}; /* NULL: paged attention */
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
-        kiln_status st = providers[i].fn(cfg, add_spec, &l);
+        kiln_status st = providers[i].fn ? providers[i].fn(cfg, add_spec, &l)
+                                         : kiln__paged_attention_arch_specs(cfg, arch, add_spec, &l);
         if (st) {
             free(l.items);
             return st;

@@ -37,6 +37,16 @@ void kiln__paged_attention_set_split_target(uint32_t blocks)
     atomic_store(&split_target, blocks);
 }
 
+static _Atomic int two_kernel_decode; /* 1: decode as where the one-kernel decode does not fit */
+
+/* For the GPU tests: the two-kernel decode, which sm_86/89/12x take at
+ * head_dim 128, run on a device that would take the one-kernel one. Read at
+ * encode; process-wide. */
+void kiln__paged_attention_set_two_kernel_decode(int on)
+{
+    atomic_store(&two_kernel_decode, on);
+}
+
 /* The decode template's dynamic shared memory: STAGES tiles of 64 keys, K and V. */
 static unsigned decode_smem(int64_t head_dim)
 {
@@ -68,7 +78,8 @@ static int64_t rows_for(int64_t group, int decode)
 }
 
 /* The paged_attention template's spec with rows query rows per block (16:
- * prefill; 4, 8 or 16: its decode, taken before sm_80). */
+ * prefill; 4, 8 or 16: its decode, taken where the one-kernel decode does not
+ * run: before sm_80, or short of shared memory). */
 static kiln_status attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows, kiln_spec *out)
 {
     if (!out)
@@ -123,19 +134,57 @@ kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64
     return KILN_OK;
 }
 
+/* The shared memory a block may opt in to on sm (KiB), from the CUDA
+ * programming guide's table: what decides, before a device is seen, whether
+ * the one-kernel decode runs there (the encode asks the driver). */
+static unsigned optin_smem_kib(int sm)
+{
+    if (sm == 86 || sm == 89 || sm / 10 == 12)
+        return 99;
+    if (sm < 90)
+        return 163; /* sm_80, sm_87 */
+    return 227;     /* sm_90, sm_100, sm_103, sm_110 */
+}
+
+/* Whether a decode on sm takes the two-kernel fallback: before sm_80, or where
+ * a block cannot have the one-kernel decode's dynamic shared memory plus its
+ * static part (under 8 KiB). */
+static int decode_falls_back(int sm, int64_t head_dim)
+{
+    return sm < 80 || optin_smem_kib(sm) < decode_smem(head_dim) / 1024u + 8u;
+}
+
 /* Prefill and decode for the model's head layout; a layout the kernels do
- * not serve (another head_dim) adds nothing rather than failing prewarm. */
-kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+ * not serve (another head_dim) adds nothing rather than failing prewarm.
+ * arch ("sm_86", "sm_90a"; NULL or unreadable: not known) adds the two-kernel
+ * decode where the encode falls back to it, and drops the one-kernel decode
+ * before sm_80, where the encode never asks for it. */
+kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                             void *user)
 {
     const int64_t d = cfg->head_dim, h = cfg->num_attention_heads, kvh = cfg->num_key_value_heads;
     if ((d != 64 && d != 128) || kvh < 1 || h % kvh || kvh * d > KILN_PAGED_KV_PAGE_BYTES / 4)
         return KILN_OK;
+    int sm = 0;
+    if (!arch || sscanf(arch, "sm_%d", &sm) != 1 || sm < 1)
+        sm = 0;
     kiln_spec spec;
     kiln_status st;
-    for (int decode = 0; decode < 2; decode++)
-        if ((st = kiln_op_paged_attention_spec(d, h, kvh, decode, &spec)) || (st = sink(user, &spec)))
-            return st;
+    if ((st = kiln_op_paged_attention_spec(d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
+        return st;
+    if ((!sm || sm >= 80) &&
+        ((st = kiln_op_paged_attention_spec(d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
+        return st;
+    const int64_t rows = rows_for(h / kvh, 1);
+    if (sm && decode_falls_back(sm, d) && rows != PREFILL_ROWS &&
+        ((st = attention_spec(d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
+        return st;
     return KILN_OK;
+}
+
+kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    return kiln__paged_attention_arch_specs(cfg, NULL, sink, user);
 }
 
 enum { B_Q, B_K, B_V, B_QKV, B_POS, B_TABLE, B_LENS, B_SPANS, B_OUT, B_PAGES, B_WS };
@@ -321,16 +370,16 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     info->fused = d->qkv != NULL;
     info->append_tiles = (uint32_t)((maxq + APPEND_TOKENS - 1) / APPEND_TOKENS);
     info->attention_tiles = (uint32_t)tiles;
-    info->splits = 1; /* a decode's split is the encode's: it depends on the device */
     return KILN_OK;
 }
 
 typedef struct attn_launch {
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
-    CUdeviceptr q, k, v, pos, table, lens, spans, pages, out, counters, partials;
+    CUdeviceptr q, k, v, pos, table, lens, spans, pages, out;
     uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
-        attention_tiles, splits;
+        attention_tiles;
+    uint32_t splits; /* the one-kernel decode's blocks per row tile: one cluster */
     unsigned smem; /* the decode kernel's dynamic shared memory */
     int pdl;       /* the decode's cluster launch also asks for programmatic dependent launch */
     float qscale;
@@ -380,18 +429,17 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
     if (l->decode)
         return launch_decode(l, ctx, &fault);
-    void *append_args[] = {&l->k,         &l->v,          &l->kv_stride, &l->pos,      &l->table,
-                           &l->lens,      &l->spans,      &l->pages,     &l->n_pages,  &l->max_blocks,
-                           &l->tokens,    &l->max_query,  l->inv_freq,   &l->counters, &l->attention_tiles,
-                           &fault};
+    void *append_args[] = {&l->k,       &l->v,          &l->kv_stride, &l->pos,       &l->table,
+                           &l->lens,    &l->spans,      &l->pages,     &l->n_pages,   &l->max_blocks,
+                           &l->tokens,  &l->max_query,  l->inv_freq,   &fault};
     kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, l->kv_heads, l->seqs, append_args,
                              "cuLaunchKernel (paged_attention append)");
     if (st)
         return st;
-    void *attn_args[] = {&l->q,        &l->q_stride, &l->pos,        &l->table,      &l->lens,     &l->spans,
-                         &l->pages,    &l->out,      &l->n_pages,    &l->max_blocks, &l->tokens,   &l->max_query,
-                         &l->qscale,   l->inv_freq,  &l->splits,     &l->counters,   &l->partials, &fault};
-    return launch3(ctx, l->rt, l->attention, l->attention_tiles * l->splits, l->kv_heads, l->seqs, attn_args,
+    void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
+                         &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
+                         &l->qscale, l->inv_freq,  &fault};
+    return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, attn_args,
                    "cuLaunchKernel (paged_attention)");
 }
 
@@ -475,7 +523,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     /* Decode: one kernel on the tensor cores (sm_80 on, where a block gets
      * its shared memory); before that, and for prefill, the append and
      * attention kernels. */
-    int one_kernel = in.decode && sm >= 80;
+    int one_kernel = in.decode && sm >= 80 && !atomic_load(&two_kernel_decode);
     uint32_t splits = 1, tiles = in.attention_tiles;
     unsigned smem = 0;
     if (one_kernel) {

@@ -1,6 +1,7 @@
 /* The dense linear's path for a few tokens (templates/skinny_linear.cu): a
- * weight-streaming kernel on the tensor cores, launched plainly (not with
- * programmatic dependent launch: skinny_linear.c says why), that
+ * weight-streaming kernel on the tensor cores (launched with programmatic
+ * dependent launch in its gated form and wide variant only: skinny_linear.c
+ * says why), that
  * providers/linear.c and providers/swiglu.c take instead of cuBLASLt where it
  * applies (kiln__skinny_linear_applies). */
 #ifndef KILN_PROVIDERS_SKINNY_H

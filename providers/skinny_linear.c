@@ -9,7 +9,7 @@
 #define TEMPLATE "skinny_linear"
 /* Measured on the H200 (bench/bench_linear_tune, 1 and 8 tokens of Llama-3-8B's
  * projections): 8 warps splitting K, 4 steps per load stage, one 16-row group
- * per warp, the first stage warmed in L2 before the dependency sync. The
+ * per warp. The
  * registers this takes (94) leave 2 blocks an SM. A product whose blocks take
  * two waves at that and one at WIDE_MIN_BLOCKS an SM runs the variant
  * compiled for WIDE_MIN_BLOCKS (fewer registers): the fused q/k/v of Llama-3-8B
@@ -18,7 +18,6 @@
 #define WARPS 8
 #define UNROLL 4
 #define ROW_GROUPS 1
-#define PREFETCH 1
 #define MIN_BLOCKS 0
 #define WIDE_MIN_BLOCKS 3
 /* Outputs per block: 16 rows, or 8 gated outputs (their gate and up rows). */
@@ -44,7 +43,6 @@ kiln_status kiln__skinny_linear_spec(int64_t in, int glu, int wide, kiln_spec *o
     if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "IN", in)) ||
         (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
         (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
-        (st = kiln_spec_set(out, "PREFETCH", PREFETCH)) ||
         (st = kiln_spec_set(out, "MIN_BLOCKS", wide ? WIDE_MIN_BLOCKS : MIN_BLOCKS)) ||
         (st = kiln_spec_set(out, "GLU", glu ? 1 : 0)))
         return st;
@@ -107,23 +105,28 @@ typedef struct skinny_launch {
     CUdeviceptr x, w, bias, out;
     uint32_t n_out, tokens;
     unsigned grid, threads;
+    unsigned flags; /* KILN__LAUNCH_PDL or 0 */
 } skinny_launch;
 
-/* A plain launch, not a programmatic dependent one: in a decode step's graph
- * (examples/decode, Llama-3-8B, context 1024, H200) the products launched
- * with PDL took 5.50 / 6.56 / 5.78 ms a step at batch 1 / 8 / 32, launched
- * plainly 4.39 / 4.88 / 5.79 (PDL for every other kernel kept; triggering the
- * next kernel only after the main loop: 4.89 / 5.46), though back to back on
- * their own PDL makes them faster (q/o 9.3 against 10.6 us at 1 token): the
- * early blocks of a product hold an SM's slots while the kernel before it
- * runs. The kernel's L2 warm-up before its dependency sync is then a plain
- * prefetch of its first stage. */
+/* Programmatic dependent launch for the gated form and the wide variant
+ * only. In a decode step's graph (examples/decode, Llama-3-8B, context 1024,
+ * H200; step ms at batch 1 / 8, one run each beside the others):
+ *   every product plain                                  4.341 / 4.585
+ *   gated and wide with PDL (taken)                      4.324 / 4.578
+ *   only the plain narrow one with PDL (o_proj)          4.485 / 4.752
+ *   every product with PDL                               5.576 / 6.740
+ * The gated form and the fused q/k/v (wide) follow an RMSNorm of a few
+ * blocks, whose launch and run they overlap; o_proj follows the decode
+ * attention and down_proj the gated form, whose SMs its early blocks hold.
+ * The kernel used to warm its first weight stage in L2 before its dependency
+ * sync: dropping that took the step from 4.435 / 4.668 ms to the first line
+ * (with PDL for every product: 5.476 / 6.485 with the warm-up). */
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     skinny_launch *l = user;
     void *args[] = {&l->x, &l->w, &l->bias, &l->out, &l->n_out, &l->tokens};
     const unsigned grid[3] = {l->grid, 1, 1};
-    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, 0, args, 0);
+    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, 0, args, l->flags);
 }
 
 kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln_tensor *x,
@@ -143,7 +146,8 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
     if ((st = kiln__skinny_linear_spec(in, glu, 0, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
         (st = kiln_kernel_function(k, NULL, &fn)))
         return kiln__propagate(err, st);
-    if (!glu && takes_wide(rt, (CUfunction)fn, grid, threads) &&
+    const int wide = !glu && takes_wide(rt, (CUfunction)fn, grid, threads);
+    if (wide &&
         ((st = kiln__skinny_linear_spec(in, 0, 1, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
          (st = kiln_kernel_function(k, NULL, &fn))))
         return kiln__propagate(err, st);
@@ -159,7 +163,8 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
                          .n_out = (uint32_t)n_out,
                          .tokens = (uint32_t)tokens,
                          .grid = grid,
-                         .threads = threads};
+                         .threads = threads,
+                         .flags = glu || wide ? KILN__LAUNCH_PDL : 0u};
     /* The replay key: the kernel, every address and size, the grid. */
     const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
                                 ((uint64_t)l->grid << 32) | l->threads};

@@ -72,18 +72,6 @@ __device__ __forceinline__ void kiln_grid_dependency_sync()
 #endif
 }
 
-// Warms L2 with lines 128-byte lines from p on (prefetch.global.L2), then
-// kiln_grid_dependency_sync(): for a kernel that knows where its first reads
-// lie before the grid ahead of it has finished (a weight), so that they are
-// on their way while that grid runs. No value enters the kernel before the
-// sync, and L2 is coherent, so data a kernel ahead writes is never read stale.
-__device__ __forceinline__ void kiln_grid_dependency_sync_after_prefetch(const void *p, kiln_u32 lines)
-{
-    for (kiln_u32 i = 0; i < lines; i++)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + 128u * i));
-    kiln_grid_dependency_sync();
-}
-
 __device__ __forceinline__ void kiln_report_fault(kiln_fault *f, kiln_u32 code, kiln_u32 index, kiln_u32 value,
                                                   kiln_u64 limit)
 {

@@ -1,8 +1,7 @@
 // Causal paged attention with RoPE over a paged KV cache (include/kiln/op_attention.h
 // is the contract). Two entries, launched one after the other on one stream:
 //   kiln_paged_append     rotates the new tokens' k (rotate-half RoPE, f32) and
-//                         writes k and v into their sequence's pages (and zeroes
-//                         the split-KV counters the attention kernel counts with);
+//                         writes k and v into their sequence's pages;
 //   kiln_paged_attention  rotates q, then causal attention of every new token
 //                         over its sequence's cached tokens (grouped-query heads,
 //                         f32 scores, online softmax with a running max).
@@ -11,21 +10,15 @@
 // table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
 // q, k and v rows are q_stride / kv_stride halves apart (a fused [T, q | k | v]
 // tensor, or three packed ones).
-// Split-KV (flash decoding; nsplit > 1, decode only: one new token per
-// sequence): the keys of a sequence are cut in at most nsplit chunks of whole
-// 64-key tiles, computed on the device from its length, one block each; a
-// block writes its f32 partial (unnormalized output, running max, sum) to the
-// workspace and counts itself done on its (sequence, kv head, row tile)
-// counter; the block that finds itself last combines the partials in chunk
-// order (deterministic whatever the order the blocks finished in) and writes
-// out. A sequence short enough for one chunk skips the workspace.
+// A block attends all the keys its rows see (no split): decode here is the
+// fallback where paged_decode.cu cannot run, one new token per sequence.
 // Everything that lives in device memory (spans, lengths, block table) is
 // checked here before it is used: a bad sequence is skipped (nothing of it
 // read or written) and reported through the fault record.
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
 // KILN_PAGE_TOKENS, KILN_ROWS (query rows per attention block: 4, 8 or 16).
-// Grids: x = tiles of a sequence's new tokens (times nsplit for attention),
-// y = kv head, z = sequence; 128 threads.
+// Grids: x = tiles of a sequence's new tokens, y = kv head, z = sequence;
+// 128 threads.
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_attention
@@ -42,7 +35,6 @@
 #define KC 64              // keys per tile
 #define KPAD 8             // halves of padding per K row: conflict-free 16-byte reads
 #define APPEND_TOKENS 16   // new tokens per append block
-#define MAX_SPLITS KC      // the combine keeps its weights in sp[ROWS][KC]
 
 #if ROWS != 4 && ROWS != 8 && ROWS != 16
 #error "KILN_ROWS must be 4, 8 or 16"
@@ -52,33 +44,15 @@
 
 struct __align__(16) f32x4 { float x, y, z, w; };
 
-// Loads through L2 only: partials other blocks of this grid wrote.
-__device__ __forceinline__ float ld_cg(const float *p)
-{
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void ld_cg2(const float *p, float *a, float *b)
-{
-    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(*a), "=f"(*b) : "l"(p) : "memory");
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS)
 kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v, kiln_u32 kv_stride,
                   const kiln_u32 *__restrict__ positions, const kiln_u32 *__restrict__ table,
                   const kiln_u32 *__restrict__ seq_lens, const kiln_u32 *__restrict__ spans, unsigned char *pages,
                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, rope_freqs freqs,
-                  kiln_u32 *counters, kiln_u32 counter_tiles, kiln_fault *fault)
+                  kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u32 s = blockIdx.z, h = blockIdx.y;
-    // The attention kernel after this one counts finished splits from zero,
-    // whatever an earlier launch (or the workspace's first bytes) left.
-    if (counters && blockIdx.x == 0)
-        for (kiln_u32 t = threadIdx.x; t < counter_tiles; t += THREADS)
-            counters[((kiln_u64)s * KVH + h) * counter_tiles + t] = 0;
     seq_info q;
     // The attention kernel reports; this one only skips.
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, false, &q))
@@ -114,9 +88,6 @@ kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v
 #define LPR (THREADS / ROWS)              // lanes per row in the softmax
 #define VECS_PER_KEY (D / 8)
 #define TILE_VECS (KC * VECS_PER_KEY / THREADS) // 16-byte vectors of K (and of V) per thread per tile
-#define PART_FLOATS (ROWS * (D + 2))      // one partial: acc[ROWS][D], max[ROWS], sum[ROWS]
-
-struct __align__(8) f32x2 { float x, y; };
 
 // Blocks per SM the attention kernel's registers must allow, so that enough
 // warps keep the next tiles' loads in flight: 4 (128 registers a thread),
@@ -148,7 +119,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
                      const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                      const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
                      kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
-                     rope_freqs freqs, kiln_u32 nsplit, kiln_u32 *counters, float *partials, kiln_fault *fault)
+                     rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ __align__(16) float sq[ROWS][D];
@@ -157,10 +128,8 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
     __shared__ __align__(16) float sp[ROWS][KC];
     __shared__ float sm[ROWS], sl[ROWS], sscale[ROWS];
     __shared__ kiln_u32 slast[ROWS];
-    __shared__ kiln_u32 last_block;
 
-    const kiln_u32 tile = blockIdx.x / nsplit, split = blockIdx.x - tile * nsplit;
-    const kiln_u32 s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+    const kiln_u32 tile = blockIdx.x, s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
     seq_info q;
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
                        blockIdx.x == 0 && blockIdx.y == 0, &q))
@@ -170,25 +139,12 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
         return;
     const kiln_u32 base = q.len - q.count;
     const kiln_u32 rlast = (r0 + ROWS < nrows ? r0 + ROWS : nrows) - 1;
-    const kiln_u32 nkeys = base + rlast / G + 1; // keys [0, nkeys) are read
-    // This block's keys: [kb, ke). With nsplit > 1 every new token of the
-    // sequence is its last (one new token, checked above), so every row of the
-    // tile attends every key and each chunk's partial is well defined.
-    kiln_u32 kb = 0, ke = nkeys, active = 1;
-    if (nsplit > 1) {
-        const kiln_u64 per = ((kiln_u64)nkeys + nsplit - 1) / nsplit;
-        const kiln_u64 chunk = (per + KC - 1) / KC * KC;
-        active = (kiln_u32)(((kiln_u64)nkeys + chunk - 1) / chunk);
-        if ((kiln_u64)split * chunk >= nkeys)
-            return;
-        kb = (kiln_u32)(split * chunk);
-        ke = (kiln_u64)kb + chunk < nkeys ? (kiln_u32)(kb + chunk) : nkeys;
-    }
+    const kiln_u32 ke = base + rlast / G + 1; // keys [0, ke) are read
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
 
     // The first tile in flight while the queries are rotated.
     kiln_u32x4 kv[TILE_VECS], vv[TILE_VECS];
-    load_tile(pages, trow, h, kb, ke, kv, vv);
+    load_tile(pages, trow, h, 0, ke, kv, vv);
 
     // Rotated, scaled queries (rows past the sequence's: zero, attending every key).
     for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
@@ -205,7 +161,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
     }
     if (tid < ROWS) {
         const kiln_u32 row = r0 + tid;
-        slast[tid] = row < nrows ? base + row / G : nkeys - 1;
+        slast[tid] = row < nrows ? base + row / G : ke - 1;
         sm[tid] = neg_inf();
         sl[tid] = 0.0f;
     }
@@ -216,7 +172,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
         acc[r][0] = acc[r][1] = 0.0f;
     const kiln_u32 cp = tid % HALF, pg = tid / HALF;
 
-    for (kiln_u32 c0 = kb; c0 < ke; c0 += KC) {
+    for (kiln_u32 c0 = 0; c0 < ke; c0 += KC) {
         __syncthreads(); // the previous tile is consumed (and the setup is visible)
 #pragma unroll
         for (int e = 0; e < TILE_VECS; e++) {
@@ -266,8 +222,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
 #pragma unroll
             for (int m = LPR / 2; m; m >>= 1)
                 mx = fmaxf(mx, kiln_shfl_xor_f32(mx, m));
-            // Finite: every row's first tile holds a key it attends (key 0,
-            // or the chunk's first, which every row of a split block attends).
+            // Finite: every row's first tile holds a key it attends (key 0).
             const float m_new = fmaxf(m_old, mx);
             float sum = 0.0f;
 #pragma unroll
@@ -310,85 +265,15 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
             }
         }
     }
-    // sl and sm are final: the last softmax step was followed by a barrier.
-    if (active == 1) {
-#pragma unroll
-        for (int r = 0; r < PV_RPT; r++) {
-            const kiln_u32 rr = pg * PV_RPT + r, row = r0 + rr;
-            if (row < nrows) {
-                const kiln_u32 t = q.start + row / G, head = h * G + row % G;
-                const float inv = 1.0f / sl[rr];
-                kiln_u32 *dst = (kiln_u32 *)(out + ((kiln_u64)t * NH + head) * D + 2 * cp);
-                *dst = kiln_f32_to_h2(acc[r][0] * inv, acc[r][1] * inv);
-            }
-        }
-        return;
-    }
-
-    // Split-KV: this chunk's partial, then the last block of the tile combines.
-    const kiln_u64 pair = ((kiln_u64)s * KVH + h) * (gridDim.x / nsplit) + tile;
-    float *const parts = partials + pair * nsplit * PART_FLOATS;
-    {
-        float *rec = parts + (kiln_u64)split * PART_FLOATS;
-#pragma unroll
-        for (int r = 0; r < PV_RPT; r++) {
-            f32x2 a;
-            a.x = acc[r][0];
-            a.y = acc[r][1];
-            *(f32x2 *)&rec[(pg * PV_RPT + r) * D + 2 * cp] = a;
-        }
-        if (tid < ROWS) {
-            rec[ROWS * D + tid] = sm[tid];
-            rec[ROWS * D + ROWS + tid] = sl[tid];
-        }
-    }
-    __threadfence(); // the partial is visible device-wide before it is counted
-    __syncthreads();
-    if (tid == 0)
-        last_block = atomicAdd(&counters[pair], 1u) == active - 1;
-    __syncthreads();
-    if (!last_block)
-        return;
-    __threadfence(); // every other chunk's partial is visible to this block
-    // Weights of the chunks, per row: 2^(m_i - M) / sum_i 2^(m_i - M) l_i.
-    {
-        const kiln_u32 r = tid / LPR, l = tid % LPR;
-        float mx = neg_inf();
-        for (kiln_u32 i = l; i < active; i += LPR)
-            mx = fmaxf(mx, ld_cg(parts + (kiln_u64)i * PART_FLOATS + ROWS * D + r));
-#pragma unroll
-        for (int m = LPR / 2; m; m >>= 1)
-            mx = fmaxf(mx, kiln_shfl_xor_f32(mx, m));
-        float sum = 0.0f;
-        for (kiln_u32 i = l; i < active; i += LPR) {
-            const float *rec = parts + (kiln_u64)i * PART_FLOATS;
-            const float w = fast_exp2(ld_cg(rec + ROWS * D + r) - mx);
-            sp[r][i] = w;
-            sum += w * ld_cg(rec + ROWS * D + ROWS + r);
-        }
-#pragma unroll
-        for (int m = LPR / 2; m; m >>= 1)
-            sum += kiln_shfl_xor_f32(sum, m);
-        const float inv = 1.0f / sum;
-        for (kiln_u32 i = l; i < active; i += LPR)
-            sp[r][i] *= inv;
-    }
-    __syncthreads();
+    // sl is final: the last softmax step was followed by a barrier.
 #pragma unroll
     for (int r = 0; r < PV_RPT; r++) {
         const kiln_u32 rr = pg * PV_RPT + r, row = r0 + rr;
         if (row < nrows) {
-            float o0 = 0.0f, o1 = 0.0f;
-            for (kiln_u32 i = 0; i < active; i++) {
-                float a0, a1;
-                ld_cg2(parts + (kiln_u64)i * PART_FLOATS + rr * D + 2 * cp, &a0, &a1);
-                const float w = sp[rr][i];
-                o0 += w * a0;
-                o1 += w * a1;
-            }
             const kiln_u32 t = q.start + row / G, head = h * G + row % G;
+            const float inv = 1.0f / sl[rr];
             kiln_u32 *dst = (kiln_u32 *)(out + ((kiln_u64)t * NH + head) * D + 2 * cp);
-            *dst = kiln_f32_to_h2(o0, o1);
+            *dst = kiln_f32_to_h2(acc[r][0] * inv, acc[r][1] * inv);
         }
     }
 }

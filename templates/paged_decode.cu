@@ -395,9 +395,10 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 acc[mm][j] += kiln_shfl_xor_f32(acc[mm][j], 2);
-    // Packed, rows 4-7 stay unwritten: no row past the group is ever output.
-    const bool writer = !PACK || t4 < 2;
-    if (g == 0 && writer) {
+    // Packed, lanes t4 and t4 ^ 2 hold the same rows' values (the sums above
+    // made acc the same too): lanes t4 >= 2 write them again as rows 4-7,
+    // never output, so that every row the epilogue reads has been written.
+    if (g == 0) {
         swm[warp][2 * t4] = m0;
         swm[warp][2 * t4 + 1] = m1;
         swl[warp][2 * t4] = l0;
@@ -418,8 +419,6 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         float *r0p = so + (warp * ROWS + 2 * t4) * OPAD, *r1p = r0p + OPAD;
 #pragma unroll
         for (int mm = 0; mm < D / 16; mm++) {
-            if (!writer)
-                break;
             r0p[16 * mm + g] = acc[mm][0] * w0;
             r1p[16 * mm + g] = acc[mm][1] * w1;
             r0p[16 * mm + g + 8] = acc[mm][2] * w0;

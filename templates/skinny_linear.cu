@@ -7,9 +7,8 @@
 // f16 in, products and sums in f32 on the tensor cores (mma.sync m16n8k16),
 // the bias added in f32, one rounding to f16. At so few tokens the weight is
 // the whole cost: each byte of it is read once, streamed through 16-byte loads
-// with several in flight per thread. (Launched with programmatic dependent
-// launch, it would warm its first stage in L2 while the kernel before it
-// runs; the provider launches it plainly: providers/skinny_linear.c.)
+// with several in flight per thread. (No L2 warm-up before the dependency
+// sync: providers/skinny_linear.c says why.)
 //
 // Block b takes output rows [16 RG b, 16 RG (b + 1)) (GLU: outputs [8 RG b,
 // 8 RG (b + 1)), each 16-row group holding 8 gate rows then their 8 up rows,
@@ -25,8 +24,7 @@
 // halves 4-7 the next one's, the same slots for A and B.
 // Constants: KILN_IN (K, a multiple of 32 * KILN_WARPS), KILN_WARPS,
 // KILN_UNROLL (32-wide K steps per load stage), KILN_ROW_GROUPS (RG),
-// KILN_PREFETCH (load stages of each row warmed in L2 before the dependency
-// sync: row group 0 only), KILN_MIN_BLOCKS (resident blocks per SM asked of
+// KILN_MIN_BLOCKS (resident blocks per SM asked of
 // the compiler, 0: none), KILN_GLU (1: the gated form, bias not read).
 // Arguments: x [tokens, K], w [n_out, K] (GLU: [2 n_out, K]), bias [n_out] or
 // 0, out [tokens, n_out]; x, w 16-byte aligned; tokens in [1, 8]; grid = ceil(n_out / ROWS).
@@ -43,10 +41,6 @@
 #define ROWS ((GLU ? 8 : 16) * RG) // outputs per block
 #define KW (K / WARPS)    // K per warp
 #define STEPS (KW / 32)   // 32-wide K steps per warp
-#define PF_BYTES (KILN_PREFETCH * UNROLL * 64) // bytes of each row a warp warms in L2 before the sync
-// Lines each lane warms: none where the warp's slice of a row is shorter (the
-// warm-up must stay inside the weight), and none below one line per lane.
-#define PF_LINES (PF_BYTES <= KW * 2 ? PF_BYTES / 256 : 0)
 #if KILN_MIN_BLOCKS > 0
 #define BOUNDS __launch_bounds__(THREADS, KILN_MIN_BLOCKS)
 #else
@@ -110,20 +104,11 @@ __device__ __forceinline__ kiln_u64 weight_row(kiln_u32 n0, kiln_u32 r, kiln_u32
 #endif
 }
 
-// Where lane l of a warp starts warming L2: row l % 16 of the block, half l / 16
-// of the warp's first PF_BYTES of it.
-__device__ __forceinline__ const kiln_f16 *prefetch_start(const kiln_f16 *w, kiln_u32 n_out)
-{
-    const kiln_u32 lane = threadIdx.x % 32;
-    return w + weight_row(blockIdx.x * ROWS, 0, lane % 16, n_out) * K + (threadIdx.x / 32) * KW +
-           (lane / 16) * (PF_BYTES / 4);
-}
-
 extern "C" __global__ void BOUNDS
 kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ w, const kiln_f16 *__restrict__ bias,
                    kiln_f16 *__restrict__ out, kiln_u32 n_out, kiln_u32 tokens)
 {
-    kiln_grid_dependency_sync_after_prefetch(prefetch_start(w, n_out), PF_LINES); // first: kiln_prelude.cuh
+    kiln_grid_dependency_sync(); // first: kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); // no mma.sync m16n8k16: providers/skinny_linear.c takes cuBLASLt before sm_80
 #else

@@ -43,8 +43,45 @@ static void test_model_lists_prefill_and_decode(void **state)
 
 typedef offline_fixture fixture;
 
+typedef struct spec_set {
+    kiln_spec items[8];
+    size_t n;
+} spec_set;
+
+static kiln_status collect(void *user, const kiln_spec *spec)
+{
+    spec_set *l = user;
+    assert_true(l->n < sizeof l->items / sizeof l->items[0]);
+    assert_false(has_spec(l->items, l->n, spec)); /* each once */
+    l->items[l->n++] = *spec;
+    return KILN_OK;
+}
+
+static spec_set arch_specs(int64_t head_dim, int64_t heads, int64_t kv_heads, const char *arch)
+{
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    c.head_dim = head_dim;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv_heads;
+    spec_set l = {.n = 0};
+    KILN_CHECK(kiln__paged_attention_arch_specs(&c, arch, collect, &l));
+    return l;
+}
+
+/* The two-kernel decode (paged_attention with the decode's rows: 4 for a
+ * group of 4) that a device takes where the one-kernel decode does not run. */
+static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows)
+{
+    kiln_spec s;
+    KILN_CHECK(kiln_op_paged_attention_spec(head_dim, heads, kv_heads, 0, &s));
+    KILN_CHECK(kiln_spec_set(&s, "ROWS", rows));
+    return s;
+}
+
 /* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
- * (several row tiles per group); prefill and decode. */
+ * (several row tiles per group); prefill, decode, and the two-kernel decode's
+ * 4 and 8 rows (16 are the prefill's kernel). */
 static void test_every_path_compiles_for_sm90(void **state)
 {
     fixture *f = *state;
@@ -63,11 +100,85 @@ static void test_every_path_compiles_for_sm90(void **state)
                 if (st)
                     fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
                 total++;
+                const int64_t g = layouts[i].heads / layouts[i].kv_heads, rows = g <= 4 ? 4 : g <= 8 ? 8 : 16;
+                if (decode && rows != 16) {
+                    s = fallback_spec(d, layouts[i].heads, layouts[i].kv_heads, rows);
+                    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+                    if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
+                        fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
+                    total++;
+                }
             }
     kiln_jit_counters k;
     kiln_jit_get_counters(f->jit, &k);
     assert_int_equal(k.compile_errors, 0);
     assert_int_equal(k.compiles, total); /* every spec its own kernel */
+}
+
+/* Prewarm for an architecture that takes the two-kernel decode lists it, so
+ * that a prewarmed database holds every kernel a decode there asks for: before
+ * sm_80 (without the one-kernel decode, which is never asked for there), and
+ * at head_dim 128 on the 99 KiB devices (sm_86, sm_89, sm_12x), where the
+ * one-kernel decode is still asked for first. Each listed kernel compiles for
+ * sm_86 and sm_120. */
+static void test_fallback_archs_list_the_two_kernel_decode(void **state)
+{
+    fixture *f = *state;
+    kiln_spec prefill, decode, fb = fallback_spec(128, 32, 8, 4);
+    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 0, &prefill));
+    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 1, &decode));
+    static const char *const fits[] = {NULL, "sm_80", "sm_87", "sm_90", "sm_90a", "sm_100", "sm_103", "bogus"};
+    for (size_t i = 0; i < sizeof fits / sizeof fits[0]; i++) {
+        spec_set l = arch_specs(128, 32, 8, fits[i]);
+        assert_int_equal(l.n, 2);
+        assert_true(has_spec(l.items, l.n, &prefill));
+        assert_true(has_spec(l.items, l.n, &decode));
+    }
+    static const char *const short_smem[] = {"sm_86", "sm_89", "sm_120", "sm_121", "sm_120f"};
+    for (size_t i = 0; i < sizeof short_smem / sizeof short_smem[0]; i++) {
+        spec_set l = arch_specs(128, 32, 8, short_smem[i]);
+        assert_int_equal(l.n, 3);
+        assert_true(has_spec(l.items, l.n, &prefill));
+        assert_true(has_spec(l.items, l.n, &decode));
+        assert_true(has_spec(l.items, l.n, &fb));
+    }
+    spec_set l = arch_specs(128, 32, 8, "sm_75");
+    assert_int_equal(l.n, 2);
+    assert_true(has_spec(l.items, l.n, &prefill));
+    assert_true(has_spec(l.items, l.n, &fb));
+    /* head_dim 64: the one-kernel decode's 64 KiB fit 99 KiB; before sm_80 a
+     * group of 7 takes 8 rows. */
+    l = arch_specs(64, 14, 2, "sm_86");
+    assert_int_equal(l.n, 2);
+    kiln_spec fb64 = fallback_spec(64, 14, 2, 8);
+    l = arch_specs(64, 14, 2, "sm_75");
+    assert_int_equal(l.n, 2);
+    assert_true(has_spec(l.items, l.n, &fb64));
+    /* A group of 16 decodes with the prefill's 16 rows: the same kernel, listed once. */
+    l = arch_specs(128, 32, 2, "sm_89");
+    assert_int_equal(l.n, 2);
+
+    /* (Before sm_80 the templates do not build yet: README, Architectures.) */
+    static const char *const archs[] = {"sm_86", "sm_120"};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        l = arch_specs(128, 32, 8, archs[a]);
+        assert_true(has_spec(l.items, l.n, &fb));
+        for (size_t i = 0; i < l.n; i++) {
+            char text[256];
+            KILN_CHECK(kiln_spec_constants_text(&l.items[i], text, sizeof text));
+            kiln_status st = kiln_jit_prepare(jit, &l.items[i], NULL);
+            if (st)
+                fail_msg("%s, %s %s: %s", archs[a], l.items[i].template_id, text, kiln_errmsg());
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compiles, l.n);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
+    }
 }
 
 static void test_spec_and_page_arguments(void **state)
@@ -335,7 +446,6 @@ static void test_workspace_and_fused_qkv(void **state)
     kiln__paged_attention_info in;
     /* No workspace: the decode needs none (it splits over a cluster's shared memory). */
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
-    assert_int_equal(in.splits, 1);
     assert_int_equal(in.q_stride, H * D);
     assert_int_equal(in.kv_stride, KVH * D);
     size_t need = 1;
@@ -346,11 +456,9 @@ static void test_workspace_and_fused_qkv(void **state)
     kiln_region ws = {wsb, 0, need};
     c.d.workspace = &ws;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
-    assert_int_equal(in.splits, 1);
     assert_int_equal(in.bytes[10], need);
     c.d.max_query_tokens = 0;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
-    assert_int_equal(in.splits, 1);
     c.d.max_query_tokens = 1;
     ws = (kiln_region){wsb, 64, 64 + need};
     KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
@@ -397,7 +505,6 @@ static void test_workspace_and_fused_qkv(void **state)
     assert_int_equal(in.k_offset, H * D * 2);
     assert_int_equal(in.v_offset, (H + KVH) * D * 2);
     assert_int_equal(in.bytes[3], S * (H + 2 * KVH) * D * 2);
-    assert_int_equal(in.splits, 1);
     qkv.dims[1] = (H + 2 * KVH) * D + 64;
     KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "binding qkv has 6208 columns", "(heads 32 + 2 x kv_heads) x head_dim 128");
@@ -460,6 +567,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_prefill_and_decode),
         cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_fallback_archs_list_the_two_kernel_decode, offline_fixture_setup,
+                                        offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_page_arguments),
         cmocka_unit_test(test_validation_names_binding_and_values),
         cmocka_unit_test(test_workspace_and_fused_qkv),

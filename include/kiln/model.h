@@ -60,6 +60,13 @@ KILN_API kiln_status kiln_model_config_load(const char *path, kiln_model_config 
  * *specs is freed with kiln_free. */
 KILN_API kiln_status kiln_model_specializations(const kiln_model_config *config, kiln_spec **specs,
                                                 size_t *count);
+/* The same for a known architecture ("sm_90"; NULL: as above): adds what
+ * only that architecture takes (the two-kernel decode attention, where the
+ * one-kernel decode's shared memory is more than a block gets: before sm_80,
+ * sm_86, sm_89, sm_12x) and leaves out what it never takes (the one-kernel
+ * decode before sm_80). kiln prewarm, export and explain list this way. */
+KILN_API kiln_status kiln_model_specializations_for_arch(const kiln_model_config *config, const char *arch,
+                                                         kiln_spec **specs, size_t *count);
 
 #ifdef __cplusplus
 }
