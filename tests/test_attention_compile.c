@@ -158,6 +158,35 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
     l = arch_specs(128, 32, 2, "sm_89");
     assert_int_equal(l.n, 2);
 
+    /* Through the public list (what kiln prewarm --arch asks): the default
+     * model for sm_86 holds the fallback beside everything it lists without an
+     * architecture; NULL lists the same as kiln_model_specializations. */
+    {
+        kiln_model_config c;
+        kiln_model_config_default(&c);
+        kiln_spec *plain, *for86, *for_null;
+        size_t n_plain, n86, n_null;
+        KILN_CHECK(kiln_model_specializations(&c, &plain, &n_plain));
+        KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_86", &for86, &n86));
+        KILN_CHECK(kiln_model_specializations_for_arch(&c, NULL, &for_null, &n_null));
+        kiln_spec dfb = fallback_spec(c.head_dim, c.num_attention_heads, c.num_key_value_heads, 4);
+        assert_int_equal(n86, n_plain + 1);
+        assert_true(has_spec(for86, n86, &dfb));
+        assert_false(has_spec(plain, n_plain, &dfb));
+        for (size_t i = 0; i < n_plain; i++)
+            assert_true(has_spec(for86, n86, &plain[i]));
+        assert_int_equal(n_null, n_plain);
+        assert_memory_equal(for_null, plain, n_plain * sizeof *plain);
+        kiln_free(plain);
+        kiln_free(for86);
+        kiln_free(for_null);
+        kiln_spec *none = NULL;
+        size_t n_none = 0;
+        assert_int_equal(kiln_model_specializations_for_arch(NULL, "sm_90", &none, &n_none),
+                         KILN_ERR_INVALID_ARGUMENT);
+        assert_null(none);
+    }
+
     /* (Before sm_80 the templates do not build yet: README, Architectures.) */
     static const char *const archs[] = {"sm_86", "sm_120"};
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
