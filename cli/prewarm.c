@@ -227,8 +227,8 @@ int cli_load_model(const char *cmd, const char *model_path, const char *arch, ki
     kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
     if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
         return cli_fail(cmd, "--arch %s: %s", arch, kiln_errmsg());
-    /* The probe's architecture: --arch, or the device's without it, so that
-     * what only that architecture takes is listed either way. */
+    /* The probe's architecture (--arch, CLI_DEFAULT_ARCH without it), so that
+     * what only that architecture takes is listed. */
     kiln_status st = kiln_model_specializations_for_arch(config, kiln_jit_arch(probe), specs, n_specs);
     kiln_jit_destroy(probe);
     if (st != KILN_OK)

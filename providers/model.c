@@ -246,7 +246,8 @@ kiln_status kiln_model_specializations_for_arch(const kiln_model_config *cfg, co
                                                 size_t *count)
 {
     if (!cfg || !specs || !count)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_specializations: NULL argument");
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_specializations%s: NULL argument",
+                          arch ? "_for_arch" : "");
     *specs = NULL;
     *count = 0;
     spec_list l = {0};

@@ -118,6 +118,9 @@ typedef struct skinny_launch {
  * The gated form and the fused q/k/v (wide) follow an RMSNorm of a few
  * blocks, whose launch and run they overlap; o_proj follows the decode
  * attention and down_proj the gated form, whose SMs its early blocks hold.
+ * Measured on the H200's 132 SMs only: which product is wide depends on the
+ * SM count (on 114, o_proj's and down_proj's 256 blocks would be too), and
+ * PDL needs sm_90.
  * The kernel used to warm its first weight stage in L2 before its dependency
  * sync: dropping that took the step from 4.435 / 4.668 ms to the first line
  * (with PDL for every product: 5.476 / 6.485 with the warm-up). */

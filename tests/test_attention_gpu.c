@@ -645,10 +645,6 @@ static void test_decode_every_cluster_size(void **state)
         }
 }
 
-/* providers/paged_attention.c: the two-kernel decode on a device that would
- * take the one-kernel one. */
-void kiln__paged_attention_set_two_kernel_decode(int on);
-
 /* The two-kernel decode (templates/paged_attention.cu, unsplit), which a
  * device short of the one-kernel decode's shared memory takes (sm_86, sm_89,
  * sm_12x at head_dim 128): groups 4 (4 rows a block), 7 (8 rows) and 32 (the
@@ -912,11 +908,20 @@ static void test_contract_errors_at_encode(void **state)
     kiln_buffer_destroy(kv);
 }
 
+/* Every test's teardown: the provider's test hooks back to their defaults, so
+ * that a test failing halfway does not leave its switch to the ones after it. */
+static int teardown_hooks(void **state)
+{
+    kiln__paged_attention_set_two_kernel_decode(0);
+    kiln__paged_attention_set_split_target(0);
+    return gpu_fixture_teardown(state);
+}
+
 int main(void)
 {
     kiln_test_require_gpu();
     h2f_init();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
+#define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, teardown_hooks)
     const struct CMUnitTest tests[] = {
         T(test_prefill_single_sequence),
         T(test_prefill_packed_with_prefixes),

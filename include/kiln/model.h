@@ -2,8 +2,10 @@
  *
  * A model config carries the sizes that kernels are specialized on. It comes
  * from a Hugging Face config.json or from the built-in default (Llama-3-8B).
- * kiln_model_specializations lists every kernel specialization the providers
- * will ask for on that model: what `kiln prewarm` compiles.
+ * kiln_model_specializations lists the kernel specializations the providers
+ * ask for on that model on the devices kiln is tuned for (sm_90 and on);
+ * kiln_model_specializations_for_arch lists them for one architecture, with
+ * what only it takes: what `kiln prewarm --arch` compiles.
  */
 #ifndef KILN_MODEL_H
 #define KILN_MODEL_H

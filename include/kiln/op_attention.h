@@ -81,8 +81,11 @@
  * block per sequence, kv head and tile of 16 query rows; 128 threads, keys in
  * tiles of 64 through shared memory, f32 arithmetic on CUDA cores); two
  * dispatches. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
- * specialized on head_dim, heads and kv_heads; sm_80 on, else the prefill
- * kernels with 4, 8 or 16 rows a block): one kernel, one dispatch, that
+ * specialized on head_dim, heads and kv_heads; sm_80 on where a block may
+ * have its shared memory (about 101 KiB at head_dim 128: not on sm_86, sm_89,
+ * sm_12x), else the prefill kernels with 4, 8 or 16 rows a block, two
+ * dispatches; kiln_model_specializations_for_arch lists those where they are
+ * taken): one kernel, one dispatch, that
  * appends and attends: one block per sequence, kv head, tile of 8 query
  * heads of the group and key chunk; keys stream through shared memory with
  * cp.async, scores and P.V on the tensor cores with f32 accumulation and q
