@@ -207,6 +207,8 @@ kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what
 int kiln__runtime_usable(kiln_runtime *rt);
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
 const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
+/* The device's L2 cache bytes (0 where the driver does not say). */
+size_t kiln__runtime_l2_bytes(const kiln_runtime *rt);
 /* Whether launches with KILN__LAUNCH_PDL use programmatic dependent launch
  * (sm_90 and later, not turned off by $KILN_PDL=0 when rt was created). */
 int kiln__runtime_pdl(const kiln_runtime *rt);

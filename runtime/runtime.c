@@ -59,6 +59,14 @@ const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d;
 
 int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
 
+size_t kiln__runtime_l2_bytes(const kiln_runtime *rt)
+{
+    int bytes = 0;
+    if (rt->d->cuDeviceGetAttribute(&bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, rt->dev) != CUDA_SUCCESS || bytes < 0)
+        return 0;
+    return (size_t)bytes;
+}
+
 /* SHA-256 over every embedded template file and the provider versions. */
 static void implementation_fingerprint(char out[65])
 {
