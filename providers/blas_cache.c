@@ -22,7 +22,8 @@
  * fits in L2 (Llama-3-8B's 32 MiB o_proj on an H200's 50 MiB) is read from
  * L2 after the first call, and the order comes out wrong: at 32 tokens of
  * Llama-3-8B's gate/up (4096 -> 28672) the heuristic's second candidate is
- * 58.0 us L2-cold against its first's 60.3 (scratch/lt_search, H200). */
+ * 58.0 us L2-cold against its first's 60.3 (H200; README.md, dense linear at
+ * decode shapes). */
 #define CANDIDATES 8
 /* Asked of the heuristic, before the ones kiln never runs are dropped (see accurate()). */
 #define ASKED 16
@@ -171,9 +172,6 @@ static int accurate(const algo_config *c, int bias)
     return !(bias && c->split_k > 1);
 }
 
-/* Times each of the n candidates (see CANDIDATES) and returns the index of
- * the fastest, or -1 when timing was not possible (nothing is reported: the
- * caller takes the heuristic's first). */
 static int cmp_float(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -209,6 +207,10 @@ static float time_cold(const kiln__gemm *g, const kiln__driver *d, const cublasL
     return t[NARROW_REPS / 2];
 }
 
+/* Times each of the n candidates (see CANDIDATES), L2-cold when cold (a
+ * narrow product: time_cold), and returns the index of the fastest, or -1
+ * when timing was not possible (nothing is reported: the caller takes the
+ * heuristic's first). */
 static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmulHeuristicResult_t *r, int n,
                    int cold)
 {
