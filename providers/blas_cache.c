@@ -207,6 +207,33 @@ static float time_cold(const kiln__gemm *g, const kiln__driver *d, const cublasL
     return t[NARROW_REPS / 2];
 }
 
+/* The time (ms) of a call of algo, calls back to back: one untimed, one
+ * timed, then enough for TUNE_TARGET_MS; < 0 on failure. */
+static float time_hot(const kiln__gemm *g, const kiln__driver *d, const cublasLtMatmulAlgo_t *algo, void *out,
+                      CUdeviceptr ws, CUstream s, CUevent e0, CUevent e1)
+{
+    int reps = 1;
+    float ms = 0;
+    for (int round = 0; round < 3; round++) {
+        if (round > 0 && d->cuEventRecord(e0, s) != CUDA_SUCCESS)
+            return -1;
+        for (int k = 0; k < reps; k++)
+            if (!run_candidate(g, algo, out, ws, s))
+                return -1;
+        if (round == 0)
+            continue;
+        if (d->cuEventRecord(e1, s) != CUDA_SUCCESS || d->cuEventSynchronize(e1) != CUDA_SUCCESS ||
+            d->cuEventElapsedTime(&ms, e0, e1) != CUDA_SUCCESS)
+            return -1;
+        ms /= (float)reps;
+        if (round == 1) {
+            reps = ms > 0 ? (int)(TUNE_TARGET_MS / ms) : TUNE_MAX_REPS;
+            reps = reps < 2 ? 2 : reps > TUNE_MAX_REPS ? TUNE_MAX_REPS : reps;
+        }
+    }
+    return ms;
+}
+
 /* Times each of the n candidates (see CANDIDATES), L2-cold when cold (a
  * narrow product: time_cold), and returns the index of the fastest, or -1
  * when timing was not possible (nothing is reported: the caller takes the
@@ -218,9 +245,7 @@ static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmu
     if (!d || kiln__runtime_enter(g->rt))
         return -1;
     const size_t d_bytes = (size_t)key->m * (size_t)key->n * 2;
-    size_t flush_bytes = 2 * kiln__runtime_l2_bytes(g->rt);
-    if (flush_bytes < ((size_t)16 << 20))
-        flush_bytes = (size_t)16 << 20;
+    size_t flush_bytes = 0;
     CUstream s = NULL;
     CUdeviceptr dp = 0, ws = 0, flush = 0;
     CUevent e0 = NULL, e1 = NULL;
@@ -234,43 +259,20 @@ static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmu
         d->cuEventCreate(&e0, CU_EVENT_DEFAULT) != CUDA_SUCCESS || d->cuEventCreate(&e1, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
         goto out;
     /* Without memory for the flush, the narrow product is timed back to back. */
-    if (cold && d->cuMemAlloc(&flush, flush_bytes) != CUDA_SUCCESS)
-        flush = 0;
+    if (cold) {
+        flush_bytes = 2 * kiln__runtime_l2_bytes(g->rt);
+        if (flush_bytes < ((size_t)16 << 20))
+            flush_bytes = (size_t)16 << 20;
+        if (d->cuMemAlloc(&flush, flush_bytes) != CUDA_SUCCESS)
+            flush = 0;
+    }
     void *out = (void *)(uintptr_t)(dp + (gd->d & 255));
-    for (int i = 0; i < n && flush; i++) {
-        const float ms = time_cold(g, d, &r[i].algo, out, ws, s, flush, flush_bytes, e0, e1);
+    for (int i = 0; i < n; i++) {
+        const float ms = flush ? time_cold(g, d, &r[i].algo, out, ws, s, flush, flush_bytes, e0, e1)
+                               : time_hot(g, d, &r[i].algo, out, ws, s, e0, e1);
         if (d->cuStreamSynchronize(s) != CUDA_SUCCESS)
             goto out;
         if (ms >= 0 && (best < 0 || ms < best_ms)) {
-            best = i;
-            best_ms = ms;
-        }
-    }
-    for (int i = 0; i < n && !flush; i++) {
-        int reps = 1, ok = 1;
-        float ms = 0;
-        /* One untimed run, one timed, then enough runs for TUNE_TARGET_MS. */
-        for (int round = 0; round < 3 && ok; round++) {
-            if (round > 0 && d->cuEventRecord(e0, s) != CUDA_SUCCESS)
-                ok = 0;
-            for (int k = 0; k < reps && ok; k++)
-                ok = run_candidate(g, &r[i].algo, out, ws, s);
-            if (!ok || round == 0)
-                continue;
-            if (d->cuEventRecord(e1, s) != CUDA_SUCCESS || d->cuEventSynchronize(e1) != CUDA_SUCCESS ||
-                d->cuEventElapsedTime(&ms, e0, e1) != CUDA_SUCCESS) {
-                ok = 0;
-                continue;
-            }
-            ms /= (float)reps;
-            if (round == 1) {
-                reps = ms > 0 ? (int)(TUNE_TARGET_MS / ms) : TUNE_MAX_REPS;
-                reps = reps < 2 ? 2 : reps > TUNE_MAX_REPS ? TUNE_MAX_REPS : reps;
-            }
-        }
-        if (d->cuStreamSynchronize(s) != CUDA_SUCCESS)
-            goto out;
-        if (ok && (best < 0 || ms < best_ms)) {
             best = i;
             best_ms = ms;
         }
