@@ -162,18 +162,32 @@ __device__ __forceinline__ kiln_u32 tile_off(kiln_u32 key, kiln_u32 ch)
     return (key * CH + (ch ^ (key & 7))) * 16;
 }
 
-// Starts the loads of keys [c0, c0 + KT) into a stage; keys from end on, and
-// the new token's (its block writes it), read as zero.
-__device__ __forceinline__ void issue_tile(kiln_u32 stage, const unsigned char *pages, const kiln_u32 *trow,
+#define PER_THREAD (KT * CH / THREADS) // 16-byte chunks of K (and of V) a thread loads a tile
+
+// The page rows of this thread's keys in the tile of keys [c0, c0 + KT)
+// (keys from end on: none, nothing read). Loaded a tile ahead of
+// issue_tile, so that the table's latency is not in the way of the copies.
+__device__ __forceinline__ void tile_pages(kiln_u32 *pg, const kiln_u32 *trow, kiln_u32 c0, kiln_u32 end)
+{
+#pragma unroll
+    for (int e = 0; e < PER_THREAD; e++) {
+        const kiln_u32 c = c0 + (threadIdx.x + e * THREADS) / CH;
+        pg[e] = c < end ? trow[c / PT] : 0u;
+    }
+}
+
+// Starts the loads of keys [c0, c0 + KT) into a stage, pg from tile_pages;
+// keys from end on, and the new token's (its block writes it), read as zero.
+__device__ __forceinline__ void issue_tile(kiln_u32 stage, const unsigned char *pages, const kiln_u32 *pg,
                                            kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 cnew)
 {
 #pragma unroll
-    for (int e = 0; e < KT * CH / THREADS; e++) {
+    for (int e = 0; e < PER_THREAD; e++) {
         const kiln_u32 idx = threadIdx.x + e * THREADS, key = idx / CH, ch = idx % CH, c = c0 + key;
         const bool ok = c < end && c != cnew;
         const unsigned char *src = pages;
         if (ok)
-            src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
+            src = pages + (kiln_u64)pg[e] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
         const kiln_u32 dst = stage + tile_off(key, ch);
         cp_async16(dst, src, ok ? 16 : 0);
         cp_async16(dst + TILE_BYTES, ok ? src + V_OFFSET : src, ok ? 16 : 0);
@@ -223,13 +237,18 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
     const kiln_u32 sbase = smem_addr(smem);
 
-    // The first tiles in flight while q and the new k are rotated.
+    // The first tiles in flight while q and the new k are rotated; then the
+    // pages of the next tile to issue.
+    kiln_u32 pg[PER_THREAD];
 #pragma unroll
     for (int p = 0; p < STAGES - 1; p++) {
-        if (p < (int)ntiles)
-            issue_tile(sbase + p * STAGE_BYTES, pages, trow, h, kb + p * KT, ke, cnew);
+        if (p < (int)ntiles) {
+            tile_pages(pg, trow, kb + p * KT, ke);
+            issue_tile(sbase + p * STAGE_BYTES, pages, pg, h, kb + p * KT, ke, cnew);
+        }
         cp_async_commit();
     }
+    tile_pages(pg, trow, kb + (STAGES - 1) * KT, ke);
 
     if (has_new) {
         const kiln_u32 c = cnew;
@@ -311,8 +330,10 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         }
         {
             const kiln_u32 n = i + STAGES - 1;
-            if (n < ntiles)
-                issue_tile(sbase + (n % STAGES) * STAGE_BYTES, pages, trow, h, kb + n * KT, ke, cnew);
+            if (n < ntiles) {
+                issue_tile(sbase + (n % STAGES) * STAGE_BYTES, pages, pg, h, kb + n * KT, ke, cnew);
+                tile_pages(pg, trow, kb + (n + 1) * KT, ke); // in flight while this tile is computed
+            }
             cp_async_commit();
         }
         if (c0 + kw >= ke)
