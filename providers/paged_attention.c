@@ -47,10 +47,19 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
     atomic_store(&two_kernel_decode, on);
 }
 
-/* The decode template's dynamic shared memory: STAGES tiles of 64 keys, K and V. */
-static unsigned decode_smem(int64_t head_dim)
+/* The decode template's stages (tiles of 64 keys, K and V, in shared memory):
+ * at head_dim 128, 3 (two blocks an SM) or, deep, 4 (one block an SM, a
+ * deeper pipeline), taken where the grid holds at most one block an SM.
+ * bench_attention --sweep on the H200 (Llama-3-8B heads, context 1023, us,
+ * 3 -> 4 stages): 1 sequence (64 blocks) 8.25 -> 7.44, 8 sequences (128)
+ * 14.70 -> 12.49; 32 sequences (256 blocks, two waves at one an SM) 37.7 ->
+ * 43.0 (5 and 6 stages: as 4 or slower). At head_dim 64: 4. */
+static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
+
+/* Its dynamic shared memory. */
+static unsigned decode_smem(int64_t head_dim, int deep)
 {
-    return head_dim == 128 ? 3u * 2u * 64u * 128u * 2u : 4u * 2u * 64u * 64u * 2u;
+    return decode_stages(head_dim, deep) * 2u * 64u * (unsigned)head_dim * 2u;
 }
 
 kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out)
@@ -151,7 +160,7 @@ static unsigned optin_smem_kib(int sm)
  * static part (under 8 KiB). */
 static int decode_falls_back(int sm, int64_t head_dim)
 {
-    return sm < 80 || optin_smem_kib(sm) < decode_smem(head_dim) / 1024u + 8u;
+    return sm < 80 || optin_smem_kib(sm) < decode_smem(head_dim, 0) / 1024u + 8u;
 }
 
 /* Prefill and decode for the model's head layout; a layout the kernels do
@@ -381,6 +390,7 @@ typedef struct attn_launch {
         attention_tiles;
     uint32_t splits; /* the one-kernel decode's blocks per row tile: one cluster */
     unsigned smem; /* the decode kernel's dynamic shared memory */
+    uint32_t stages; /* and its stages (decode_stages) */
     int pdl;       /* the decode's cluster launch also asks for programmatic dependent launch */
     float qscale;
     float inv_freq[64]; /* head_dim / 2 used: the kernels' rope_freqs, by value */
@@ -400,7 +410,7 @@ static kiln_status launch_decode(attn_launch *l, const kiln_launch_context *ctx,
 {
     void *args[] = {&l->q,     &l->q_stride,   &l->k,      &l->v,         &l->kv_stride, &l->pos,
                     &l->table, &l->lens,       &l->spans,  &l->pages,     &l->out,       &l->n_pages,
-                    &l->max_blocks, &l->tokens, &l->max_query, &l->qscale, l->inv_freq,   fault};
+                    &l->max_blocks, &l->tokens, &l->max_query, &l->stages, &l->qscale, l->inv_freq, fault};
     const unsigned grid[3] = {l->attention_tiles * l->splits, l->kv_heads, l->seqs};
     kiln_status st;
     if (l->splits == 1) {
@@ -453,24 +463,52 @@ static int arch_number(kiln_runtime *rt, int *sms)
     return sscanf(info.arch, "sm_%d", &sm) == 1 ? sm : 0;
 }
 
+/* Whether a cluster of n decode blocks of smem bytes each can be resident
+ * (n > 1; one block always can be, once the attribute is set). */
+static int cluster_fits(const kiln__driver *d, CUfunction fn, uint32_t n, unsigned smem)
+{
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = n;
+    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg = {.gridDimX = n, .gridDimY = 1, .gridDimZ = 1, .blockDimX = THREADS, .blockDimY = 1,
+                          .blockDimZ = 1, .sharedMemBytes = smem, .attrs = &attr, .numAttrs = 1};
+    int clusters = 0;
+    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1;
+}
+
 /* Prepares the decode kernel (its shared memory) and picks its split: the
  * largest of 1, 2, 4, 8 that keeps seqs x kv_heads x tiles x splits within the
  * blocks the device holds at once (the split target), and that the device
- * can launch as a cluster. *fits = 0 (and KILN_OK) where the device gives a
- * block less shared memory than the kernel's (static plus smem dynamic: at
- * head_dim 128 about 101 KiB, past the 99 KiB of sm_86, sm_89 and sm_120):
- * the caller takes the two-kernel decode there. */
-static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms, uint64_t pairs, unsigned smem,
-                                uint32_t *splits, int *fits)
+ * can launch as a cluster; then its stages (*deep: where the grid holds at
+ * most one block an SM, sm_90 on, where measured). *fits = 0 (and KILN_OK)
+ * where the device gives a block less shared memory than the kernel's
+ * (static plus the dynamic of 3 stages: at head_dim 128 about 101 KiB, past
+ * the 99 KiB of sm_86, sm_89 and sm_120): the caller takes the two-kernel
+ * decode there. The function's limit is set to the deep size where the
+ * device allows it, whatever this command takes, so that no later encode
+ * lowers it under a command encoded before. */
+static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms, uint64_t pairs, int64_t head_dim,
+                                uint32_t *splits, int *deep, int *fits)
 {
     const kiln__driver *d = kiln__runtime_driver(rt);
     kiln_status st = kiln__runtime_enter(rt);
     if (st)
         return st;
     *fits = 1;
+    *deep = 0;
     /* The driver refuses a dynamic size whose sum with the static one passes
      * the device's opt-in limit (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN). */
-    CUresult r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+    const unsigned smem = decode_smem(head_dim, 0), deep_smem = decode_smem(head_dim, 1);
+    int deep_ok = sm >= 90 && deep_smem > smem;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (deep_ok)
+        r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)deep_smem);
+    if (r == CUDA_ERROR_INVALID_VALUE) {
+        deep_ok = 0;
+        r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+    }
     if (r == CUDA_ERROR_INVALID_VALUE) {
         *fits = 0;
         return KILN_OK;
@@ -482,19 +520,10 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     uint32_t n = 1;
     while (sm >= 90 && n < DECODE_MAX_CLUSTER && pairs * n * 2 <= target)
         n *= 2;
-    for (; n > 1; n /= 2) {
-        CUlaunchAttribute attr;
-        memset(&attr, 0, sizeof attr);
-        attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = n;
-        attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
-        CUlaunchConfig cfg = {.gridDimX = n, .gridDimY = 1, .gridDimZ = 1, .blockDimX = THREADS, .blockDimY = 1,
-                              .blockDimZ = 1, .sharedMemBytes = smem, .attrs = &attr, .numAttrs = 1};
-        int clusters = 0;
-        if (d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1)
-            break;
-    }
+    while (n > 1 && !cluster_fits(d, fn, n, smem))
+        n /= 2;
     *splits = n;
+    *deep = deep_ok && sms > 0 && pairs * n <= (uint64_t)sms && (n == 1 || cluster_fits(d, fn, n, deep_smem));
     return KILN_OK;
 }
 
@@ -525,19 +554,20 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
      * attention kernels. */
     int one_kernel = in.decode && sm >= 80 && !atomic_load(&two_kernel_decode);
     uint32_t splits = 1, tiles = in.attention_tiles;
-    unsigned smem = 0;
+    unsigned smem = 0, stages = 0;
     if (one_kernel) {
         const uint32_t decode_tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
-        int fits = 0;
+        int fits = 0, deep = 0;
         if ((st = kiln_op_paged_attention_spec(in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_decode", &fd)))
             return kiln__propagate(err, st);
         if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * decode_tiles,
-                               decode_smem(in.head_dim), &splits, &fits)))
+                               in.head_dim, &splits, &deep, &fits)))
             return st;
         if (fits) {
             tiles = decode_tiles;
-            smem = decode_smem(in.head_dim);
+            smem = decode_smem(in.head_dim, deep);
+            stages = decode_stages(in.head_dim, deep);
         } else {
             one_kernel = 0;
             fd = NULL;
@@ -558,6 +588,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->attention = (CUfunction)fb;
     l->decode = (CUfunction)fd;
     l->smem = smem;
+    l->stages = stages;
     l->pdl = kiln__runtime_pdl(rt);
     if (in.fused) {
         l->q = PTR(d->qkv);
@@ -595,7 +626,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         char tag[sizeof KEY_TAG];
         uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
         uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
-        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits;
+        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages;
         float theta;
     } key;
     memset(&key, 0, sizeof key);
@@ -622,6 +653,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.q_stride = in.q_stride;
     key.kv_stride = in.kv_stride;
     key.splits = splits;
+    key.stages = stages;
     key.theta = d->rope_theta;
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,

@@ -6,7 +6,7 @@
 // table[c / PAGE_TOKENS], slot c % PAGE_TOKENS).
 // A block serves one sequence, one kv head and up to 8 of its query heads
 // (a row tile), over one chunk of the sequence's keys. Keys stream through
-// shared memory in tiles of 64 (cp.async, STAGES tiles in flight, 16-byte
+// shared memory in tiles of 64 (cp.async, stages - 1 tiles in flight, 16-byte
 // chunks XOR-swizzled so that ldmatrix reads are free of bank conflicts);
 // each of the 4 warps takes 16 keys of a tile and keeps its own online
 // softmax: scores S^T = K Q^T on the tensor cores (mma.sync m16n8k16, keys
@@ -34,8 +34,11 @@
 // written) and reported through the fault record.
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
 // KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
-// 128 threads; dynamic shared memory STAGES x 2 x 64 x HEAD_DIM halves
-// (96 KiB at head_dim 128, 64 KiB at 64). Needs sm_80 (sm_90 for n > 1).
+// 128 threads; dynamic shared memory stages x 2 x 64 x HEAD_DIM halves.
+// stages (an argument, 3 or 4): 3 at head_dim 128 (96 KiB: two blocks an
+// SM), 4 there where the grid takes at most one block an SM (128 KiB: a
+// deeper pipeline for the SM's one block), 4 at head_dim 64 (64 KiB).
+// Needs sm_80 (sm_90 for n > 1).
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_decode
@@ -52,12 +55,12 @@
 #define ROWS 8             // query rows per block: the mma's N
 #define PACK (G <= 4)      // q and p's hi and lo terms share one n-tile (4 rows a block)
 #define CH (D / 8)         // 16-byte chunks per key
-#define STAGES (D == 128 ? 3 : 4)
+#define MIN_STAGES (D == 128 ? 3 : 4) // the fewest stages a launch has
 #define TILE_BYTES (KT * D * 2)   // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define OPAD (D + 4)       // f32 row stride of the warps' outputs in the epilogue
 
-#if (WARPS * ROWS * OPAD + ROWS * D) * 4 > STAGES * STAGE_BYTES
+#if (WARPS * ROWS * OPAD + ROWS * D) * 4 > MIN_STAGES * STAGE_BYTES
 #error "the epilogue does not fit the tiles' shared memory"
 #endif
 
@@ -199,8 +202,8 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
                   const kiln_f16 *__restrict__ v, kiln_u32 kv_stride, const kiln_u32 *__restrict__ positions,
                   const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                   const kiln_u32 *__restrict__ spans, unsigned char *pages, kiln_f16 *out, kiln_u32 n_pages,
-                  kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale, rope_freqs freqs,
-                  kiln_fault *fault)
+                  kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 stages, float qscale,
+                  rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -240,15 +243,15 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     // The first tiles in flight while q and the new k are rotated; then the
     // pages of the next tile to issue.
     kiln_u32 pg[PER_THREAD];
-#pragma unroll
-    for (int p = 0; p < STAGES - 1; p++) {
-        if (p < (int)ntiles) {
+    const kiln_u32 nst = stages > 3 ? 4 : 3; // the host passes 3 or 4
+    for (kiln_u32 p = 0; p + 1 < nst; p++) {
+        if (p < ntiles) {
             tile_pages(pg, trow, kb + p * KT, ke);
             issue_tile(sbase + p * STAGE_BYTES, pages, pg, h, kb + p * KT, ke, cnew);
         }
         cp_async_commit();
     }
-    tile_pages(pg, trow, kb + (STAGES - 1) * KT, ke);
+    tile_pages(pg, trow, kb + (nst - 1) * KT, ke);
 
     if (has_new) {
         const kiln_u32 c = cnew;
@@ -315,23 +318,26 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     const kiln_u32 kw = warp * 16; // this warp's keys in a tile
 
     for (kiln_u32 i = 0; i < ntiles; i++) {
-        cp_async_wait<STAGES - 2>();
+        if (nst == 4) // all but the nst - 2 latest tiles
+            cp_async_wait<2>();
+        else
+            cp_async_wait<1>();
         __syncthreads(); // tile i landed for every thread; tile i - 1 is consumed
-        const kiln_u32 c0 = kb + i * KT, stage = sbase + (i % STAGES) * STAGE_BYTES;
+        const kiln_u32 c0 = kb + i * KT, stage = sbase + (i % nst) * STAGE_BYTES;
         if (has_new && cnew - c0 < KT) { // the new token: from this block, not the page
             const kiln_u32 key = cnew - c0;
             if (tid < 2 * CH) {
                 const kiln_u32 ch = tid % CH, which = tid / CH;
                 const kiln_u32x4 val = *(const kiln_u32x4 *)&snew[which][ch * 8];
-                unsigned char *p = smem + (i % STAGES) * STAGE_BYTES + which * TILE_BYTES + tile_off(key, ch);
+                unsigned char *p = smem + (i % nst) * STAGE_BYTES + which * TILE_BYTES + tile_off(key, ch);
                 *(kiln_u32x4 *)p = val;
             }
             __syncthreads();
         }
         {
-            const kiln_u32 n = i + STAGES - 1;
+            const kiln_u32 n = i + nst - 1;
             if (n < ntiles) {
-                issue_tile(sbase + (n % STAGES) * STAGE_BYTES, pages, pg, h, kb + n * KT, ke, cnew);
+                issue_tile(sbase + (n % nst) * STAGE_BYTES, pages, pg, h, kb + n * KT, ke, cnew);
                 tile_pages(pg, trow, kb + (n + 1) * KT, ke); // in flight while this tile is computed
             }
             cp_async_commit();
