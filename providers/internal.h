@@ -88,5 +88,9 @@ void kiln__paged_attention_set_split_target(uint32_t blocks);
 /* Test hook: 1 makes encode take the two-kernel decode (templates/paged_attention.cu)
  * where it would take the one-kernel one; process-wide. */
 void kiln__paged_attention_set_two_kernel_decode(int on);
+/* Test hook: 3 or 4 makes the one-kernel decode take that many stages
+ * whatever its grid (4 where the device allows its shared memory); 0 (or
+ * anything else): chosen at encode. Process-wide. */
+void kiln__paged_attention_set_decode_stages(int stages);
 
 #endif

@@ -38,6 +38,15 @@ void kiln__paged_attention_set_split_target(uint32_t blocks)
 }
 
 static _Atomic int two_kernel_decode; /* 1: decode as where the one-kernel decode does not fit */
+static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
+
+/* For the GPU tests: the one-kernel decode with 3 or 4 stages whatever its
+ * grid (4 only where the device allows the shared memory; 0: chosen as
+ * decode_setup says). Read at encode; process-wide. */
+void kiln__paged_attention_set_decode_stages(int stages)
+{
+    atomic_store(&decode_stages_forced, stages == 3 || stages == 4 ? stages : 0);
+}
 
 /* For the GPU tests: the two-kernel decode, which sm_86/89/12x take at
  * head_dim 128, run on a device that would take the one-kernel one. Read at
@@ -51,9 +60,11 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
  * at head_dim 128, 3 (two blocks an SM) or, deep, 4 (one block an SM, a
  * deeper pipeline), taken where the grid holds at most one block an SM.
  * bench_attention --sweep on the H200 (Llama-3-8B heads, context 1023, us,
- * 3 -> 4 stages): 1 sequence (64 blocks) 8.25 -> 7.44, 8 sequences (128)
- * 14.70 -> 12.49; 32 sequences (256 blocks, two waves at one an SM) 37.7 ->
- * 43.0 (5 and 6 stages: as 4 or slower). At head_dim 64: 4. */
+ * 3 -> 4 stages): 1 sequence (64 blocks, clusters of 8) 8.25 -> 7.33, 8
+ * sequences (128 blocks, clusters of 2) 14.70 -> 12.82; forced on 32
+ * sequences (256 blocks, two waves at one an SM) 37.7 -> 43.0 (5 and 6
+ * stages: as 4 or slower). Measured on sm_90 only; taken from sm_90 on. At
+ * head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
 /* Its dynamic shared memory. */
@@ -463,9 +474,9 @@ static int arch_number(kiln_runtime *rt, int *sms)
     return sscanf(info.arch, "sm_%d", &sm) == 1 ? sm : 0;
 }
 
-/* Whether a cluster of n decode blocks of smem bytes each can be resident
- * (n > 1; one block always can be, once the attribute is set). */
-static int cluster_fits(const kiln__driver *d, CUfunction fn, uint32_t n, unsigned smem)
+/* How many clusters of n decode blocks of smem bytes each the device holds
+ * at once (n > 1; 0 when none fits or the driver cannot say). */
+static int clusters_resident(const kiln__driver *d, CUfunction fn, uint32_t n, unsigned smem)
 {
     CUlaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
@@ -475,7 +486,7 @@ static int cluster_fits(const kiln__driver *d, CUfunction fn, uint32_t n, unsign
     CUlaunchConfig cfg = {.gridDimX = n, .gridDimY = 1, .gridDimZ = 1, .blockDimX = THREADS, .blockDimY = 1,
                           .blockDimZ = 1, .sharedMemBytes = smem, .attrs = &attr, .numAttrs = 1};
     int clusters = 0;
-    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1;
+    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS ? clusters : 0;
 }
 
 /* Prepares the decode kernel (its shared memory) and picks its split: the
@@ -520,10 +531,17 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     uint32_t n = 1;
     while (sm >= 90 && n < DECODE_MAX_CLUSTER && pairs * n * 2 <= target)
         n *= 2;
-    while (n > 1 && !cluster_fits(d, fn, n, smem))
+    while (n > 1 && clusters_resident(d, fn, n, smem) < 1)
         n /= 2;
     *splits = n;
-    *deep = deep_ok && sms > 0 && pairs * n <= (uint64_t)sms && (n == 1 || cluster_fits(d, fn, n, deep_smem));
+    /* Deep only where the whole grid is resident at once at one block an SM:
+     * clusters of 4 and 8 sit within one GPC, so "grid <= SMs" alone does
+     * not say it. A test may force the stage count (decode_stages_forced). */
+    const int forced = atomic_load(&decode_stages_forced);
+    const uint64_t grid = pairs * n;
+    *deep = deep_ok && (forced ? forced == 4
+                               : sms > 0 && grid <= (uint64_t)sms &&
+                                     (n == 1 || (uint64_t)clusters_resident(d, fn, n, deep_smem) * n >= grid));
     return KILN_OK;
 }
 

@@ -645,6 +645,37 @@ static void test_decode_every_cluster_size(void **state)
         }
 }
 
+/* Both stage counts of the one-kernel decode, forced (the encode takes 4
+ * only where the grid is resident at one block an SM, so which cases take
+ * which depends on the device's SMs): edge lengths at 8 sequences (clusters
+ * of 2 on 132 SMs), 32 x ~1024 (unsplit), 1 x 16384 (clusters of 8), head_dim
+ * 128 (group 4) and 64 (group 7, whose 4 stages are its default). */
+static void test_decode_both_stage_counts(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{128, 32, 8}, {64, 14, 2}};
+    for (int stages = 3; stages <= 4; stages++) {
+        kiln__paged_attention_set_decode_stages(stages);
+        for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
+            uint32_t pt;
+            KILN_CHECK(kiln_op_paged_attention_page_tokens(ls[l].D, ls[l].KVH, &pt));
+            const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
+            char label[64];
+            snprintf(label, sizeof label, "decode %d stages edges", stages);
+            decode_case(f, ls[l], 8, edges, 8, 1500, 0, label);
+            if (quick() || l)
+                continue;
+            const uint32_t k1023[8] = {1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023};
+            snprintf(label, sizeof label, "decode %d stages 32 x ~1024", stages);
+            decode_case(f, ls[l], 32, k1023, 8, 1100, 1, label);
+            const uint32_t longest[1] = {16383};
+            snprintf(label, sizeof label, "decode %d stages 1 x 16384", stages);
+            decode_case(f, ls[l], 1, longest, 1, 1, 0, label);
+        }
+    }
+    kiln__paged_attention_set_decode_stages(0);
+}
+
 /* The two-kernel decode (templates/paged_attention.cu, unsplit), which a
  * device short of the one-kernel decode's shared memory takes (sm_86, sm_89,
  * sm_12x at head_dim 128): groups 4 (4 rows a block), 7 (8 rows) and 32 (the
@@ -914,6 +945,7 @@ static int teardown_hooks(void **state)
 {
     kiln__paged_attention_set_two_kernel_decode(0);
     kiln__paged_attention_set_split_target(0);
+    kiln__paged_attention_set_decode_stages(0);
     return gpu_fixture_teardown(state);
 }
 
@@ -928,6 +960,7 @@ int main(void)
         T(test_decode),
         T(test_decode_split_lengths),
         T(test_decode_every_cluster_size),
+        T(test_decode_both_stage_counts),
         T(test_decode_two_kernel),
         T(test_fused_qkv),
         T(test_decode_replayed_over_steps),
