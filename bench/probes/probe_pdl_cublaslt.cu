@@ -8,16 +8,11 @@
 // input, every gemm output compared with the default-edge run's.
 // Usage: probe_pdl_cublaslt [N M K T [algo]]  (defaults 64 4096 4096 32 0)
 #include <cuda.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <cublasLt.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <algorithm>
 #include <vector>
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define CB(x) do { cublasStatus_t e_ = (x); if (e_) { printf("%s:%d cublas %d\n", __FILE__, __LINE__, (int)e_); exit(1); } } while (0)
+
+#include "probe_gemm.cuh"
 
 __global__ void prod(half *x, int n, int tag, long long spin)
 {
@@ -28,14 +23,6 @@ __global__ void prod(half *x, int n, int tag, long long spin)
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
         x[j] = __float2half((float)(((j * 7 + tag) % 13) - 6) * 0.05f);
 }
-__global__ void fillw(half *w, size_t n, unsigned seed)
-{
-    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)j * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-        w[j] = __float2half(((int)(h % 2001) - 1000) * 1e-5f);
-    }
-}
-
 static const char *node_name(cudaGraphNode_t nd)
 {
     static char buf[8][256]; static int k; char *b = buf[k++ % 8];
@@ -52,27 +39,16 @@ int main(int argc, char **argv)
 {
     const int N = argc > 1 ? atoi(argv[1]) : 64, M = argc > 2 ? atoi(argv[2]) : 4096, K = argc > 3 ? atoi(argv[3]) : 4096, T = argc > 4 ? atoi(argv[4]) : 32;
     cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cublasLtHandle_t lt; CB(cublasLtCreate(&lt));
     std::vector<half *> w(N), x(N), d(N);
     for (int i = 0; i < N; i++) {
         CK(cudaMalloc(&w[i], (size_t)M * K * 2)); CK(cudaMalloc(&x[i], (size_t)T * K * 2)); CK(cudaMalloc(&d[i], (size_t)T * M * 2));
         fillw<<<1024, 256>>>(w[i], (size_t)M * K, 77 + i);
     }
-    void *ws; size_t wsb = 32 << 20; CK(cudaMalloc(&ws, wsb));
     CK(cudaDeviceSynchronize());
-    cublasLtMatmulDesc_t op; CB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
-    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
-    cublasLtMatrixLayout_t la, lb, ld;
-    CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, K, M, K)); CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, K, T, K)); CB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, M, T, M));
-    cublasLtMatmulPreference_t pref; CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-    cublasLtMatmulHeuristicResult_t hr[8]; int nh = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 8, hr, &nh));
+    probe_gemm gm;
+    probe_gemm_init(&gm, M, K, T);
     const int pick = argc > 5 ? atoi(argv[5]) : 0;
-    printf("{\"probe\":\"pdl_cublaslt\",\"M\":%d,\"K\":%d,\"T\":%d,\"heuristic_results\":%d,\"pick\":%d}\n", M, K, T, nh, pick);
-    float one = 1, zero = 0;
+    printf("{\"probe\":\"pdl_cublaslt\",\"M\":%d,\"K\":%d,\"T\":%d,\"heuristic_results\":%d,\"pick\":%d}\n", M, K, T, gm.nh, pick);
     auto build = [&](long long spin, cudaGraph_t *g) {
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
         for (int i = 0; i < N; i++) {
@@ -80,7 +56,7 @@ int main(int argc, char **argv)
             a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; a[0].val.programmaticStreamSerializationAllowed = 1;
             c.gridDim = dim3(16); c.blockDim = dim3(256); c.stream = s; c.attrs = a; c.numAttrs = 1;
             CK(cudaLaunchKernelEx(&c, prod, x[i], T * K, i, spin));
-            CB(cublasLtMatmul(lt, op, &one, w[i], la, x[i], lb, &zero, d[i], ld, d[i], ld, &hr[pick].algo, ws, wsb, s));
+            probe_gemm_run(&gm, w[i], x[i], d[i], pick, s);
         }
         CK(cudaStreamEndCapture(s, g));
     };
