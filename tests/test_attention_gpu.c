@@ -600,16 +600,23 @@ static void decode_case(gpu_fixture *f, layout L, uint32_t S, const uint32_t *sp
     free(count);
 }
 
+/* decode_case at 8 sequences of the edge lengths, cached before the step (the
+ * step adds one): 0, 1, a page and one less, one 64-key tile and one past it,
+ * two tiles, 1024 keys. */
+static void decode_edges(gpu_fixture *f, layout L, int fused, const char *label)
+{
+    uint32_t pt;
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(L.D, L.KVH, &pt));
+    const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
+    decode_case(f, L, 8, edges, 8, 1500, fused, label);
+}
+
 static void test_decode_split_lengths(void **state)
 {
     gpu_fixture *f = *state;
     static const layout ls[] = {{128, 32, 8}, {64, 14, 2}, {128, 8, 8}, {64, 64, 2}};
     for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
-        uint32_t pt;
-        KILN_CHECK(kiln_op_paged_attention_page_tokens(ls[l].D, ls[l].KVH, &pt));
-        /* Cached lengths before the step; the step adds one. */
-        const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
-        decode_case(f, ls[l], 8, edges, 8, 1500, l == 1, "decode edges");
+        decode_edges(f, ls[l], l == 1, "decode edges");
         if (quick())
             continue;
         const uint32_t k1023[8] = {1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023};
@@ -649,7 +656,7 @@ static void test_decode_every_cluster_size(void **state)
  * only where the grid is resident at one block an SM, so which cases take
  * which depends on the device's SMs): edge lengths at 8 sequences (clusters
  * of 2 on 132 SMs), 32 x ~1024 (unsplit), 1 x 16384 (clusters of 8), head_dim
- * 128 (group 4) and 64 (group 7, whose 4 stages are its default). */
+ * 128 (group 4); head_dim 64 (group 7) once, its 4 stages being all it takes. */
 static void test_decode_both_stage_counts(void **state)
 {
     gpu_fixture *f = *state;
@@ -657,12 +664,11 @@ static void test_decode_both_stage_counts(void **state)
     for (int stages = 3; stages <= 4; stages++) {
         kiln__paged_attention_set_decode_stages(stages);
         for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
-            uint32_t pt;
-            KILN_CHECK(kiln_op_paged_attention_page_tokens(ls[l].D, ls[l].KVH, &pt));
-            const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
+            if (ls[l].D == 64 && stages == 3)
+                continue; /* head_dim 64 takes 4 whatever is forced: run once */
             char label[64];
             snprintf(label, sizeof label, "decode %d stages edges", stages);
-            decode_case(f, ls[l], 8, edges, 8, 1500, 0, label);
+            decode_edges(f, ls[l], 0, label);
             if (quick() || l)
                 continue;
             const uint32_t k1023[8] = {1023, 1023, 1023, 1023, 1023, 1023, 1023, 1023};
@@ -687,10 +693,7 @@ static void test_decode_two_kernel(void **state)
     static const layout ls[] = {{128, 32, 8}, {64, 14, 2}, {64, 64, 2}};
     kiln__paged_attention_set_two_kernel_decode(1);
     for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
-        uint32_t pt;
-        KILN_CHECK(kiln_op_paged_attention_page_tokens(ls[l].D, ls[l].KVH, &pt));
-        const uint32_t edges[8] = {0, 1, pt - 1, pt, 63, 64, 127, 1023};
-        decode_case(f, ls[l], 8, edges, 8, 1500, l == 1, "two-kernel decode edges");
+        decode_edges(f, ls[l], l == 1, "two-kernel decode edges");
         if (quick())
             continue;
         const uint32_t longest[1] = {16383};
