@@ -4,8 +4,11 @@
 // rows are HF's gate_proj, the next I its up_proj); out is [tokens, I].
 // Constants: KILN_INTERMEDIATE (I), KILN_VEC (halves per access: 8 = 16-byte
 // vectors, 1 = scalar), KILN_THREADS (threads per block; the provider
-// computes it). One block per token (gridDim.x = tokens); the token count is
-// a launch parameter, not a constant, so one kernel serves every batch.
+// computes it). Each block covers KILN_THREADS * KILN_ITEMS vectors of one
+// token's row: gridDim.x = tokens, gridDim.y = the blocks a row takes (the
+// provider's blocks_for()), so a batch of tokens spreads over the SMs. The
+// token count is a launch parameter, not a constant: one kernel serves every
+// batch.
 #include "kiln_prelude.cuh"
 
 //! kiln:entry kiln_swiglu
@@ -14,8 +17,7 @@
 #error "KILN_VEC must divide KILN_INTERMEDIATE"
 #endif
 #define KILN_VECS (KILN_INTERMEDIATE / KILN_VEC)
-#define KILN_ITEMS ((KILN_VECS + KILN_THREADS - 1) / KILN_THREADS)
-#define KILN_CHUNK (KILN_ITEMS < 8 ? KILN_ITEMS : 8)
+#define KILN_ITEMS 2
 
 __device__ __forceinline__ float silu_mul(kiln_f16 g16, kiln_f16 u16)
 {
@@ -46,35 +48,36 @@ kiln_swiglu(const kiln_f16 *__restrict__ gu, kiln_f16 *__restrict__ out)
     const kiln_f16 *gate = gu + t * (2ull * KILN_INTERMEDIATE);
     const kiln_f16 *up = gate + KILN_INTERMEDIATE;
     kiln_f16 *dst = out + t * (kiln_u64)KILN_INTERMEDIATE;
+    const int first = blockIdx.y * (KILN_THREADS * KILN_ITEMS) + threadIdx.x;
 #if KILN_VEC == 8
-    // KILN_CHUNK vectors' loads first, then their arithmetic and stores: bytes
-    // in flight without holding a whole row in registers.
-#pragma unroll 1
-    for (int base = 0; base < KILN_ITEMS; base += KILN_CHUNK) {
-        kiln_u32x4 g[KILN_CHUNK], u[KILN_CHUNK];
+    // Both vectors' loads first, then their arithmetic and stores.
+    kiln_u32x4 g[KILN_ITEMS], u[KILN_ITEMS];
 #pragma unroll
-        for (int i = 0; i < KILN_CHUNK; i++) {
-            const int k = threadIdx.x + (base + i) * KILN_THREADS;
-            if (k < KILN_VECS) {
-                g[i] = kiln_ldg16(gate + k * 8);
-                u[i] = kiln_ldg16(up + k * 8);
-            }
+    for (int i = 0; i < KILN_ITEMS; i++) {
+        const int k = first + i * KILN_THREADS;
+        if (k < KILN_VECS) {
+            g[i] = kiln_ldg16(gate + k * 8);
+            u[i] = kiln_ldg16(up + k * 8);
         }
+    }
 #pragma unroll
-        for (int i = 0; i < KILN_CHUNK; i++) {
-            const int k = threadIdx.x + (base + i) * KILN_THREADS;
-            if (k < KILN_VECS) {
-                kiln_u32x4 r;
-                r.x = pair(g[i].x, u[i].x);
-                r.y = pair(g[i].y, u[i].y);
-                r.z = pair(g[i].z, u[i].z);
-                r.w = pair(g[i].w, u[i].w);
-                kiln_stg16(dst + k * 8, r);
-            }
+    for (int i = 0; i < KILN_ITEMS; i++) {
+        const int k = first + i * KILN_THREADS;
+        if (k < KILN_VECS) {
+            kiln_u32x4 r;
+            r.x = pair(g[i].x, u[i].x);
+            r.y = pair(g[i].y, u[i].y);
+            r.z = pair(g[i].z, u[i].z);
+            r.w = pair(g[i].w, u[i].w);
+            kiln_stg16(dst + k * 8, r);
         }
     }
 #else
-    for (int k = threadIdx.x; k < KILN_INTERMEDIATE; k += KILN_THREADS)
-        dst[k] = kiln_f32_to_f16(silu_mul(gate[k], up[k]));
+#pragma unroll
+    for (int i = 0; i < KILN_ITEMS; i++) {
+        const int k = first + i * KILN_THREADS;
+        if (k < KILN_INTERMEDIATE)
+            dst[k] = kiln_f32_to_f16(silu_mul(gate[k], up[k]));
+    }
 #endif
 }
