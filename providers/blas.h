@@ -33,6 +33,13 @@ typedef struct kiln__gemm_desc {
     uint64_t rows, in, out;  /* X [rows, in], W [out, in], D [rows, out] */
     CUdeviceptr x, w, bias, d; /* bias 0: none */
     CUdeviceptr workspace;     /* KILN__BLAS_WORKSPACE bytes, 256-byte aligned */
+    /* 0: D is the f16 product. P >= 1: D is P f32 partial products, [P,
+     * rows, out], part p summing over in-columns [p in/P, (p+1) in/P) (in a
+     * multiple of 8 P; no bias): one strided-batched call, K split by kiln
+     * rather than by cuBLASLt, whose split-K is refused here so that the one
+     * kernel is all it runs; the caller sums the parts (rms_norm.cu's
+     * kiln_rms_norm_residual_parts). */
+    uint32_t parts;
 } kiln__gemm_desc;
 
 /* A prepared product: descriptors and the algorithm, ready to enqueue. */
@@ -44,6 +51,7 @@ typedef struct kiln__gemm {
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     kiln__gemm_desc desc;
+    float ms; /* the algorithm's time when it was timed at first sight (cold, see blas_cache.c), else 0 */
 } kiln__gemm;
 
 /* Creates the descriptors and finds the algorithm (from the cache, or one
@@ -62,7 +70,7 @@ void kiln__gemm_destroy(kiln__gemm *g);
  * address it runs with. */
 typedef struct kiln__gemm_key {
     cublasLtMatmulAlgo_t algo;
-    uint64_t rows, in, out, x, w, bias, d, workspace;
+    uint64_t rows, in, out, x, w, bias, d, workspace, parts;
 } kiln__gemm_key;
 void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out);
 

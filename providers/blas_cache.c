@@ -54,12 +54,13 @@ typedef struct heur_key {
     uint64_t instance; /* the runtime (instance ids are never reused) */
     uint64_t m, n, k;
     uint64_t workspace;
-    uint32_t align_a, align_b, align_d, bias;
+    uint32_t align_a, align_b, align_d, bias, parts;
 } heur_key;
 
 typedef struct heur_entry {
     heur_key key;
     cublasLtMatmulAlgo_t algo;
+    float ms; /* the pick's time, 0 when not timed */
     uint64_t used; /* 0: empty */
 } heur_entry;
 
@@ -239,12 +240,12 @@ static float time_hot(const kiln__gemm *g, const kiln__driver *d, const cublasLt
  * when timing was not possible (nothing is reported: the caller takes the
  * heuristic's first). */
 static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmulHeuristicResult_t *r, int n,
-                   int cold)
+                   int cold, float *ms_out)
 {
     const kiln__driver *d = kiln__runtime_driver(g->rt);
     if (!d || kiln__runtime_enter(g->rt))
         return -1;
-    const size_t d_bytes = (size_t)key->m * (size_t)key->n * 2;
+    const size_t d_bytes = (size_t)key->m * (size_t)key->n * (key->parts ? 4u * key->parts : 2u);
     size_t flush_bytes = 0;
     CUstream s = NULL;
     CUdeviceptr dp = 0, ws = 0, flush = 0;
@@ -277,6 +278,7 @@ static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmu
             best_ms = ms;
         }
     }
+    *ms_out = best >= 0 ? best_ms : 0;
 out:
     if (s)
         d->cuStreamSynchronize(s);
@@ -299,7 +301,7 @@ out:
  * lock, so that each shape is queried, and timed, once however many threads
  * ask). */
 static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gemm *g, const heur_key *key,
-                             cublasLtMatmulAlgo_t *algo)
+                             cublasLtMatmulAlgo_t *algo, float *ms)
 {
     kiln_status st = KILN_OK;
     const int forced = atomic_load(&forced_candidate);
@@ -310,6 +312,7 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
             set[w].used = ++tick;
             hits++;
             *algo = set[w].algo;
+            *ms = set[w].ms;
             goto out_unlock;
         }
         if (set[w].used < victim->used)
@@ -328,7 +331,7 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
      * product whose best candidates split K still gets the best that do not
      * (rather than none left after the filter). */
     uint32_t c_align = key->align_d,
-             schemes = key->bias ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+             schemes = key->bias || key->parts ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     if ((s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                       sizeof ws)) ||
         (s = lt->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
@@ -362,7 +365,8 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     for (int i = 0; s == CUBLAS_STATUS_SUCCESS && i < found && i < ASKED && n < want; i++) {
         if (results[i].state != CUBLAS_STATUS_SUCCESS)
             continue;
-        if (config_of(lt, &results[i].algo, &configs[n]) && accurate(&configs[n], key->bias != 0))
+        if (config_of(lt, &results[i].algo, &configs[n]) && accurate(&configs[n], key->bias != 0) &&
+            (!key->parts || configs[n].split_k <= 1))
             results[n++] = results[i];
     }
     if (s != CUBLAS_STATUS_SUCCESS || n < 1) {
@@ -392,15 +396,20 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
         goto out_pref;
     }
     int pick = 0;
-    if (n > 1 && (wide || narrow)) {
-        const int f = fastest(g, key, results, n, narrow);
+    float best_ms = 0;
+    /* A parted product is timed even as the only candidate: its caller
+     * compares part counts by these times. */
+    if ((n > 1 || key->parts) && (wide || narrow) && tuning_enabled()) {
+        const int f = fastest(g, key, results, n, narrow, &best_ms);
         pick = f < 0 ? 0 : f;
         tuned += f >= 0;
     }
     victim->key = *key;
     victim->algo = results[pick].algo;
+    victim->ms = best_ms;
     victim->used = ++tick;
     *algo = results[pick].algo;
+    *ms = best_ms;
 out_pref:
     lt->cublasLtMatmulPreferenceDestroy(pref);
 out_unlock:
@@ -433,6 +442,11 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: rows %llu, in %llu, out %llu: each at most %d", op,
                           (unsigned long long)desc->rows, (unsigned long long)desc->in,
                           (unsigned long long)desc->out, INT32_MAX);
+    if (desc->parts && (desc->bias || desc->parts > 64 || desc->in % (8ull * desc->parts)))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: %u partial products of in %llu%s: in must be a multiple of 8 x parts, parts at most "
+                          "64, no bias",
+                          op, desc->parts, (unsigned long long)desc->in, desc->bias ? " with a bias" : "");
     const char *why = NULL;
     const kiln__blas *lt = kiln__blas_get(&why);
     if (!lt)
@@ -465,10 +479,32 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
             goto out_blas;
     }
     what = "cublasLtMatrixLayoutCreate";
-    if ((s = lt->cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16F, k, m, (int64_t)k)) ||
-        (s = lt->cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16F, k, n, (int64_t)k)) ||
-        (s = lt->cublasLtMatrixLayoutCreate(&g->d, CUDA_R_16F, m, n, (int64_t)m)))
+    /* Parts: batch p reads rows [p kp, (p+1) kp) of the column-major A and B
+     * (an offset of p kp elements, the leading dimension still k) and writes
+     * the p-th f32 [m, n] of D. */
+    const uint64_t kp = desc->parts ? k / desc->parts : k;
+    if ((s = lt->cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16F, kp, m, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16F, kp, n, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->d, desc->parts ? CUDA_R_32F : CUDA_R_16F, m, n, (int64_t)m)))
         goto out_blas;
+    if (desc->parts) {
+        const int32_t count = (int32_t)desc->parts;
+        const int64_t ab_stride = (int64_t)kp, d_stride = (int64_t)(m * n);
+        what = "cublasLtMatrixLayoutSetAttribute";
+        if ((s = lt->cublasLtMatrixLayoutSetAttribute(g->a, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                      sizeof count)) ||
+            (s = lt->cublasLtMatrixLayoutSetAttribute(g->a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ab_stride,
+                                                      sizeof ab_stride)) ||
+            (s = lt->cublasLtMatrixLayoutSetAttribute(g->b, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                      sizeof count)) ||
+            (s = lt->cublasLtMatrixLayoutSetAttribute(g->b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ab_stride,
+                                                      sizeof ab_stride)) ||
+            (s = lt->cublasLtMatrixLayoutSetAttribute(g->d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                      sizeof count)) ||
+            (s = lt->cublasLtMatrixLayoutSetAttribute(g->d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &d_stride,
+                                                      sizeof d_stride)))
+            goto out_blas;
+    }
     heur_key key;
     memset(&key, 0, sizeof key);
     kiln_runtime_info info;
@@ -482,7 +518,8 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
     key.align_b = alignment_of(desc->x);
     key.align_d = alignment_of(desc->d);
     key.bias = desc->bias != 0;
-    kiln_status st = find_algo(err, op, g, &key, &g->algo);
+    key.parts = desc->parts;
+    kiln_status st = find_algo(err, op, g, &key, &g->algo, &g->ms);
     if (st)
         kiln__gemm_destroy(g);
     return st;
@@ -521,6 +558,7 @@ void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out)
     out->bias = g->desc.bias;
     out->d = g->desc.d;
     out->workspace = g->desc.workspace;
+    out->parts = g->desc.parts;
 }
 
 kiln_status kiln__check_workspace(kiln__errslot *err, const char *op, const kiln_region *ws, kiln_runtime *rt,

@@ -49,6 +49,12 @@ kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_s
 
 /* Validation alone (no jit, no launch), for encode and for the CPU tests. *vec
  * is the vector width the bindings allow (8 or 1). */
+/* Test hook (providers/linear_norm.c): how kiln_op_dense_linear_norm makes
+ * its product where the skinny path does not apply: -1 by the times (the
+ * default), 0 one f16 product, P > 0 P f32 parts. */
+void kiln__linear_norm_force_parts(int parts);
+/* The threads a block of templates/rms_norm.cu's kernels has (its spec's THREADS). */
+unsigned kiln__rms_norm_threads(int64_t hidden, int vec);
 kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const kiln_tensor *residual,
                                  const kiln_tensor *weight, float eps, const kiln_tensor *out, int *vec);
 kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, const kiln_tensor *b,

@@ -17,6 +17,8 @@ static int64_t threads_for(int64_t hidden, int vec)
     return t < 32 ? 32 : t > 1024 ? 1024 : t;
 }
 
+unsigned kiln__rms_norm_threads(int64_t hidden, int vec) { return (unsigned)threads_for(hidden, vec); }
+
 kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vec, kiln_spec *out)
 {
     if (!out)

@@ -33,6 +33,24 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
                                        const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
                                        kiln_command **cmd);
 
+/* The path's launch, for a caller that enqueues it among its own dispatches
+ * (providers/linear_norm.c): prepare fills l (and the kernel, for a replay
+ * key) for out = x weightᵀ (+ bias) (glu: gated) into the device address
+ * out; enqueue launches it; params writes what a replay key needs. */
+typedef struct kiln__skinny {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr x, w, bias, out;
+    uint64_t in;
+    uint32_t n_out, tokens;
+    unsigned grid, threads;
+    unsigned flags; /* KILN__LAUNCH_PDL or 0 */
+} kiln__skinny;
+kiln_status kiln__skinny_prepare(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                 const kiln_tensor *bias, int glu, CUdeviceptr out, kiln__skinny *l, kiln_kernel **k);
+kiln_status kiln__skinny_enqueue(const kiln__skinny *l, const kiln_launch_context *ctx);
+void kiln__skinny_params(const kiln__skinny *l, uint64_t params[7]);
+
 /* The model's specializations: plain, in both variants, for in =
  * hidden_size, intermediate_size and num_attention_heads * head_dim (what its
  * projections read), once each; gated for in = hidden_size (the MLP's

@@ -99,14 +99,6 @@ static int takes_wide(kiln_runtime *rt, CUfunction fn, unsigned grid, unsigned t
     return grid > sms * (uint64_t)per_sm && grid <= sms * WIDE_MIN_BLOCKS;
 }
 
-typedef struct skinny_launch {
-    kiln_runtime *rt;
-    CUfunction fn;
-    CUdeviceptr x, w, bias, out;
-    uint32_t n_out, tokens;
-    unsigned grid, threads;
-    unsigned flags; /* KILN__LAUNCH_PDL or 0 */
-} skinny_launch;
 
 /* Programmatic dependent launch for the gated form and the wide variant
  * only. In a decode step's graph (examples/decode, Llama-3-8B, context 1024,
@@ -124,18 +116,28 @@ typedef struct skinny_launch {
  * The kernel used to warm its first weight stage in L2 before its dependency
  * sync: dropping that took the step from 4.435 / 4.668 ms to the first line
  * (with PDL for every product: 5.476 / 6.485 with the warm-up). */
-static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+kiln_status kiln__skinny_enqueue(const kiln__skinny *l, const kiln_launch_context *ctx)
 {
-    skinny_launch *l = user;
-    void *args[] = {&l->x, &l->w, &l->bias, &l->out, &l->n_out, &l->tokens};
+    const void *args[] = {&l->x, &l->w, &l->bias, &l->out, &l->n_out, &l->tokens};
     const unsigned grid[3] = {l->grid, 1, 1};
-    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, 0, args, l->flags);
+    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, 0, (void **)args, l->flags);
 }
 
-kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln_tensor *x,
-                                       const kiln_tensor *weight, const kiln_tensor *bias, int glu,
-                                       const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
-                                       kiln_command **cmd)
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx) { return kiln__skinny_enqueue(user, ctx); }
+
+void kiln__skinny_params(const kiln__skinny *l, uint64_t params[7])
+{
+    params[0] = l->x;
+    params[1] = l->w;
+    params[2] = l->bias;
+    params[3] = l->out;
+    params[4] = l->in;
+    params[5] = ((uint64_t)l->n_out << 32) | l->tokens;
+    params[6] = ((uint64_t)l->grid << 32) | l->threads;
+}
+
+kiln_status kiln__skinny_prepare(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                 const kiln_tensor *bias, int glu, CUdeviceptr out, kiln__skinny *l, kiln_kernel **kp)
 {
     kiln_runtime *rt = kiln__jit_runtime(jit);
     kiln__errslot *err = kiln__runtime_errslot(rt);
@@ -154,26 +156,43 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
         ((st = kiln__skinny_linear_spec(in, 0, 1, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
          (st = kiln_kernel_function(k, NULL, &fn))))
         return kiln__propagate(err, st);
-    skinny_launch *l = malloc(sizeof *l);
+    *l = (kiln__skinny){.rt = rt,
+                        .fn = (CUfunction)fn,
+                        .x = kiln__buffer_ptr(x->buffer) + x->offset,
+                        .w = kiln__buffer_ptr(weight->buffer) + weight->offset,
+                        .bias = bias && !glu ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0,
+                        .out = out,
+                        .in = (uint64_t)in,
+                        .n_out = (uint32_t)n_out,
+                        .tokens = (uint32_t)tokens,
+                        .grid = grid,
+                        .threads = threads,
+                        .flags = glu || wide ? KILN__LAUNCH_PDL : 0u};
+    *kp = k;
+    return KILN_OK;
+}
+
+kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln_tensor *x,
+                                       const kiln_tensor *weight, const kiln_tensor *bias, int glu,
+                                       const kiln_tensor *out, const kiln_region *regions, size_t n_regions,
+                                       kiln_command **cmd)
+{
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    kiln__skinny *l = malloc(sizeof *l);
     if (!l)
-        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    *l = (skinny_launch){.rt = rt,
-                         .fn = (CUfunction)fn,
-                         .x = kiln__buffer_ptr(x->buffer) + x->offset,
-                         .w = kiln__buffer_ptr(weight->buffer) + weight->offset,
-                         .bias = bias && !glu ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0,
-                         .out = kiln__buffer_ptr(out->buffer) + out->offset,
-                         .n_out = (uint32_t)n_out,
-                         .tokens = (uint32_t)tokens,
-                         .grid = grid,
-                         .threads = threads,
-                         .flags = glu || wide ? KILN__LAUNCH_PDL : 0u};
+        return kiln__fail(kiln__runtime_errslot(rt), KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    kiln_kernel *k;
+    kiln_status st = kiln__skinny_prepare(jit, x, weight, bias, glu, kiln__buffer_ptr(out->buffer) + out->offset, l, &k);
+    if (st) {
+        free(l);
+        return st;
+    }
     /* The replay key: the kernel, every address and size, the grid. */
-    const uint64_t params[7] = {l->x, l->w, l->bias, l->out, (uint64_t)in, ((uint64_t)l->n_out << 32) | l->tokens,
-                                ((uint64_t)l->grid << 32) | l->threads};
+    uint64_t params[7];
+    kiln__skinny_params(l, params);
     const kiln__kernel_command_desc d = {.op = op,
                                          .participants = 1,
-                                         .tokens = (uint32_t)tokens,
+                                         .tokens = l->tokens,
                                          .dispatches = 1,
                                          .regions = regions,
                                          .n_regions = n_regions,

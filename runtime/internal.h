@@ -86,7 +86,7 @@ kiln_status kiln__cuda_fail(kiln__errslot *slot, CUresult r, const char *what);
     X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                      \
     X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                  \
     X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)     \
-    X(cublasLtMatmulAlgoConfigGetAttribute)
+    X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatrixLayoutSetAttribute)
 
 typedef struct kiln__blas {
 #define KILN__BLAS_FIELD(name) __typeof__(&name) name;

@@ -2,6 +2,11 @@
 //   kiln_rms_norm:          out = x * w / sqrt(mean(x^2) + eps)
 //   kiln_rms_norm_residual: h = f16(x + residual); residual = h;
 //                           out = h * w / sqrt(mean(h^2) + eps)
+//   kiln_rms_norm_residual_parts: the same with x = f16(sum of n_parts f32
+//                           partial products, part_stride elements apart): a
+//                           product whose K was split (providers/
+//                           linear_norm.c), summed here instead of by a
+//                           kernel of its own
 // (the fused form equals residual_add then rms_norm, bit for bit: h is one
 // f16 add, as residual_add's). One rounding to f16 per output. Constants:
 // KILN_HIDDEN (row length), KILN_VEC (halves per access: 8 = 16-byte vectors,
@@ -19,6 +24,7 @@
 
 //! kiln:entry kiln_rms_norm
 //! kiln:entry kiln_rms_norm_residual
+//! kiln:entry kiln_rms_norm_residual_parts
 
 #if KILN_HIDDEN % KILN_VEC != 0
 #error "KILN_VEC must divide KILN_HIDDEN"
@@ -238,4 +244,96 @@ kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__
             store(orow + k, scale(load_co(rr + k), load_nc(wr + k), inv));
     }
 #endif
+}
+
+// The most parts kiln_rms_norm_residual_parts takes (providers/linear_norm.c's PARTS_MAX).
+#define KILN_PARTS_MAX 4
+
+// Adds part q's f32 values at vector k of a row into f.
+__device__ __forceinline__ void add_part(float *f, const float *p, int k)
+{
+#if KILN_VEC == 8
+    const kiln_u32x4 a = kiln_ldg16(p + k * 8), b = kiln_ldg16(p + k * 8 + 4);
+    f[0] += __uint_as_float(a.x), f[1] += __uint_as_float(a.y), f[2] += __uint_as_float(a.z);
+    f[3] += __uint_as_float(a.w), f[4] += __uint_as_float(b.x), f[5] += __uint_as_float(b.y);
+    f[6] += __uint_as_float(b.z), f[7] += __uint_as_float(b.w);
+#else
+    f[0] += __ldg(p + k);
+#endif
+}
+
+// One row a block, rows b, b + grid, ...; x = f16(part 0 + part 1 + ...), in
+// that order. Rows that fit (CACHED) have every load of the row's parts in
+// flight at once (the loops unrolled to KILN_PARTS_MAX, n_parts a launch
+// argument) and keep h in registers; longer rows go a vector at a time and
+// read h back from residual (a coherent load).
+extern "C" __global__ void __launch_bounds__(KILN_THREADS)
+kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part_stride, kiln_f16 *residual,
+                             const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps, kiln_u32 rows)
+{
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    __shared__ float scratch[2][WARPS];
+    const vec_t *wr = (const vec_t *)weight;
+    for (kiln_u32 r = blockIdx.x, parity = 0; r < rows; r += gridDim.x, parity ^= 1) {
+        const float *pr = parts + (kiln_u64)r * KILN_HIDDEN;
+        vec_t *rr = (vec_t *)(residual + (kiln_u64)r * KILN_HIDDEN), *orow = (vec_t *)(out + (kiln_u64)r * KILN_HIDDEN);
+        float ss = 0.0f;
+#if CACHED
+        float f[ITEMS][KILN_VEC];
+        vec_t h[ITEMS], res[ITEMS];
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++)
+                f[i][e] = 0.0f;
+            if (in_row(i, k))
+                res[i] = load_co(rr + k);
+        }
+#pragma unroll
+        for (int q = 0; q < KILN_PARTS_MAX; q++) {
+            if (q < n_parts) {
+#pragma unroll
+                for (int i = 0; i < ITEMS; i++) {
+                    const int k = threadIdx.x + i * KILN_THREADS;
+                    if (in_row(i, k))
+                        add_part(f[i], pr + q * part_stride, k);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k)) {
+                h[i] = add_round(from_f32(f[i]), res[i]);
+                store(rr + k, h[i]);
+                ss += sum_squares(h[i]);
+            }
+        }
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            const int k = threadIdx.x + i * KILN_THREADS;
+            if (in_row(i, k))
+                store(orow + k, scale(h[i], load_nc(wr + k), inv));
+        }
+#else
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS) {
+            float f[KILN_VEC];
+#pragma unroll
+            for (int e = 0; e < KILN_VEC; e++)
+                f[e] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < KILN_PARTS_MAX; q++)
+                if (q < n_parts)
+                    add_part(f, pr + q * part_stride, k);
+            const vec_t h = add_round(from_f32(f), load_co(rr + k));
+            store(rr + k, h);
+            ss += sum_squares(h);
+        }
+        const float inv = inverse_rms(kiln_block_sum<WARPS>(ss, scratch[parity]), eps);
+        for (int k = threadIdx.x; k < VECS; k += KILN_THREADS)
+            store(orow + k, scale(load_co(rr + k), load_nc(wr + k), inv));
+#endif
+    }
 }

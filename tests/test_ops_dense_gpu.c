@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "providers/blas.h"
+#include "providers/internal.h"
 #include "f16_host.h"
 #include "gpu_fixture.h"
 #include "testutil.h"
@@ -453,6 +454,110 @@ static void test_swiglu(void **state)
         run_swiglu(*state, &cases[i]);
 }
 
+/* ---- dense linear, residual add, RMSNorm ---- */
+
+typedef struct ln_case {
+    int64_t tokens, in, hidden;
+    int parts; /* -1: kiln's choice; 0: one f16 product; P: P f32 parts (where the skinny path does not apply) */
+} ln_case;
+
+static void run_linear_norm(fixture *f, const ln_case *c)
+{
+    const size_t xn = (size_t)c->tokens * c->in, wn = (size_t)c->hidden * c->in, on = (size_t)c->tokens * c->hidden;
+    uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *r0 = malloc(on * 2), *g = malloc((size_t)c->hidden * 2),
+             *h = malloc(on * 2), *got = malloc(on * 2);
+    double *ref = malloc(on * 8), *mag = malloc(on * 8), *oref = malloc(on * 8), *omag = malloc(on * 8);
+    assert_true(x && w && r0 && g && h && got && ref && mag && oref && omag);
+    fill_f16(&f->rng, x, xn, 1.0f);
+    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_f16(&f->rng, r0, on, 1.0f);
+    fill_f16(&f->rng, g, (size_t)c->hidden, 2.0f);
+    const float eps = 1e-5f;
+    kiln_buffer *bx = upload(f->rt, x, xn * 2, 0), *bw = upload(f->rt, w, wn * 2, 0), *br = upload(f->rt, r0, on * 2, 0),
+                *bg = upload(f->rt, g, (size_t)c->hidden * 2, 0), *bo = upload(f->rt, NULL, on * 2, 0);
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_dense_linear_norm_workspace(c->tokens, c->in, c->hidden, &ws_bytes));
+    kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
+    KILN_CHECK(kiln_buffer_fill(bws, 0, 0xff, ws_bytes));
+    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, c->tokens, c->in), tw = t2(bw, 0, KILN_DTYPE_F16, c->hidden, c->in),
+                tr = t2(br, 0, KILN_DTYPE_F16, c->tokens, c->hidden), tg = t1(bg, 0, c->hidden),
+                to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->hidden);
+    kiln_region ws = whole(bws);
+    kiln__linear_norm_force_parts(c->parts);
+    KILN_CHECK(kiln_op_dense_linear_norm(f->jit, &tx, &tw, &tr, &tg, eps, &to, &ws));
+    kiln__linear_norm_force_parts(-1);
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    KILN_CHECK(kiln_buffer_readback(br, 0, h, on * 2));
+    KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
+    reference(x, c->tokens, c->in, w, c->hidden, NULL, ref, mag);
+    /* 1. The residual, every element: y + r0 from the exact y, within the
+     *    rounding of y to f16 (up to |y| 2^-11, as 1e-5 of mag 100 |y|) and
+     *    of the sum. */
+    for (size_t i = 0; i < on; i++) {
+        mag[i] += 100.0 * fabs(ref[i]);
+        ref[i] += f16_table[r0[i]];
+    }
+    char what[160];
+    snprintf(what, sizeof what, "linear+norm %lldx%lld -> %lld (parts %d): residual", (long long)c->tokens,
+             (long long)c->in, (long long)c->hidden, c->parts);
+    compare(what, h, ref, mag, on);
+    /* 2. out, every element, from the f16 residual the command stored (f16
+     *    storage is the contract): h g / sqrt(mean(h^2) + eps) in double. */
+    for (int64_t t = 0; t < c->tokens; t++) {
+        double ss = 0;
+        for (int64_t i = 0; i < c->hidden; i++) {
+            const double v = f16_table[h[(size_t)t * c->hidden + i]];
+            ss += v * v;
+        }
+        const double inv = 1.0 / sqrt(ss / (double)c->hidden + (double)eps);
+        for (int64_t i = 0; i < c->hidden; i++) {
+            const size_t o = (size_t)t * c->hidden + i;
+            oref[o] = f16_table[h[o]] * f16_table[g[i]] * inv;
+            omag[o] = 1e-1 * fabs(oref[o]);
+        }
+    }
+    snprintf(what, sizeof what, "linear+norm %lldx%lld -> %lld (parts %d): out", (long long)c->tokens,
+             (long long)c->in, (long long)c->hidden, c->parts);
+    compare(what, got, oref, omag, on);
+    kiln_buffer_destroy(bx);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(br);
+    kiln_buffer_destroy(bg);
+    kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bws);
+    free(x), free(w), free(r0), free(g), free(h), free(got), free(ref), free(mag), free(oref), free(omag);
+}
+
+static void test_linear_norm(void **state)
+{
+    static const ln_case cases[] = {
+        {1, 4096, 4096, -1},    /* Llama-3-8B o_proj, decode: skinny */
+        {8, 14336, 4096, -1},   /* down_proj, batch 8: skinny */
+        {3, 96, 40, -1},        /* skinny, a small odd hidden */
+        {32, 4096, 4096, -1},   /* batch 32: kiln's choice */
+        {32, 14336, 4096, -1},
+        {32, 4096, 4096, 0},    /* ... and each way */
+        {32, 4096, 4096, 1},
+        {32, 4096, 4096, 2},
+        {32, 14336, 4096, 4},
+        {17, 200, 1000, 1},     /* parts: hidden 1000, in 200 */
+        {64, 896, 896, 2},      /* Qwen2.5-0.5B's hidden, 64 tokens */
+        {19, 1000, 333, 1},     /* hidden 333: the scalar norm, from parts */
+        {19, 1000, 333, 0},     /* ... and from the f16 product */
+        {100, 4096, 4096, -1},  /* past the parts' 64 tokens: one f16 product */
+        {7, 1000, 2731, -1},    /* in not a multiple of 32: no skinny path */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_linear_norm(*state, &cases[i]);
+}
+
+static int teardown_linear_norm(void **state)
+{
+    kiln__linear_norm_force_parts(-1);
+    return gpu_fixture_teardown(state);
+}
+
 /* ---- last-token linear ---- */
 
 typedef struct last_case {
@@ -720,6 +825,7 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
 
     kiln_tensor t;
     kiln_region r;
+    size_t wsz;
     t = x, t.dtype = KILN_DTYPE_F32;
     KILN_EXPECT(kiln_op_dense_linear(f->jit, &t, &w, NULL, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_runtime_errmsg(f->rt), "binding x must be f16", "got f32");
@@ -785,6 +891,28 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
     t = (kiln_tensor){.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {4, 2, 512}};
     KILN_EXPECT(kiln_op_last_token_linear(f->jit, &t, &spans, &w, NULL, &lout, &ws), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "binding spans has dims [3, 2]", "dim 0 must be 4");
+    /* Linear + norm: x [8, 512], w [1024, 512], residual and out [8, 1024]. */
+    kiln_tensor nres = t2(b, 6 * MIB, KILN_DTYPE_F16, 8, 1024), nw = t1(b, 7 * MIB, 1024);
+    KILN_CHECK(kiln_op_dense_linear_norm(f->jit, &x, &w, &nres, &nw, 1e-5f, &out, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    t = nres, t.dims[1] = 1000;
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &t, &nw, 1e-5f, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding residual has dims [8, 1000]", "dim 1 must be 1024");
+    t = nw, t.dims[0] = 512;
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &nres, &t, 1e-5f, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding norm_weight has dims [512]", "must be 1024");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &nres, &nw, 0.0f, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "eps must be a finite number > 0", "got 0");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &nres, &nw, 1e-5f, &nres, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding out overlaps binding residual", NULL);
+    t = nres, t.offset = 4096;
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &t, &nw, 1e-5f, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "binding residual overlaps binding x", NULL);
+    r = ws, r.end = r.start + 32 * MIB + 4096;
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &x, &w, &nres, &nw, 1e-5f, &out, &r), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "workspace has 33558528 bytes", "at least 33685504");
+    KILN_EXPECT(kiln_op_dense_linear_norm_workspace(0, 512, 1024, &wsz), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "tokens 0", NULL);
     /* Nothing was launched by the refused calls; the runtime is fine. */
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     kiln_buffer_destroy(small);
@@ -909,6 +1037,7 @@ int main(void)
         T(test_few_tokens_take_the_skinny_kernel),
         cmocka_unit_test_setup_teardown(test_linear_every_candidate, setup, teardown_candidates),
         T(test_swiglu),
+        cmocka_unit_test_setup_teardown(test_linear_norm, setup, teardown_linear_norm),
         T(test_last_token_linear),
         T(test_replayed_batch_reads_spans_from_device),
         T(test_bad_spans_are_reported_not_read),

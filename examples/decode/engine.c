@@ -112,6 +112,13 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         }
         ws = w > ws ? w : ws;
     }
+    for (int i = 1; i < 3; i++) {
+        if ((st = kiln_op_dense_linear_norm_workspace((int64_t)R, ins[i], e->H, &w))) {
+            dec_kfail(st, "linear-norm workspace");
+            goto fail;
+        }
+        ws = w > ws ? w : ws;
+    }
     if ((st = kiln_op_dense_swiglu_workspace((int64_t)R, e->H, e->I, &w))) {
         dec_kfail(st, "swiglu workspace");
         goto fail;
@@ -257,7 +264,7 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }
     const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
-    kiln_tensor x = tensor(e->x, 0, F, 2, T, e->H, 0), res = tensor(e->res, 0, F, 2, T, e->H, 0),
+    kiln_tensor res = tensor(e->res, 0, F, 2, T, e->H, 0),
                 nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), qkv = tensor(e->qkv, 0, F, 2, T, e->QKVD, 0),
                 at3 = tensor(e->attn, 0, F, 3, T, e->NH, e->HD),
                 at = tensor(e->attn, 0, F, 2, T, e->QD, 0), act = tensor(e->act, 0, F, 2, T, e->I, 0),
@@ -274,18 +281,22 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     kiln_status st;
     if ((st = push(&c, cap, kiln_op_token_embedding_encode(e->jit, &embed, &ids, &res, &cmd), &cmd, "embedding", -1)))
         goto fail;
+    /* Layer 0 normalizes the embedding (already in the residual); each
+     * product that adds to the residual (o_proj, down_proj) comes with the
+     * norm after it (the post-attention norm; the next layer's input norm, or
+     * the final norm): one command, kiln_op_dense_linear_norm. */
+    kiln_tensor in0 = tensor(m->layer[0].in_norm, 0, F, 1, e->H, 0, 0);
+    if ((st = push(&c, cap, kiln_op_rms_norm_encode(e->jit, &res, &in0, e->eps, &nrm, &cmd), &cmd, "input norm", 0)))
+        goto fail;
     for (int64_t l = 0; l < m->config.layers; l++) {
         const dec_layer *L = &m->layer[l];
-        kiln_tensor in_w = tensor(L->in_norm, 0, F, 1, e->H, 0, 0), post_w = tensor(L->post_norm, 0, F, 1, e->H, 0, 0),
+        kiln_buffer *next_norm = l + 1 < m->config.layers ? m->layer[l + 1].in_norm : m->final_norm;
+        kiln_tensor post_w = tensor(L->post_norm, 0, F, 1, e->H, 0, 0),
+                    next_w = tensor(next_norm, 0, F, 1, e->H, 0, 0),
                     wqkv = tensor(L->wqkv, 0, F, 2, e->QKVD, e->H, 0), wo = tensor(L->wo, 0, F, 2, e->H, e->QD, 0),
                     gu = tensor(L->w_gate_up, 0, F, 2, 2 * e->I, e->H, 0),
                     wd = tensor(L->w_down, 0, F, 2, e->H, e->I, 0), bqkv = tensor(L->bqkv, 0, F, 1, e->QKVD, 0, 0);
-        /* Layer 0 normalizes the embedding (already in the residual); later
-         * layers add the last MLP's output to the residual first. */
-        st = l == 0 ? kiln_op_rms_norm_encode(e->jit, &res, &in_w, e->eps, &nrm, &cmd)
-                    : kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &in_w, e->eps, &nrm, &cmd);
-        if ((st = push(&c, cap, st, &cmd, "input norm", l)) ||
-            (st = push(&c, cap,
+        if ((st = push(&c, cap,
                        kiln_op_dense_linear_encode(e->jit, &nrm, &wqkv, L->bqkv ? &bqkv : NULL, &qkv, &ws, &cmd), &cmd,
                        "qkv_proj", l)))
             goto fail;
@@ -295,25 +306,23 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
                                        .seq_lens = &lens, .query_spans = &spans, .out = &at3, .kv_pages = &pages,
                                        .rope_theta = e->theta, .max_query_tokens = maxq, .workspace = &ws};
         if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), &cmd, "attention", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &at, &wo, NULL, &x, &ws, &cmd), &cmd, "o_proj",
-                       l)) ||
-            (st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &post_w, e->eps, &nrm, &cmd), &cmd,
-                       "post-attention norm", l)) ||
+            (st = push(&c, cap,
+                       kiln_op_dense_linear_norm_encode(e->jit, &at, &wo, &res, &post_w, e->eps, &nrm, &ws, &cmd), &cmd,
+                       "o_proj", l)) ||
             (st = push(&c, cap, kiln_op_dense_swiglu_encode(e->jit, &nrm, &gu, &act, &ws, &cmd), &cmd, "swiglu", l)) ||
-            (st = push(&c, cap, kiln_op_dense_linear_encode(e->jit, &act, &wd, NULL, &x, &ws, &cmd), &cmd,
-                       "down_proj", l)))
+            (st = push(&c, cap,
+                       kiln_op_dense_linear_norm_encode(e->jit, &act, &wd, &res, &next_w, e->eps, &nrm, &ws, &cmd),
+                       &cmd, "down_proj", l)))
             goto fail;
     }
-    kiln_tensor fin = tensor(m->final_norm, 0, F, 1, e->H, 0, 0), valid = tensor(e->valid, 0, KILN_DTYPE_U8, 1, e->V, 0, 0),
+    kiln_tensor valid = tensor(e->valid, 0, KILN_DTYPE_U8, 1, e->V, 0, 0),
                 rep_ids = tensor(e->rep_ids, 0, U, 1, 1, 0, 0), rep_off = tensor(e->rep_off, 0, U, 1, S + 1, 0, 0),
                 pen = tensor(e->penalty, 0, KILN_DTYPE_F32, 1, 1, 0, 0),
                 amws = tensor(e->am_ws, 0, KILN_DTYPE_U8, 1, (int64_t)kiln_buffer_size(e->am_ws), 0, 0),
                 next = tensor(e->next, 0, U, 1, S, 0, 0);
     kiln_masked_argmax_bindings ab = {.size = sizeof ab, .logits = &logits, .valid = &valid, .rep_ids = &rep_ids,
                                       .rep_offsets = &rep_off, .penalty = &pen, .workspace = &amws, .out = &next};
-    if ((st = push(&c, cap, kiln_op_rms_norm_residual_encode(e->jit, &x, &res, &fin, e->eps, &nrm, &cmd), &cmd,
-                   "final norm", -1)) ||
-        (st = push(&c, cap, kiln_op_last_token_linear_encode(e->jit, &nrm, &spans, &head, NULL, &logits, &ws, &cmd),
+    if ((st = push(&c, cap, kiln_op_last_token_linear_encode(e->jit, &nrm, &spans, &head, NULL, &logits, &ws, &cmd),
                    &cmd, "lm_head", -1)) ||
         (st = push(&c, cap, kiln_op_masked_argmax_encode(e->jit, &ab, &cmd), &cmd, "argmax", -1)))
         goto fail;

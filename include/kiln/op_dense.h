@@ -64,6 +64,39 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
                                           const struct kiln_tensor *bias, const struct kiln_tensor *out,
                                           const kiln_region *workspace);
 
+/* ---- dense linear, residual add, RMSNorm ----
+ * The pair a decoder layer runs after its attention (o_proj, then the
+ * post-attention norm) and its MLP (down_proj, then the next layer's input
+ * norm), in one command:
+ *   y = f16(x · weightᵀ); h = f16(y + residual); residual = h;
+ *   out = h · norm_weight / sqrt(mean(h²) + eps)     (f32 sums, one rounding)
+ *   x f16 [tokens, in], weight f16 [hidden, in], residual and out f16
+ *   [tokens, hidden], norm_weight f16 [hidden]; eps finite, > 0;
+ *   tokens, in at most 2^31 - 1; hidden at most KILN_MODEL_MAX_HIDDEN.
+ * The same as kiln_op_dense_linear into a scratch tensor, then
+ * kiln_op_rms_norm_residual (up to the order of the product's f32 sums). The
+ * product goes to the workspace past its first 32 MiB; for 1 to 8 tokens
+ * through kiln's weight-streaming kernel (where the dense linear takes it),
+ * for up to 64 tokens possibly as f32 partial products of K split in 1, 2
+ * or 4 (one cuBLASLt call, no reduction kernel of cuBLASLt's own: the norm
+ * kernel sums the parts), taken when the times of the candidates cuBLASLt
+ * offered, measured at first sight of the shape, say it is faster; else one
+ * cuBLASLt call for the f16 product. residual and out overlap nothing else.
+ * Attribution: op "dense_linear_norm", packed, 1 participant, tokens, 2
+ * dispatches. The norm is kiln_op_rms_norm_spec's module (listed by
+ * kiln_model_specializations). */
+KILN_API kiln_status kiln_op_dense_linear_norm_workspace(int64_t tokens, int64_t in, int64_t hidden, size_t *bytes);
+KILN_API kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const struct kiln_tensor *x,
+                                                      const struct kiln_tensor *weight,
+                                                      const struct kiln_tensor *residual,
+                                                      const struct kiln_tensor *norm_weight, float eps,
+                                                      const struct kiln_tensor *out, const kiln_region *workspace,
+                                                      kiln_command **cmd);
+KILN_API kiln_status kiln_op_dense_linear_norm(kiln_jit *jit, const struct kiln_tensor *x,
+                                               const struct kiln_tensor *weight, const struct kiln_tensor *residual,
+                                               const struct kiln_tensor *norm_weight, float eps,
+                                               const struct kiln_tensor *out, const kiln_region *workspace);
+
 /* ---- dense SwiGLU ----
  * out[t, i] = silu(g[t, i]) · u[t, i], silu(v) = v / (1 + e^-v), where
  *   [g | u] = x · gate_upᵀ, x f16 [tokens, hidden],

@@ -1,0 +1,299 @@
+/* Dense linear, residual add and RMSNorm in one command (op_dense.h): the
+ * product into the workspace, then templates/rms_norm.cu's fused residual
+ * form reads it. Three ways to the product:
+ *   - skinny: 1 to 8 tokens where the skinny path applies (providers/
+ *     skinny.h), its kernel writes the f16 product;
+ *   - parts: up to PARTS_MAX_TOKENS tokens, one cuBLASLt call writes P f32
+ *     partial products (K split in P, providers/blas.h) and the norm kernel
+ *     sums them (kiln_rms_norm_residual_parts): cuBLASLt's own split K runs
+ *     a second kernel for that sum (2 us, and a launch, at 32 tokens of
+ *     Llama-3-8B's o_proj and down_proj on an H200);
+ *   - plain: one cuBLASLt call writes the f16 product.
+ * Between parts (P = 1, 2, 4) and plain the times cuBLASLt's candidates took
+ * when blas_cache.c timed them decide (the cold times of narrow products);
+ * where nothing was timed, plain. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/internal.h"
+#include "providers/blas.h"
+#include "providers/skinny.h"
+
+#define OP "dense_linear_norm"
+#define KEY_TAG "kiln.dense_linear_norm.1"
+#define PARTS_MAX_TOKENS 64
+#define PARTS_MAX 4 /* templates/rms_norm.cu's KILN_PARTS_MAX */
+
+enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN };
+
+/* Test hook (providers/internal.h): < 0 chooses by the times; 0 takes plain,
+ * P > 0 parts with P where cuBLASLt has an algorithm (else an error), where
+ * the skinny path does not apply. $KILN_LINEAR_NORM_PARTS (one digit) does
+ * the same where the hook is not set (for comparisons). */
+static _Atomic int forced_parts = -1;
+void kiln__linear_norm_force_parts(int parts) { atomic_store(&forced_parts, parts < 0 ? -1 : parts); }
+
+static kiln_status sizes_check(int64_t tokens, int64_t in, int64_t hidden)
+{
+    if (tokens < 1 || tokens > INT32_MAX || in < 1 || in > INT32_MAX || hidden < 1 ||
+        hidden > KILN_MODEL_MAX_HIDDEN)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": tokens %lld, in %lld, hidden %lld: tokens and in must be in [1, %d], hidden in [1, %d]",
+                          (long long)tokens, (long long)in, (long long)hidden, INT32_MAX, KILN_MODEL_MAX_HIDDEN);
+    return KILN_OK;
+}
+
+kiln_status kiln_op_dense_linear_norm_workspace(int64_t tokens, int64_t in, int64_t hidden, size_t *bytes)
+{
+    if (!bytes)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    kiln_status st = sizes_check(tokens, in, hidden);
+    if (st)
+        return st;
+    /* f16 product, or up to PARTS_MAX f32 parts */
+    const size_t each = tokens <= PARTS_MAX_TOKENS ? 4u * PARTS_MAX : 2u;
+    size_t product, aligned, total;
+    if (kiln__mul_overflows((size_t)tokens * (size_t)hidden, each, &product) || !kiln__ws_align(product, &aligned) ||
+        kiln__add_overflows(KILN__BLAS_WORKSPACE, aligned, &total))
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": a workspace for %lld tokens x %lld overflows",
+                          (long long)tokens, (long long)hidden);
+    *bytes = total;
+    return KILN_OK;
+}
+
+typedef struct ln_launch {
+    int mode;
+    kiln__skinny skinny;
+    kiln__gemm gemm;
+    kiln_runtime *rt;
+    CUfunction norm;
+    CUdeviceptr product, residual, weight, out;
+    uint64_t part_stride;
+    uint32_t parts, tokens;
+    float eps;
+    unsigned threads;
+} ln_launch;
+
+static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
+{
+    ln_launch *l = user;
+    kiln_status st = l->mode == MODE_SKINNY ? kiln__skinny_enqueue(&l->skinny, ctx) : kiln__gemm_enqueue(&l->gemm, ctx, OP);
+    if (st)
+        return st;
+    /* One row a block: the residual forms hold no next row (rms_norm.cu). */
+    if (l->mode == MODE_PARTS) {
+        void *args[] = {&l->product, &l->parts, &l->part_stride, &l->residual, &l->weight, &l->out, &l->eps, &l->tokens};
+        return kiln__launch(ctx, l->rt, l->norm, l->tokens, l->threads, 0, args);
+    }
+    void *args[] = {&l->product, &l->residual, &l->weight, &l->out, &l->eps, &l->tokens};
+    return kiln__launch(ctx, l->rt, l->norm, l->tokens, l->threads, 0, args);
+}
+
+static void launch_free(void *user)
+{
+    ln_launch *l = user;
+    kiln__gemm_destroy(&l->gemm);
+    free(l);
+}
+
+/* The product's way and, for parts and plain, its prepared call (see the top). */
+static kiln_status choose(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *x, const kiln_tensor *weight,
+                          ln_launch *l, kiln_kernel **skinny_kernel)
+{
+    kiln_runtime *rt = l->rt;
+    const int64_t tokens = x->dims[0], in = x->dims[1], hidden = weight->dims[0];
+    const CUdeviceptr dx = kiln__buffer_ptr(x->buffer) + x->offset,
+                      dw = kiln__buffer_ptr(weight->buffer) + weight->offset;
+    if (kiln__skinny_linear_applies(rt, tokens, in, dx, dw)) {
+        l->mode = MODE_SKINNY;
+        return kiln__skinny_prepare(jit, x, weight, NULL, 0, l->product, &l->skinny, skinny_kernel);
+    }
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)hidden};
+    d.x = dx;
+    d.w = dw;
+    d.d = l->product;
+    d.workspace = l->gemm.desc.workspace;
+    int forced = atomic_load(&forced_parts);
+    const char *env = getenv("KILN_LINEAR_NORM_PARTS");
+    if (forced < 0 && env && env[0] >= '0' && env[0] <= '9' && !env[1])
+        forced = env[0] - '0';
+    if (forced > 0) {
+        if (forced > PARTS_MAX || in % (8 * (int64_t)forced))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                              OP ": %d parts forced; at most %d, and in %lld must be a multiple of 8 x parts", forced,
+                              PARTS_MAX, (long long)in);
+        d.parts = (uint32_t)forced;
+        l->mode = MODE_PARTS;
+        l->parts = d.parts;
+        return kiln__gemm_prepare(rt, err, OP, &d, &l->gemm);
+    }
+    kiln_status st = kiln__gemm_prepare(rt, err, OP, &d, &l->gemm);
+    if (st)
+        return st;
+    l->mode = MODE_PLAIN;
+    if (forced == 0)
+        return KILN_OK;
+    if (tokens > PARTS_MAX_TOKENS || !(l->gemm.ms > 0))
+        return KILN_OK;
+    for (uint32_t p = 1; p <= PARTS_MAX; p *= 2) {
+        if (in % (8 * (int64_t)p))
+            break;
+        kiln__gemm g;
+        d.parts = p;
+        /* A part count cuBLASLt has no algorithm for is passed over. */
+        if (kiln__gemm_prepare(rt, err, OP, &d, &g))
+            continue;
+        if (g.ms > 0 && g.ms < l->gemm.ms) {
+            kiln__gemm_destroy(&l->gemm);
+            l->gemm = g;
+            l->mode = MODE_PARTS;
+            l->parts = p;
+        } else {
+            kiln__gemm_destroy(&g);
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                             const kiln_tensor *residual, const kiln_tensor *norm_weight, float eps,
+                                             const kiln_tensor *out, const kiln_region *workspace,
+                                             kiln_command **cmd)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
+    *cmd = NULL;
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    if (!rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    size_t xb, wb, rb, nb, ob;
+    kiln_status st;
+    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
+        return st;
+    const int64_t tokens = x->dims[0], in = x->dims[1];
+    const int64_t want_w[2] = {-1, in};
+    if ((st = kiln__check_tensor(err, OP, "weight", weight, rt, KILN_DTYPE_F16, 2, want_w, &wb)))
+        return st;
+    const int64_t hidden = weight->dims[0];
+    const int64_t want_r[2] = {tokens, hidden}, want_n[1] = {hidden};
+    if ((st = kiln__check_tensor(err, OP, "residual", residual, rt, KILN_DTYPE_F16, 2, want_r, &rb)) ||
+        (st = kiln__check_tensor(err, OP, "norm_weight", norm_weight, rt, KILN_DTYPE_F16, 1, want_n, &nb)) ||
+        (st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_r, &ob)))
+        return st;
+    if ((st = sizes_check(tokens, in, hidden)))
+        return kiln__propagate(err, st);
+    if (!isfinite(eps) || !(eps > 0.0f))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": eps must be a finite number > 0, got %g", (double)eps);
+    /* What is written (residual, out) overlaps nothing else. */
+    const kiln_tensor *reads[3] = {x, weight, norm_weight};
+    const size_t read_bytes[3] = {xb, wb, nb};
+    static const char *const read_names[3] = {"x", "weight", "norm_weight"};
+    for (int i = 0; i < 3; i++) {
+        if (kiln__tensors_overlap(residual, rb, reads[i], read_bytes[i]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding residual overlaps binding %s",
+                              read_names[i]);
+        if (kiln__tensors_overlap(out, ob, reads[i], read_bytes[i]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s", read_names[i]);
+    }
+    if (kiln__tensors_overlap(out, ob, residual, rb))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding residual");
+    size_t need;
+    if ((st = kiln_op_dense_linear_norm_workspace(tokens, in, hidden, &need)))
+        return kiln__propagate(err, st);
+    const kiln_tensor *all[5] = {x, weight, residual, norm_weight, out};
+    const size_t all_bytes[5] = {xb, wb, rb, nb, ob};
+    static const char *const all_names[5] = {"x", "weight", "residual", "norm_weight", "out"};
+    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 5)))
+        return st;
+
+    ln_launch *l = calloc(1, sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    const CUdeviceptr ws = kiln__buffer_ptr(workspace->buffer) + workspace->start;
+    l->rt = rt;
+    l->product = ws + KILN__BLAS_WORKSPACE;
+    l->gemm.desc.workspace = ws;
+    l->residual = kiln__buffer_ptr(residual->buffer) + residual->offset;
+    l->weight = kiln__buffer_ptr(norm_weight->buffer) + norm_weight->offset;
+    l->out = kiln__buffer_ptr(out->buffer) + out->offset;
+    l->eps = eps;
+    l->tokens = (uint32_t)tokens;
+    l->part_stride = (uint64_t)tokens * (uint64_t)hidden;
+    kiln_kernel *sk = NULL, *nk;
+    if ((st = choose(jit, err, x, weight, l, &sk))) {
+        launch_free(l);
+        return st;
+    }
+    /* The norm kernel: vectors where hidden and every address it touches allow. */
+    const uint64_t bits = l->residual | l->weight | l->out;
+    const int vec = hidden % 8 == 0 && bits % 16 == 0 ? 8 : 1;
+    kiln_spec spec;
+    void *fn;
+    if ((st = kiln_op_rms_norm_spec(hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
+        (st = kiln_kernel_function(nk, l->mode == MODE_PARTS ? "kiln_rms_norm_residual_parts" : "kiln_rms_norm_residual",
+                                   &fn))) {
+        launch_free(l);
+        return kiln__propagate(err, st);
+    }
+    l->norm = (CUfunction)fn;
+    l->threads = kiln__rms_norm_threads(hidden, vec);
+
+    /* The replay key: the provider, both kernels or the product's algorithm, every size and address. */
+    struct {
+        char tag[sizeof KEY_TAG];
+        uint8_t norm[KILN_FINGERPRINT_SIZE], skinny[KILN_FINGERPRINT_SIZE];
+        uint64_t skinny_params[7];
+        kiln__gemm_key gemm;
+        uint64_t mode, residual, weight, out, eps_tokens, threads;
+    } key;
+    memset(&key, 0, sizeof key);
+    memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);
+    memcpy(key.norm, kiln_kernel_fingerprint(nk), KILN_FINGERPRINT_SIZE);
+    if (l->mode == MODE_SKINNY) {
+        memcpy(key.skinny, kiln_kernel_fingerprint(sk), KILN_FINGERPRINT_SIZE);
+        kiln__skinny_params(&l->skinny, key.skinny_params);
+    } else {
+        kiln__gemm_key_of(&l->gemm, &key.gemm);
+    }
+    uint32_t eps_bits;
+    memcpy(&eps_bits, &eps, sizeof eps_bits);
+    key.mode = (uint64_t)l->mode;
+    key.residual = l->residual;
+    key.weight = l->weight;
+    key.out = l->out;
+    key.eps_tokens = ((uint64_t)eps_bits << 32) | l->tokens;
+    key.threads = l->threads;
+    kiln_region regions[6] = {{x->buffer, x->offset, x->offset + xb},
+                              {weight->buffer, weight->offset, weight->offset + wb},
+                              {residual->buffer, residual->offset, residual->offset + rb},
+                              {norm_weight->buffer, norm_weight->offset, norm_weight->offset + nb},
+                              {out->buffer, out->offset, out->offset + ob},
+                              *workspace};
+    kiln_command_desc cd = {.op_id = OP,
+                            .batching = KILN_BATCHING_PACKED,
+                            .participants = 1,
+                            .tokens = (uint32_t)tokens,
+                            .dispatches = 2,
+                            .regions = regions,
+                            .n_regions = 6,
+                            .enqueue = enqueue,
+                            .user = l,
+                            .user_free = launch_free,
+                            .replay_key = &key,
+                            .replay_key_bytes = sizeof key};
+    if ((st = kiln_command_create(rt, &cd, cmd)))
+        launch_free(l);
+    return st;
+}
+
+kiln_status kiln_op_dense_linear_norm(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
+                                      const kiln_tensor *residual, const kiln_tensor *norm_weight, float eps,
+                                      const kiln_tensor *out, const kiln_region *workspace)
+{
+    kiln_command *cmd = NULL;
+    return kiln__submit_encoded(
+        jit, kiln_op_dense_linear_norm_encode(jit, x, weight, residual, norm_weight, eps, out, workspace, &cmd), &cmd);
+}
