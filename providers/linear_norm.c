@@ -24,7 +24,7 @@
 #define OP "dense_linear_norm"
 #define KEY_TAG "kiln.dense_linear_norm.1"
 #define PARTS_MAX_TOKENS 64
-#define PARTS_MAX 4 /* templates/rms_norm.cu's KILN_PARTS_MAX */
+#define PARTS_MAX 4
 
 enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN };
 

@@ -246,26 +246,34 @@ kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__
 #endif
 }
 
-// The most parts kiln_rms_norm_residual_parts takes (providers/linear_norm.c's PARTS_MAX).
-#define KILN_PARTS_MAX 4
-
-// Adds part q's f32 values at vector k of a row into f.
-__device__ __forceinline__ void add_part(float *f, const float *p, int k)
+// A part's f32 values at vector k of a row, raw (two 16-byte loads, or one
+// float), and their sum into f: the loads of several parts issued before any
+// add waits on them.
+__device__ __forceinline__ void load_part(kiln_u32x4 *raw, const float *p, int k)
 {
 #if KILN_VEC == 8
-    const kiln_u32x4 a = kiln_ldg16(p + k * 8), b = kiln_ldg16(p + k * 8 + 4);
-    f[0] += __uint_as_float(a.x), f[1] += __uint_as_float(a.y), f[2] += __uint_as_float(a.z);
-    f[3] += __uint_as_float(a.w), f[4] += __uint_as_float(b.x), f[5] += __uint_as_float(b.y);
-    f[6] += __uint_as_float(b.z), f[7] += __uint_as_float(b.w);
+    raw[0] = kiln_ldg16(p + k * 8);
+    raw[1] = kiln_ldg16(p + k * 8 + 4);
 #else
-    f[0] += __ldg(p + k);
+    raw[0].x = __float_as_uint(__ldg(p + k));
+#endif
+}
+
+__device__ __forceinline__ void add_part(float *f, const kiln_u32x4 *raw)
+{
+#if KILN_VEC == 8
+    f[0] += __uint_as_float(raw[0].x), f[1] += __uint_as_float(raw[0].y), f[2] += __uint_as_float(raw[0].z);
+    f[3] += __uint_as_float(raw[0].w), f[4] += __uint_as_float(raw[1].x), f[5] += __uint_as_float(raw[1].y);
+    f[6] += __uint_as_float(raw[1].z), f[7] += __uint_as_float(raw[1].w);
+#else
+    f[0] += __uint_as_float(raw[0].x);
 #endif
 }
 
 // One row a block, rows b, b + grid, ...; x = f16(part 0 + part 1 + ...), in
-// that order. Rows that fit (CACHED) have every load of the row's parts in
-// flight at once (the loops unrolled to KILN_PARTS_MAX, n_parts a launch
-// argument) and keep h in registers; longer rows go a vector at a time and
+// that order. Rows that fit (CACHED) load the residual and the weight first,
+// then the parts two at a time (every load of both in flight before an add
+// waits), and keep h in registers; longer rows go a vector at a time and
 // read h back from residual (a coherent load).
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
 kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part_stride, kiln_f16 *residual,
@@ -280,24 +288,38 @@ kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part
         float ss = 0.0f;
 #if CACHED
         float f[ITEMS][KILN_VEC];
-        vec_t h[ITEMS], res[ITEMS];
+        vec_t h[ITEMS], res[ITEMS], w[ITEMS];
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             const int k = threadIdx.x + i * KILN_THREADS;
 #pragma unroll
             for (int e = 0; e < KILN_VEC; e++)
                 f[i][e] = 0.0f;
-            if (in_row(i, k))
+            if (in_row(i, k)) {
                 res[i] = load_co(rr + k);
+                w[i] = load_nc(wr + k);
+            }
         }
+        for (kiln_u32 q = 0; q < n_parts; q += 2) {
+            const bool two = q + 1 < n_parts;
+            const float *p0 = pr + q * part_stride, *p1 = p0 + part_stride;
+            kiln_u32x4 a[ITEMS][2], b[ITEMS][2];
 #pragma unroll
-        for (int q = 0; q < KILN_PARTS_MAX; q++) {
-            if (q < n_parts) {
+            for (int i = 0; i < ITEMS; i++) {
+                const int k = threadIdx.x + i * KILN_THREADS;
+                if (in_row(i, k)) {
+                    load_part(a[i], p0, k);
+                    if (two)
+                        load_part(b[i], p1, k);
+                }
+            }
 #pragma unroll
-                for (int i = 0; i < ITEMS; i++) {
-                    const int k = threadIdx.x + i * KILN_THREADS;
-                    if (in_row(i, k))
-                        add_part(f[i], pr + q * part_stride, k);
+            for (int i = 0; i < ITEMS; i++) {
+                const int k = threadIdx.x + i * KILN_THREADS;
+                if (in_row(i, k)) {
+                    add_part(f[i], a[i]);
+                    if (two)
+                        add_part(f[i], b[i]);
                 }
             }
         }
@@ -315,7 +337,7 @@ kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part
         for (int i = 0; i < ITEMS; i++) {
             const int k = threadIdx.x + i * KILN_THREADS;
             if (in_row(i, k))
-                store(orow + k, scale(h[i], load_nc(wr + k), inv));
+                store(orow + k, scale(h[i], w[i], inv));
         }
 #else
         for (int k = threadIdx.x; k < VECS; k += KILN_THREADS) {
@@ -323,10 +345,11 @@ kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part
 #pragma unroll
             for (int e = 0; e < KILN_VEC; e++)
                 f[e] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < KILN_PARTS_MAX; q++)
-                if (q < n_parts)
-                    add_part(f, pr + q * part_stride, k);
+            for (kiln_u32 q = 0; q < n_parts; q++) {
+                kiln_u32x4 raw[2];
+                load_part(raw, pr + q * part_stride, k);
+                add_part(f, raw);
+            }
             const vec_t h = add_round(from_f32(f), load_co(rr + k));
             store(rr + k, h);
             ss += sum_squares(h);
