@@ -29,7 +29,7 @@ struct dec_engine {
     int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
     float eps, theta;
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
-    kiln_buffer *x, *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
+    kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
     kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
     kiln_binding_arena *arena;
     kiln_buffer *ab; /* the arena's buffer (borrowed) */
@@ -143,7 +143,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         goto fail;
     }
     const size_t kv_bytes = (size_t)m->config.layers * e->pages_per_layer * (size_t)KILN_PAGED_KV_PAGE_BYTES;
-    if ((st = buf(e, R * e->H * 2, &e->x, "x")) || (st = buf(e, R * e->H * 2, &e->res, "residual")) ||
+    if ((st = buf(e, R * e->H * 2, &e->res, "residual")) ||
         (st = buf(e, R * e->H * 2, &e->norm, "normed")) || (st = buf(e, R * e->QKVD * 2, &e->qkv, "qkv")) ||
         (st = buf(e, R * e->QD * 2, &e->attn, "attention out")) ||
         (st = buf(e, R * e->I * 2, &e->act, "mlp activations")) ||
@@ -215,7 +215,7 @@ void dec_engine_free(dec_engine *e)
         for (uint32_t p = 0; p <= e->o.max_participants; p++)
             cmds_release(&e->decode[p]);
     free(e->decode);
-    kiln_buffer *all[] = {e->x,      e->res,    e->norm,  e->qkv,   e->attn,    e->act,
+    kiln_buffer *all[] = {e->res,    e->norm,  e->qkv,   e->attn,    e->act,
                           e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
                           e->penalty, e->am_ws, e->next};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
