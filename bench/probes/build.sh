@@ -9,5 +9,8 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_pdl_cublaslt" "$here/probe_pdl_cublaslt.cu" -lcublasLt -L/usr/local/cuda/lib64/stubs -lcuda
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_l2_prefetch" "$here/probe_l2_prefetch.cu" -lcublasLt
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_read_bw" "$here/probe_read_bw.cu"
+"$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_rowsplit" "$here/probe_rowsplit.cu" -lcublasLt
+"$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_parts" "$here/probe_parts.cu" -lcublasLt
+"$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_kv_stream" "$here/probe_kv_stream.cu"
 cc -shared -fPIC -O2 -o "$out/libktrace.so" "$here/ktrace.c" -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti
 echo "probes in $out"
