@@ -1,7 +1,10 @@
 /* Dense SwiGLU: [g | u] = x · gate_upᵀ through cuBLASLt into the workspace,
  * then out = silu(g) · u in the kernel of templates/swiglu.cu; for a few
  * tokens, one kernel that does both (the skinny path's gated form,
- * providers/skinny.h), g and u never leaving the registers. */
+ * providers/skinny.h), g and u never leaving the registers; for 9 to 32
+ * tokens on sm_90, one kernel that streams the weight by TMA
+ * (templates/tma_swiglu.cu). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,12 +49,158 @@ kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vec, kiln_spec *
     return KILN_OK;
 }
 
+/* ---- 9 to 32 tokens on sm_90: templates/tma_swiglu.cu ---- */
+#define TMA_TEMPLATE "tma_swiglu"
+#define TMA_MIN_TOKENS 9
+#define TMA_MAX_TOKENS 32
+#define TMA_MAX_WARPS 31  /* consumer warps; one more produces */
+#define TMA_MAX_STAGES 7  /* of 32 KiB at Llama-3-8B's sizes: 224 KiB with the alignment slack */
+#define TMA_STAGE_K 64    /* K per stage: one 128-byte swizzle row */
+
+static kiln_status tma_swiglu_spec(int64_t hidden, int64_t intermediate, kiln_spec *out)
+{
+    if (hidden < TMA_STAGE_K || hidden % TMA_STAGE_K || hidden > INT32_MAX || intermediate < 8 || intermediate % 8 ||
+        intermediate > INT32_MAX / 2)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          TMA_TEMPLATE ": hidden %lld (a multiple of 64), intermediate %lld (a multiple of 8)",
+                          (long long)hidden, (long long)intermediate);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, TMA_TEMPLATE)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+        (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)))
+        return st;
+    return KILN_OK;
+}
+
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when the size allows. */
     kiln_status st = kiln_op_dense_swiglu_spec(cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
-    return st ? st : sink(user, &spec);
+    if (st || (st = sink(user, &spec)))
+        return st;
+    /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
+    if (cfg->hidden_size % TMA_STAGE_K || cfg->intermediate_size % 8)
+        return KILN_OK;
+    return (st = tma_swiglu_spec(cfg->hidden_size, cfg->intermediate_size, &spec)) ? st : sink(user, &spec);
+}
+
+/* The most 8-output units a block has when the grid is the SM count. */
+static int64_t tma_units_per_block(int64_t intermediate, int sms)
+{
+    return (intermediate / 8 + sms - 1) / sms;
+}
+
+static int tma_applies(kiln_runtime *rt, int64_t tokens, int64_t hidden, int64_t inter, uint64_t dx, uint64_t dw)
+{
+    const char *env = getenv("KILN_TMA");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int sm = 0;
+    if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 90 || info.multiprocessors < 1)
+        return 0;
+    return tokens >= TMA_MIN_TOKENS && tokens <= TMA_MAX_TOKENS && hidden % TMA_STAGE_K == 0 && hidden <= INT32_MAX &&
+           inter % 8 == 0 && tma_units_per_block(inter, info.multiprocessors) <= TMA_MAX_WARPS && (dx | dw) % 16 == 0;
+}
+
+typedef struct tma_launch {
+    CUtensorMap w, x; /* the kernel's first two parameters (cuda.h aligns them; so does aligned_alloc below) */
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr out;
+    uint32_t tokens, stages, pre;
+    unsigned grid, threads, smem;
+} tma_launch;
+
+static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx)
+{
+    tma_launch *l = user;
+    void *args[] = {&l->w, &l->x, &l->out, &l->tokens, &l->stages, &l->pre};
+    const unsigned grid[3] = {l->grid, 1, 1};
+    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, l->smem, args, KILN__LAUNCH_PDL);
+}
+
+static kiln_status tma_map(kiln_runtime *rt, CUtensorMap *m, CUdeviceptr base, int64_t k, int64_t rows, unsigned box_rows)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {TMA_STAGE_K, box_rows}, es[2] = {1, 1};
+    CUresult r = kiln__runtime_driver(rt)->cuTensorMapEncodeTiled(
+        m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuTensorMapEncodeTiled (" OP ")");
+}
+
+static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up, const kiln_tensor *out,
+                              const kiln_region *regions, kiln_command **cmd)
+{
+    kiln_runtime *rt = kiln__jit_runtime(jit);
+    kiln__errslot *err = kiln__runtime_errslot(rt);
+    const int64_t tokens = x->dims[0], hidden = x->dims[1], inter = gate_up->dims[0] / 2;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    kiln_spec spec;
+    kiln_kernel *k;
+    void *fn;
+    kiln_status st;
+    if ((st = tma_swiglu_spec(hidden, inter, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = kiln_kernel_function(k, NULL, &fn)))
+        return kiln__propagate(err, st);
+    tma_launch *l = aligned_alloc(_Alignof(tma_launch), (sizeof(tma_launch) + _Alignof(tma_launch) - 1) / _Alignof(tma_launch) * _Alignof(tma_launch));
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    memset(l, 0, sizeof *l);
+    const unsigned warps = (unsigned)tma_units_per_block(inter, info.multiprocessors), box = 8 * warps;
+    const unsigned stage = (2 * box + 32) * 128;
+    l->rt = rt;
+    l->fn = (CUfunction)fn;
+    l->out = kiln__buffer_ptr(out->buffer) + out->offset;
+    l->tokens = (uint32_t)tokens;
+    l->grid = (unsigned)info.multiprocessors;
+    l->threads = 32 * (warps + 1);
+    /* As many stages as the device's shared memory takes (the driver refuses
+     * more than its opt-in limit less the kernel's static bytes), all of them
+     * requested before the dependency sync. */
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (l->stages = TMA_MAX_STAGES; l->stages >= 2 && r == CUDA_ERROR_INVALID_VALUE; l->stages--) {
+        l->smem = l->stages * stage + 1024;
+        r = kiln__runtime_driver(rt)->cuFuncSetAttribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                         (int)l->smem);
+        if (r == CUDA_SUCCESS)
+            break;
+    }
+    if (r != CUDA_SUCCESS) {
+        free(l);
+        return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (" OP " TMA shared memory)");
+    }
+    l->pre = l->stages;
+    if ((st = tma_map(rt, &l->w, kiln__buffer_ptr(gate_up->buffer) + gate_up->offset, hidden, 2 * inter, box)) ||
+        (st = tma_map(rt, &l->x, kiln__buffer_ptr(x->buffer) + x->offset, hidden, tokens, 32))) {
+        free(l);
+        return st;
+    }
+    /* The replay key: the kernel, every address and size, the launch shape. */
+    uint64_t params[9] = {kiln__buffer_ptr(gate_up->buffer) + gate_up->offset,
+                          kiln__buffer_ptr(x->buffer) + x->offset,
+                          l->out,
+                          (uint64_t)hidden,
+                          (uint64_t)inter,
+                          l->tokens,
+                          ((uint64_t)l->grid << 32) | l->threads,
+                          ((uint64_t)l->stages << 32) | l->pre,
+                          l->smem};
+    const kiln__kernel_command_desc d = {.op = OP,
+                                         .participants = 1,
+                                         .tokens = l->tokens,
+                                         .dispatches = 1,
+                                         .regions = regions,
+                                         .n_regions = 4,
+                                         .enqueue = tma_enqueue,
+                                         .user = l,
+                                         .kernel = k,
+                                         .params = params,
+                                         .n_params = 9};
+    return kiln__kernel_command(rt, &d, cmd);
 }
 
 size_t kiln_op_dense_swiglu_product_offset(void) { return KILN__BLAS_WORKSPACE; }
@@ -154,6 +303,8 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
                    dw = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset;
     if (kiln__skinny_linear_applies(rt, tokens, hidden, dx, dw))
         return kiln__skinny_linear_encode(jit, OP, x, gate_up, NULL, 1, out, regions, 4, cmd);
+    if (tma_applies(rt, tokens, hidden, inter, dx, dw))
+        return tma_encode(jit, x, gate_up, out, regions, cmd);
 
     swiglu_launch *l = calloc(1, sizeof *l);
     if (!l)

@@ -72,6 +72,13 @@ __device__ __forceinline__ void kiln_grid_dependency_sync()
 #endif
 }
 
+// The one exception to "kiln_grid_dependency_sync() first": a kernel whose
+// body starts with this marker requests part of its weight (a model
+// parameter, which no kernel ahead of it writes: the op's contract says so)
+// before its kiln_grid_dependency_sync(), and reads nothing else before it
+// (tests/test_jit.c checks the marker and that the sync follows).
+#define KILN_WEIGHT_BEFORE_DEPENDENCY_SYNC ((void)0)
+
 __device__ __forceinline__ void kiln_report_fault(kiln_fault *f, kiln_u32 code, kiln_u32 index, kiln_u32 value,
                                                   kiln_u64 limit)
 {

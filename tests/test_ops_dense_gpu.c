@@ -356,6 +356,21 @@ typedef struct swiglu_case {
     int64_t tokens, hidden, inter;
 } swiglu_case;
 
+/* Whether providers/swiglu.c takes its TMA kernel (9 to 32 tokens, sm_90,
+ * hidden a multiple of 64, intermediate of 8, at most 31 x 8 outputs a
+ * block over the SMs): one kernel, g and u never stored. */
+static int swiglu_takes_tma(fixture *f, const swiglu_case *c)
+{
+    const char *env = getenv("KILN_TMA");
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    int sm = 0;
+    if ((env && !strcmp(env, "0")) || sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 90 || info.multiprocessors < 1)
+        return 0;
+    return c->tokens >= 9 && c->tokens <= 32 && c->hidden % 64 == 0 && c->inter % 8 == 0 &&
+           (c->inter / 8 + info.multiprocessors - 1) / info.multiprocessors <= 31;
+}
+
 static void run_swiglu(fixture *f, const swiglu_case *c)
 {
     const int64_t n2 = 2 * c->inter;
@@ -378,10 +393,12 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
                 to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->inter);
     kiln_region ws = whole(bws);
     /* 1 to 8 tokens and hidden a multiple of 32: one fused kernel (the
-     * skinny path's gated form), gate and up never stored; otherwise cuBLASLt
-     * into the workspace, then the elementwise kernel. */
+     * skinny path's gated form), gate and up never stored; 9 to 32 on sm_90
+     * the TMA kernel, the same way; otherwise cuBLASLt into the workspace,
+     * then the elementwise kernel. */
     const char *env = getenv("KILN_SKINNY");
-    const int fused = c->tokens <= 8 && c->hidden % 32 == 0 && !(env && !strcmp(env, "0"));
+    const int fused =
+        (c->tokens <= 8 && c->hidden % 32 == 0 && !(env && !strcmp(env, "0"))) || swiglu_takes_tma(f, c);
     KILN_CHECK(kiln_op_dense_swiglu(f->jit, &tx, &tw, &to, &ws));
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
@@ -448,7 +465,12 @@ static void test_swiglu(void **state)
         {64, 4096, 14336},  /* Llama-3-8B */
         {4096, 896, 4864},  /* Qwen2.5-0.5B, 4096 tokens */
         {333, 1000, 2731},  /* odd: scalar kernel */
-        {9, 64, 8},         /* the smallest vector kernel */
+        {9, 64, 8},         /* the smallest vector kernel; on sm_90 the TMA kernel, one output unit */
+        {32, 4096, 14336},  /* Llama-3-8B, batch 32: TMA on sm_90 */
+        {17, 896, 4864},    /* Qwen2.5-0.5B, an odd batch: TMA */
+        {24, 128, 1000},    /* TMA: 125 units, under one a block, two K steps */
+        {12, 64, 40000},    /* more than 31 units a block: cuBLASLt */
+        {16, 96, 20},       /* hidden not a multiple of 64: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_swiglu(*state, &cases[i]);

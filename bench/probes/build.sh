@@ -12,5 +12,6 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_rowsplit" "$here/probe_rowsplit.cu" -lcublasLt
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_parts" "$here/probe_parts.cu" -lcublasLt
 "$NVCC" -O2 -arch=sm_90 -std=c++17 -o "$out/probe_kv_stream" "$here/probe_kv_stream.cu"
+"$NVCC" -O2 -arch=sm_90a -std=c++17 -o "$out/probe_tma_gemm" "$here/probe_tma_gemm.cu" -lcublasLt -L/usr/local/cuda/lib64/stubs -lcuda
 cc -shared -fPIC -O2 -o "$out/libktrace.so" "$here/ktrace.c" -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti
 echo "probes in $out"
