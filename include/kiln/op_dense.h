@@ -113,7 +113,16 @@ KILN_API kiln_status kiln_op_dense_linear_norm(kiln_jit *jit, const struct kiln_
  * tokens, hidden a multiple of 32, ...: above), one kernel does both: its
  * gated form, silu(g)·u from g and u in f32, never rounded nor stored (the
  * workspace is not written), 1 dispatch; kiln_model_specializations lists it
- * (in = hidden_size) beside the elementwise kernel. */
+ * (in = hidden_size) beside the elementwise kernel. From 9 to 32 tokens on
+ * sm_90 and later (hidden a multiple of 64, intermediate a multiple of 8 and
+ * at most 248 x the SM count, x and gate_up 16-byte aligned; $KILN_TMA=0
+ * turns it off) one kernel does both as well (templates/tma_swiglu.cu: gate_up
+ * streamed by TMA, g and u in f32 registers, the workspace not written), 1
+ * dispatch, listed by kiln_model_specializations too. That kernel requests
+ * its first stages of gate_up before the commands ahead of it on the stream
+ * have finished (programmatic dependent launch): gate_up must not be written
+ * by a kernel that can still be running on that stream (a model weight,
+ * uploaded by a transfer, is never). */
 KILN_API kiln_status kiln_op_dense_swiglu_workspace(int64_t tokens, int64_t hidden, int64_t intermediate,
                                                     size_t *bytes);
 /* Where in the workspace the [g | u] product lies (bytes from its start). */
