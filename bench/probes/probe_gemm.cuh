@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <vector>
+
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define CB(x) do { cublasStatus_t e_ = (x); if (e_) { printf("%s:%d cublas %d\n", __FILE__, __LINE__, (int)e_); exit(1); } } while (0)
 
@@ -65,4 +68,43 @@ static void probe_gemm_run(const probe_gemm *g, const half *w, const half *x, ha
     const float one = 1, zero = 0;
     CB(cublasLtMatmul(g->lt, g->op, &one, w, g->la, x, g->lb, &zero, d, g->ld, d, g->ld, &g->hr[pick].algo, g->ws,
                       g->wsb, s));
+}
+
+// µs per launch: a graph of R launches, launch(i) for i = 0..R-1 (each over
+// its own weight copy, so each is L2-cold), replayed 9 times, the median.
+// launch returns false when it could not be captured: then -1.
+template <class F>
+static double probe_time_graph(cudaStream_t s, int R, F launch)
+{
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cudaGraph_t gr;
+    cudaGraphExec_t ex;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    bool ok = true;
+    for (int i = 0; i < R && ok; i++)
+        ok = launch(i);
+    CK(cudaStreamEndCapture(s, &gr));
+    double us = -1;
+    if (ok) {
+        CK(cudaGraphInstantiate(&ex, gr, 0));
+        std::vector<float> ms;
+        for (int k = 0; k < 9; k++) {
+            CK(cudaEventRecord(e0, s));
+            CK(cudaGraphLaunch(ex, s));
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            float t;
+            CK(cudaEventElapsedTime(&t, e0, e1));
+            ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        us = ms[4] * 1000.0 / R;
+        cudaGraphExecDestroy(ex);
+    }
+    cudaGraphDestroy(gr);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return us;
 }

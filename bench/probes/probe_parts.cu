@@ -69,9 +69,6 @@ int main(int argc, char **argv)
     fillw<<<256, 256>>>(x, (size_t)T * 14336, 7);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     for (auto &sh : shapes) {
         const size_t wn = (size_t)sh.m * sh.k;
         std::vector<half *> w(R);
@@ -92,35 +89,12 @@ int main(int argc, char **argv)
                 if (g.hr[c].state != CUBLAS_STATUS_SUCCESS)
                     continue;
                 const float one = 1, zero = 0;
-                cudaGraph_t gr;
-                cudaGraphExec_t ex;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-                bool ok = true;
-                for (int i = 0; i < R && ok; i++)
-                    ok = cublasLtMatmul(lt, g.op, &one, w[i], g.a, x, g.b, &zero, d, g.d, d, g.d, &g.hr[c].algo, ws,
-                                        wsb, s) == CUBLAS_STATUS_SUCCESS;
-                CK(cudaStreamEndCapture(s, &gr));
-                if (!ok) {
-                    cudaGraphDestroy(gr);
-                    continue;
-                }
-                CK(cudaGraphInstantiate(&ex, gr, 0));
-                std::vector<float> ms;
-                for (int k = 0; k < 9; k++) {
-                    CK(cudaEventRecord(e0, s));
-                    CK(cudaGraphLaunch(ex, s));
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float t;
-                    CK(cudaEventElapsedTime(&t, e0, e1));
-                    ms.push_back(t);
-                }
-                std::sort(ms.begin(), ms.end());
-                const double us = ms[4] * 1000.0 / R;
-                if (us < best)
+                const double us = probe_time_graph(s, R, [&](int i) {
+                    return cublasLtMatmul(lt, g.op, &one, w[i], g.a, x, g.b, &zero, d, g.d, d, g.d, &g.hr[c].algo, ws,
+                                          wsb, s) == CUBLAS_STATUS_SUCCESS;
+                });
+                if (us >= 0 && us < best)
                     best = us, bi = c;
-                cudaGraphExecDestroy(ex);
-                cudaGraphDestroy(gr);
             }
             printf("{\"shape\":\"%s\",\"T\":%d,\"parts\":%d,\"out\":\"%s\",\"candidates\":%d,\"best\":%d,\"us\":%.2f,"
                    "\"tb_s\":%.3f}\n",

@@ -252,9 +252,6 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const int R = 8;
     const shape shapes[] = {{"q/o", 4096, 4096, 0}, {"qkv", 6144, 4096, 0}, {"gate_up", 28672, 4096, 1},
                             {"down", 4096, 14336, 0}};
@@ -274,40 +271,17 @@ int main(int argc, char **argv)
             fillw<<<1024, 256>>>(ws[i], wn, 100 + i);
         }
         CK(cudaDeviceSynchronize());
-        auto time_graph = [&](auto launch) {
-            cudaGraph_t gr;
-            cudaGraphExec_t ex;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < R; i++)
-                launch(i);
-            CK(cudaStreamEndCapture(s, &gr));
-            CK(cudaGraphInstantiate(&ex, gr, 0));
-            std::vector<float> ms;
-            for (int k = 0; k < 9; k++) {
-                CK(cudaEventRecord(e0, s));
-                CK(cudaGraphLaunch(ex, s));
-                CK(cudaEventRecord(e1, s));
-                CK(cudaEventSynchronize(e1));
-                float t;
-                CK(cudaEventElapsedTime(&t, e0, e1));
-                ms.push_back(t);
-            }
-            std::sort(ms.begin(), ms.end());
-            cudaGraphExecDestroy(ex);
-            cudaGraphDestroy(gr);
-            return ms[4] * 1000.0 / R;
-        };
         // cuBLASLt: the whole weight (GLU: gate and up rows as one product)
         probe_gemm gm;
         probe_gemm_init(&gm, sh.n, sh.k, T);
         double best = 1e9;
         int bi = 0;
         for (int c = 0; c < gm.nh; c++) {
-            double us = time_graph([&](int i) { probe_gemm_run(&gm, ws[i], x, ref, c, s); });
+            double us = probe_time_graph(s, R, [&](int i) { probe_gemm_run(&gm, ws[i], x, ref, c, s); return true; });
             if (us < best)
                 best = us, bi = c;
         }
-        double first = time_graph([&](int i) { probe_gemm_run(&gm, ws[i], x, ref, 0, s); });
+        double first = probe_time_graph(s, R, [&](int i) { probe_gemm_run(&gm, ws[i], x, ref, 0, s); return true; });
         printf("{\"shape\":\"%s\",\"impl\":\"cublaslt\",\"T\":%d,\"us_first\":%.2f,\"us_best\":%.2f,\"best\":%d,\"mb\":%.1f}\n",
                sh.name, T, first, best, bi, wn * 2 / 1e6);
         probe_gemm_run(&gm, ws[R - 1], x, ref, 0, s);
@@ -342,8 +316,9 @@ int main(int argc, char **argv)
                 CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 auto go = [&](int i) {
                     kern<<<blocks, warps * 32, smem, s>>>(x, ws[i], out, parts, T, n_out, sh.k, P, mode);
+                    return true;
                 };
-                double us = time_graph(go);
+                double us = probe_time_graph(s, R, go);
                 CK(cudaGetLastError());
                 // check the last weight's result against cuBLASLt's
                 CK(cudaMemset(out, 0xff, (size_t)T * n_out * 2));

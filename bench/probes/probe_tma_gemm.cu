@@ -178,9 +178,6 @@ int main()
     fillw<<<256, 256>>>(x, (size_t)T * 14336, 7);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     CK(cudaFuncSetAttribute(tma_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024 - 2048));
     for (auto &sh : shapes) {
         const size_t wn = (size_t)sh.n * sh.k;
@@ -190,34 +187,11 @@ int main()
             fillw<<<1024, 256>>>(p, wn, 13);
         }
         CK(cudaDeviceSynchronize());
-        auto time_graph = [&](auto launch) {
-            cudaGraph_t gr;
-            cudaGraphExec_t ex;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < R; i++)
-                launch(i);
-            CK(cudaStreamEndCapture(s, &gr));
-            CK(cudaGraphInstantiate(&ex, gr, 0));
-            std::vector<float> ms;
-            for (int k = 0; k < 9; k++) {
-                CK(cudaEventRecord(e0, s));
-                CK(cudaGraphLaunch(ex, s));
-                CK(cudaEventRecord(e1, s));
-                CK(cudaEventSynchronize(e1));
-                float t;
-                CK(cudaEventElapsedTime(&t, e0, e1));
-                ms.push_back(t);
-            }
-            std::sort(ms.begin(), ms.end());
-            cudaGraphExecDestroy(ex);
-            cudaGraphDestroy(gr);
-            return ms[4] * 1000.0 / R;
-        };
         probe_gemm gm;
         probe_gemm_init(&gm, sh.n, sh.k, T);
         double best = 1e9;
         for (int c = 0; c < gm.nh; c++)
-            best = std::min(best, time_graph([&](int i) { probe_gemm_run(&gm, w[i], x, ref, c, s); }));
+            best = std::min(best, probe_time_graph(s, R, [&](int i) { probe_gemm_run(&gm, w[i], x, ref, c, s); return true; }));
         printf("{\"shape\":\"%s\",\"impl\":\"cublaslt\",\"us_best\":%.2f,\"tb_s\":%.3f}\n", sh.name, best, wn * 2 / best / 1e6);
         probe_gemm_run(&gm, w[R - 1], x, ref, 0, s);
         CK(cudaStreamSynchronize(s));
@@ -252,9 +226,10 @@ int main()
                     cfg.attrs = at;
                     cfg.numAttrs = 1;
                     CK(cudaLaunchKernelEx(&cfg, tma_gemm, wm[i], xm, a));
+                    return true;
                 };
                 // P > 1 adds atomically: the timed runs add into whatever is there.
-                const double us = time_graph(go);
+                const double us = probe_time_graph(s, R, go);
                 CK(cudaMemsetAsync(out32, 0, (size_t)T * sh.n * 4, s));
                 CK(cudaMemsetAsync(out, 0xff, (size_t)T * sh.n * 2, s));
                 go(R - 1);
