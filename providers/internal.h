@@ -63,6 +63,7 @@ kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, con
 kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
                                       int *vec);
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 /* bytes[8]: each binding's bytes, in the order of kiln_gated_delta_bindings. */

@@ -569,6 +569,10 @@ static void test_linear_norm(void **state)
         {19, 1000, 333, 0},     /* ... and from the f16 product */
         {100, 4096, 4096, -1},  /* past the parts' 64 tokens: one f16 product */
         {7, 1000, 2731, -1},    /* in not a multiple of 32: no skinny path */
+        {9, 4096, 4096, -1},    /* 9 to 32 tokens on sm_90: the TMA kernel, 4 parts */
+        {24, 896, 896, -1},     /* ... 2 parts (896 is not a multiple of 256) */
+        {32, 64, 48, -1},       /* ... 1 part, 3 units over the SMs */
+        {20, 4096, 1000, -1},   /* hidden not a multiple of 16: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_linear_norm(*state, &cases[i]);
