@@ -165,7 +165,7 @@ static int tma_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int6
     int64_t per_part, units;
     tma_shape(hidden, p, info.multiprocessors, &per_part, &units);
     return kiln__tma_applies(rt, tokens, in, p, dx, dw) && hidden % 16 == 0 && hidden <= KILN_MODEL_MAX_HIDDEN &&
-           per_part >= 1 && units >= 1 && units <= KILN__TMA_MAX_WARPS;
+           per_part >= 1 && units >= 1 && units <= KILN__TMA_MAX_WARPS && 16 * units <= KILN__TMA_MAX_BOX;
 }
 
 static kiln_status tma_linear_prepare(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *x,

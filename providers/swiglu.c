@@ -91,7 +91,8 @@ static int tma_applies(kiln_runtime *rt, int64_t tokens, int64_t hidden, int64_t
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
     return kiln__tma_applies(rt, tokens, hidden, 1, dx, dw) && inter % 8 == 0 &&
-           tma_units_per_block(inter, info.multiprocessors) <= KILN__TMA_MAX_WARPS;
+           tma_units_per_block(inter, info.multiprocessors) <= KILN__TMA_MAX_WARPS &&
+           8 * tma_units_per_block(inter, info.multiprocessors) <= KILN__TMA_MAX_BOX;
 }
 
 static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx) { return kiln__tma_enqueue(user, ctx); }

@@ -12,6 +12,7 @@
 #define KILN__TMA_MAX_TOKENS 32
 #define KILN__TMA_MAX_WARPS 31 /* consumer warps; one more produces */
 #define KILN__TMA_K 64         /* K per stage: one 128-byte swizzle row of f16 */
+#define KILN__TMA_MAX_BOX 256  /* rows of a TMA box (cuTensorMapEncodeTiled's limit) */
 
 /* A prepared launch: the kernel's parameters are the two maps, out, tokens,
  * stages, pre. Aligned as CUtensorMap wants: allocate a struct holding it

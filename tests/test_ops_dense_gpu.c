@@ -573,6 +573,7 @@ static void test_linear_norm(void **state)
         {24, 896, 896, -1},     /* ... 2 parts (896 is not a multiple of 256) */
         {32, 64, 48, -1},       /* ... 1 part, 3 units over the SMs */
         {20, 4096, 1000, -1},   /* hidden not a multiple of 16: cuBLASLt */
+        {9, 256, 8976, -1},     /* a block's rows past one TMA box (256) on 132 SMs: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_linear_norm(*state, &cases[i]);

@@ -82,8 +82,8 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
  * kernel sums the parts), taken when the times of the candidates cuBLASLt
  * offered, measured at first sight of the shape, say it is faster; else one
  * cuBLASLt call for the f16 product. From 9 to 32 tokens on sm_90 and later
- * (in a multiple of 64, hidden of 16 and at most 496 x the SM count / the
- * part count, x and weight 16-byte aligned; $KILN_TMA=0 turns it off) kiln's
+ * (in a multiple of 64, hidden of 16 and at most 256 x (the SM count / the
+ * part count), x and weight 16-byte aligned; $KILN_TMA=0 turns it off) kiln's
  * kernel templates/tma_linear.cu writes 4, 2 or 1 f32 parts instead, the
  * weight streamed by TMA; that kernel requests its first stages of weight
  * before the commands ahead of it on the stream have finished (programmatic
