@@ -42,6 +42,15 @@ enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN, MODE_TMA };
 static _Atomic int forced_parts = -1;
 void kiln__linear_norm_force_parts(int parts) { atomic_store(&forced_parts, parts < 0 ? -1 : parts); }
 
+/* Test hook: the way the last encode took (its MODE_, 0 before any). */
+static _Atomic int last_mode;
+const char *kiln__linear_norm_last_way(void)
+{
+    static const char *const names[] = {"none", "skinny", "parts", "plain", "tma"};
+    const int m = atomic_load(&last_mode);
+    return m >= 0 && m <= MODE_TMA ? names[m] : "?";
+}
+
 static kiln_status sizes_check(int64_t tokens, int64_t in, int64_t hidden)
 {
     if (tokens < 1 || tokens > INT32_MAX || in < 1 || in > INT32_MAX || hidden < 1 ||
@@ -322,6 +331,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
         launch_free(l);
         return st;
     }
+    atomic_store(&last_mode, l->mode);
     /* The norm kernel: vectors where hidden and every address it touches allow. */
     const uint64_t bits = l->residual | l->weight | l->out;
     const int vec = hidden % 8 == 0 && bits % 16 == 0 ? 8 : 1;
