@@ -53,6 +53,9 @@ kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_s
  * its product where the skinny path does not apply: -1 by the times (the
  * default), 0 one f16 product, P > 0 P f32 parts. */
 void kiln__linear_norm_force_parts(int parts);
+/* Test hook: the way the last kiln_op_dense_linear_norm encode made its
+ * product: "skinny", "parts", "plain" or "tma" ("none" before any). */
+const char *kiln__linear_norm_last_way(void);
 /* The threads a block of templates/rms_norm.cu's kernels has (its spec's THREADS). */
 unsigned kiln__rms_norm_threads(int64_t hidden, int vec);
 kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const kiln_tensor *residual,
@@ -63,6 +66,7 @@ kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, con
 kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
                                       int *vec);
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 /* bytes[8]: each binding's bytes, in the order of kiln_gated_delta_bindings. */

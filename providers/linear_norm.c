@@ -8,6 +8,12 @@
  *     sums them (kiln_rms_norm_residual_parts): cuBLASLt's own split K runs
  *     a second kernel for that sum (2 us, and a launch, at 32 tokens of
  *     Llama-3-8B's o_proj and down_proj on an H200);
+ *   - tma: 9 to 32 tokens on sm_90 (providers/tma.h), kiln's kernel
+ *     (templates/tma_linear.cu) writes P f32 partial products, P the largest
+ *     of 4, 2, 1 that divides the K steps, the weight streamed by TMA and its
+ *     first stages requested before the kernel's dependency sync; the norm
+ *     kernel sums them as for parts. Not where a way is forced (the test
+ *     hook, $KILN_LINEAR_NORM_PARTS); $KILN_TMA=0 turns it off;
  *   - plain: one cuBLASLt call writes the f16 product.
  * Between parts (P = 1, 2, 4) and plain the times cuBLASLt's candidates took
  * when blas_cache.c timed them decide (the cold times of narrow products);
@@ -20,13 +26,14 @@
 #include "jit/internal.h"
 #include "providers/blas.h"
 #include "providers/skinny.h"
+#include "providers/tma.h"
 
 #define OP "dense_linear_norm"
 #define KEY_TAG "kiln.dense_linear_norm.1"
 #define PARTS_MAX_TOKENS 64
 #define PARTS_MAX 4
 
-enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN };
+enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN, MODE_TMA };
 
 /* Test hook (providers/internal.h): < 0 chooses by the times; 0 takes plain,
  * P > 0 parts with P where cuBLASLt has an algorithm (else an error), where
@@ -34,6 +41,15 @@ enum { MODE_SKINNY = 1, MODE_PARTS, MODE_PLAIN };
  * the same where the hook is not set (for comparisons). */
 static _Atomic int forced_parts = -1;
 void kiln__linear_norm_force_parts(int parts) { atomic_store(&forced_parts, parts < 0 ? -1 : parts); }
+
+/* Test hook: the way the last encode took (its MODE_, 0 before any). */
+static _Atomic int last_mode;
+const char *kiln__linear_norm_last_way(void)
+{
+    static const char *const names[] = {"none", "skinny", "parts", "plain", "tma"};
+    const int m = atomic_load(&last_mode);
+    return m >= 0 && m <= MODE_TMA ? names[m] : "?";
+}
 
 static kiln_status sizes_check(int64_t tokens, int64_t in, int64_t hidden)
 {
@@ -64,6 +80,7 @@ kiln_status kiln_op_dense_linear_norm_workspace(int64_t tokens, int64_t in, int6
 }
 
 typedef struct ln_launch {
+    kiln__tma tma; /* first: its tensor maps' alignment (kiln__tma_calloc) */
     int mode;
     kiln__skinny skinny;
     kiln__gemm gemm;
@@ -79,11 +96,13 @@ typedef struct ln_launch {
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     ln_launch *l = user;
-    kiln_status st = l->mode == MODE_SKINNY ? kiln__skinny_enqueue(&l->skinny, ctx) : kiln__gemm_enqueue(&l->gemm, ctx, OP);
+    kiln_status st = l->mode == MODE_SKINNY ? kiln__skinny_enqueue(&l->skinny, ctx)
+                     : l->mode == MODE_TMA  ? kiln__tma_enqueue(&l->tma, ctx)
+                                            : kiln__gemm_enqueue(&l->gemm, ctx, OP);
     if (st)
         return st;
     /* One row a block: the residual forms hold no next row (rms_norm.cu). */
-    if (l->mode == MODE_PARTS) {
+    if (l->mode == MODE_PARTS || l->mode == MODE_TMA) {
         void *args[] = {&l->product, &l->parts, &l->part_stride, &l->residual, &l->weight, &l->out, &l->eps, &l->tokens};
         return kiln__launch(ctx, l->rt, l->norm, l->tokens, l->threads, 0, args);
     }
@@ -96,6 +115,89 @@ static void launch_free(void *user)
     ln_launch *l = user;
     kiln__gemm_destroy(&l->gemm);
     free(l);
+}
+
+/* ---- tma: templates/tma_linear.cu ---- */
+#define TMA_TEMPLATE "tma_linear"
+
+/* The part count: the largest of 4, 2, 1 that cuts in into whole K steps. */
+static int64_t tma_parts(int64_t in)
+{
+    int64_t p = 4;
+    while (p > 1 && in % (KILN__TMA_K * p))
+        p /= 2;
+    return p;
+}
+
+static kiln_status tma_linear_spec(int64_t in, int64_t out, kiln_spec *spec)
+{
+    const int64_t p = tma_parts(in);
+    if (in < KILN__TMA_K || in % (KILN__TMA_K * p) || in > INT32_MAX || out < 16 || out % 16 ||
+        out > KILN_MODEL_MAX_HIDDEN)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          TMA_TEMPLATE ": in %lld (a multiple of 64), out %lld (a multiple of 16, at most %d)",
+                          (long long)in, (long long)out, KILN_MODEL_MAX_HIDDEN);
+    kiln_status st;
+    if ((st = kiln_spec_init(spec, TMA_TEMPLATE)) || (st = kiln_spec_set(spec, "IN", in)) ||
+        (st = kiln_spec_set(spec, "OUT", out)) || (st = kiln_spec_set(spec, "PARTS", p)))
+        return st;
+    return KILN_OK;
+}
+
+kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+{
+    /* A decoder's o_proj (in heads x head_dim) and down_proj (in intermediate), both out hidden. */
+    const int64_t ins[2] = {cfg->num_attention_heads * cfg->head_dim, cfg->intermediate_size};
+    for (int i = 0; i < 2; i++) {
+        if (ins[i] % KILN__TMA_K || cfg->hidden_size % 16 || (i == 1 && ins[1] == ins[0]))
+            continue;
+        kiln_spec spec;
+        kiln_status st = tma_linear_spec(ins[i], cfg->hidden_size, &spec);
+        if (st || (st = sink(user, &spec)))
+            return st;
+    }
+    return KILN_OK;
+}
+
+/* Blocks a part, and the most 16-row units a block has, on sms SMs. */
+static void tma_shape(int64_t hidden, int64_t parts, int sms, int64_t *per_part, int64_t *units)
+{
+    *per_part = sms / parts;
+    *units = *per_part > 0 ? (hidden / 16 + *per_part - 1) / *per_part : 0;
+}
+
+static int tma_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t hidden, uint64_t dx, uint64_t dw)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    const int64_t p = tma_parts(in);
+    int64_t per_part, units;
+    tma_shape(hidden, p, info.multiprocessors, &per_part, &units);
+    return kiln__tma_applies(rt, tokens, in, p, dx, dw) && hidden % 16 == 0 && hidden <= KILN_MODEL_MAX_HIDDEN &&
+           per_part >= 1 && units >= 1 && units <= KILN__TMA_MAX_WARPS && 16 * units <= KILN__TMA_MAX_BOX;
+}
+
+static kiln_status tma_linear_prepare(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *x,
+                                      const kiln_tensor *weight, ln_launch *l, kiln_kernel **kp)
+{
+    kiln_runtime *rt = l->rt;
+    const int64_t tokens = x->dims[0], in = x->dims[1], hidden = weight->dims[0], p = tma_parts(in);
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int64_t per_part, units;
+    tma_shape(hidden, p, info.multiprocessors, &per_part, &units);
+    kiln_spec spec;
+    void *fn;
+    kiln_status st;
+    if ((st = tma_linear_spec(in, hidden, &spec)) || (st = kiln_jit_acquire(jit, &spec, kp)) ||
+        (st = kiln_kernel_function(*kp, NULL, &fn)))
+        return kiln__propagate(err, st);
+    const unsigned box = 16 * (unsigned)units;
+    l->mode = MODE_TMA;
+    l->parts = (uint32_t)p;
+    return kiln__tma_prepare(rt, OP, (CUfunction)fn, kiln__buffer_ptr(weight->buffer) + weight->offset, hidden, box,
+                             kiln__buffer_ptr(x->buffer) + x->offset, tokens, in, (box + 32) * 128, (unsigned)units,
+                             (unsigned)(p * per_part), l->product, &l->tma);
 }
 
 /* The product's way and, for parts and plain, its prepared call (see the top). */
@@ -119,6 +221,8 @@ static kiln_status choose(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *
     const char *env = getenv("KILN_LINEAR_NORM_PARTS");
     if (forced < 0 && env && env[0] >= '0' && env[0] <= '9' && !env[1])
         forced = env[0] - '0';
+    if (forced < 0 && tma_linear_applies(rt, tokens, in, hidden, dx, dw))
+        return tma_linear_prepare(jit, err, x, weight, l, skinny_kernel);
     if (forced > 0) {
         if (forced > PARTS_MAX || in % (8 * (int64_t)forced))
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
@@ -209,7 +313,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 5)))
         return st;
 
-    ln_launch *l = calloc(1, sizeof *l);
+    ln_launch *l = kiln__tma_calloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     const CUdeviceptr ws = kiln__buffer_ptr(workspace->buffer) + workspace->start;
@@ -227,13 +331,16 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
         launch_free(l);
         return st;
     }
+    atomic_store(&last_mode, l->mode);
     /* The norm kernel: vectors where hidden and every address it touches allow. */
     const uint64_t bits = l->residual | l->weight | l->out;
     const int vec = hidden % 8 == 0 && bits % 16 == 0 ? 8 : 1;
     kiln_spec spec;
     void *fn;
     if ((st = kiln_op_rms_norm_spec(hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
-        (st = kiln_kernel_function(nk, l->mode == MODE_PARTS ? "kiln_rms_norm_residual_parts" : "kiln_rms_norm_residual",
+        (st = kiln_kernel_function(nk,
+                                   l->mode == MODE_PARTS || l->mode == MODE_TMA ? "kiln_rms_norm_residual_parts"
+                                                                                : "kiln_rms_norm_residual",
                                    &fn))) {
         launch_free(l);
         return kiln__propagate(err, st);
@@ -245,7 +352,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     struct {
         char tag[sizeof KEY_TAG];
         uint8_t norm[KILN_FINGERPRINT_SIZE], skinny[KILN_FINGERPRINT_SIZE];
-        uint64_t skinny_params[7];
+        uint64_t skinny_params[7], tma_params[KILN__TMA_PARAMS];
         kiln__gemm_key gemm;
         uint64_t mode, residual, weight, out, eps_tokens, threads;
     } key;
@@ -255,6 +362,10 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     if (l->mode == MODE_SKINNY) {
         memcpy(key.skinny, kiln_kernel_fingerprint(sk), KILN_FINGERPRINT_SIZE);
         kiln__skinny_params(&l->skinny, key.skinny_params);
+    } else if (l->mode == MODE_TMA) { /* the TMA kernel in the skinny kernel's place */
+        memcpy(key.skinny, kiln_kernel_fingerprint(sk), KILN_FINGERPRINT_SIZE);
+        kiln__tma_params(&l->tma, kiln__buffer_ptr(weight->buffer) + weight->offset,
+                         kiln__buffer_ptr(x->buffer) + x->offset, in, key.tma_params);
     } else {
         kiln__gemm_key_of(&l->gemm, &key.gemm);
     }

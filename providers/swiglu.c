@@ -11,6 +11,7 @@
 #include "jit/internal.h"
 #include "providers/blas.h"
 #include "providers/skinny.h"
+#include "providers/tma.h"
 
 #define OP "dense_swiglu"
 #define KEY_TAG "kiln.dense_swiglu.1"
@@ -49,17 +50,12 @@ kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vec, kiln_spec *
     return KILN_OK;
 }
 
-/* ---- 9 to 32 tokens on sm_90: templates/tma_swiglu.cu ---- */
+/* ---- 9 to 32 tokens on sm_90: templates/tma_swiglu.cu (providers/tma.h) ---- */
 #define TMA_TEMPLATE "tma_swiglu"
-#define TMA_MIN_TOKENS 9
-#define TMA_MAX_TOKENS 32
-#define TMA_MAX_WARPS 31  /* consumer warps; one more produces */
-#define TMA_MAX_STAGES 7  /* of 32 KiB at Llama-3-8B's sizes: 224 KiB with the alignment slack */
-#define TMA_STAGE_K 64    /* K per stage: one 128-byte swizzle row */
 
 static kiln_status tma_swiglu_spec(int64_t hidden, int64_t intermediate, kiln_spec *out)
 {
-    if (hidden < TMA_STAGE_K || hidden % TMA_STAGE_K || hidden > INT32_MAX || intermediate < 8 || intermediate % 8 ||
+    if (hidden < KILN__TMA_K || hidden % KILN__TMA_K || hidden > INT32_MAX || intermediate < 8 || intermediate % 8 ||
         intermediate > INT32_MAX / 2)
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           TMA_TEMPLATE ": hidden %lld (a multiple of 64), intermediate %lld (a multiple of 8)",
@@ -79,7 +75,7 @@ kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_si
     if (st || (st = sink(user, &spec)))
         return st;
     /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
-    if (cfg->hidden_size % TMA_STAGE_K || cfg->intermediate_size % 8)
+    if (cfg->hidden_size % KILN__TMA_K || cfg->intermediate_size % 8)
         return KILN_OK;
     return (st = tma_swiglu_spec(cfg->hidden_size, cfg->intermediate_size, &spec)) ? st : sink(user, &spec);
 }
@@ -92,44 +88,14 @@ static int64_t tma_units_per_block(int64_t intermediate, int sms)
 
 static int tma_applies(kiln_runtime *rt, int64_t tokens, int64_t hidden, int64_t inter, uint64_t dx, uint64_t dw)
 {
-    const char *env = getenv("KILN_TMA");
-    if (env && !strcmp(env, "0"))
-        return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int sm = 0;
-    if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 90 || info.multiprocessors < 1)
-        return 0;
-    return tokens >= TMA_MIN_TOKENS && tokens <= TMA_MAX_TOKENS && hidden % TMA_STAGE_K == 0 && hidden <= INT32_MAX &&
-           inter % 8 == 0 && tma_units_per_block(inter, info.multiprocessors) <= TMA_MAX_WARPS && (dx | dw) % 16 == 0;
+    return kiln__tma_applies(rt, tokens, hidden, 1, dx, dw) && inter % 8 == 0 &&
+           tma_units_per_block(inter, info.multiprocessors) <= KILN__TMA_MAX_WARPS &&
+           8 * tma_units_per_block(inter, info.multiprocessors) <= KILN__TMA_MAX_BOX;
 }
 
-typedef struct tma_launch {
-    CUtensorMap w, x; /* the kernel's first two parameters (cuda.h aligns them; so does aligned_alloc below) */
-    kiln_runtime *rt;
-    CUfunction fn;
-    CUdeviceptr out;
-    uint32_t tokens, stages, pre;
-    unsigned grid, threads, smem;
-} tma_launch;
-
-static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx)
-{
-    tma_launch *l = user;
-    void *args[] = {&l->w, &l->x, &l->out, &l->tokens, &l->stages, &l->pre};
-    const unsigned grid[3] = {l->grid, 1, 1};
-    return kiln__launch_ex(ctx, l->rt, l->fn, grid, l->threads, l->smem, args, KILN__LAUNCH_PDL);
-}
-
-static kiln_status tma_map(kiln_runtime *rt, CUtensorMap *m, CUdeviceptr base, int64_t k, int64_t rows, unsigned box_rows)
-{
-    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {TMA_STAGE_K, box_rows}, es[2] = {1, 1};
-    CUresult r = kiln__runtime_driver(rt)->cuTensorMapEncodeTiled(
-        m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuTensorMapEncodeTiled (" OP ")");
-}
+static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx) { return kiln__tma_enqueue(user, ctx); }
 
 static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up, const kiln_tensor *out,
                               const kiln_region *regions, kiln_command **cmd)
@@ -146,49 +112,20 @@ static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_te
     if ((st = tma_swiglu_spec(hidden, inter, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
         (st = kiln_kernel_function(k, NULL, &fn)))
         return kiln__propagate(err, st);
-    tma_launch *l = aligned_alloc(_Alignof(tma_launch), (sizeof(tma_launch) + _Alignof(tma_launch) - 1) / _Alignof(tma_launch) * _Alignof(tma_launch));
+    kiln__tma *l = kiln__tma_calloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    memset(l, 0, sizeof *l);
     const unsigned warps = (unsigned)tma_units_per_block(inter, info.multiprocessors), box = 8 * warps;
-    const unsigned stage = (2 * box + 32) * 128;
-    l->rt = rt;
-    l->fn = (CUfunction)fn;
-    l->out = kiln__buffer_ptr(out->buffer) + out->offset;
-    l->tokens = (uint32_t)tokens;
-    l->grid = (unsigned)info.multiprocessors;
-    l->threads = 32 * (warps + 1);
-    /* As many stages as the device's shared memory takes (the driver refuses
-     * more than its opt-in limit less the kernel's static bytes), all of them
-     * requested before the dependency sync. */
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
-    for (l->stages = TMA_MAX_STAGES; l->stages >= 2 && r == CUDA_ERROR_INVALID_VALUE; l->stages--) {
-        l->smem = l->stages * stage + 1024;
-        r = kiln__runtime_driver(rt)->cuFuncSetAttribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                         (int)l->smem);
-        if (r == CUDA_SUCCESS)
-            break;
-    }
-    if (r != CUDA_SUCCESS) {
-        free(l);
-        return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (" OP " TMA shared memory)");
-    }
-    l->pre = l->stages;
-    if ((st = tma_map(rt, &l->w, kiln__buffer_ptr(gate_up->buffer) + gate_up->offset, hidden, 2 * inter, box)) ||
-        (st = tma_map(rt, &l->x, kiln__buffer_ptr(x->buffer) + x->offset, hidden, tokens, 32))) {
+    const CUdeviceptr dw = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset, dx = kiln__buffer_ptr(x->buffer) + x->offset;
+    if ((st = kiln__tma_prepare(rt, OP, (CUfunction)fn, dw, 2 * inter, box, dx, tokens, hidden, (2 * box + 32) * 128,
+                                warps, (unsigned)info.multiprocessors, kiln__buffer_ptr(out->buffer) + out->offset, l))) {
         free(l);
         return st;
     }
     /* The replay key: the kernel, every address and size, the launch shape. */
-    uint64_t params[9] = {kiln__buffer_ptr(gate_up->buffer) + gate_up->offset,
-                          kiln__buffer_ptr(x->buffer) + x->offset,
-                          l->out,
-                          (uint64_t)hidden,
-                          (uint64_t)inter,
-                          l->tokens,
-                          ((uint64_t)l->grid << 32) | l->threads,
-                          ((uint64_t)l->stages << 32) | l->pre,
-                          l->smem};
+    uint64_t params[KILN__TMA_PARAMS + 1];
+    kiln__tma_params(l, dw, dx, hidden, params);
+    params[KILN__TMA_PARAMS] = (uint64_t)inter;
     const kiln__kernel_command_desc d = {.op = OP,
                                          .participants = 1,
                                          .tokens = l->tokens,
@@ -199,7 +136,7 @@ static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_te
                                          .user = l,
                                          .kernel = k,
                                          .params = params,
-                                         .n_params = 9};
+                                         .n_params = KILN__TMA_PARAMS + 1};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

@@ -481,6 +481,7 @@ static void test_swiglu(void **state)
 typedef struct ln_case {
     int64_t tokens, in, hidden;
     int parts; /* -1: kiln's choice; 0: one f16 product; P: P f32 parts (where the skinny path does not apply) */
+    int tma;   /* 1: kiln's choice is the TMA kernel on sm_90 and later (unless $KILN_TMA is 0); 2: not on 132 SMs, unchecked on others */
 } ln_case;
 
 static void run_linear_norm(fixture *f, const ln_case *c)
@@ -509,6 +510,17 @@ static void run_linear_norm(fixture *f, const ln_case *c)
     kiln__linear_norm_force_parts(c->parts);
     KILN_CHECK(kiln_op_dense_linear_norm(f->jit, &tx, &tw, &tr, &tg, eps, &to, &ws));
     kiln__linear_norm_force_parts(-1);
+    /* The TMA cases do take that kernel where it exists, and no other case does. */
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    const char *env = getenv("KILN_TMA");
+    int sm = 0;
+    const int tma = c->tma == 1 && !(env && !strcmp(env, "0")) && sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 90;
+    const char *way = kiln__linear_norm_last_way();
+    if ((c->tma != 2 || info.multiprocessors == 132) && tma != !strcmp(way, "tma"))
+        fail_msg("linear+norm %lldx%lld -> %lld (parts %d) on %s: took the %s way, expected %s",
+                 (long long)c->tokens, (long long)c->in, (long long)c->hidden, c->parts, info.arch, way,
+                 tma ? "tma" : "another");
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(br, 0, h, on * 2));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
@@ -554,21 +566,26 @@ static void run_linear_norm(fixture *f, const ln_case *c)
 static void test_linear_norm(void **state)
 {
     static const ln_case cases[] = {
-        {1, 4096, 4096, -1},    /* Llama-3-8B o_proj, decode: skinny */
-        {8, 14336, 4096, -1},   /* down_proj, batch 8: skinny */
-        {3, 96, 40, -1},        /* skinny, a small odd hidden */
-        {32, 4096, 4096, -1},   /* batch 32: kiln's choice */
-        {32, 14336, 4096, -1},
-        {32, 4096, 4096, 0},    /* ... and each way */
-        {32, 4096, 4096, 1},
-        {32, 4096, 4096, 2},
-        {32, 14336, 4096, 4},
-        {17, 200, 1000, 1},     /* parts: hidden 1000, in 200 */
-        {64, 896, 896, 2},      /* Qwen2.5-0.5B's hidden, 64 tokens */
-        {19, 1000, 333, 1},     /* hidden 333: the scalar norm, from parts */
-        {19, 1000, 333, 0},     /* ... and from the f16 product */
-        {100, 4096, 4096, -1},  /* past the parts' 64 tokens: one f16 product */
-        {7, 1000, 2731, -1},    /* in not a multiple of 32: no skinny path */
+        {1, 4096, 4096, -1, 0},      /* Llama-3-8B o_proj, decode: skinny */
+        {8, 14336, 4096, -1, 0},     /* down_proj, batch 8: skinny */
+        {3, 96, 40, -1, 0},          /* skinny, a small odd hidden */
+        {32, 4096, 4096, -1, 1},     /* batch 32: kiln's choice (on sm_90 the TMA kernel) */
+        {32, 14336, 4096, -1, 1},
+        {32, 4096, 4096, 0, 0},      /* ... and each way */
+        {32, 4096, 4096, 1, 0},
+        {32, 4096, 4096, 2, 0},
+        {32, 14336, 4096, 4, 0},
+        {17, 200, 1000, 1, 0},       /* parts: hidden 1000, in 200 */
+        {64, 896, 896, 2, 0},        /* Qwen2.5-0.5B's hidden, 64 tokens */
+        {19, 1000, 333, 1, 0},       /* hidden 333: the scalar norm, from parts */
+        {19, 1000, 333, 0, 0},       /* ... and from the f16 product */
+        {100, 4096, 4096, -1, 0},    /* past the parts' 64 tokens: one f16 product */
+        {7, 1000, 2731, -1, 0},      /* in not a multiple of 32: no skinny path */
+        {9, 4096, 4096, -1, 1},      /* 9 to 32 tokens on sm_90: the TMA kernel, 4 parts */
+        {24, 896, 896, -1, 1},       /* ... 2 parts (896 is not a multiple of 256) */
+        {32, 64, 48, -1, 1},         /* ... 1 part, 3 units over the SMs */
+        {20, 4096, 1000, -1, 0},     /* hidden not a multiple of 16: cuBLASLt */
+        {9, 256, 8976, -1, 2},       /* a block's rows past one TMA box (256) on 132 SMs: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_linear_norm(*state, &cases[i]);

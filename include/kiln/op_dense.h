@@ -81,10 +81,18 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
  * or 4 (one cuBLASLt call, no reduction kernel of cuBLASLt's own: the norm
  * kernel sums the parts), taken when the times of the candidates cuBLASLt
  * offered, measured at first sight of the shape, say it is faster; else one
- * cuBLASLt call for the f16 product. residual and out overlap nothing else.
+ * cuBLASLt call for the f16 product. From 9 to 32 tokens on sm_90 and later
+ * (in a multiple of 64, hidden of 16 and at most 256 x (the SM count / the
+ * part count), x and weight 16-byte aligned; $KILN_TMA=0 turns it off) kiln's
+ * kernel templates/tma_linear.cu writes 4, 2 or 1 f32 parts instead, the
+ * weight streamed by TMA; that kernel requests its first stages of weight
+ * before the commands ahead of it on the stream have finished (programmatic
+ * dependent launch): weight must not be written by a kernel that can still
+ * be running on that stream (a model weight, uploaded by a transfer, is
+ * never). residual and out overlap nothing else.
  * Attribution: op "dense_linear_norm", packed, 1 participant, tokens, 2
  * dispatches. The norm is kiln_op_rms_norm_spec's module (listed by
- * kiln_model_specializations). */
+ * kiln_model_specializations, with the TMA kernel's). */
 KILN_API kiln_status kiln_op_dense_linear_norm_workspace(int64_t tokens, int64_t in, int64_t hidden, size_t *bytes);
 KILN_API kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const struct kiln_tensor *x,
                                                       const struct kiln_tensor *weight,
