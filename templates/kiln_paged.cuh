@@ -66,14 +66,13 @@ struct seq_info {
     kiln_u32 start, count, len;
 };
 
-// Reads and checks sequence s (every thread of the block calls it: it
-// synchronizes). Returns false when the sequence has no new tokens or is bad;
-// a bad one is reported when report is set.
-__device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
-                              const kiln_u32 *__restrict__ spans, kiln_u32 n_pages, kiln_u32 max_blocks,
-                              kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
+// Reads and checks sequence s's span and length (no synchronization).
+// Returns false when the sequence has no new tokens or is bad; a bad one is
+// reported when report is set.
+__device__ bool sequence_header(kiln_u32 s, const kiln_u32 *__restrict__ seq_lens, const kiln_u32 *__restrict__ spans,
+                                kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault,
+                                bool report, seq_info *out)
 {
-    __shared__ kiln_u32 bad_block;
     const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1], len = seq_lens[s];
     out->start = start;
     out->count = count;
@@ -101,20 +100,51 @@ __device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, co
             kiln_report_fault(fault, code, s, value, limit);
         return false;
     }
+    return true;
+}
+
+// The lowest of the table entries b = threadIdx.x, + THREADS, ... below the
+// sequence's page count that lies past the arena (0xffffffff: none); the
+// block's is the least over its threads.
+__device__ __forceinline__ kiln_u32 first_bad_page(const kiln_u32 *__restrict__ row, kiln_u32 len, kiln_u32 n_pages)
+{
+    const kiln_u32 blocks = (len + PT - 1) / PT;
+    kiln_u32 bad = 0xffffffffu;
+    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
+        if (row[b] >= n_pages && b < bad)
+            bad = b;
+    return bad;
+}
+
+__device__ __forceinline__ void report_bad_page(kiln_fault *fault, kiln_u32 s, const kiln_u32 *row, kiln_u32 b,
+                                                kiln_u32 n_pages)
+{
+    kiln_report_fault(fault, KILN_FAULT_KV_BLOCK_PAST_ARENA, s, row[b], ((kiln_u64)b << 32) | n_pages);
+}
+
+// Reads and checks sequence s (every thread of the block calls it: it
+// synchronizes). Returns false when the sequence has no new tokens or is bad;
+// a bad one is reported when report is set.
+__device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                              const kiln_u32 *__restrict__ spans, kiln_u32 n_pages, kiln_u32 max_blocks,
+                              kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
+{
+    __shared__ kiln_u32 bad_block;
+    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, out))
+        return false;
     // Every page the sequence reads must lie in the arena.
     if (threadIdx.x == 0)
         bad_block = 0xffffffffu;
     __syncthreads();
-    const kiln_u32 blocks = (len + PT - 1) / PT;
     const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
-    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
-        if (row[b] >= n_pages)
-            atomicMin(&bad_block, b);
+    const kiln_u32 mine = first_bad_page(row, out->len, n_pages);
+    if (mine != 0xffffffffu)
+        atomicMin(&bad_block, mine);
     __syncthreads();
     const kiln_u32 b = bad_block;
     if (b != 0xffffffffu) {
         if (report && threadIdx.x == 0)
-            kiln_report_fault(fault, KILN_FAULT_KV_BLOCK_PAST_ARENA, s, row[b], ((kiln_u64)b << 32) | n_pages);
+            report_bad_page(fault, s, row, b, n_pages);
         return false;
     }
     return true;

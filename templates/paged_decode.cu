@@ -30,8 +30,13 @@
 // shared memory, in rank order: the same bits whatever order the blocks ran
 // in, replayed or eager, and no workspace.
 // Everything that lives in device memory (spans, lengths, block table) is
-// checked before it is used: a bad sequence is skipped (nothing of it read or
-// written) and reported through the fault record.
+// checked: a bad sequence is skipped (nothing of it written, no page past the
+// arena read) and reported through the fault record. The prologue asks for
+// all it reads at once (q, the new k and v, the first tiles' pages, the
+// table entries to check), so that its latency is one round trip; the first
+// tiles are requested while the check is pending, a page past the arena
+// reading as zero. The split's combine issues every remote load before it
+// uses one.
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
 // KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
 // 128 threads; dynamic shared memory stages x 2 x 64 x HEAD_DIM halves.
@@ -59,6 +64,8 @@
 #define TILE_BYTES (KT * D * 2)   // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define OPAD (D + 4)       // f32 row stride of the warps' outputs in the epilogue
+#define QI (ROWS * HALF / THREADS) // q's rotated pairs a thread makes
+#define MAX_SPLIT 8        // blocks of a cluster at most (providers/paged_attention.c's DECODE_MAX_CLUSTER)
 
 #if (WARPS * ROWS * OPAD + ROWS * D) * 4 > MIN_STAGES * STAGE_BYTES
 #error "the epilogue does not fit the tiles' shared memory"
@@ -180,14 +187,15 @@ __device__ __forceinline__ void tile_pages(kiln_u32 *pg, const kiln_u32 *trow, k
 }
 
 // Starts the loads of keys [c0, c0 + KT) into a stage, pg from tile_pages;
-// keys from end on, and the new token's (its block writes it), read as zero.
+// keys from end on, the new token's (its block writes it) and any in a page
+// past the arena (the sequence is then dropped) read as zero.
 __device__ __forceinline__ void issue_tile(kiln_u32 stage, const unsigned char *pages, const kiln_u32 *pg,
-                                           kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 cnew)
+                                           kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 cnew, kiln_u32 n_pages)
 {
 #pragma unroll
     for (int e = 0; e < PER_THREAD; e++) {
         const kiln_u32 idx = threadIdx.x + e * THREADS, key = idx / CH, ch = idx % CH, c = c0 + key;
-        const bool ok = c < end && c != cnew;
+        const bool ok = c < end && c != cnew && pg[e] < n_pages;
         const unsigned char *src = pages;
         if (ok)
             src = pages + (kiln_u64)pg[e] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
@@ -212,6 +220,7 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     __shared__ __align__(16) kiln_f16 snew[2][D]; // the new token's rotated k, and v
     __shared__ float swm[WARPS][ROWS], swl[WARPS][ROWS];
     __shared__ float spm[ROWS], spl[ROWS];
+    __shared__ kiln_u32 sbad[WARPS];
 
 #if __CUDA_ARCH__ >= 900
     const kiln_u32 nsplit = cluster_size(), split = kiln_cluster_rank();
@@ -223,8 +232,8 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     seq_info q;
     // The same outcome for every block of a cluster (it depends on s only):
     // all of them leave here, or none.
-    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
-                       blockIdx.x == 0 && blockIdx.y == 0, &q))
+    const bool report = blockIdx.x == 0 && blockIdx.y == 0;
+    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &q))
         return;
     const kiln_u32 r0 = tile * ROWS;
     if (r0 >= G)
@@ -240,52 +249,61 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
     const kiln_u32 sbase = smem_addr(smem);
 
+    // Everything the prologue reads, in one round trip: the position, q, the
+    // new token's k and v and its page, the pages of the first two tiles, and
+    // the table entries this thread checks. The tiles are requested before
+    // the check's outcome is known (a page past the arena reads as zero);
+    // nothing is written before it.
+    const kiln_u32 pos = positions[t];
+    kiln_f16 qx[QI][2];
+#pragma unroll
+    for (int j = 0; j < QI; j++) {
+        const kiln_u32 idx = tid + j * THREADS, r = idx / HALF, i = idx % HALF, row = r0 + r;
+        const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + (row < G ? row : 0)) * D;
+        qx[j][0] = row < G ? src[i] : (kiln_f16)0;
+        qx[j][1] = row < G ? src[i + HALF] : (kiln_f16)0;
+    }
+    const bool new_lane = has_new && tid < HALF;
+    const kiln_u64 nsrc = (kiln_u64)t * kv_stride + (kiln_u64)h * D + (new_lane ? tid : 0);
+    const kiln_f16 nk0 = new_lane ? k[nsrc] : (kiln_f16)0, nk1 = new_lane ? k[nsrc + HALF] : (kiln_f16)0;
+    const kiln_f16 nv0 = new_lane ? v[nsrc] : (kiln_f16)0, nv1 = new_lane ? v[nsrc + HALF] : (kiln_f16)0;
+    const kiln_u32 new_page = has_new ? trow[cnew / PT] : 0u;
+    kiln_u32 pg[PER_THREAD], pg1[PER_THREAD];
+    tile_pages(pg, trow, kb, ke);
+    tile_pages(pg1, trow, kb + KT, ke);
+    kiln_u32 bad = first_bad_page(trow, len, n_pages);
+
     // The first tiles in flight while q and the new k are rotated; then the
     // pages of the next tile to issue.
-    kiln_u32 pg[PER_THREAD];
     const kiln_u32 nst = stages > 3 ? 4 : 3; // the host passes 3 or 4
-    for (kiln_u32 p = 0; p + 1 < nst; p++) {
-        if (p < ntiles) {
-            tile_pages(pg, trow, kb + p * KT, ke);
-            issue_tile(sbase + p * STAGE_BYTES, pages, pg, h, kb + p * KT, ke, cnew);
-        }
+    if (ntiles > 0)
+        issue_tile(sbase, pages, pg, h, kb, ke, cnew, n_pages);
+    cp_async_commit();
+    if (ntiles > 1)
+        issue_tile(sbase + STAGE_BYTES, pages, pg1, h, kb + KT, ke, cnew, n_pages);
+    cp_async_commit();
+    if (nst == 4) {
+        tile_pages(pg, trow, kb + 2 * KT, ke);
+        if (ntiles > 2)
+            issue_tile(sbase + 2 * STAGE_BYTES, pages, pg, h, kb + 2 * KT, ke, cnew, n_pages);
         cp_async_commit();
     }
     tile_pages(pg, trow, kb + (nst - 1) * KT, ke);
 
-    if (has_new) {
-        const kiln_u32 c = cnew;
-        const kiln_u64 src = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
-        unsigned char *page = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES;
-        const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
-        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
-        for (kiln_u32 i = tid; i < HALF; i += THREADS) {
-            float y0, y1;
-            rope(kiln_f16_to_f32(ld_f16(k + src + i)), kiln_f16_to_f32(ld_f16(k + src + i + HALF)), positions[t],
-                 freqs.inv[i], &y0, &y1);
-            const kiln_f16 a = kiln_f32_to_f16(y0), b = kiln_f32_to_f16(y1);
-            const kiln_f16 va = ld_f16(v + src + i), vb = ld_f16(v + src + i + HALF);
-            snew[0][i] = a;
-            snew[0][i + HALF] = b;
-            snew[1][i] = va;
-            snew[1][i + HALF] = vb;
-            if (tile == 0) { // one row tile writes the cache
-                st_f16(kd + i, a);
-                st_f16(kd + i + HALF, b);
-                st_f16(vd + i, va);
-                st_f16(vd + i + HALF, vb);
-            }
-        }
+    if (new_lane) {
+        float y0, y1;
+        rope(kiln_f16_to_f32(nk0), kiln_f16_to_f32(nk1), pos, freqs.inv[tid], &y0, &y1);
+        snew[0][tid] = kiln_f32_to_f16(y0);
+        snew[0][tid + HALF] = kiln_f32_to_f16(y1);
+        snew[1][tid] = nv0;
+        snew[1][tid + HALF] = nv1;
     }
     // Rotated, scaled queries as two f16 terms (rows past the group's: zero).
-    for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
-        const kiln_u32 r = idx / HALF, i = idx % HALF, row = r0 + r;
-        float y0 = 0.0f, y1 = 0.0f;
-        if (row < G) {
-            const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + row) * D;
-            rope(kiln_f16_to_f32(ld_f16(src + i)), kiln_f16_to_f32(ld_f16(src + i + HALF)), positions[t],
-                 freqs.inv[i], &y0, &y1);
-        }
+#pragma unroll
+    for (int j = 0; j < QI; j++) {
+        const kiln_u32 idx = tid + j * THREADS, r = idx / HALF, i = idx % HALF;
+        float y0, y1;
+        rope(kiln_f16_to_f32(qx[j][0]), kiln_f16_to_f32(qx[j][1]), pos, freqs.inv[i], &y0, &y1);
         y0 *= qscale;
         y1 *= qscale;
         const kiln_f16 h0 = kiln_f32_to_f16(y0), h1 = kiln_f32_to_f16(y1);
@@ -294,7 +312,29 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         sq[1][r][i] = kiln_f32_to_f16(y0 - kiln_f16_to_f32(h0));
         sq[1][r][i + HALF] = kiln_f32_to_f16(y1 - kiln_f16_to_f32(h1));
     }
+    // The table check's outcome: every page of the sequence in the arena.
+    bad = __reduce_min_sync(0xffffffffu, bad);
+    if (lane == 0)
+        sbad[warp] = bad;
     __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WARPS; w++)
+        bad = sbad[w] < bad ? sbad[w] : bad;
+    if (bad != 0xffffffffu) {
+        if (report && tid == 0)
+            report_bad_page(fault, s, trow, bad, n_pages);
+        cp_async_wait<0>(); // nothing lands in the shared memory of a block that has left
+        return;
+    }
+    if (new_lane && tile == 0) { // one row tile writes the cache
+        unsigned char *page = pages + (kiln_u64)new_page * PAGE_BYTES;
+        const kiln_u64 dst = ((kiln_u64)h * PT + cnew % PT) * D + tid;
+        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
+        st_f16(kd, snew[0][tid]);
+        st_f16(kd + HALF, snew[0][tid + HALF]);
+        st_f16(vd, nv0);
+        st_f16(vd + HALF, nv1);
+    }
     // B fragments of Q^T, column g, dims 16 kk + 2 t4 (+1) and + 8: packed,
     // row g % 4's term g / 4; else row g's hi (qf) and lo (ql) terms.
     kiln_u32 qf[D / 16][2], ql[D / 16][2];
@@ -337,7 +377,7 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         {
             const kiln_u32 n = i + nst - 1;
             if (n < ntiles) {
-                issue_tile(sbase + (n % nst) * STAGE_BYTES, pages, pg, h, kb + n * KT, ke, cnew);
+                issue_tile(sbase + (n % nst) * STAGE_BYTES, pages, pg, h, kb + n * KT, ke, cnew, n_pages);
                 tile_pages(pg, trow, kb + (n + 1) * KT, ke); // in flight while this tile is computed
             }
             cp_async_commit();
@@ -502,29 +542,42 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     kiln_cluster_arrive();
     kiln_cluster_wait();
     {
-        const kiln_u32 per_rank = ROWS * CH / nsplit; // nsplit divides 64
+        // The row tile's rows' items dealt over the ranks; each thread's
+        // remote loads are all issued before the first is used.
+        const kiln_u32 rows = G - r0 < ROWS ? G - r0 : ROWS, items = rows * CH;
+        const kiln_u32 per_rank = (items + nsplit - 1) / nsplit;
         item = split * per_rank + tid;
         r = item / CH;
         d0 = (item % CH) * 8;
-        if (tid < per_rank && r0 + r < G) {
-            float M = neg_inf();
-            for (kiln_u32 b = 0; b < nsplit; b++)
-                M = fmaxf(M, ld_cluster_f32(&spm[r], b));
+        if (tid < per_rank && item < items) {
+            float bm[MAX_SPLIT], bl[MAX_SPLIT], x[MAX_SPLIT][8];
+#pragma unroll
+            for (int b = 0; b < MAX_SPLIT; b++)
+                if (b < (int)nsplit) {
+                    bm[b] = ld_cluster_f32(&spm[r], b);
+                    bl[b] = ld_cluster_f32(&spl[r], b);
+                    ld_cluster_f32x4(spo + r * D + d0, b, x[b]);
+                    ld_cluster_f32x4(spo + r * D + d0 + 4, b, x[b] + 4);
+                }
             // Finite: rank 0's chunk starts at key 0, and every sequence has one.
+            float M = neg_inf();
+#pragma unroll
+            for (int b = 0; b < MAX_SPLIT; b++)
+                if (b < (int)nsplit)
+                    M = fmaxf(M, bm[b]);
             float L = 0.0f, y[8];
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 y[j] = 0.0f;
-            for (kiln_u32 b = 0; b < nsplit; b++) {
-                const float w = fast_exp2(ld_cluster_f32(&spm[r], b) - M);
-                L += w * ld_cluster_f32(&spl[r], b);
-                float x[8];
-                ld_cluster_f32x4(spo + r * D + d0, b, x);
-                ld_cluster_f32x4(spo + r * D + d0 + 4, b, x + 4);
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    y[j] += w * x[j];
-            }
+            for (int b = 0; b < MAX_SPLIT; b++)
+                if (b < (int)nsplit) {
+                    const float w = fast_exp2(bm[b] - M);
+                    L += w * bl[b];
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        y[j] += w * x[b][j];
+                }
             const float inv = 1.0f / L;
 #pragma unroll
             for (int j = 0; j < 8; j++)

@@ -172,7 +172,7 @@ static void rope_ref(const sess *s, double x0, double x1, uint32_t pos, int64_t 
 
 /* ---- one step: new tokens for each sequence ---- */
 
-typedef enum { BAD_NONE, BAD_TABLE, BAD_LEN, BAD_SPAN, BAD_COUNT, BAD_OVER_MAX } bad_kind;
+typedef enum { BAD_NONE, BAD_TABLE, BAD_TABLE_FIRST, BAD_LEN, BAD_SPAN, BAD_COUNT, BAD_OVER_MAX } bad_kind;
 
 /* What a step hands to whoever runs it: host inputs and the out buffer to fill. */
 typedef struct step_io {
@@ -321,6 +321,8 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         skip[1] = 1;
         switch (st->bad) {
         case BAD_TABLE: table[(size_t)1 * s->MB + (lens[1] - 1) / s->pt] = s->n_pages + 5; break;
+        /* A page the first key tile reads: the decode requests it before its check ends. */
+        case BAD_TABLE_FIRST: table[(size_t)1 * s->MB] = s->n_pages; break;
         case BAD_LEN: lens[1] = s->MB * s->pt + 1; break;
         case BAD_SPAN: spans[2] = T - st->count[1] + 1; break;
         case BAD_COUNT: lens[1] = st->count[1] - 1; break;
@@ -744,6 +746,8 @@ static void test_bad_device_data_is_reported(void **state)
         {BAD_COUNT, 0, "sequence 1 has", "more than its limit"},
         {BAD_OVER_MAX, 1, "sequence 1 has 3 new tokens", "limit 1"}, /* a decode command given 3 tokens */
         {BAD_TABLE, 1, "sequence 1's block table entry", "pages of kv_pages"}, /* split decode */
+        {BAD_TABLE_FIRST, 1, "sequence 1's block table entry", "pages of kv_pages"},
+        {BAD_TABLE_FIRST, 0, "sequence 1's block table entry", "pages of kv_pages"},
         {BAD_LEN, 1, "sequence 1 has seq_len", "longer than its block table holds"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
