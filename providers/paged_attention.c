@@ -168,10 +168,10 @@ static unsigned optin_smem_kib(int sm)
 
 /* Whether a decode on sm takes the two-kernel fallback: before sm_80, or where
  * a block cannot have the one-kernel decode's dynamic shared memory plus its
- * static part (under 8 KiB). */
+ * static part (under 12 KiB: 11.25 at head_dim 128 on sm_90). */
 static int decode_falls_back(int sm, int64_t head_dim)
 {
-    return sm < 80 || optin_smem_kib(sm) < decode_smem(head_dim, 0) / 1024u + 8u;
+    return sm < 80 || optin_smem_kib(sm) < decode_smem(head_dim, 0) / 1024u + 12u;
 }
 
 /* Prefill and decode for the model's head layout; a layout the kernels do
@@ -495,7 +495,7 @@ static int clusters_resident(const kiln__driver *d, CUfunction fn, uint32_t n, u
  * can launch as a cluster; then its stages (*deep: where the grid holds at
  * most one block an SM, sm_90 on, where measured). *fits = 0 (and KILN_OK)
  * where the device gives a block less shared memory than the kernel's
- * (static plus the dynamic of 3 stages: at head_dim 128 about 101 KiB, past
+ * (static plus the dynamic of 3 stages: at head_dim 128 about 107 KiB, past
  * the 99 KiB of sm_86, sm_89 and sm_120): the caller takes the two-kernel
  * decode there. The function's limit is set to the deep size where the
  * device allows it, whatever this command takes, so that no later encode

@@ -24,19 +24,20 @@
 // Split-KV: the grid's x holds row tiles times n, n blocks of a row tile form
 // a thread block cluster (n = 1, 2, 4 or 8, a launch attribute; 1 without
 // one); the keys of a sequence are cut in at most n chunks of whole 64-key
-// tiles, one block each, on the device from its length; after a cluster
-// barrier each block combines one slice of the output from every block's
-// partial (unnormalized output, max, sum), read from the other blocks'
-// shared memory, in rank order: the same bits whatever order the blocks ran
-// in, replayed or eager, and no workspace.
+// tiles, one block each, on the device from its length; each block sends
+// each slice of its partial (unnormalized output, max, sum) into the shared
+// memory of the block that combines that slice, and after a cluster barrier
+// each block combines its slice from every block's, in rank order: the same
+// bits whatever order the blocks ran in, replayed or eager, and no
+// workspace.
 // Everything that lives in device memory (spans, lengths, block table) is
 // checked: a bad sequence is skipped (nothing of it written, no page past the
 // arena read) and reported through the fault record. The prologue asks for
 // all it reads at once (q, the new k and v, the first tiles' pages, the
 // table entries to check), so that its latency is one round trip; the first
 // tiles are requested while the check is pending, a page past the arena
-// reading as zero. The split's combine issues every remote load before it
-// uses one.
+// reading as zero. The split's blocks send their partials into the shared
+// memory of the rank that combines them (no block reads another's memory).
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
 // KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
 // 128 threads; dynamic shared memory stages x 2 x 64 x HEAD_DIM halves.
@@ -145,23 +146,13 @@ __device__ __forceinline__ kiln_u32 cluster_size()
     return r;
 }
 
-// The f32 at p's place in the shared memory of the cluster's block rank.
-__device__ __forceinline__ float ld_cluster_f32(const float *p, kiln_u32 rank)
-{
-    kiln_u32 d;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(d) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void ld_cluster_f32x4(const float *p, kiln_u32 rank, float *v)
+// Stores v[0..3] at the place p (16-byte aligned, this block's shared
+// memory) has in the shared memory of the cluster's block rank.
+__device__ __forceinline__ void st_cluster_f32x4(float *p, kiln_u32 rank, float v0, float v1, float v2, float v3)
 {
     kiln_u32 d;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-                 : "r"(d)
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(d), "f"(v0), "f"(v1), "f"(v2), "f"(v3)
                  : "memory");
 }
 #endif
@@ -219,7 +210,11 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     __shared__ __align__(16) kiln_f16 sq[2][ROWS][D]; // q's hi and lo terms
     __shared__ __align__(16) kiln_f16 snew[2][D]; // the new token's rotated k, and v
     __shared__ float swm[WARPS][ROWS], swl[WARPS][ROWS];
-    __shared__ float spm[ROWS], spl[ROWS];
+    // Split: what the cluster's blocks send this one to combine, per item
+    // slot: the output's 8 dims, the row's max and sum (and 2 unused).
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(16) float rcv[(ROWS * CH + MAX_SPLIT) * 12];
+#endif
     __shared__ kiln_u32 sbad[WARPS];
 
 #if __CUDA_ARCH__ >= 900
@@ -326,6 +321,10 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         cp_async_wait<0>(); // nothing lands in the shared memory of a block that has left
         return;
     }
+#if __CUDA_ARCH__ >= 900
+    if (nsplit > 1) // pairs with the wait before the partials are sent: every block of the cluster has started
+        kiln_cluster_arrive_relaxed();
+#endif
     if (new_lane && tile == 0) { // one row tile writes the cache
         unsigned char *page = pages + (kiln_u64)new_page * PAGE_BYTES;
         const kiln_u64 dst = ((kiln_u64)h * PT + cnew % PT) * D + tid;
@@ -473,7 +472,6 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     }
     __syncthreads(); // the tiles are consumed: their memory holds the epilogue now
     float *so = (float *)smem;               // [WARPS][ROWS][OPAD]: each warp's output, weighted
-    float *spo = so + WARPS * ROWS * OPAD;   // [ROWS][D]: the block's (split only)
     {
         float bm0 = neg_inf(), bm1 = neg_inf();
 #pragma unroll
@@ -528,56 +526,44 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         return;
     }
 #if __CUDA_ARCH__ >= 900
-    // Split: this block's partial in its shared memory, then each block of the
-    // cluster combines its slice of the items from every block, in rank order.
-    if (item < ROWS * CH) {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            spo[r * D + d0 + j] = o[j];
-        if (d0 == 0) {
-            spm[r] = bm;
-            spl[r] = bl;
-        }
-    }
-    kiln_cluster_arrive();
-    kiln_cluster_wait();
+    // Split: each block sends each item of its partial (the tile's real rows
+    // only) into the shared memory of the rank that combines it, dealt
+    // evenly over the ranks; after one cluster barrier every rank combines
+    // its items from its own memory, in rank order. No block reads another's
+    // memory, so none waits for the others to leave.
     {
-        // The row tile's rows' items dealt over the ranks; each thread's
-        // remote loads are all issued before the first is used.
         const kiln_u32 rows = G - r0 < ROWS ? G - r0 : ROWS, items = rows * CH;
         const kiln_u32 per_rank = (items + nsplit - 1) / nsplit;
+        kiln_cluster_wait();
+        if (item < items) {
+            const kiln_u32 owner = item / per_rank, slot = item % per_rank;
+            float *dst = &rcv[(split * per_rank + slot) * 12];
+            st_cluster_f32x4(dst, owner, o[0], o[1], o[2], o[3]);
+            st_cluster_f32x4(dst + 4, owner, o[4], o[5], o[6], o[7]);
+            st_cluster_f32x4(dst + 8, owner, bm, bl, 0.0f, 0.0f);
+        }
+        kiln_cluster_arrive();
+        kiln_cluster_wait();
         item = split * per_rank + tid;
         r = item / CH;
         d0 = (item % CH) * 8;
         if (tid < per_rank && item < items) {
-            float bm[MAX_SPLIT], bl[MAX_SPLIT], x[MAX_SPLIT][8];
-#pragma unroll
-            for (int b = 0; b < MAX_SPLIT; b++)
-                if (b < (int)nsplit) {
-                    bm[b] = ld_cluster_f32(&spm[r], b);
-                    bl[b] = ld_cluster_f32(&spl[r], b);
-                    ld_cluster_f32x4(spo + r * D + d0, b, x[b]);
-                    ld_cluster_f32x4(spo + r * D + d0 + 4, b, x[b] + 4);
-                }
             // Finite: rank 0's chunk starts at key 0, and every sequence has one.
             float M = neg_inf();
-#pragma unroll
-            for (int b = 0; b < MAX_SPLIT; b++)
-                if (b < (int)nsplit)
-                    M = fmaxf(M, bm[b]);
+            for (kiln_u32 b = 0; b < nsplit; b++)
+                M = fmaxf(M, rcv[(b * per_rank + tid) * 12 + 8]);
             float L = 0.0f, y[8];
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 y[j] = 0.0f;
+            for (kiln_u32 b = 0; b < nsplit; b++) {
+                const float *src = &rcv[(b * per_rank + tid) * 12];
+                const float w = fast_exp2(src[8] - M);
+                L += w * src[9];
 #pragma unroll
-            for (int b = 0; b < MAX_SPLIT; b++)
-                if (b < (int)nsplit) {
-                    const float w = fast_exp2(bm[b] - M);
-                    L += w * bl[b];
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        y[j] += w * x[b][j];
-                }
+                for (int j = 0; j < 8; j++)
+                    y[j] += w * src[j];
+            }
             const float inv = 1.0f / L;
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -585,9 +571,6 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
             st_h8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
         }
     }
-    // No block leaves while another may still read its shared memory.
-    kiln_cluster_arrive();
-    kiln_cluster_wait();
 #endif
 #else
     __trap(); // the provider takes paged_attention.cu's decode before sm_80
