@@ -68,7 +68,7 @@
 #define QI (ROWS * HALF / THREADS) // q's rotated pairs a thread makes
 #define MAX_SPLIT 8        // blocks of a cluster at most (providers/paged_attention.c's DECODE_MAX_CLUSTER)
 
-#if (WARPS * ROWS * OPAD + ROWS * D) * 4 > MIN_STAGES * STAGE_BYTES
+#if WARPS * ROWS * OPAD * 4 > MIN_STAGES * STAGE_BYTES
 #error "the epilogue does not fit the tiles' shared memory"
 #endif
 
