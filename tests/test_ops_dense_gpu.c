@@ -356,17 +356,27 @@ typedef struct swiglu_case {
     int64_t tokens, hidden, inter;
 } swiglu_case;
 
-/* Whether providers/swiglu.c takes its TMA kernel (9 to 32 tokens, sm_90,
- * hidden a multiple of 64, intermediate of 8, at most 31 x 8 outputs a
- * block over the SMs): one kernel, g and u never stored. */
-static int swiglu_takes_tma(fixture *f, const swiglu_case *c)
+/* Whether the providers' TMA kernels (providers/tma.c) may run here: sm_90
+ * and later, unless $KILN_TMA is 0. */
+static int tma_available(fixture *f)
 {
     const char *env = getenv("KILN_TMA");
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     int sm = 0;
-    if ((env && !strcmp(env, "0")) || sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 90 || info.multiprocessors < 1)
+    return !(env && !strcmp(env, "0")) && sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 90 &&
+           info.multiprocessors >= 1;
+}
+
+/* Whether providers/swiglu.c takes its TMA kernel (9 to 32 tokens, sm_90,
+ * hidden a multiple of 64, intermediate of 8, at most 31 x 8 outputs a
+ * block over the SMs): one kernel, g and u never stored. */
+static int swiglu_takes_tma(fixture *f, const swiglu_case *c)
+{
+    if (!tma_available(f))
         return 0;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
     return c->tokens >= 9 && c->tokens <= 32 && c->hidden % 64 == 0 && c->inter % 8 == 0 &&
            (c->inter / 8 + info.multiprocessors - 1) / info.multiprocessors <= 31;
 }
@@ -513,9 +523,7 @@ static void run_linear_norm(fixture *f, const ln_case *c)
     /* The TMA cases do take that kernel where it exists, and no other case does. */
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
-    const char *env = getenv("KILN_TMA");
-    int sm = 0;
-    const int tma = c->tma == 1 && !(env && !strcmp(env, "0")) && sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 90;
+    const int tma = c->tma == 1 && tma_available(f);
     const char *way = kiln__linear_norm_last_way();
     if ((c->tma != 2 || info.multiprocessors == 132) && tma != !strcmp(way, "tma"))
         fail_msg("linear+norm %lldx%lld -> %lld (parts %d) on %s: took the %s way, expected %s",
