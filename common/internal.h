@@ -53,6 +53,30 @@ void kiln__hasher_free(kiln__hasher *h);
  * order) and provider_versions: what makes this build's kernels what they are. */
 void kiln__implementation_digest(const char *provider_versions, uint8_t out[32]);
 
+/* A caller's options or bindings struct, copied into the library's zeroed
+ * local: the smaller of the caller's size (its first field, a uint32_t; 0
+ * means the library's own) and the library's, so that a caller built
+ * against an older or newer header reads the fields both know and defaults
+ * for the rest. src NULL gives all defaults. -1 when the caller's size is
+ * nonzero but too small to hold the size field itself. */
+static inline int kiln__copy_sized(void *dst, size_t dst_size, const void *src)
+{
+    unsigned char *d = dst;
+    for (size_t i = 0; i < dst_size; i++)
+        d[i] = 0;
+    if (!src)
+        return 0;
+    uint32_t caller = *(const uint32_t *)src;
+    if (caller && caller < sizeof(uint32_t))
+        return -1;
+    size_t n = caller && caller < dst_size ? caller : dst_size;
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++)
+        d[i] = s[i];
+    return 0;
+}
+#define KILN__COPY_SIZED(local, caller) kiln__copy_sized(&(local), sizeof(local), (caller))
+
 /* n bytes as 2n lowercase hex digits and a NUL. */
 void kiln__hex(const uint8_t *bytes, size_t n, char *out);
 
