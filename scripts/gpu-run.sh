@@ -164,7 +164,7 @@ else
 fi
 bench peer_torch_dense 150 python3 "$ROOT/bench/peer_torch_dense.py" --kiln "$BENCH_JSONL"
 
-bench bench_ops1 120 "$BUILD/bench/bench_ops1" && bench peer_torch_ops1 180 python3 "$ROOT/bench/peer_torch_ops1.py" --kiln "$BENCH_JSONL"
+bench bench_norm_argmax 120 "$BUILD/bench/bench_norm_argmax" && bench peer_torch_norm_argmax 180 python3 "$ROOT/bench/peer_torch_norm_argmax.py" --kiln "$BENCH_JSONL"
 # Dense linear at decode shapes: kiln's choice (the skinny kernel up to 8 tokens) beside every cuBLASLt candidate.
 if [ -x "$BUILD/bench/bench_linear_tune" ]; then bench bench_linear_tune 120 "$BUILD/bench/bench_linear_tune"; fi
 

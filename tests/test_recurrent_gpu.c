@@ -6,7 +6,7 @@
  * reference's row (the DV outputs of one token and head, or the DK columns of
  * one state row): an element that cancels to near zero carries the rounding
  * error of terms of the row's size; floor is 2^-14 for the f16 outputs (below
- * it f16 is subnormal, with a fixed step of 2^-24, as in test_ops1_gpu) and
+ * it f16 is subnormal, with a fixed step of 2^-24, as in test_norm_argmax_gpu) and
  * 0 for the f32 state. At most 2e-3. Shapes of Qwen3-Next-80B-A3B (16 key
  * heads, 32 value heads, dims 128) and odd ones (64 x 96 with 3 key heads
  * shared by 6 value heads; 63 x 17 scalar; 200 x 40 with a partial vector

@@ -47,7 +47,7 @@ static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
     return 0;
 }
 
-static void test_model_lists_every_ops1_spec(void **state)
+static void test_model_lists_every_norm_argmax_spec(void **state)
 {
     (void)state;
     for (size_t m = 0; m < 3; m++) {
@@ -392,7 +392,7 @@ static void test_argmax_validation_names_binding_and_values(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_lists_every_ops1_spec),
+        cmocka_unit_test(test_model_lists_every_norm_argmax_spec),
         cmocka_unit_test_setup_teardown(test_every_model_spec_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_arguments),

@@ -1,26 +1,26 @@
 #!/usr/bin/env python3
-"""The torch peer of bench_ops1, timed the same three ways on the current stream:
+"""The torch peer of bench_norm_argmax, timed the same three ways on the current stream:
   per_launch    an event pair around each call; median, p10, p90;
   back_to_back  one event pair around iters calls, divided by iters;
   graph         GRAPH_OPS calls captured in one torch.cuda.CUDAGraph, replayed
                 GRAPH_REPS times: GPU time per call, launch gaps included.
 Ops: rms_norm (torch.nn.functional.rms_norm), rms_norm_residual (r.add_(x)
 then rms_norm(r): what eager torch does for the fused form), residual_add
-(torch.add(a, b, out=o)); shapes and bytes as bench_ops1, modes hot and
+(torch.add(a, b, out=o)); shapes and bytes as bench_norm_argmax, modes hot and
 rotated. masked_argmax: Hugging Face's repetition penalty on a float32 copy
 (gather, where, scatter), masked_fill of invalid tokens, argmax; vocab 151936
 and 128256, P 1 and 64, 512 ids per participant.
 
-With --kiln FILE (bench_ops1's JSON lines), a "compare" line per op and shape
+With --kiln FILE (bench_norm_argmax's JSON lines), a "compare" line per op and shape
 says whether kiln's graph time is below torch's (the 1- and 16-token targets).
 
-Usage: peer_torch_ops1.py [--iters 200] [--warmup 20] [--kiln bench.jsonl]
+Usage: peer_torch_norm_argmax.py [--iters 200] [--warmup 20] [--kiln bench.jsonl]
 """
 import argparse
 import json
 import sys
 
-BENCH = "ops1"
+BENCH = "norm_argmax"
 PEER = "torch"
 SHAPES = [(2048, 4096), (1, 4096), (16, 4096), (2048, 896), (4096, 4096)]
 MAX_SETS = 16

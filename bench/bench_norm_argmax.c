@@ -20,7 +20,7 @@
  * The argmax: vocab 151936 (target <= 6 us) and 128256, P 1 and 64, 512
  * repetition ids per participant, 90% of the vocabulary valid.
  *
- * Usage: bench_ops1 [--iters 200] [--warmup 20]
+ * Usage: bench_norm_argmax [--iters 200] [--warmup 20]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +31,7 @@
 #include "kiln/kiln.h"
 #include "runtime/internal.h"
 
-#define BENCH "ops1"
+#define BENCH "norm_argmax"
 #define TARGET_TBPS 3.8
 #define TARGET_ARGMAX_US 6.0
 #define MAX_SETS 16
