@@ -134,9 +134,9 @@ kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 r
 }
 
 /* Looks fp up in one database: 1 with *raw on a verified hit, 0 on a miss or
- * a corrupt row (reported), -1 on an SQLite failure (*st set). */
+ * a corrupt row (reported and added to *dropped), -1 on an SQLite failure (*st set). */
 static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **raw, sqlite3_int64 *size,
-                         kiln_status *st)
+                         unsigned *dropped, kiln_status *st)
 {
     char detail[160];
     sqlite3_stmt *q = d->st_get;
@@ -153,6 +153,7 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **r
         } else if (dst == KILN_ERR_CACHE_CORRUPT) {
             sqlite3_reset(q);
             drop_corrupt_locked(c, d, fp, detail);
+            (*dropped)++;
         } else {
             *st = kiln__propagate(&c->err, dst);
             result = -1;
@@ -169,12 +170,15 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **r
 kiln_status kiln_cache_get(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], void **cubin, size_t *size,
                            int *found)
 {
-    return kiln__cache_load(c, fp, 1, cubin, size, found);
+    return kiln__cache_load(c, fp, 1, cubin, size, found, NULL);
 }
 
 kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], int count_hit, void **cubin,
-                             size_t *size, int *found)
+                             size_t *size, int *found, unsigned *corrupt_dropped)
 {
+    unsigned dropped = 0;
+    if (corrupt_dropped)
+        *corrupt_dropped = 0;
     if (!c || !fp || !cubin || !size || !found)
         return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_get: NULL argument");
     *cubin = NULL;
@@ -188,9 +192,9 @@ kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SI
     int r = 0;
     kiln__db *where = NULL;
     for (size_t i = 0; i < c->n_layers && r == 0; i++)
-        if ((r = lookup_locked(c, &c->layers[i], fp, &raw, &raw_size, &st)) == 1)
+        if ((r = lookup_locked(c, &c->layers[i], fp, &raw, &raw_size, &dropped, &st)) == 1)
             where = &c->layers[i];
-    if (r == 0 && (r = lookup_locked(c, &c->main, fp, &raw, &raw_size, &st)) == 1)
+    if (r == 0 && (r = lookup_locked(c, &c->main, fp, &raw, &raw_size, &dropped, &st)) == 1)
         where = &c->main;
     if (r == 1) {
         if (count_hit) {
@@ -205,6 +209,8 @@ kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SI
         c->counters.misses++;
     }
     pthread_mutex_unlock(&c->lock);
+    if (corrupt_dropped)
+        *corrupt_dropped = dropped;
     return st;
 }
 

@@ -1,12 +1,13 @@
-/* kiln cache internals, shared by the files of cache/. Not API. */
+/* kiln cache internals, shared by the files of cache/ alone (other layers
+ * include cache/cache.h). Not API. */
 #ifndef KILN_CACHE_INTERNAL_H
 #define KILN_CACHE_INTERNAL_H
 
 #include <pthread.h>
 #include <sqlite3.h>
 
+#include "cache/cache.h"
 #include "common/internal.h"
-#include "kiln/cache.h"
 
 /* PRAGMA application_id: "KILN" in ASCII. */
 #define KILN_APPLICATION_ID 0x4b494c4e
@@ -45,11 +46,6 @@ struct kiln_cache {
     void *user;
     kiln__errslot err;
 };
-
-/* kiln_cache_get, with the hit counted (a use) or not (prewarm verifying a
- * row it will not load). */
-kiln_status kiln__cache_load(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], int count_hit,
-                             void **cubin, size_t *size, int *found);
 
 /* Decodes and verifies one row's stored cubin: raw_size an integer in (0,
  * KILN_CACHE_MAX_CUBIN], a 32-byte checksum, a zstd frame that declares and

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "common/internal.h"
-#include "cache/internal.h"
+#include "cache/cache.h"
 #include "jit/internal.h"
 #include "runtime/internal.h"
 
@@ -302,20 +302,15 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
     }
     if (j->cache && !e->persisted) {
         int found = 0;
-        uint64_t dropped_before = 0, dropped_after = 0;
-        kiln_cache_counters cc;
-        kiln_cache_get_counters(j->cache, &cc);
-        dropped_before = cc.corrupt_dropped;
+        unsigned dropped = 0;
         /* Verified even when only preparing: prewarm must not count a corrupt row as cached. */
-        st = kiln__cache_load(j->cache, e->fingerprint, load, &cubin, &size, &found);
+        st = kiln__cache_load(j->cache, e->fingerprint, load, &cubin, &size, &found, &dropped);
         if (!st && found && !load) {
             free(cubin);
             cubin = NULL;
         }
-        kiln_cache_get_counters(j->cache, &cc);
-        dropped_after = cc.corrupt_dropped;
         pthread_mutex_lock(&j->lock);
-        j->counters.corrupt_dropped += dropped_after - dropped_before;
+        j->counters.corrupt_dropped += dropped;
         if (found && load)
             j->counters.database_hits++;
         if (st)

@@ -238,6 +238,92 @@ static void test_corrupt_row_is_recompiled(void **state)
     kiln_jit_destroy(j3);
 }
 
+/* Rows the test writes itself: prepare verifies a row but never loads its
+ * cubin, so any bytes do. */
+static void put_fake_row(kiln_cache *cache, kiln_jit *jit, const kiln_spec *spec)
+{
+    static const char cubin[] = "not a cubin: prepare only verifies it";
+    kiln_cache_record r = {.template_id = spec->template_id, .constants = "", .arch = "sm_90", .entries = "k",
+                           .cubin = cubin, .cubin_size = sizeof cubin};
+    KILN_CHECK(kiln_jit_fingerprint(jit, spec, r.fingerprint));
+    KILN_CHECK(kiln_cache_put(cache, &r));
+}
+
+#define CORRUPT_RACE_KEYS 256
+
+typedef struct prepare_loop {
+    kiln_jit *jit;
+    const kiln_spec *specs;
+    pthread_barrier_t *barrier;
+    kiln_status st;
+} prepare_loop;
+
+static void *prepare_all(void *arg)
+{
+    prepare_loop *l = arg;
+    pthread_barrier_wait(l->barrier);
+    for (int i = 0; i < CORRUPT_RACE_KEYS && !l->st; i++)
+        l->st = kiln_jit_prepare(l->jit, &l->specs[i], NULL);
+    return NULL;
+}
+
+/* One thread's keys each meet a corrupt row in a read-only layer (skipped and
+ * counted, the main database's row then found, so nothing compiles) while
+ * another thread's keys meet only whole rows: the jit counts each corrupt row
+ * once, however the two threads' loads interleave. */
+static void test_corrupt_rows_counted_once_across_threads(void **state)
+{
+    fixture *f = *state;
+    kiln_spec corrupt[CORRUPT_RACE_KEYS], whole[CORRUPT_RACE_KEYS];
+    for (int i = 0; i < CORRUPT_RACE_KEYS; i++) {
+        KILN_CHECK(kiln_op_token_embedding_spec(7000 + i, 256, 8, &corrupt[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(9000 + i, 256, 8, &whole[i]));
+    }
+    char layer_path[640];
+    snprintf(layer_path, sizeof layer_path, "%s/layer.db", f->dir);
+    kiln_cache_options lo = {.path = layer_path};
+    kiln_cache *layer;
+    KILN_CHECK(kiln_cache_open(&lo, &layer));
+    for (int i = 0; i < CORRUPT_RACE_KEYS; i++)
+        put_fake_row(layer, f->jit, &corrupt[i]);
+    kiln_cache_close(layer);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(layer_path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "UPDATE kernels SET checksum = zeroblob(32)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    const char *layers[] = {layer_path};
+    kiln_cache_options co = {.path = f->path, .readonly_paths = layers, .n_readonly_paths = 1, .ignore_env = 1};
+    kiln_cache *cache;
+    KILN_CHECK(kiln_cache_open(&co, &cache));
+    for (int i = 0; i < CORRUPT_RACE_KEYS; i++) {
+        put_fake_row(cache, f->jit, &corrupt[i]);
+        put_fake_row(cache, f->jit, &whole[i]);
+    }
+    kiln_jit *j = new_jit(cache);
+    pthread_barrier_t barrier;
+    pthread_barrier_init(&barrier, NULL, 2);
+    prepare_loop loops[2] = {{.jit = j, .specs = corrupt, .barrier = &barrier},
+                             {.jit = j, .specs = whole, .barrier = &barrier}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, prepare_all, &loops[i]);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        KILN_CHECK(loops[i].st);
+    }
+    pthread_barrier_destroy(&barrier);
+    kiln_jit_counters k = counters(j);
+    assert_int_equal(k.corrupt_dropped, CORRUPT_RACE_KEYS);
+    assert_int_equal(k.compiles, 0);
+    assert_int_equal(k.cache_errors, 0);
+    kiln_cache_counters cc;
+    kiln_cache_get_counters(cache, &cc);
+    assert_int_equal(cc.corrupt_dropped, CORRUPT_RACE_KEYS);
+    kiln_jit_destroy(j);
+    kiln_cache_close(cache);
+}
+
 static void test_without_a_database(void **state)
 {
     (void)state;
@@ -302,6 +388,7 @@ int main(void)
         T(test_compile_error_carries_the_log),
         T(test_unknown_template_and_bad_options),
         T(test_corrupt_row_is_recompiled),
+        T(test_corrupt_rows_counted_once_across_threads),
         T(test_without_a_database),
         cmocka_unit_test(test_every_kernel_syncs_on_the_grid_before_it),
     };
