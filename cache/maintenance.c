@@ -240,7 +240,7 @@ out_free:
 kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                           uint64_t *removed_bytes)
 {
-    kiln_cache_gc_options o = {0};
+    kiln_cache_gc_options o;
     uint64_t rows = 0, bytes = 0;
     if (removed_rows)
         *removed_rows = 0;
@@ -248,8 +248,9 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
         *removed_bytes = 0;
     if (!c || !opts)
         return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_gc: NULL argument");
-    /* Fields past the caller's size keep their zero defaults. */
-    memcpy(&o, opts, opts->size && opts->size < sizeof o ? opts->size : sizeof o);
+    kiln_status st = KILN__READ_SIZED(&c->err, "kiln_cache_gc: kiln_cache_gc_options", o, opts);
+    if (st)
+        return st;
     if (c->main.read_only)
         return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "cache %s is read-only: gc cannot remove rows",
                           c->main.path);
@@ -260,8 +261,7 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
         return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_cache_gc: no limit (max_bytes and older_than_seconds are both 0)");
     /* Uses gathered in memory count: write them before ranking by last use. */
-    kiln_status st = kiln_cache_flush(c);
-    if (st)
+    if ((st = kiln_cache_flush(c)))
         return st;
     int64_t now = (int64_t)time(NULL);
     int64_t cutoff = o.older_than_seconds > now ? INT64_MIN : now - o.older_than_seconds;

@@ -447,16 +447,17 @@ out:
     return st;
 }
 
-kiln_status kiln_cache_open(const kiln_cache_options *opts, kiln_cache **out)
+kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
 {
-    kiln_cache_options def = {0};
+    kiln_cache_options o;
     char path[4096];
     kiln_status st;
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_open: out is NULL");
     *out = NULL;
-    if (!opts)
-        opts = &def;
+    if ((st = KILN__READ_SIZED(NULL, "kiln_cache_open: kiln_cache_options", o, caller)))
+        return st;
+    const kiln_cache_options *opts = &o;
     if (opts->path && *opts->path) {
         if (strlen(opts->path) >= sizeof path)
             return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "cache path longer than %zu bytes", sizeof path - 1);

@@ -142,14 +142,16 @@ static uint64_t spec_hash(const kiln_spec *s)
 
 /* ---- the jit ---- */
 
-kiln_status kiln_jit_create(const kiln_jit_options *opts, kiln_jit **out)
+kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
 {
-    kiln_jit_options def = {0};
+    kiln_jit_options o;
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_jit_create: out is NULL");
     *out = NULL;
-    if (!opts)
-        opts = &def;
+    kiln_status st = KILN__READ_SIZED(NULL, "kiln_jit_create: kiln_jit_options", o, caller);
+    if (st)
+        return st;
+    const kiln_jit_options *opts = &o;
     const char *arch = opts->arch;
     kiln_runtime_info info;
     if (!arch && opts->runtime) {
@@ -159,8 +161,7 @@ kiln_status kiln_jit_create(const kiln_jit_options *opts, kiln_jit **out)
     if (!arch)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_jit_create: no architecture: name one (e.g. \"sm_90\") or give a runtime");
-    kiln_status st = kiln__arch_check(arch);
-    if (st)
+    if ((st = kiln__arch_check(arch)))
         return st;
     kiln_jit *j = calloc(1, sizeof *j);
     if (!j)

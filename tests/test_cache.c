@@ -633,6 +633,30 @@ static void test_bad_arguments(void **state)
     kiln_cache_close(NULL);
 }
 
+/* Fields past the caller's size take their defaults; a size that does not
+ * even hold the size field is refused, naming the struct and the value. */
+static void test_options_size_is_honoured(void **state)
+{
+    fixture *f = *state;
+    kiln_cache_options o = {.size = offsetof(kiln_cache_options, read_only), .path = f->path, .read_only = 1};
+    kiln_cache *c = NULL;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    uint8_t cubin[100];
+    kiln_cache_record rec;
+    make_record(&f->rng, &rec, cubin, sizeof cubin);
+    KILN_CHECK(kiln_cache_put(c, &rec)); /* writable: read_only was past the size */
+    kiln_cache_close(c);
+    o.size = sizeof o;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    KILN_EXPECT(kiln_cache_put(c, &rec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "read-only", NULL);
+    kiln_cache_close(c);
+    o.size = 2;
+    c = (kiln_cache *)1;
+    KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_cache_options",
+                "size = 2");
+    assert_null(c);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -650,6 +674,7 @@ int main(void)
         T(test_processes_share_one_database),
         T(test_killed_writer_leaves_a_consistent_database),
         T(test_bad_arguments),
+        T(test_options_size_is_honoured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

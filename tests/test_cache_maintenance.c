@@ -184,6 +184,13 @@ static void test_gc_refuses_read_only_and_no_limit(void **state)
     KILN_EXPECT(kiln_cache_gc(c, &negative, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "negative", NULL);
     KILN_EXPECT(kiln_cache_gc(c, NULL, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
     KILN_EXPECT(kiln_cache_gc(NULL, &o, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    kiln_cache_gc_options short_size = {.size = 2, .max_bytes = 1};
+    KILN_EXPECT(kiln_cache_gc(c, &short_size, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_cache_errmsg(c),
+                "kiln_cache_gc_options", "size = 2");
+    /* A size that stops before older_than_seconds leaves it at 0: no limit. */
+    kiln_cache_gc_options old_size = {.size = offsetof(kiln_cache_gc_options, older_than_seconds),
+                                      .older_than_seconds = 1};
+    KILN_EXPECT(kiln_cache_gc(c, &old_size, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "no limit", NULL);
     assert_true(has_row(c, r.rec[0].fingerprint) && has_row(c, r.rec[1].fingerprint));
     kiln_cache_close(c);
 }

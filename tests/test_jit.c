@@ -203,6 +203,14 @@ static void test_unknown_template_and_bad_options(void **state)
     KILN_EXPECT(kiln_jit_create(&none, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "architecture", NULL);
     kiln_jit_options badarch = {.arch = "gfx90a"};
     KILN_EXPECT(kiln_jit_create(&badarch, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "gfx90a", NULL);
+    /* Fields past the caller's size take their defaults: the bad option is not read. */
+    o.size = offsetof(kiln_jit_options, nvrtc_options);
+    KILN_CHECK(kiln_jit_create(&o, &j));
+    kiln_jit_destroy(j);
+    o.size = 2;
+    j = (kiln_jit *)1;
+    KILN_EXPECT(kiln_jit_create(&o, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_jit_options", "size = 2");
+    assert_null(j);
     assert_non_null(kiln_template_id(0));
     int seen = 0;
     for (size_t i = 0; kiln_template_id(i); i++)

@@ -41,8 +41,10 @@ typedef struct kiln_cache_event {
     const char *detail; /* what failed, with the values; valid during the callback */
 } kiln_cache_event;
 
+/* Zero-initialized means defaults. size tells the library which fields the
+ * caller's header had: fields past it take their defaults. */
 typedef struct kiln_cache_options {
-    uint32_t size;           /* sizeof(kiln_cache_options), or 0 */
+    uint32_t size;           /* sizeof(kiln_cache_options), or 0 for the library's */
     const char *path;        /* NULL: kiln_cache_default_path() */
     int read_only;           /* open without writing (a shipped database) */
     int busy_timeout_ms;     /* 0: 10000 */
@@ -108,8 +110,10 @@ typedef struct kiln_cache_counters {
  * KILN_ERR_INVALID_ARGUMENT when buf is too small or no variable is set. */
 KILN_API kiln_status kiln_cache_default_path(char *buf, size_t cap);
 
-/* Opens (creating the file and its folder when writable) the database.
- * KILN_ERR_CACHE_IO: the file cannot be opened or created;
+/* Opens (creating the file and its folder when writable) the database; opts
+ * NULL: every default. KILN_ERR_INVALID_ARGUMENT: opts->size nonzero and
+ * smaller than the size field, a path too long, read-only paths counted but
+ * not given; KILN_ERR_CACHE_IO: the file cannot be opened or created;
  * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema;
  * KILN_ERR_HOST_OUT_OF_MEMORY. On failure *out is NULL and kiln_errmsg() says why. */
 KILN_API kiln_status kiln_cache_open(const kiln_cache_options *opts, kiln_cache **out);
@@ -159,13 +163,14 @@ KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
                                        void *user, kiln_cache_verify_report *out);
 
 typedef struct kiln_cache_gc_options {
-    uint32_t size;              /* sizeof(kiln_cache_gc_options), or 0 */
+    uint32_t size;              /* sizeof(kiln_cache_gc_options), or 0; fields past it are 0 */
     uint64_t max_bytes;         /* keep at most this many stored bytes; 0: no limit */
     int64_t older_than_seconds; /* drop rows unused for longer; 0: no limit */
 } kiln_cache_gc_options;
 
 /* Drops rows, least recently used first, in one transaction.
- * KILN_ERR_INVALID_ARGUMENT for a read-only cache or no limit. */
+ * KILN_ERR_INVALID_ARGUMENT for a read-only cache, no limit, a negative age,
+ * or opts->size nonzero and smaller than the size field. */
 KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                                    uint64_t *removed_bytes);
 

@@ -53,8 +53,10 @@ KILN_API kiln_status kiln_spec_set(kiln_spec *spec, const char *name, int64_t va
 /* Writes the canonical "NAME=value;..." text (sorted by name) into buf. */
 KILN_API kiln_status kiln_spec_constants_text(const kiln_spec *spec, char *buf, size_t cap);
 
+/* Zero-initialized means defaults. size tells the library which fields the
+ * caller's header had: fields past it take their defaults. */
 typedef struct kiln_jit_options {
-    uint32_t size;                /* sizeof(kiln_jit_options), or 0 */
+    uint32_t size;                /* sizeof(kiln_jit_options), or 0 for the library's */
     kiln_cache *cache;            /* borrowed; NULL: nothing persists */
     kiln_runtime *runtime;        /* borrowed; NULL: offline (compile and cache only) */
     const char *arch;             /* "sm_90"; NULL: the runtime's, required offline */
@@ -75,8 +77,9 @@ typedef struct kiln_jit_counters {
     uint64_t cache_errors;    /* database reads or writes that failed (acquire compiled or loaded anyway) */
 } kiln_jit_counters;
 
-/* KILN_ERR_INVALID_ARGUMENT (no arch offline, a malformed arch or option),
- * KILN_ERR_NVRTC (NVRTC cannot be used). */
+/* KILN_ERR_INVALID_ARGUMENT (no arch offline, a malformed arch or option,
+ * opts->size nonzero and smaller than the size field), KILN_ERR_NVRTC (NVRTC
+ * cannot be used). */
 KILN_API kiln_status kiln_jit_create(const kiln_jit_options *opts, kiln_jit **out);
 /* Unloads every module. NULL is a no-op. */
 KILN_API void kiln_jit_destroy(kiln_jit *jit);
