@@ -15,15 +15,13 @@
  * templates never use, and so shortens every compile. */
 static const char *const default_options[] = {"--std=c++17", "-minimal"};
 
-/* NVRTC 12.9 and later keep their own cache of PTX and cubins in the CUDA
- * driver's compute cache (~/.nv/ComputeCache): where a driver is installed,
- * the first compile of a process initializes the driver under a lock every
- * other compiling thread waits on, and every compile hashes its input and
- * reads or writes that cache. kiln's database is the cache; a second one only
- * costs time and disk, and makes compile times depend on what some earlier
- * process left in the user's home. So kiln turns it off. The option selects
- * where the cubin comes from, never what it holds (the same bytes with and
- * without it), so it is not part of the fingerprint, like the architecture. */
+/* NVRTC 12.9 and later keep their own cache (the driver's compute cache,
+ * ~/.nv/ComputeCache), whose first use serializes every compiling thread
+ * behind a driver lock and makes compile times depend on what an earlier
+ * process left there; kiln's database is the cache, so that one is off
+ * (bench/bench_prewarm.sh measures parallel compiles). The option changes where
+ * the cubin comes from, never its bytes, so like the architecture it is not
+ * part of the fingerprint. */
 #define NO_CACHE_OPTION "--no-cache"
 
 static pthread_once_t no_cache_once = PTHREAD_ONCE_INIT;
