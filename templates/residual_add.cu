@@ -8,10 +8,9 @@
 // One vector (VEC halves) per thread, n (vectors: elements / VEC) a launch
 // argument, so one kernel serves every token count; the block size is chosen
 // at launch (small blocks for few tokens spread the rows over many SMs, large
-// ones for many tokens), and a grid smaller than n / block strides.
-// Measured on an H200, this beat chunks of several vectors per thread, one
-// block per row or a resident grid with the next chunk in flight, for rotated
-// 2048 x 4096 buffers (DRAM) and for 1 and 16 tokens.
+// ones for many tokens), and a grid smaller than n / block strides: faster
+// than several vectors a thread, a block a row or a resident grid with the
+// next chunk in flight, at every size build/bench/bench_norm_argmax times.
 // Constants: KILN_HIDDEN, KILN_VEC (8 = 16-byte vectors, 1 = scalar),
 // KILN_THREADS (the largest block it is launched with).
 #include "kiln_reduce.cuh"

@@ -1,6 +1,5 @@
 // Dense linear of 9 to 32 tokens as P f32 partial products, the weight
-// streamed by TMA (the design of tma_swiglu.cu; bench/probes/probe_tma_gemm.cu
-// measured it):
+// streamed by TMA (the design of tma_swiglu.cu; docs/performance.md says why):
 //   parts[p, t, n] = sum over k in part p of x[t, k] w[n, k]
 // K is cut in P equal parts; the grid is P x bp blocks, one an SM: block b
 // serves part b / bp and a run of 16-row units of it, the units dealt evenly
