@@ -1,4 +1,4 @@
-/* Graph replay (issue 6): a 64-kernel decode-like segment, eager and replayed
+/* Graph replay: a 64-kernel decode-like segment, eager and replayed
  * through the stream's graph cache, beside the raw driver launching the same
  * kernels and a graph of them, in the same run (torch.cuda.CUDAGraph
  * replaying 64 small ops is bench/peer_torch_graph.py).

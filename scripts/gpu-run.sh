@@ -10,7 +10,7 @@
 #     bench.jsonl     the benchmarks' JSON lines (kiln and its peers), nothing else
 #     bench.err       the benchmarks' stderr
 #     env.txt         the machine: nvidia-smi -L, driver, python packages
-#     decode-check.log  examples/decode/check.py (issue 8: kiln vs transformers, token for token)
+#     decode-check.log  examples/decode/check.py (kiln vs transformers, token for token)
 # A failing step does not stop the others; the script exits 1 when any failed.
 # Filters, for a run that cannot afford everything (device time is scarce):
 #     MEMCHECK_TESTS="test_graph_gpu ..."   memcheck only these binaries
@@ -153,7 +153,7 @@ else
     FAILED=1
 fi
 
-# Issue 6: graph replay of a 64-kernel segment beside the raw driver, then torch.cuda.CUDAGraph.
+# Graph replay of a 64-kernel segment beside the raw driver, then torch.cuda.CUDAGraph.
 bench bench_graph 120 "$BUILD/bench/bench_graph" && bench peer_torch_graph 150 python3 "$ROOT/bench/peer_torch_graph.py" --kiln "$BENCH_JSONL"
 
 if [ -x "$BUILD/bench/bench_dense" ]; then
@@ -169,7 +169,7 @@ bench bench_norm_argmax 120 "$BUILD/bench/bench_norm_argmax" && bench peer_torch
 if [ -x "$BUILD/bench/bench_linear_tune" ]; then bench bench_linear_tune 120 "$BUILD/bench/bench_linear_tune"; fi
 
 # Every line of bench.jsonl must be one JSON object.
-# Issue 7: a shipped database ready in <= 20 ms; prewarm's -j scaling on this machine's cores.
+# A shipped database ready in <= 20 ms; prewarm's -j scaling on this machine's cores.
 rm -f "$BUILD/tests/llama-export.db"
 "$BUILD/kiln" export --arch sm_90 -o "$BUILD/tests/llama-export.db" >/dev/null 2>>"$BENCH_ERR" || true
 bench bench_ship 60 "$BUILD/bench/bench_ship" --db "$BUILD/tests/llama-export.db"
@@ -178,7 +178,7 @@ for b in bench_attention bench_recurrent; do
     if [ -x "$BUILD/bench/$b" ]; then bench "$b" 120 "$BUILD/bench/$b"; fi
 done
 
-# Issue 8: decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
+# Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
 bench bench_decode 240 bash "$ROOT/bench/bench_decode.sh" "$BUILD"
 if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" decode-check "* ]]; then
     step decode-check 300 0 python3 "$ROOT/examples/decode/check.py" --build "$BUILD" >"$OUT/decode-check.log" 2>&1

@@ -1,4 +1,4 @@
-/* The graph executable cache on the GPU (issue 6): a decoder-layer-like
+/* The graph executable cache on the GPU: a decoder-layer-like
  * sequence (embedding -> RMSNorm -> q/k/v linear -> paged attention decode ->
  * o linear -> fused residual RMSNorm -> SwiGLU -> down linear -> lm head ->
  * masked argmax) replayed equals eager bit for bit, with the per-step values
