@@ -1,5 +1,5 @@
-/* The runtime: one device's primary context, its descriptor, module loading,
- * launches and the sticky-failure rule. */
+/* The runtime: one device's primary context, its descriptor, module loading
+ * and the sticky-failure rule. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +55,6 @@ int kiln__runtime_usable(kiln_runtime *rt)
 }
 
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
-const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d; }
 
 int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
 
@@ -207,31 +206,6 @@ void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
         rt->d->cuCtxSynchronize();
         rt->d->cuModuleUnload(module);
     }
-}
-
-kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],
-                            unsigned block_x, unsigned shared_bytes, void **args, unsigned flags)
-{
-    CUresult r;
-    if ((flags & KILN__LAUNCH_PDL) && rt->pdl) {
-        CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        CUlaunchConfig cfg = {.gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2], .blockDimX = block_x,
-                              .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = shared_bytes,
-                              .hStream = ctx->stream, .attrs = &attr, .numAttrs = 1};
-        r = rt->d->cuLaunchKernelEx(&cfg, fn, args, NULL);
-    } else {
-        r = rt->d->cuLaunchKernel(fn, grid[0], grid[1], grid[2], block_x, 1, 1, shared_bytes, ctx->stream, args, NULL);
-    }
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuLaunchKernel");
-}
-
-kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
-                         unsigned block_x, unsigned shared_bytes, void **args)
-{
-    /* Every kiln template calls kiln_grid_dependency_sync() first thing. */
-    const unsigned grid[3] = {grid_x, 1, 1};
-    return kiln__launch_ex(ctx, rt, fn, grid, block_x, shared_bytes, args, KILN__LAUNCH_PDL);
 }
 
 void *kiln_launch_stream(const kiln_launch_context *ctx) { return ctx ? (void *)ctx->stream : NULL; }
