@@ -1,6 +1,6 @@
 /* The graph executable cache of a stream: segment keys, lookup, LRU capacity
  * by count and by device memory, rejected segments, statistics. What is
- * captured and how it is launched lives in stream.c; this file only keeps
+ * captured and how it is launched lives in submit.c; this file only keeps
  * executables. */
 #include <stdatomic.h>
 #include <stdint.h>

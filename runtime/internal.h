@@ -192,7 +192,7 @@ void kiln__buffer_retain(kiln_buffer *buf);
 kiln_status kiln__command_fill(kiln_runtime *rt, const kiln_region *dst, uint8_t value, kiln_command **out);
 void kiln__command_retain(kiln_command *cmd);
 
-/* Streams (runtime/stream.c). */
+/* Streams (runtime/stream.c; submission in runtime/submit.c). */
 
 /* What moves a stream between states. */
 typedef enum kiln__stream_event {
@@ -228,6 +228,22 @@ uint64_t kiln__align_up(uint64_t base, size_t align);
 kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out);
 /* Reads and clears the stream's fault record; KILN_ERR_DEVICE_CONTRACT when a kernel reported. */
 kiln_status kiln__stream_check_fault(kiln_stream *s);
+/* Applies a move of the state machine that the caller knows to be allowed. */
+void kiln__stream_move(kiln_stream *s, kiln__stream_event ev);
+/* Notes the batches that have completed, oldest first (the stream's
+ * reference to each dropped); a failed query fails the stream. */
+void kiln__stream_reap(kiln_stream *s);
+/* Drops a reference to the stream struct (its handle's or a batch's). */
+void kiln__stream_unref(kiln_stream *s);
+/* An event from the stream's pool ([timed] or untimed), or a new one; and
+ * back into the pool (reusable: its batch completed) or destroyed. */
+kiln_status kiln__stream_event_get(kiln_stream *s, int timed, CUevent *ev);
+void kiln__stream_event_put(kiln_stream *s, int timed, CUevent ev, int reusable);
+
+/* Fences (runtime/fence.c): a batch's last reference frees its commands'
+ * references, graphs and events. */
+void kiln__fence_free(kiln_fence *b);
+void kiln__fence_unref(kiln_fence *b);
 
 /* The graph executable cache (runtime/graph.c). */
 uint64_t kiln__key_hash(const void *p, size_t n);
