@@ -352,11 +352,16 @@ int kiln__graph_cache_captures(const kiln__graph_cache *c) { return c->capture; 
 
 /* ---- the API ---- */
 
-kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_options *o)
+kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_options *opts)
 {
-    if (!s || !o)
+    if (!s || !opts)
         return kiln__fail(s ? &s->rt->err : NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_stream_set_graph_options: NULL argument");
+    kiln_graph_options local;
+    kiln_status st = KILN__OPTIONS_COPY(&s->rt->err, "kiln_stream_set_graph_options", kiln_graph_options, local, opts);
+    if (st)
+        return st;
+    const kiln_graph_options *o = &local;
     kiln__graph_cache *c = s->graphs;
     if (o->n_buckets > KILN_MAX_BATCH_BUCKETS || (o->n_buckets && !o->buckets))
         return kiln__fail(&s->rt->err, KILN_ERR_RUNTIME_CONTRACT,

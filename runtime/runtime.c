@@ -54,6 +54,17 @@ int kiln__runtime_usable(kiln_runtime *rt)
     return rt->d->cuCtxSetCurrent(rt->ctx) == CUDA_SUCCESS;
 }
 
+kiln_status kiln__options_copy(kiln__errslot *err, const char *fn, const char *type, void *local, size_t local_size,
+                               const void *caller)
+{
+    if (!kiln__copy_sized(local, local_size, caller))
+        return KILN_OK;
+    return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT,
+                      "%s: %s.size is %u, inside the size field itself; set it to sizeof(%s) (%zu in this "
+                      "library) or 0",
+                      fn, type, (unsigned)*(const uint32_t *)caller, type, local_size);
+}
+
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
 
 int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
@@ -89,12 +100,13 @@ static void describe(kiln_runtime *rt, int major)
 kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime **out)
 {
     const char *why = NULL;
-    kiln_runtime_options def = {0};
+    kiln_runtime_options o;
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_runtime_create: out is NULL");
     *out = NULL;
-    if (!opts)
-        opts = &def;
+    kiln_status st = KILN__OPTIONS_COPY(NULL, "kiln_runtime_create", kiln_runtime_options, o, opts);
+    if (st)
+        return st;
     const kiln__driver *d = kiln__driver_get(&why);
     if (!d)
         return kiln__fail(NULL, KILN_ERR_NO_DEVICE, "no device: %s", why);
@@ -102,18 +114,17 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     CUresult r = d->cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS)
         return kiln__cuda_fail(NULL, r, "cuDeviceGetCount");
-    if (opts->device_ordinal < 0 || opts->device_ordinal >= count)
+    if (o.device_ordinal < 0 || o.device_ordinal >= count)
         return kiln__fail(NULL, KILN_ERR_NO_DEVICE, "no device: ordinal %d requested, %d device(s) present",
-                          opts->device_ordinal, count);
+                          o.device_ordinal, count);
     kiln_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     kiln__errslot_init(&rt->err);
     rt->d = d;
-    kiln_status st;
     int major = 0, minor = 0;
     size_t total = 0;
-    if ((r = d->cuDeviceGet(&rt->dev, opts->device_ordinal)) != CUDA_SUCCESS ||
+    if ((r = d->cuDeviceGet(&rt->dev, o.device_ordinal)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, rt->dev)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, rt->dev)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&rt->info.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rt->dev)) !=
@@ -124,7 +135,7 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
         st = kiln__cuda_fail(NULL, r, "querying the device");
         goto out_free;
     }
-    rt->info.device_ordinal = opts->device_ordinal;
+    rt->info.device_ordinal = o.device_ordinal;
     rt->info.total_memory = total;
     snprintf(rt->info.arch, sizeof rt->info.arch, "sm_%d%d", major, minor);
     describe(rt, major);

@@ -357,30 +357,29 @@ static kiln_status run(kiln_stream *s, kiln_fence *b)
     return st;
 }
 
-/* What submit and prepare check first: the stream, the runtime, the batch. */
-static kiln_status submit_begin(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
-                                const char *fn)
+/* What submit and prepare check first: the stream, the options (copied
+ * into *opts, NULL the defaults), the runtime, the batch. */
+static kiln_status submit_begin(kiln_stream *s, kiln_command *const *cmds, size_t n,
+                                const kiln_submit_options *caller, const char *fn, kiln_submit_options *opts)
 {
     if (!s)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: stream is NULL", fn);
-    kiln_status st = kiln__runtime_enter(s->rt);
-    if (st)
+    kiln_status st = KILN__OPTIONS_COPY(&s->rt->err, fn, kiln_submit_options, *opts, caller);
+    if (st || (st = kiln__runtime_enter(s->rt)))
         return st;
     if (s->state == KILN_STREAM_SUBMITTED)
         kiln__stream_reap(s);
     return kiln__submit_validate(s, cmds, n, opts);
 }
 
-static const kiln_submit_options default_submit;
-
-kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
-                               kiln_fence **fence)
+kiln_status kiln_stream_submit(kiln_stream *s, kiln_command *const *cmds, size_t n,
+                               const kiln_submit_options *caller_opts, kiln_fence **fence)
 {
     if (fence)
         *fence = NULL;
-    if (!opts)
-        opts = &default_submit;
-    kiln_status st = submit_begin(s, cmds, n, opts, "kiln_stream_submit");
+    kiln_submit_options local;
+    const kiln_submit_options *opts = &local;
+    kiln_status st = submit_begin(s, cmds, n, caller_opts, "kiln_stream_submit", &local);
     if (st)
         return st;
     kiln_runtime *rt = s->rt;
@@ -455,14 +454,14 @@ out_unwind:
     return st;
 }
 
-kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_t n, const kiln_submit_options *opts,
-                                size_t *captured)
+kiln_status kiln_stream_prepare(kiln_stream *s, kiln_command *const *cmds, size_t n,
+                                const kiln_submit_options *caller_opts, size_t *captured)
 {
     if (captured)
         *captured = 0;
-    if (!opts)
-        opts = &default_submit;
-    kiln_status st = submit_begin(s, cmds, n, opts, "kiln_stream_prepare");
+    kiln_submit_options local;
+    const kiln_submit_options *opts = &local;
+    kiln_status st = submit_begin(s, cmds, n, caller_opts, "kiln_stream_prepare", &local);
     if (st)
         return st;
     kiln_runtime *rt = s->rt;
