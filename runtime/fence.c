@@ -35,8 +35,6 @@ void kiln__fence_unref(kiln_fence *b)
         kiln__fence_free(b);
 }
 
-/* Notes batches that have completed, oldest first, dropping the stream's
- * reference to each; a failed query marks the batch indeterminate. */
 kiln_status kiln_fence_query(kiln_fence *b, kiln_fence_state *state)
 {
     if (!b || !state)

@@ -183,6 +183,8 @@ void kiln__stream_unref(kiln_stream *s)
     free(s);
 }
 
+/* Notes batches that have completed, oldest first, dropping the stream's
+ * reference to each; a failed query marks the batch indeterminate. */
 void kiln__stream_reap(kiln_stream *s)
 {
     while (s->pending) {
