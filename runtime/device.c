@@ -125,24 +125,16 @@ CUresult kiln__device_timer_create(kiln_runtime *rt, kiln__device_timer **out)
     if (!t)
         return CUDA_ERROR_OUT_OF_MEMORY;
     t->rt = rt;
+    /* A failed create leaves its handle NULL: destroy frees what was made. */
     CUresult r;
-    if ((r = rt->d->cuStreamCreate(&t->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-        t->stream = NULL;
-        goto out_destroy;
-    }
-    if ((r = rt->d->cuEventCreate(&t->start, CU_EVENT_DEFAULT)) != CUDA_SUCCESS) {
-        t->start = NULL;
-        goto out_destroy;
-    }
-    if ((r = rt->d->cuEventCreate(&t->end, CU_EVENT_DEFAULT)) != CUDA_SUCCESS) {
-        t->end = NULL;
-        goto out_destroy;
+    if ((r = rt->d->cuStreamCreate(&t->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS ||
+        (r = rt->d->cuEventCreate(&t->start, CU_EVENT_DEFAULT)) != CUDA_SUCCESS ||
+        (r = rt->d->cuEventCreate(&t->end, CU_EVENT_DEFAULT)) != CUDA_SUCCESS) {
+        kiln__device_timer_destroy(t);
+        return r;
     }
     *out = t;
     return CUDA_SUCCESS;
-out_destroy:
-    kiln__device_timer_destroy(t);
-    return r;
 }
 
 void kiln__device_timer_destroy(kiln__device_timer *t)
