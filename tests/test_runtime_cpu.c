@@ -1013,6 +1013,18 @@ static void test_options_size(void **state)
     fake_runtime_free(rt);
 }
 
+/* The dense providers' candidate timing gives up on a runtime without a driver. */
+static void test_device_timer_without_driver(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(RT1_ID);
+    kiln__device_timer *t = (kiln__device_timer *)(uintptr_t)1;
+    assert_int_not_equal(kiln__device_timer_create(rt, &t), CUDA_SUCCESS);
+    assert_null(t);
+    kiln__device_timer_destroy(NULL);
+    fake_runtime_free(rt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1031,6 +1043,7 @@ int main(void)
         cmocka_unit_test(test_binding_layout),
         cmocka_unit_test(test_binding_patches),
         cmocka_unit_test(test_options_size),
+        cmocka_unit_test(test_device_timer_without_driver),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
