@@ -113,7 +113,7 @@ int main(int argc, char **argv)
     kiln_jit_options jo = {.size = sizeof jo, .runtime = rt}; /* no cache: nothing persists */
     if ((st = kiln_jit_create(&jo, &jit)))
         fail("setup", st, NULL);
-    g_d = kiln__runtime_driver(rt);
+    g_d = kiln__driver_get(NULL);
     if ((st = kiln__runtime_enter(rt)))
         fail("setup", st, NULL);
     CUstream stream = (CUstream)kiln_stream_handle(kiln_runtime_stream(rt));

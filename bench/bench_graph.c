@@ -197,7 +197,7 @@ int main(int argc, char **argv)
     check(kiln_runtime_create(NULL, &su.rt), "kiln_runtime_create");
     kiln_runtime_info info;
     kiln_runtime_get_info(su.rt, &info);
-    g_d = kiln__runtime_driver(su.rt);
+    g_d = kiln__driver_get(NULL);
     char why_not[4400];
     if (bench_tempdb_make(&g_db, db_parent, "graph", why_not, sizeof why_not))
         fail("setup", KILN_OK, why_not);

@@ -244,7 +244,7 @@ int main(int argc, char **argv)
     kiln_jit_options jo = {.size = sizeof jo, .runtime = g_rt};
     if ((st = kiln_jit_create(&jo, &jit)))
         fail("setup", st, NULL);
-    g_d = kiln__runtime_driver(g_rt);
+    g_d = kiln__driver_get(NULL);
     if ((st = kiln__runtime_enter(g_rt)))
         fail("setup", st, NULL);
     g_stream = (CUstream)kiln_stream_handle(kiln_runtime_stream(g_rt));

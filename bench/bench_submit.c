@@ -243,7 +243,7 @@ int main(int argc, char **argv)
     }
     kiln_runtime_info info;
     kiln_runtime_get_info(su.rt, &info);
-    g_d = kiln__runtime_driver(su.rt);
+    g_d = kiln__driver_get(NULL);
 
     /* A jit on a temporary cache database. */
     char why_not[4400];

@@ -9,7 +9,7 @@
 #include "common/internal.h"
 #include "cache/cache.h"
 #include "jit/internal.h"
-#include "runtime/internal.h"
+#include "runtime/device.h"
 
 typedef enum entry_state { ENTRY_BUSY, ENTRY_READY, ENTRY_FAILED } entry_state;
 
@@ -377,12 +377,8 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
     }
     if (load && !e->loaded) {
         st = kiln__runtime_load_module(j->rt, cubin, &e->module);
-        for (size_t i = 0; !st && i < e->tmpl->n_entries; i++) {
-            CUresult r = kiln__runtime_driver(j->rt)->cuModuleGetFunction(&e->functions[i], e->module,
-                                                                           e->tmpl->entries[i]);
-            if (r != CUDA_SUCCESS)
-                st = kiln__cuda_fail(NULL, r, "cuModuleGetFunction");
-        }
+        for (size_t i = 0; !st && i < e->tmpl->n_entries; i++)
+            st = kiln__module_function(j->rt, e->module, e->tmpl->entries[i], &e->functions[i]);
         if (st) {
             kiln__runtime_unload_module(j->rt, e->module);
             e->module = NULL;

@@ -23,6 +23,7 @@
 #include <cublasLt.h>
 
 #include "providers/internal.h"
+#include "runtime/blas.h"
 
 /* The workspace every cuBLASLt call is given (what cuBLAS uses on Hopper). */
 #define KILN__BLAS_WORKSPACE ((size_t)32 << 20)

@@ -191,17 +191,17 @@ static int run_candidate(const kiln__gemm *g, const cublasLtMatmulAlgo_t *algo, 
 
 /* The median time (ms) of NARROW_REPS calls of algo, each after a write of
  * flush_bytes at flush (which evicts the weight from L2); < 0 on failure. */
-static float time_cold(const kiln__gemm *g, const kiln__driver *d, const cublasLtMatmulAlgo_t *algo, void *out,
-                       CUdeviceptr ws, CUstream s, CUdeviceptr flush, size_t flush_bytes, CUevent e0, CUevent e1)
+static float time_cold(const kiln__gemm *g, kiln__device_timer *timer, const cublasLtMatmulAlgo_t *algo, void *out,
+                       CUdeviceptr ws, CUdeviceptr flush, size_t flush_bytes)
 {
     float t[NARROW_REPS];
+    CUstream s = kiln__device_timer_stream(timer);
     if (!run_candidate(g, algo, out, ws, s)) /* untimed: the first call's setup */
         return -1;
     for (int i = 0; i < NARROW_REPS; i++) {
-        if (d->cuMemsetD8Async(flush, (unsigned char)i, flush_bytes, s) != CUDA_SUCCESS ||
-            d->cuEventRecord(e0, s) != CUDA_SUCCESS || !run_candidate(g, algo, out, ws, s) ||
-            d->cuEventRecord(e1, s) != CUDA_SUCCESS || d->cuEventSynchronize(e1) != CUDA_SUCCESS ||
-            d->cuEventElapsedTime(&t[i], e0, e1) != CUDA_SUCCESS)
+        if (kiln__device_timer_fill(timer, flush, (unsigned char)i, flush_bytes) != CUDA_SUCCESS ||
+            kiln__device_timer_start(timer) != CUDA_SUCCESS || !run_candidate(g, algo, out, ws, s) ||
+            kiln__device_timer_stop(timer, &t[i]) != CUDA_SUCCESS)
             return -1;
     }
     qsort(t, NARROW_REPS, sizeof t[0], cmp_float);
@@ -210,21 +210,21 @@ static float time_cold(const kiln__gemm *g, const kiln__driver *d, const cublasL
 
 /* The time (ms) of a call of algo, calls back to back: one untimed, one
  * timed, then enough for TUNE_TARGET_MS; < 0 on failure. */
-static float time_hot(const kiln__gemm *g, const kiln__driver *d, const cublasLtMatmulAlgo_t *algo, void *out,
-                      CUdeviceptr ws, CUstream s, CUevent e0, CUevent e1)
+static float time_hot(const kiln__gemm *g, kiln__device_timer *timer, const cublasLtMatmulAlgo_t *algo, void *out,
+                      CUdeviceptr ws)
 {
     int reps = 1;
     float ms = 0;
+    CUstream s = kiln__device_timer_stream(timer);
     for (int round = 0; round < 3; round++) {
-        if (round > 0 && d->cuEventRecord(e0, s) != CUDA_SUCCESS)
+        if (round > 0 && kiln__device_timer_start(timer) != CUDA_SUCCESS)
             return -1;
         for (int k = 0; k < reps; k++)
             if (!run_candidate(g, algo, out, ws, s))
                 return -1;
         if (round == 0)
             continue;
-        if (d->cuEventRecord(e1, s) != CUDA_SUCCESS || d->cuEventSynchronize(e1) != CUDA_SUCCESS ||
-            d->cuEventElapsedTime(&ms, e0, e1) != CUDA_SUCCESS)
+        if (kiln__device_timer_stop(timer, &ms) != CUDA_SUCCESS)
             return -1;
         ms /= (float)reps;
         if (round == 1) {
@@ -242,36 +242,32 @@ static float time_hot(const kiln__gemm *g, const kiln__driver *d, const cublasLt
 static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmulHeuristicResult_t *r, int n,
                    int cold, float *ms_out)
 {
-    const kiln__driver *d = kiln__runtime_driver(g->rt);
-    if (!d || kiln__runtime_enter(g->rt))
+    kiln__device_timer *timer = NULL;
+    if (kiln__device_timer_create(g->rt, &timer) != CUDA_SUCCESS)
         return -1;
     const size_t d_bytes = (size_t)key->m * (size_t)key->n * (key->parts ? 4u * key->parts : 2u);
     size_t flush_bytes = 0;
-    CUstream s = NULL;
     CUdeviceptr dp = 0, ws = 0, flush = 0;
-    CUevent e0 = NULL, e1 = NULL;
     int best = -1;
     float best_ms = 0;
     const kiln__gemm_desc *gd = &g->desc;
-    if (d->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-        goto out;
     /* The scratch output keeps the bindings' alignment, so every candidate applies. */
-    if (d->cuMemAlloc(&dp, d_bytes + 256) != CUDA_SUCCESS || d->cuMemAlloc(&ws, KILN__BLAS_WORKSPACE) != CUDA_SUCCESS ||
-        d->cuEventCreate(&e0, CU_EVENT_DEFAULT) != CUDA_SUCCESS || d->cuEventCreate(&e1, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+    if (kiln__device_alloc(g->rt, &dp, d_bytes + 256) != CUDA_SUCCESS ||
+        kiln__device_alloc(g->rt, &ws, KILN__BLAS_WORKSPACE) != CUDA_SUCCESS)
         goto out;
     /* Without memory for the flush, the narrow product is timed back to back. */
     if (cold) {
         flush_bytes = 2 * kiln__runtime_l2_bytes(g->rt);
         if (flush_bytes < ((size_t)16 << 20))
             flush_bytes = (size_t)16 << 20;
-        if (d->cuMemAlloc(&flush, flush_bytes) != CUDA_SUCCESS)
+        if (kiln__device_alloc(g->rt, &flush, flush_bytes) != CUDA_SUCCESS)
             flush = 0;
     }
     void *out = (void *)(uintptr_t)(dp + (gd->d & 255));
     for (int i = 0; i < n; i++) {
-        const float ms = flush ? time_cold(g, d, &r[i].algo, out, ws, s, flush, flush_bytes, e0, e1)
-                               : time_hot(g, d, &r[i].algo, out, ws, s, e0, e1);
-        if (d->cuStreamSynchronize(s) != CUDA_SUCCESS)
+        const float ms = flush ? time_cold(g, timer, &r[i].algo, out, ws, flush, flush_bytes)
+                               : time_hot(g, timer, &r[i].algo, out, ws);
+        if (kiln__device_timer_sync(timer) != CUDA_SUCCESS)
             goto out;
         if (ms >= 0 && (best < 0 || ms < best_ms)) {
             best = i;
@@ -280,20 +276,11 @@ static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmu
     }
     *ms_out = best >= 0 ? best_ms : 0;
 out:
-    if (s)
-        d->cuStreamSynchronize(s);
-    if (e0)
-        d->cuEventDestroy(e0);
-    if (e1)
-        d->cuEventDestroy(e1);
-    if (flush)
-        d->cuMemFree(flush);
-    if (ws)
-        d->cuMemFree(ws);
-    if (dp)
-        d->cuMemFree(dp);
-    if (s)
-        d->cuStreamDestroy(s);
+    /* The timer waits for its stream before the scratch goes. */
+    kiln__device_timer_destroy(timer);
+    kiln__device_free(g->rt, flush);
+    kiln__device_free(g->rt, ws);
+    kiln__device_free(g->rt, dp);
     return best;
 }
 

@@ -98,11 +98,5 @@ kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_de
 
 int kiln__blocks_per_sm(kiln_runtime *rt, CUfunction fn, unsigned threads)
 {
-    int per_sm = 0;
-    if (kiln__runtime_enter(rt) ||
-        kiln__runtime_driver(rt)->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)threads, 0) !=
-            CUDA_SUCCESS ||
-        per_sm < 1)
-        return 0;
-    return per_sm;
+    return kiln__function_blocks_per_sm(rt, fn, threads, 0);
 }

@@ -5,7 +5,7 @@
 #include "common/internal.h"
 #include "kiln/model.h"
 #include "kiln/ops.h"
-#include "runtime/internal.h"
+#include "runtime/device.h"
 
 /* Checks one binding: present, on rt, of dtype and rank, dims within (0,
  * max_dim] (a dim of -1 in want is not checked), its bytes inside the buffer

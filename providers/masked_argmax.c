@@ -175,18 +175,10 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
  * that fits the device. */
 static int big_cluster_fits(kiln_runtime *rt, CUfunction fn, unsigned threads)
 {
-    const kiln__driver *d = kiln__runtime_driver(rt);
     if (kiln__runtime_enter(rt) ||
-        d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS)
+        kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) != CUDA_SUCCESS)
         return 0;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = CLUSTER;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = threads;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    int clusters = 0;
-    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS && clusters >= 1;
+    return kiln__function_clusters(rt, fn, CLUSTER, threads, 0, KILN__CLUSTER_DECLARED) >= 1;
 }
 
 kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax_bindings *b, kiln_command **cmd)

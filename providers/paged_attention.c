@@ -423,25 +423,9 @@ static kiln_status launch_decode(attn_launch *l, const kiln_launch_context *ctx,
                     &l->table, &l->lens,       &l->spans,  &l->pages,     &l->out,       &l->n_pages,
                     &l->max_blocks, &l->tokens, &l->max_query, &l->stages, &l->qscale, l->inv_freq, fault};
     const unsigned grid[3] = {l->attention_tiles * l->splits, l->kv_heads, l->seqs};
-    kiln_status st;
-    if (l->splits == 1) {
-        st = kiln__launch_ex(ctx, l->rt, l->decode, grid, THREADS, l->smem, args, KILN__LAUNCH_PDL);
-        return st ? kiln__fail(kiln__runtime_errslot(l->rt), st, "cuLaunchKernel (paged_attention decode): %s",
-                               kiln_errmsg())
-                  : KILN_OK;
-    }
-    CUlaunchAttribute attr[2];
-    memset(attr, 0, sizeof attr);
-    attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr[0].value.clusterDim.x = l->splits;
-    attr[0].value.clusterDim.y = attr[0].value.clusterDim.z = 1;
-    attr[1].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr[1].value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig cfg = {.gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2], .blockDimX = THREADS,
-                          .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = l->smem,
-                          .hStream = (CUstream)kiln_launch_stream(ctx), .attrs = attr, .numAttrs = l->pdl ? 2 : 1};
-    const CUresult r = kiln__runtime_driver(l->rt)->cuLaunchKernelEx(&cfg, l->decode, args, NULL);
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(l->rt, r, "cuLaunchKernelEx (paged_attention decode)");
+    kiln_status st = kiln__launch_cluster(ctx, l->rt, l->decode, grid, l->splits, THREADS, l->smem, args,
+                                          l->pdl ? KILN__LAUNCH_PDL : 0);
+    return st ? kiln__fail(kiln__runtime_errslot(l->rt), st, "paged_attention decode: %s", kiln_errmsg()) : KILN_OK;
 }
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
@@ -476,17 +460,9 @@ static int arch_number(kiln_runtime *rt, int *sms)
 
 /* How many clusters of n decode blocks of smem bytes each the device holds
  * at once (n > 1; 0 when none fits or the driver cannot say). */
-static int clusters_resident(const kiln__driver *d, CUfunction fn, uint32_t n, unsigned smem)
+static int clusters_resident(kiln_runtime *rt, CUfunction fn, uint32_t n, unsigned smem)
 {
-    CUlaunchAttribute attr;
-    memset(&attr, 0, sizeof attr);
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = n;
-    attr.value.clusterDim.y = attr.value.clusterDim.z = 1;
-    CUlaunchConfig cfg = {.gridDimX = n, .gridDimY = 1, .gridDimZ = 1, .blockDimX = THREADS, .blockDimY = 1,
-                          .blockDimZ = 1, .sharedMemBytes = smem, .attrs = &attr, .numAttrs = 1};
-    int clusters = 0;
-    return d->cuOccupancyMaxActiveClusters(&clusters, fn, &cfg) == CUDA_SUCCESS ? clusters : 0;
+    return kiln__function_clusters(rt, fn, n, THREADS, smem, 0);
 }
 
 /* Prepares the decode kernel (its shared memory) and picks its split: the
@@ -503,7 +479,6 @@ static int clusters_resident(const kiln__driver *d, CUfunction fn, uint32_t n, u
 static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms, uint64_t pairs, int64_t head_dim,
                                 uint32_t *splits, int *deep, int *fits)
 {
-    const kiln__driver *d = kiln__runtime_driver(rt);
     kiln_status st = kiln__runtime_enter(rt);
     if (st)
         return st;
@@ -515,10 +490,10 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     int deep_ok = sm >= 90 && deep_smem > smem;
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     if (deep_ok)
-        r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)deep_smem);
+        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)deep_smem);
     if (r == CUDA_ERROR_INVALID_VALUE) {
         deep_ok = 0;
-        r = d->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
     }
     if (r == CUDA_ERROR_INVALID_VALUE) {
         *fits = 0;
@@ -531,7 +506,7 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     uint32_t n = 1;
     while (sm >= 90 && n < DECODE_MAX_CLUSTER && pairs * n * 2 <= target)
         n *= 2;
-    while (n > 1 && clusters_resident(d, fn, n, smem) < 1)
+    while (n > 1 && clusters_resident(rt, fn, n, smem) < 1)
         n /= 2;
     *splits = n;
     /* Deep only where the whole grid is resident at once at one block an SM:
@@ -541,7 +516,7 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     const uint64_t grid = pairs * n;
     *deep = deep_ok && (forced ? forced == 4
                                : sms > 0 && grid <= (uint64_t)sms &&
-                                     (n == 1 || (uint64_t)clusters_resident(d, fn, n, deep_smem) * n >= grid));
+                                     (n == 1 || (uint64_t)clusters_resident(rt, fn, n, deep_smem) * n >= grid));
     return KILN_OK;
 }
 

@@ -35,8 +35,8 @@ static kiln_status map(kiln_runtime *rt, const char *op, CUtensorMap *m, CUdevic
 {
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
     const cuuint32_t box[2] = {KILN__TMA_K, box_rows}, es[2] = {1, 1};
-    CUresult r = kiln__runtime_driver(rt)->cuTensorMapEncodeTiled(
-        m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    CUresult r = kiln__tensor_map_encode_tiled(
+        rt, m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS)
         return KILN_OK;
@@ -61,8 +61,7 @@ kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, C
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (t->stages = MAX_STAGES; t->stages >= 2; t->stages--) {
         t->smem = t->stages * stage_bytes + 1024;
-        r = kiln__runtime_driver(rt)->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                         (int)t->smem);
+        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)t->smem);
         if (r != CUDA_ERROR_INVALID_VALUE)
             break;
     }

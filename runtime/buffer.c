@@ -30,23 +30,26 @@ kiln_status kiln_buffer_create_ex(kiln_runtime *rt, const kiln_buffer_desc *desc
     if (!rt || !desc || !out)
         return kiln__fail(rt ? &rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_create_ex: NULL argument");
     *out = NULL;
-    size_t align = desc->alignment ? desc->alignment : 256;
-    if (desc->bytes == 0 || (align & (align - 1)) != 0 || align > ((size_t)1 << 30))
+    kiln_buffer_desc d;
+    kiln_status st = KILN__OPTIONS_COPY(&rt->err, "kiln_buffer_create_ex", kiln_buffer_desc, d, desc);
+    if (st)
+        return st;
+    size_t align = d.alignment ? d.alignment : 256;
+    if (d.bytes == 0 || (align & (align - 1)) != 0 || align > ((size_t)1 << 30))
         return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
                           "buffer: %zu bytes aligned to %zu; need bytes > 0 and a power-of-two alignment <= 2^30",
-                          desc->bytes, align);
-    if (!valid_dtype(desc->dtype) || desc->bytes % kiln_dtype_size(desc->dtype))
+                          d.bytes, align);
+    if (!valid_dtype(d.dtype) || d.bytes % kiln_dtype_size(d.dtype))
         return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT,
-                          "buffer: %zu bytes is not a whole number of %s elements (dtype %d)", desc->bytes,
-                          kiln_dtype_name(desc->dtype), (int)desc->dtype);
-    if ((unsigned)desc->usage > KILN_USAGE_WORKSPACE)
-        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "buffer: unknown usage %d", (int)desc->usage);
+                          "buffer: %zu bytes is not a whole number of %s elements (dtype %d)", d.bytes,
+                          kiln_dtype_name(d.dtype), (int)d.dtype);
+    if ((unsigned)d.usage > KILN_USAGE_WORKSPACE)
+        return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "buffer: unknown usage %d", (int)d.usage);
     size_t total;
-    if (kiln__alloc_size(desc->bytes, align, &total))
+    if (kiln__alloc_size(d.bytes, align, &total))
         return kiln__fail(&rt->err, KILN_ERR_RUNTIME_CONTRACT, "buffer: %zu bytes + alignment %zu overflows",
-                          desc->bytes, align);
-    kiln_status st = kiln__runtime_enter(rt);
-    if (st)
+                          d.bytes, align);
+    if ((st = kiln__runtime_enter(rt)))
         return st;
     kiln_buffer *b = calloc(1, sizeof *b);
     if (!b)
@@ -60,9 +63,9 @@ kiln_status kiln_buffer_create_ex(kiln_runtime *rt, const kiln_buffer_desc *desc
     }
     b->rt = rt;
     atomic_init(&b->refs, 1);
-    b->size = desc->bytes;
-    b->dtype = desc->dtype;
-    b->usage = desc->usage;
+    b->size = d.bytes;
+    b->dtype = d.dtype;
+    b->usage = d.usage;
     b->ptr = kiln__align_up(b->base, align);
     *out = b;
     return KILN_OK;

@@ -41,12 +41,17 @@ void kiln_command_release(kiln_command *c)
 const char *kiln_command_op_id(const kiln_command *c) { return c ? c->op_id : ""; }
 int kiln_command_replayable(const kiln_command *c) { return c && c->replay_key_bytes > 0; }
 
-kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *d, kiln_command **out)
+kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *desc, kiln_command **out)
 {
-    if (!rt || !d || !out)
+    if (!rt || !desc || !out)
         return kiln__fail(rt ? &rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_command_create: NULL argument");
     *out = NULL;
     kiln__errslot *err = &rt->err;
+    kiln_command_desc copy;
+    kiln_status st = KILN__OPTIONS_COPY(err, "kiln_command_create", kiln_command_desc, copy, desc);
+    if (st)
+        return st;
+    const kiln_command_desc *d = &copy;
     if (!valid_op_id(d->op_id))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           "command: op id \"%s\" is not portable ([a-z][a-z0-9._]*, under %d characters)",
@@ -62,8 +67,7 @@ kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *d, ki
     if ((d->n_regions && !d->regions) || (d->host_bytes && !d->host_data))
         return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "command %s: regions or host data missing", d->op_id);
     for (size_t i = 0; i < d->n_regions; i++) {
-        kiln_status st = kiln_region_check(&d->regions[i]);
-        if (st)
+        if ((st = kiln_region_check(&d->regions[i])))
             return kiln__fail(err, st, "command %s: region %zu: %s", d->op_id, i, kiln_errmsg());
         if (d->regions[i].buffer->rt != rt)
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,

@@ -1,6 +1,6 @@
 /* The graph executable cache of a stream: segment keys, lookup, LRU capacity
  * by count and by device memory, rejected segments, statistics. What is
- * captured and how it is launched lives in stream.c; this file only keeps
+ * captured and how it is launched lives in submit.c; this file only keeps
  * executables. */
 #include <stdatomic.h>
 #include <stdint.h>
@@ -352,11 +352,16 @@ int kiln__graph_cache_captures(const kiln__graph_cache *c) { return c->capture; 
 
 /* ---- the API ---- */
 
-kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_options *o)
+kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_options *opts)
 {
-    if (!s || !o)
+    if (!s || !opts)
         return kiln__fail(s ? &s->rt->err : NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_stream_set_graph_options: NULL argument");
+    kiln_graph_options local;
+    kiln_status st = KILN__OPTIONS_COPY(&s->rt->err, "kiln_stream_set_graph_options", kiln_graph_options, local, opts);
+    if (st)
+        return st;
+    const kiln_graph_options *o = &local;
     kiln__graph_cache *c = s->graphs;
     if (o->n_buckets > KILN_MAX_BATCH_BUCKETS || (o->n_buckets && !o->buckets))
         return kiln__fail(&s->rt->err, KILN_ERR_RUNTIME_CONTRACT,

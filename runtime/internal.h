@@ -1,14 +1,16 @@
-/* kiln runtime internals: the driver table and what jit and providers need
- * of the runtime. Not API. */
+/* kiln runtime internals, for the files of runtime/ alone: the driver table,
+ * the objects' structs, streams, fences and the graph cache. jit/ and
+ * providers/ see the runtime through runtime/device.h. Not API. */
 #ifndef KILN_RUNTIME_INTERNAL_H
 #define KILN_RUNTIME_INTERNAL_H
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <cublasLt.h>
 
 #include "common/internal.h"
 #include "kiln/runtime.h"
+#include "runtime/blas.h"
+#include "runtime/device.h"
 
 /* Every driver entry point kiln uses: name, PFN type. */
 #define KILN__DRIVER_FUNCS(X)                                                                                       \
@@ -80,23 +82,6 @@ const kiln__driver *kiln__driver_get(const char **why);
 
 /* Maps a CUresult to a status and records "what: NAME (code): text". */
 kiln_status kiln__cuda_fail(kiln__errslot *slot, CUresult r, const char *what);
-
-/* cuBLASLt entry points, loaded at run time (runtime/blas.c). */
-#define KILN__BLAS_FUNCS(X)                                                                                         \
-    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetStatusString) X(cublasLtMatmul)                               \
-    X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                      \
-    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                  \
-    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)     \
-    X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatrixLayoutSetAttribute)
-
-typedef struct kiln__blas {
-#define KILN__BLAS_FIELD(name) __typeof__(&name) name;
-    KILN__BLAS_FUNCS(KILN__BLAS_FIELD)
-#undef KILN__BLAS_FIELD
-} kiln__blas;
-
-/* The loaded cuBLASLt, or NULL with *why saying what failed. Thread-safe. */
-const kiln__blas *kiln__blas_get(const char **why);
 
 /* ---- objects, shared by the files of runtime/ ---- */
 
@@ -197,43 +182,26 @@ struct kiln_binding_arena {
     uint64_t uploads;
 };
 
-/* Makes the runtime's context current on the calling thread, or returns the
- * sticky error of a broken runtime. */
-kiln_status kiln__runtime_enter(kiln_runtime *rt);
-/* Records a driver failure; a sticky one breaks the runtime for good. */
-kiln_status kiln__runtime_cu_fail(kiln_runtime *rt, CUresult r, const char *what);
-/* The same for cleanup paths: 1 when the context is usable and current, and
- * no message is recorded either way (a destroy must not hide the error that
- * led to it). */
+/* Copies the caller's options struct of type into the zeroed local (a NULL
+ * caller leaves it zeroed: the defaults) with KILN__COPY_SIZED; a size inside
+ * the size field itself is KILN_ERR_INVALID_ARGUMENT, recorded in err,
+ * naming fn, the struct and the size. */
+kiln_status kiln__options_copy(kiln__errslot *err, const char *fn, const char *type, void *local, size_t local_size,
+                               const void *caller);
+#define KILN__OPTIONS_COPY(err, fn, type, local, caller)                                                            \
+    kiln__options_copy((err), (fn), #type, &(local), sizeof(type), (caller))
+
+/* The cleanup paths' kiln__runtime_enter: 1 when the context is usable and
+ * current, and no message is recorded either way (a destroy must not hide the
+ * error that led to it). */
 int kiln__runtime_usable(kiln_runtime *rt);
-kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt);
-const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt);
-/* The device's L2 cache bytes (0 where the driver does not say). */
-size_t kiln__runtime_l2_bytes(const kiln_runtime *rt);
-/* Whether launches with KILN__LAUNCH_PDL use programmatic dependent launch
- * (sm_90 and later, not turned off by $KILN_PDL=0 when rt was created). */
-int kiln__runtime_pdl(const kiln_runtime *rt);
-kiln_status kiln__runtime_load_module(kiln_runtime *rt, const void *cubin, CUmodule *out);
-void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module);
-/* Launches fn on the context's stream, with programmatic dependent launch
- * (every kiln template calls kiln_grid_dependency_sync() first thing). */
-kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
-                         unsigned block_x, unsigned shared_bytes, void **args);
-/* The same with a 3-D grid, and with programmatic dependent launch when the
- * kernel calls kiln_grid_dependency_sync() first thing (KILN__LAUNCH_PDL; a
- * plain launch where the device has no PDL, before sm_90). */
-#define KILN__LAUNCH_PDL 1u
-kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],
-                            unsigned block_x, unsigned shared_bytes, void **args, unsigned flags);
-kiln_runtime *kiln__buffer_runtime(const kiln_buffer *buf);
-CUdeviceptr kiln__buffer_ptr(const kiln_buffer *buf);
 void kiln__buffer_retain(kiln_buffer *buf);
 
 /* A transfer command that sets every byte of dst to value (zero is value 0). */
 kiln_status kiln__command_fill(kiln_runtime *rt, const kiln_region *dst, uint8_t value, kiln_command **out);
 void kiln__command_retain(kiln_command *cmd);
 
-/* Streams (runtime/stream.c). */
+/* Streams (runtime/stream.c; submission in runtime/submit.c). */
 
 /* What moves a stream between states. */
 typedef enum kiln__stream_event {
@@ -269,6 +237,22 @@ uint64_t kiln__align_up(uint64_t base, size_t align);
 kiln_status kiln__stream_init(kiln_runtime *rt, kiln_stream **out);
 /* Reads and clears the stream's fault record; KILN_ERR_DEVICE_CONTRACT when a kernel reported. */
 kiln_status kiln__stream_check_fault(kiln_stream *s);
+/* Applies a move of the state machine that the caller knows to be allowed. */
+void kiln__stream_move(kiln_stream *s, kiln__stream_event ev);
+/* Notes the batches that have completed, oldest first (the stream's
+ * reference to each dropped); a failed query fails the stream. */
+void kiln__stream_reap(kiln_stream *s);
+/* Drops a reference to the stream struct (its handle's or a batch's). */
+void kiln__stream_unref(kiln_stream *s);
+/* An event from the stream's pool ([timed] or untimed), or a new one; and
+ * back into the pool (reusable: its batch completed) or destroyed. */
+kiln_status kiln__stream_event_get(kiln_stream *s, int timed, CUevent *ev);
+void kiln__stream_event_put(kiln_stream *s, int timed, CUevent ev, int reusable);
+
+/* Fences (runtime/fence.c): a batch's last reference frees its commands'
+ * references, graphs and events. */
+void kiln__fence_free(kiln_fence *b);
+void kiln__fence_unref(kiln_fence *b);
 
 /* The graph executable cache (runtime/graph.c). */
 uint64_t kiln__key_hash(const void *p, size_t n);

@@ -1,5 +1,5 @@
-/* The runtime: one device's primary context, its descriptor, module loading,
- * launches and the sticky-failure rule. */
+/* The runtime: one device's primary context, its descriptor, module loading
+ * and the sticky-failure rule. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +54,18 @@ int kiln__runtime_usable(kiln_runtime *rt)
     return rt->d->cuCtxSetCurrent(rt->ctx) == CUDA_SUCCESS;
 }
 
+kiln_status kiln__options_copy(kiln__errslot *err, const char *fn, const char *type, void *local, size_t local_size,
+                               const void *caller)
+{
+    if (!kiln__copy_sized(local, local_size, caller))
+        return KILN_OK;
+    return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT,
+                      "%s: %s.size is %u, inside the size field itself; set it to sizeof(%s) (%zu in this "
+                      "library) or 0",
+                      fn, type, (unsigned)*(const uint32_t *)caller, type, local_size);
+}
+
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
-const kiln__driver *kiln__runtime_driver(const kiln_runtime *rt) { return rt->d; }
 
 int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
 
@@ -90,12 +100,13 @@ static void describe(kiln_runtime *rt, int major)
 kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime **out)
 {
     const char *why = NULL;
-    kiln_runtime_options def = {0};
+    kiln_runtime_options o;
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_runtime_create: out is NULL");
     *out = NULL;
-    if (!opts)
-        opts = &def;
+    kiln_status st = KILN__OPTIONS_COPY(NULL, "kiln_runtime_create", kiln_runtime_options, o, opts);
+    if (st)
+        return st;
     const kiln__driver *d = kiln__driver_get(&why);
     if (!d)
         return kiln__fail(NULL, KILN_ERR_NO_DEVICE, "no device: %s", why);
@@ -103,18 +114,17 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     CUresult r = d->cuDeviceGetCount(&count);
     if (r != CUDA_SUCCESS)
         return kiln__cuda_fail(NULL, r, "cuDeviceGetCount");
-    if (opts->device_ordinal < 0 || opts->device_ordinal >= count)
+    if (o.device_ordinal < 0 || o.device_ordinal >= count)
         return kiln__fail(NULL, KILN_ERR_NO_DEVICE, "no device: ordinal %d requested, %d device(s) present",
-                          opts->device_ordinal, count);
+                          o.device_ordinal, count);
     kiln_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     kiln__errslot_init(&rt->err);
     rt->d = d;
-    kiln_status st;
     int major = 0, minor = 0;
     size_t total = 0;
-    if ((r = d->cuDeviceGet(&rt->dev, opts->device_ordinal)) != CUDA_SUCCESS ||
+    if ((r = d->cuDeviceGet(&rt->dev, o.device_ordinal)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, rt->dev)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, rt->dev)) != CUDA_SUCCESS ||
         (r = d->cuDeviceGetAttribute(&rt->info.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, rt->dev)) !=
@@ -125,7 +135,7 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
         st = kiln__cuda_fail(NULL, r, "querying the device");
         goto out_free;
     }
-    rt->info.device_ordinal = opts->device_ordinal;
+    rt->info.device_ordinal = o.device_ordinal;
     rt->info.total_memory = total;
     snprintf(rt->info.arch, sizeof rt->info.arch, "sm_%d%d", major, minor);
     describe(rt, major);
@@ -207,31 +217,6 @@ void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module)
         rt->d->cuCtxSynchronize();
         rt->d->cuModuleUnload(module);
     }
-}
-
-kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],
-                            unsigned block_x, unsigned shared_bytes, void **args, unsigned flags)
-{
-    CUresult r;
-    if ((flags & KILN__LAUNCH_PDL) && rt->pdl) {
-        CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        CUlaunchConfig cfg = {.gridDimX = grid[0], .gridDimY = grid[1], .gridDimZ = grid[2], .blockDimX = block_x,
-                              .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = shared_bytes,
-                              .hStream = ctx->stream, .attrs = &attr, .numAttrs = 1};
-        r = rt->d->cuLaunchKernelEx(&cfg, fn, args, NULL);
-    } else {
-        r = rt->d->cuLaunchKernel(fn, grid[0], grid[1], grid[2], block_x, 1, 1, shared_bytes, ctx->stream, args, NULL);
-    }
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuLaunchKernel");
-}
-
-kiln_status kiln__launch(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned grid_x,
-                         unsigned block_x, unsigned shared_bytes, void **args)
-{
-    /* Every kiln template calls kiln_grid_dependency_sync() first thing. */
-    const unsigned grid[3] = {grid_x, 1, 1};
-    return kiln__launch_ex(ctx, rt, fn, grid, block_x, shared_bytes, args, KILN__LAUNCH_PDL);
 }
 
 void *kiln_launch_stream(const kiln_launch_context *ctx) { return ctx ? (void *)ctx->stream : NULL; }

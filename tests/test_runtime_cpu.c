@@ -1,13 +1,15 @@
 /* The runtime's validation, without a GPU: regions, buffer descriptions,
  * commands and transfers, the stream state machine, submission checks and
- * binding layouts and patches.
+ * binding layouts and patches, and the size field of the options structs.
  *
  * No driver is loaded here. The objects are built from runtime/internal.h's
  * structs: a fake runtime has no driver table (d is NULL), so a check that
  * let a bad call through to the driver would crash this test, which is the
- * point. The test keeps a reference on every fake buffer, so that no command
+ * point (the size test gives one a stub of the one entry point validation
+ * reaches). The test keeps a reference on every fake buffer, so that no command
  * release can drop one to zero (which would call cuMemFree). */
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "runtime/internal.h"
 #include "fake_runtime.h"
@@ -891,6 +893,138 @@ static void test_binding_patches(void **state)
     kiln__errslot_destroy(&err);
 }
 
+/* ---- the size field of the options structs ---- */
+
+static CUresult ctx_current(CUcontext *c)
+{
+    *c = (CUcontext)0x1;
+    return CUDA_SUCCESS;
+}
+
+static void test_options_size(void **state)
+{
+    (void)state;
+    /* Refused before the driver is loaded, so without a GPU too. */
+    kiln_runtime *made = (kiln_runtime *)(uintptr_t)1;
+    for (uint32_t size = 1; size < sizeof(uint32_t); size++) {
+        kiln_runtime_options ro = {.size = size};
+        KILN_EXPECT(kiln_runtime_create(&ro, &made), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                    "kiln_runtime_options.size is", "inside the size field");
+        assert_null(made);
+    }
+
+    /* A broken runtime fails at kiln__runtime_enter, after every check of the
+     * description and before any driver call: reaching it shows a field was
+     * not read. */
+    kiln_runtime *rt = fake_runtime(RT1_ID);
+    atomic_store(&rt->broken, (int)KILN_ERR_CUDA_ILLEGAL_ADDRESS);
+    kiln_buffer *b = NULL;
+    kiln_buffer_desc bd = {.size = sizeof bd, .bytes = 1024, .alignment = 3};
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "aligned to 3", NULL);
+    bd.size = 0;
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "aligned to 3", NULL);
+    bd.size = sizeof bd + 16; /* a newer header's: the fields known here are read */
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "aligned to 3", NULL);
+    bd.size = offsetof(kiln_buffer_desc, alignment); /* alignment, dtype and usage take 0 */
+    bd.dtype = (kiln_dtype)42;
+    bd.usage = (kiln_buffer_usage)9;
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_CUDA_ILLEGAL_ADDRESS, kiln_errmsg(), "failed earlier",
+                NULL);
+    bd = (kiln_buffer_desc){.size = offsetof(kiln_buffer_desc, dtype), .bytes = 3, .dtype = KILN_DTYPE_F16};
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_CUDA_ILLEGAL_ADDRESS, kiln_errmsg(), "failed earlier",
+                NULL);
+    bd.size = 2;
+    KILN_EXPECT(kiln_buffer_create_ex(rt, &bd, &b), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "kiln_buffer_desc.size is 2", "sizeof(kiln_buffer_desc)");
+    assert_non_null(strstr(rt->err.msg, "kiln_buffer_desc.size is 2"));
+    assert_null(b);
+    fake_runtime_free(rt);
+
+    /* A command description that stops before the replay key is not replayable. */
+    rt = fake_runtime(RT1_ID);
+    kiln_command *c = NULL;
+    kiln_command_desc cd = {.size = sizeof cd, .op_id = "sized.op", .enqueue = never_enqueue,
+                            .user = &g_user_frees, .user_free = count_user_free, .replay_key = "k",
+                            .replay_key_bytes = 1};
+    KILN_CHECK(kiln_command_create(rt, &cd, &c));
+    assert_true(kiln_command_replayable(c));
+    g_user_frees = 0;
+    kiln_command_release(c);
+    assert_int_equal(g_user_frees, 1);
+    cd.size = offsetof(kiln_command_desc, replay_key);
+    KILN_CHECK(kiln_command_create(rt, &cd, &c));
+    assert_false(kiln_command_replayable(c));
+    kiln_command_release(c);
+    cd.size = offsetof(kiln_command_desc, user_free); /* and without user_free, nothing is freed */
+    KILN_CHECK(kiln_command_create(rt, &cd, &c));
+    g_user_frees = 0;
+    kiln_command_release(c);
+    assert_int_equal(g_user_frees, 0);
+    cd.size = offsetof(kiln_command_desc, enqueue);
+    KILN_EXPECT(kiln_command_create(rt, &cd, &c), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "no enqueue function",
+                NULL);
+    cd.size = 3;
+    KILN_EXPECT(kiln_command_create(rt, &cd, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "kiln_command_desc.size is 3", NULL);
+    assert_null(c);
+
+    /* Submit options: validation needs the context current, which a stub
+     * driver of one entry point gives; prepare on the eager path stops after
+     * validating. */
+    kiln__driver stub = {.cuCtxGetCurrent = ctx_current};
+    rt->d = &stub;
+    rt->ctx = (CUcontext)0x1;
+    kiln_stream *s = fake_stream(rt, KILN_STREAM_READY);
+    kiln_command *cmd = plain_command(rt, "plain.op", NULL);
+    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = (kiln_timing)3};
+    KILN_EXPECT(kiln_stream_prepare(s, &cmd, 1, &so, NULL), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "timing mode 3", NULL);
+    so.size = offsetof(kiln_submit_options, timing);
+    KILN_CHECK(kiln_stream_prepare(s, &cmd, 1, &so, NULL));
+    so.size = 2;
+    KILN_EXPECT(kiln_stream_prepare(s, &cmd, 1, &so, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "kiln_stream_prepare: kiln_submit_options.size is 2", NULL);
+    kiln_fence *fence = (kiln_fence *)(uintptr_t)1;
+    KILN_EXPECT(kiln_stream_submit(s, &cmd, 1, &so, &fence), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "kiln_stream_submit: kiln_submit_options.size is 2", NULL);
+    assert_null(fence);
+    assert_int_equal(s->state, KILN_STREAM_READY);
+
+    /* Graph options that stop before the buckets keep the default buckets. */
+    KILN_CHECK(kiln__graph_cache_create(rt, &s->graphs));
+    const uint32_t buckets[] = {3, 5};
+    kiln_graph_options go = {.size = sizeof go, .buckets = buckets, .n_buckets = 2};
+    uint32_t bucket = 0;
+    KILN_CHECK(kiln_stream_set_graph_options(s, &go));
+    KILN_CHECK(kiln_stream_batch_bucket(s, 3, &bucket));
+    assert_int_equal(bucket, 3);
+    go.size = offsetof(kiln_graph_options, buckets);
+    KILN_CHECK(kiln_stream_set_graph_options(s, &go));
+    KILN_CHECK(kiln_stream_batch_bucket(s, 3, &bucket));
+    assert_int_equal(bucket, 4);
+    go.size = 1;
+    KILN_EXPECT(kiln_stream_set_graph_options(s, &go), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "kiln_graph_options.size is 1", NULL);
+    KILN_CHECK(kiln_stream_batch_bucket(s, 3, &bucket));
+    assert_int_equal(bucket, 4); /* unchanged */
+    kiln__graph_cache_destroy(s->graphs);
+    kiln_command_release(cmd);
+    free(s);
+    fake_runtime_free(rt);
+}
+
+/* The dense providers' candidate timing gives up on a runtime without a driver. */
+static void test_device_timer_without_driver(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(RT1_ID);
+    kiln__device_timer *t = (kiln__device_timer *)(uintptr_t)1;
+    assert_int_not_equal(kiln__device_timer_create(rt, &t), CUDA_SUCCESS);
+    assert_null(t);
+    kiln__device_timer_destroy(NULL);
+    fake_runtime_free(rt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -908,6 +1042,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_submit_patches, submit_setup, submit_teardown),
         cmocka_unit_test(test_binding_layout),
         cmocka_unit_test(test_binding_patches),
+        cmocka_unit_test(test_options_size),
+        cmocka_unit_test(test_device_timer_without_driver),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

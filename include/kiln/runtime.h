@@ -30,6 +30,16 @@
  * one thread at a time; different streams of one runtime may be used from
  * different threads. The reference counts of buffers and commands are atomic;
  * release a fence on its stream's thread.
+ *
+ * Options structs (kiln_runtime_options, kiln_buffer_desc, kiln_command_desc,
+ * kiln_submit_options, kiln_graph_options) begin with a size: sizeof the
+ * struct as the caller's header declares it, or 0 for this header's. The
+ * library reads the fields that size covers and gives every field past it
+ * its default (the value of zero), so that a caller built against an older,
+ * shorter struct keeps working; of a larger size it reads the fields it
+ * knows. A size of 1 to 3 (inside the size field itself) is refused with
+ * KILN_ERR_INVALID_ARGUMENT naming the struct and the size. A NULL options
+ * pointer, where one is allowed, is every default.
  */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -54,7 +64,7 @@ typedef struct kiln_binding_arena kiln_binding_arena;
 /* ---- the runtime ---- */
 
 typedef struct kiln_runtime_options {
-    uint32_t size;      /* sizeof(kiln_runtime_options), or 0 */
+    uint32_t size;      /* sizeof(kiln_runtime_options) or 0; fields past it take their defaults */
     int device_ordinal; /* 0: the first device */
 } kiln_runtime_options;
 
@@ -102,7 +112,9 @@ typedef struct kiln_runtime_info {
  * and why is not NULL, *why names the reason (static text). */
 KILN_API int kiln_driver_available(const char **why);
 
-/* KILN_ERR_NO_DEVICE (no driver, no device, bad ordinal), KILN_ERR_CUDA_*. */
+/* KILN_ERR_NO_DEVICE (no driver, no device, bad ordinal), KILN_ERR_CUDA_*,
+ * KILN_ERR_INVALID_ARGUMENT (out NULL, a size inside the size field; checked
+ * before the driver is loaded). opts may be NULL. */
 KILN_API kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime **out);
 /* Waits for all work, releases what the runtime holds, then frees it. Buffers,
  * commands and fences of it must be released before. NULL is a no-op. */
@@ -127,7 +139,7 @@ typedef enum kiln_buffer_usage {
 } kiln_buffer_usage;
 
 typedef struct kiln_buffer_desc {
-    uint32_t size;          /* sizeof(kiln_buffer_desc), or 0 */
+    uint32_t size;          /* sizeof(kiln_buffer_desc) or 0; fields past it take their defaults */
     size_t bytes;           /* > 0 */
     size_t alignment;       /* a power of two <= 2^30; 0: 256 */
     kiln_dtype dtype;       /* the element type; KILN_DTYPE_BYTES: untyped */
@@ -136,7 +148,8 @@ typedef struct kiln_buffer_desc {
 
 /* KILN_ERR_RUNTIME_CONTRACT (zero bytes, a bad alignment, bytes not a whole
  * number of elements, an unknown dtype or usage), KILN_ERR_CUDA_OUT_OF_MEMORY
- * (retryable), KILN_ERR_INVALID_ARGUMENT (NULL arguments). */
+ * (retryable), KILN_ERR_INVALID_ARGUMENT (NULL arguments, a size inside the
+ * size field). */
 KILN_API kiln_status kiln_buffer_create_ex(kiln_runtime *rt, const kiln_buffer_desc *desc, kiln_buffer **out);
 /* An untyped buffer: kiln_buffer_create_ex with dtype bytes, usage general. */
 KILN_API kiln_status kiln_buffer_create(kiln_runtime *rt, size_t bytes, size_t align, kiln_buffer **out);
@@ -194,7 +207,7 @@ typedef kiln_status (*kiln_enqueue_fn)(void *user, const kiln_launch_context *ct
 #define KILN_REPLAY_KEY_MAX 1024
 
 typedef struct kiln_command_desc {
-    uint32_t size;              /* sizeof(kiln_command_desc), or 0 */
+    uint32_t size;              /* sizeof(kiln_command_desc) or 0; fields past it take their defaults */
     const char *op_id;          /* portable: [a-z0-9._]+, starting with a letter, < KILN_OP_ID_MAX */
     kiln_batching batching;
     uint32_t participants, tokens;
@@ -213,7 +226,7 @@ typedef struct kiln_command_desc {
 
 /* KILN_ERR_RUNTIME_CONTRACT names what is wrong (the op id, a region, a key,
  * a buffer of another runtime); KILN_ERR_INVALID_ARGUMENT for regions or host
- * data declared but NULL. */
+ * data declared but NULL, and for a size inside the size field. */
 KILN_API kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *desc, kiln_command **out);
 /* Transfers. copy: the element types of both buffers must match, the regions
  * be of one size and not overlap. upload: the host bytes are copied now and
@@ -259,7 +272,7 @@ typedef struct kiln_binding_patch {
 } kiln_binding_patch;
 
 typedef struct kiln_submit_options {
-    uint32_t size;               /* sizeof(kiln_submit_options), or 0 */
+    uint32_t size;               /* sizeof(kiln_submit_options) or 0; fields past it take their defaults */
     kiln_compute_path path;
     kiln_timing timing;
     const char *phase;           /* a label for attribution ("prefill", "decode"); NULL: "" */
@@ -286,7 +299,8 @@ KILN_API void *kiln_stream_handle(const kiln_stream *stream);
  * requirement, the patches): a batch refused there returns
  * KILN_ERR_RUNTIME_CONTRACT, is definitely not submitted and leaves the
  * stream as it was (KILN_ERR_INVALID_ARGUMENT for a NULL list, boundaries or
- * patch data). A failure while enqueueing marks the stream Failed,
+ * patch data, or a size inside the size field; opts may be NULL: every
+ * default). A failure while enqueueing marks the stream Failed,
  * quarantines the batch and returns the failure. On success *fence (released
  * with kiln_fence_release) tracks the batch; fence may be NULL when the
  * caller does not want one. */
@@ -347,7 +361,7 @@ KILN_API kiln_status kiln_stream_readback(kiln_stream *stream, const kiln_region
 #define KILN_MAX_BATCH_BUCKETS 32
 
 typedef struct kiln_graph_options {
-    uint32_t size;           /* sizeof(kiln_graph_options), or 0 */
+    uint32_t size;           /* sizeof(kiln_graph_options) or 0; fields past it take their defaults */
     size_t max_graphs;       /* resident executables; 0: 256 */
     size_t max_bytes;        /* their estimated device memory; 0: 1 GiB */
     const uint32_t *buckets; /* strictly increasing, > 0; NULL: 1, 2, 4, 8, 16, 32, 64 */
@@ -366,7 +380,8 @@ typedef struct kiln_graph_stats {
 
 /* Sets the capacity and the batch buckets; evicts at once what no longer
  * fits. KILN_ERR_RUNTIME_CONTRACT for buckets not strictly increasing, a zero
- * bucket or too many of them. */
+ * bucket or too many of them; KILN_ERR_INVALID_ARGUMENT for NULL arguments or
+ * a size inside the size field. */
 KILN_API kiln_status kiln_stream_set_graph_options(kiln_stream *stream, const kiln_graph_options *opts);
 KILN_API void kiln_stream_graph_stats(const kiln_stream *stream, kiln_graph_stats *out);
 /* Evicts least recently used graphs until at most keep_graphs remain and
