@@ -248,7 +248,7 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
         *removed_bytes = 0;
     if (!c || !opts)
         return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_gc: NULL argument");
-    kiln_status st = KILN__READ_SIZED(&c->err, "kiln_cache_gc: kiln_cache_gc_options", o, opts);
+    kiln_status st = KILN__READ_SIZED(&c->err, "kiln_cache_gc", kiln_cache_gc_options, o, opts);
     if (st)
         return st;
     if (c->main.read_only)

@@ -455,7 +455,7 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_open: out is NULL");
     *out = NULL;
-    if ((st = KILN__READ_SIZED(NULL, "kiln_cache_open: kiln_cache_options", o, caller)))
+    if ((st = KILN__READ_SIZED(NULL, "kiln_cache_open", kiln_cache_options, o, caller)))
         return st;
     const kiln_cache_options *opts = &o;
     if (opts->path && *opts->path) {

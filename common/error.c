@@ -139,3 +139,14 @@ char *kiln__strdup(const char *s)
 }
 
 void kiln_free(void *p) { free(p); }
+
+kiln_status kiln__read_sized(kiln__errslot *slot, const char *fn, const char *type, void *local, size_t local_size,
+                             const void *caller)
+{
+    if (!kiln__copy_sized(local, local_size, caller))
+        return KILN_OK;
+    return kiln__fail(slot, KILN_ERR_INVALID_ARGUMENT,
+                      "%s: %s.size is %u, inside the size field itself; set it to sizeof(%s) (%zu in this "
+                      "library) or 0",
+                      fn, type, (unsigned)*(const uint32_t *)caller, type, local_size);
+}

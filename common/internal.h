@@ -77,18 +77,14 @@ static inline int kiln__copy_sized(void *dst, size_t dst_size, const void *src)
 }
 #define KILN__COPY_SIZED(local, caller) kiln__copy_sized(&(local), sizeof(local), (caller))
 
-/* kiln__copy_sized, a too-small size refused: KILN_ERR_INVALID_ARGUMENT,
- * recorded in slot (may be NULL), naming what ("kiln_cache_open:
- * kiln_cache_options") and the size given. */
-static inline kiln_status kiln__read_sized(kiln__errslot *slot, const char *what, void *dst, size_t dst_size,
-                                           const void *src)
-{
-    if (kiln__copy_sized(dst, dst_size, src) == 0)
-        return KILN_OK;
-    return kiln__fail(slot, KILN_ERR_INVALID_ARGUMENT, "%s.size = %u: smaller than the size field itself (give "
-                      "sizeof the struct, or 0 for this library's)", what, (unsigned)*(const uint32_t *)src);
-}
-#define KILN__READ_SIZED(slot, what, local, caller) kiln__read_sized((slot), (what), &(local), sizeof(local), (caller))
+/* Copies the caller's struct of type into the zeroed local with
+ * kiln__copy_sized (a NULL caller leaves the defaults); a size inside the size
+ * field itself is KILN_ERR_INVALID_ARGUMENT, recorded in slot, naming fn, the
+ * struct and the size. */
+kiln_status kiln__read_sized(kiln__errslot *slot, const char *fn, const char *type, void *local, size_t local_size,
+                             const void *caller);
+#define KILN__READ_SIZED(slot, fn, type, local, caller)                                                             \
+    kiln__read_sized((slot), (fn), #type, &(local), sizeof(type), (caller))
 
 /* n bytes as 2n lowercase hex digits and a NUL. */
 void kiln__hex(const uint8_t *bytes, size_t n, char *out);

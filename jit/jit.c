@@ -148,7 +148,7 @@ kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_jit_create: out is NULL");
     *out = NULL;
-    kiln_status st = KILN__READ_SIZED(NULL, "kiln_jit_create: kiln_jit_options", o, caller);
+    kiln_status st = KILN__READ_SIZED(NULL, "kiln_jit_create", kiln_jit_options, o, caller);
     if (st)
         return st;
     const kiln_jit_options *opts = &o;

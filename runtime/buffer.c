@@ -31,7 +31,7 @@ kiln_status kiln_buffer_create_ex(kiln_runtime *rt, const kiln_buffer_desc *desc
         return kiln__fail(rt ? &rt->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_buffer_create_ex: NULL argument");
     *out = NULL;
     kiln_buffer_desc d;
-    kiln_status st = KILN__OPTIONS_COPY(&rt->err, "kiln_buffer_create_ex", kiln_buffer_desc, d, desc);
+    kiln_status st = KILN__READ_SIZED(&rt->err, "kiln_buffer_create_ex", kiln_buffer_desc, d, desc);
     if (st)
         return st;
     size_t align = d.alignment ? d.alignment : 256;

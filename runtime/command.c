@@ -48,7 +48,7 @@ kiln_status kiln_command_create(kiln_runtime *rt, const kiln_command_desc *desc,
     *out = NULL;
     kiln__errslot *err = &rt->err;
     kiln_command_desc copy;
-    kiln_status st = KILN__OPTIONS_COPY(err, "kiln_command_create", kiln_command_desc, copy, desc);
+    kiln_status st = KILN__READ_SIZED(err, "kiln_command_create", kiln_command_desc, copy, desc);
     if (st)
         return st;
     const kiln_command_desc *d = &copy;

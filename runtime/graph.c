@@ -358,7 +358,7 @@ kiln_status kiln_stream_set_graph_options(kiln_stream *s, const kiln_graph_optio
         return kiln__fail(s ? &s->rt->err : NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_stream_set_graph_options: NULL argument");
     kiln_graph_options local;
-    kiln_status st = KILN__OPTIONS_COPY(&s->rt->err, "kiln_stream_set_graph_options", kiln_graph_options, local, opts);
+    kiln_status st = KILN__READ_SIZED(&s->rt->err, "kiln_stream_set_graph_options", kiln_graph_options, local, opts);
     if (st)
         return st;
     const kiln_graph_options *o = &local;

@@ -182,15 +182,6 @@ struct kiln_binding_arena {
     uint64_t uploads;
 };
 
-/* Copies the caller's options struct of type into the zeroed local (a NULL
- * caller leaves it zeroed: the defaults) with KILN__COPY_SIZED; a size inside
- * the size field itself is KILN_ERR_INVALID_ARGUMENT, recorded in err,
- * naming fn, the struct and the size. */
-kiln_status kiln__options_copy(kiln__errslot *err, const char *fn, const char *type, void *local, size_t local_size,
-                               const void *caller);
-#define KILN__OPTIONS_COPY(err, fn, type, local, caller)                                                            \
-    kiln__options_copy((err), (fn), #type, &(local), sizeof(type), (caller))
-
 /* The cleanup paths' kiln__runtime_enter: 1 when the context is usable and
  * current, and no message is recorded either way (a destroy must not hide the
  * error that led to it). */

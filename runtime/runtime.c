@@ -54,17 +54,6 @@ int kiln__runtime_usable(kiln_runtime *rt)
     return rt->d->cuCtxSetCurrent(rt->ctx) == CUDA_SUCCESS;
 }
 
-kiln_status kiln__options_copy(kiln__errslot *err, const char *fn, const char *type, void *local, size_t local_size,
-                               const void *caller)
-{
-    if (!kiln__copy_sized(local, local_size, caller))
-        return KILN_OK;
-    return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT,
-                      "%s: %s.size is %u, inside the size field itself; set it to sizeof(%s) (%zu in this "
-                      "library) or 0",
-                      fn, type, (unsigned)*(const uint32_t *)caller, type, local_size);
-}
-
 kiln__errslot *kiln__runtime_errslot(kiln_runtime *rt) { return &rt->err; }
 
 int kiln__runtime_pdl(const kiln_runtime *rt) { return rt->pdl; }
@@ -104,7 +93,7 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_runtime_create: out is NULL");
     *out = NULL;
-    kiln_status st = KILN__OPTIONS_COPY(NULL, "kiln_runtime_create", kiln_runtime_options, o, opts);
+    kiln_status st = KILN__READ_SIZED(NULL, "kiln_runtime_create", kiln_runtime_options, o, opts);
     if (st)
         return st;
     const kiln__driver *d = kiln__driver_get(&why);

@@ -364,7 +364,7 @@ static kiln_status submit_begin(kiln_stream *s, kiln_command *const *cmds, size_
 {
     if (!s)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: stream is NULL", fn);
-    kiln_status st = KILN__OPTIONS_COPY(&s->rt->err, fn, kiln_submit_options, *opts, caller);
+    kiln_status st = KILN__READ_SIZED(&s->rt->err, fn, kiln_submit_options, *opts, caller);
     if (st || (st = kiln__runtime_enter(s->rt)))
         return st;
     if (s->state == KILN_STREAM_SUBMITTED)

@@ -652,8 +652,8 @@ static void test_options_size_is_honoured(void **state)
     kiln_cache_close(c);
     o.size = 2;
     c = (kiln_cache *)1;
-    KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_cache_options",
-                "size = 2");
+    KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_cache_options.size is 2",
+                NULL);
     assert_null(c);
 }
 

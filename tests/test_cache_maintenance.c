@@ -186,7 +186,7 @@ static void test_gc_refuses_read_only_and_no_limit(void **state)
     KILN_EXPECT(kiln_cache_gc(NULL, &o, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
     kiln_cache_gc_options short_size = {.size = 2, .max_bytes = 1};
     KILN_EXPECT(kiln_cache_gc(c, &short_size, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_cache_errmsg(c),
-                "kiln_cache_gc_options", "size = 2");
+                "kiln_cache_gc_options.size is 2", NULL);
     /* A size that stops before older_than_seconds leaves it at 0: no limit. */
     kiln_cache_gc_options old_size = {.size = offsetof(kiln_cache_gc_options, older_than_seconds),
                                       .older_than_seconds = 1};

@@ -209,7 +209,7 @@ static void test_unknown_template_and_bad_options(void **state)
     kiln_jit_destroy(j);
     o.size = 2;
     j = (kiln_jit *)1;
-    KILN_EXPECT(kiln_jit_create(&o, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_jit_options", "size = 2");
+    KILN_EXPECT(kiln_jit_create(&o, &j), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_jit_options.size is 2", NULL);
     assert_null(j);
     assert_non_null(kiln_template_id(0));
     int seen = 0;
