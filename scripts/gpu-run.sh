@@ -138,14 +138,14 @@ else
     record bench_acquire missing 0 "($BUILD/bench/bench_acquire)"
     FAILED=1
 fi
-bench peer_cupy 150 python3 "$ROOT/bench/peer_cupy.py" --n 60
+bench peer_cupy_acquire 150 python3 "$ROOT/bench/peer_cupy_acquire.py" --n 60
 if [ -x "$BUILD/bench/bench_embedding" ]; then
     bench bench_embedding 120 "$BUILD/bench/bench_embedding"
 else
     record bench_embedding missing 0 "($BUILD/bench/bench_embedding)"
     FAILED=1
 fi
-bench peer_torch 150 python3 "$ROOT/bench/peer_torch.py"
+bench peer_torch_embedding 150 python3 "$ROOT/bench/peer_torch_embedding.py"
 if [ -x "$BUILD/bench/bench_submit" ]; then
     bench bench_submit 120 "$BUILD/bench/bench_submit"
 else

@@ -21,7 +21,7 @@ Phases (JSON lines on stdout, "peer": "cupy"):
   memory_hit_kernel RawKernel.kernel on a RawKernel already held (a list lookup).
 One extra spec (vocab 1000, hidden 64) warms every phase up and is not timed.
 
-Usage: peer_cupy.py [--n 60] [--reps 200] [--keep]
+Usage: peer_cupy_acquire.py [--n 60] [--reps 200] [--keep]
 """
 import argparse
 import json

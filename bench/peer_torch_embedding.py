@@ -11,7 +11,7 @@ Modes: hot (the same ids every call) and rotated (calls cycle through up to 16
 id sets and hold as many outputs alive, about 256 MiB, so L2 cannot keep the
 previous call's data), as bench_embedding does.
 
-Usage: peer_torch.py [--iters 200] [--warmup 20] [--vocab 128256]
+Usage: peer_torch_embedding.py [--iters 200] [--warmup 20] [--vocab 128256]
 """
 import argparse
 import json
