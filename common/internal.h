@@ -49,9 +49,15 @@ void kiln__hasher_str(kiln__hasher *h, const char *s);
 int kiln__hasher_final(kiln__hasher *h, uint8_t out[32]); /* frees h */
 void kiln__hasher_free(kiln__hasher *h);
 
-/* SHA-256 over every embedded template file (names and bytes, in table
- * order) and provider_versions: what makes this build's kernels what they are. */
-void kiln__implementation_digest(const char *provider_versions, uint8_t out[32]);
+/* Defined by providers/catalog.c, the operation catalog, and declared here so
+ * that the runtime, below the providers, reaches it at link time without
+ * including their headers. The implementation digest: SHA-256 over every
+ * embedded template file (names and bytes) and every operation's id and
+ * provider version, what makes this build's kernels what they are. The
+ * capabilities: the KILN_CAP_* that some operation needs (and so provides on
+ * a runtime that has them). */
+void kiln__implementation_digest(uint8_t out[32]);
+uint32_t kiln__catalog_capabilities(void);
 
 /* A caller's options or bindings struct, copied into the library's zeroed
  * local: the smaller of the caller's size (its first field, a uint32_t; 0

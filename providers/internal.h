@@ -42,6 +42,9 @@ int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tenso
 
 /* Each provider adds the specializations a model needs. */
 typedef kiln_status (*kiln__spec_sink)(void *user, const kiln_spec *spec);
+/* Every operation's (providers/catalog.c), in the catalog's order, for cfg on
+ * arch (NULL: not known). */
+kiln_status kiln__catalog_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink, void *user);
 kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);

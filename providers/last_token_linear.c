@@ -6,9 +6,10 @@
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/catalog.h"
 
 #define OP "last_token_linear"
-#define KEY_TAG "kiln.last_token_linear.1"
+#define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_LAST_TOKEN_LINEAR)
 
 static int64_t threads_for(int64_t n, int vec)
 {

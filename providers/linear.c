@@ -6,11 +6,12 @@
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/catalog.h"
 #include "providers/skinny.h"
 
 #define OP "dense_linear"
 /* The provider's part of the replay key; bumped when what it enqueues changes. */
-#define KEY_TAG "kiln.dense_linear.1"
+#define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_DENSE_LINEAR)
 
 static kiln_status check_size(const char *name, int64_t v)
 {

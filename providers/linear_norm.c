@@ -25,11 +25,12 @@
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/catalog.h"
 #include "providers/skinny.h"
 #include "providers/tma.h"
 
 #define OP "dense_linear_norm"
-#define KEY_TAG "kiln.dense_linear_norm.1"
+#define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_DENSE_LINEAR_NORM)
 #define PARTS_MAX_TOKENS 64
 #define PARTS_MAX 4
 

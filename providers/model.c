@@ -44,19 +44,11 @@ kiln_status kiln_model_specializations_for_arch(const kiln_model_config *cfg, co
     *specs = NULL;
     *count = 0;
     spec_list l = {0};
-    /* Every provider, in a stable order. */
-    static const struct {
-        kiln_status (*fn)(const kiln_model_config *, kiln__spec_sink, void *);
-    } providers[] = {{kiln__token_embedding_specs}, {kiln__dense_swiglu_specs}, {kiln__last_token_linear_specs},
-                     {kiln__rms_norm_specs}, {kiln__residual_add_specs}, {kiln__masked_argmax_specs},
-                     {kiln__gated_delta_specs}, {NULL}, {kiln__skinny_linear_specs}, {kiln__linear_norm_specs}}; /* NULL: paged attention */
-    for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
-        kiln_status st = providers[i].fn ? providers[i].fn(cfg, add_spec, &l)
-                                         : kiln__paged_attention_arch_specs(cfg, arch, add_spec, &l);
-        if (st) {
-            free(l.items);
-            return st;
-        }
+    /* Every operation of the catalog, in its order. */
+    kiln_status st = kiln__catalog_specs(cfg, arch, add_spec, &l);
+    if (st) {
+        free(l.items);
+        return st;
     }
     *specs = l.items;
     *count = l.n;

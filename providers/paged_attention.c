@@ -10,10 +10,11 @@
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/catalog.h"
 #include "providers/internal.h"
 
 #define OP "paged_attention"
-#define KEY_TAG "kiln.paged_attention.3"
+#define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_PAGED_ATTENTION)
 #define THREADS 128
 #define APPEND_TOKENS 16 /* new tokens per append block (the template's) */
 #define PREFILL_ROWS 16

@@ -10,11 +10,12 @@
 
 #include "jit/internal.h"
 #include "providers/blas.h"
+#include "providers/catalog.h"
 #include "providers/skinny.h"
 #include "providers/tma.h"
 
 #define OP "dense_swiglu"
-#define KEY_TAG "kiln.dense_swiglu.1"
+#define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_DENSE_SWIGLU)
 
 /* Two vectors per thread (the template's KILN_ITEMS), a whole number of
  * warps, 32..128 threads; a row takes blocks_for() blocks. Small blocks so

@@ -8,12 +8,6 @@
 #include "common/fault.h"
 #include "runtime/internal.h"
 
-/* Every piece of kiln whose change changes what a kernel computes. Bumped by
- * hand when a provider's host-side logic changes; the templates' bytes are
- * hashed as they are. */
-#define KILN_PROVIDER_VERSIONS                                                                                      \
-    "token_embedding:1;rms_norm:1;residual_add:1;masked_argmax:1;dense_linear:1;dense_swiglu:1;last_token_linear:1;gated_delta:1;paged_attention:2"
-
 static _Atomic uint64_t next_instance = 1;
 
 static int is_sticky(kiln_status st)
@@ -66,11 +60,12 @@ size_t kiln__runtime_l2_bytes(const kiln_runtime *rt)
     return (size_t)bytes;
 }
 
-/* SHA-256 over every embedded template file and the provider versions. */
+/* SHA-256 over every embedded template file and the operation catalog's
+ * provider versions (providers/catalog.c). */
 static void implementation_fingerprint(char out[65])
 {
     uint8_t fp[32];
-    kiln__implementation_digest(KILN_PROVIDER_VERSIONS, fp);
+    kiln__implementation_digest(fp);
     kiln__hex(fp, sizeof fp, out);
 }
 
@@ -78,8 +73,9 @@ static void describe(kiln_runtime *rt, int major)
 {
     kiln_runtime_info *i = &rt->info;
     i->instance_id = atomic_fetch_add(&next_instance, 1);
-    i->capabilities = KILN_CAP_LAUNCH | KILN_CAP_TIMING | KILN_CAP_GRAPHS | KILN_CAP_CUBLASLT | KILN_CAP_F16 |
-                      KILN_CAP_PAGED_KV | (major >= 8 ? KILN_CAP_BF16 : 0);
+    /* The runtime's own, then what the catalog's operations provide (bf16 from sm_80 only). */
+    i->capabilities = (KILN_CAP_LAUNCH | KILN_CAP_TIMING | KILN_CAP_GRAPHS | kiln__catalog_capabilities()) &
+                      (major >= 8 ? ~0u : ~(uint32_t)KILN_CAP_BF16);
     implementation_fingerprint(i->implementation_fingerprint);
     i->n_storage_profiles = 2;
     i->storage_profiles[0] = (kiln_storage_profile){"linear", KILN_STORAGE_LINEAR_ARENA, 0, 256};

@@ -10,5 +10,6 @@
 #include "kiln/jit.h"
 #include "kiln/model.h"
 #include "kiln/ops.h"
+#include "kiln/catalog.h"
 
 #endif
