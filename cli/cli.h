@@ -27,6 +27,7 @@ int cli_gc(int argc, char **argv);
 int cli_export(int argc, char **argv);
 int cli_merge(int argc, char **argv);
 int cli_explain(int argc, char **argv);
+int cli_ls_ops(int argc, char **argv);
 
 /* Prints "kiln <cmd>: <message>" to stderr and returns CLI_EXIT_FAILURE. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

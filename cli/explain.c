@@ -17,8 +17,9 @@ static const char *const part_names[N_PARTS] = {"schema",  "template", "source",
 static const char help_text[] =
     "usage: kiln explain [--model CONFIG.json] --op NAME [--arch ARCH] [--db PATH]\n"
     "\n"
-    "For each kernel of operation NAME (a template id: token_embedding, rms_norm,\n"
-    "paged_attention, ...) that the model needs on ARCH, says whether the database\n"
+    "For each kernel of NAME (a template id: token_embedding, rms_norm,\n"
+    "paged_attention, ...; or an operation id of 'kiln ls-ops', which names all\n"
+    "its templates: dense_swiglu, ...) that the model needs on ARCH, says whether the database\n"
     "holds it and, when not, which row is nearest (the most fingerprint parts in\n"
     "common) and which parts differ: schema, template, source, headers, options\n"
     "(digests), arch, nvrtc, constants. The database is opened read-only.\n"
@@ -26,16 +27,16 @@ static const char help_text[] =
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
     "                           Llama-3-8B shape)\n"
-    "  -p, --op NAME            the operation (template id) to explain (required)\n"
+    "  -p, --op NAME            the template or operation id to explain (required)\n"
     "  -a, --arch ARCH          target architecture (default: " CLI_DEFAULT_ARCH ")\n"
     "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
     "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
     "  -h, --help               print this help and exit\n"
     "\n"
-    "output: one line per kernel,\n"
-    "  <op> <constants> hit <fingerprint>\n"
-    "  <op> <constants> miss <fingerprint> nearest <fingerprint> differs: <part> <have> -> <want>, ...\n"
-    "  <op> <constants> miss <fingerprint> nearest none (the database is empty)\n"
+    "output: one line per kernel (<template>: its template id),\n"
+    "  <template> <constants> hit <fingerprint>\n"
+    "  <template> <constants> miss <fingerprint> nearest <fingerprint> differs: <part> <have> -> <want>, ...\n"
+    "  <template> <constants> miss <fingerprint> nearest none (the database is empty)\n"
     "(a row stored by schema 1 has no parts: only template, arch, nvrtc and\n"
     "constants are compared, and the line says 'parts unknown').\n"
     "\n"
@@ -126,6 +127,22 @@ static int agreement(const char *const want[N_PARTS], const char *const have[N_P
     return compared ? same : -1;
 }
 
+/* Whether NAME selects a kernel of template id: the id itself, or, where
+ * templates (an operation's, space-separated) is given, one of them. */
+static int selects(const char *name, const char *templates, const char *id)
+{
+    if (!templates)
+        return !strcmp(name, id);
+    const size_t len = strlen(id);
+    for (const char *p = templates; *p;) {
+        const size_t n = strcspn(p, " ");
+        if (n == len && !strncmp(p, id, len))
+            return 1;
+        p += n + (p[n] == ' ');
+    }
+    return 0;
+}
+
 static void explain_miss(const char *want_text, const rows *db)
 {
     char want_buf[PARTS_MAX], have_buf[PARTS_MAX];
@@ -212,8 +229,16 @@ int cli_explain(int argc, char **argv)
     int rc = cli_load_model(CMD, model_path, arch, &config, &specs, &n_specs);
     if (rc)
         goto out;
+    /* A template id the model uses; else an operation id: its templates. */
+    const char *templates = NULL;
     for (size_t i = 0; i < n_specs; i++)
-        n_op += !strcmp(specs[i].template_id, op);
+        n_op += selects(op, NULL, specs[i].template_id);
+    kiln_op_info info = {.size = sizeof info};
+    if (!n_op && kiln_op_catalog_find(op, &info) == KILN_OK) {
+        templates = info.templates;
+        for (size_t i = 0; i < n_specs; i++)
+            n_op += selects(op, templates, specs[i].template_id);
+    }
     if (!n_op) {
         fprintf(stderr, "kiln " CMD ": model %s uses no operation '%s'; it uses:", config.name, op);
         for (size_t i = 0; i < n_specs; i++) {
@@ -240,7 +265,7 @@ int cli_explain(int argc, char **argv)
         goto out;
     }
     for (size_t i = 0; i < n_specs; i++) {
-        if (strcmp(specs[i].template_id, op))
+        if (!selects(op, templates, specs[i].template_id))
             continue;
         uint8_t fp[KILN_FINGERPRINT_SIZE];
         char hex[2 * KILN_FINGERPRINT_SIZE + 1], consts[PARTS_MAX], parts[PARTS_MAX];
@@ -254,7 +279,7 @@ int cli_explain(int argc, char **argv)
         int found = 0;
         for (size_t k = 0; k < r.n && !found; k++)
             found = !strcmp(r.items[k].fp, hex);
-        printf("%s %s %s %s", op, consts, found ? "hit" : "miss", hex);
+        printf("%s %s %s %s", specs[i].template_id, consts, found ? "hit" : "miss", hex);
         if (found)
             putchar('\n');
         else

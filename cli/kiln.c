@@ -25,6 +25,7 @@ static const char usage_text[] =
     "  export    a new database of exactly what one model needs, for shipping\n"
     "  merge     a new database holding the rows of several\n"
     "  explain   why a model's kernel would miss: the nearest row, the parts that differ\n"
+    "  ls-ops    the operations kiln provides: id, version, capabilities, kernels\n"
     "\n"
     "'kiln <command> --help' describes a command's options.\n"
     "\n"
@@ -134,7 +135,7 @@ int main(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } commands[] = {{"prewarm", cli_prewarm}, {"ls", cli_ls},         {"stats", cli_stats},
                     {"verify", cli_verify},   {"gc", cli_gc},         {"export", cli_export},
-                    {"merge", cli_merge},     {"explain", cli_explain}};
+                    {"merge", cli_merge},     {"explain", cli_explain}, {"ls-ops", cli_ls_ops}};
 
     if (argc < 2) {
         fputs(usage_text, stderr);

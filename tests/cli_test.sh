@@ -71,7 +71,7 @@ print(eval(sys.argv[2]))' "$OUT" "$1" || fail "output is not the expected JSON (
 # ---- help, version, usage errors ----
 expect 0 "$KILN" --help
 grep -q '^usage: kiln' "$OUT" || fail "kiln --help prints no usage"
-for cmd in prewarm ls stats verify gc export merge explain; do
+for cmd in prewarm ls stats verify gc export merge explain ls-ops; do
     expect 0 "$KILN" "$cmd" --help
     grep -q "^usage: kiln $cmd" "$OUT" || fail "kiln $cmd --help prints no usage"
     [[ ! -s $ERR ]] || fail "kiln $cmd --help wrote to stderr"
@@ -402,6 +402,35 @@ db.commit()' "$STALE"
 expect 0 "$KILN" explain --db "$STALE" --op rms_norm
 grep -q -E "^rms_norm .* miss [0-9a-f]{64} nearest 0{64} differs: source 0123456789abcdef -> [0-9a-f]{16}\$" "$OUT" ||
     fail "explain does not single out the source digest"
+
+# An operation id selects each of its templates' kernels.
+expect 0 "$KILN" explain --db "$EXP" --op dense_swiglu
+grep -q -E '^swiglu [A-Z0-9_=;]+ hit [0-9a-f]{64}$' "$OUT" || fail "explain of an operation id: no swiglu kernel"
+grep -q -E '^skinny_linear [A-Z0-9_=;]+ hit ' "$OUT" || fail "explain of an operation id: no skinny_linear kernel"
+grep -q -v -E '^(swiglu|tma_swiglu|skinny_linear) ' "$OUT" && fail "explain of an operation id lists another template"
+
+# ---- ls-ops: the operation catalog ----
+expect 0 "$KILN" ls-ops
+N_OPS=$(wc -l <"$OUT")
+[[ $N_OPS -ge 11 ]] || fail "ls-ops lists $N_OPS operations"
+for op in token_embedding rms_norm rms_norm_residual residual_add masked_argmax dense_linear dense_swiglu \
+    dense_linear_norm last_token_linear gated_delta paged_attention; do
+    grep -q -E "^$op +[0-9]+ [a-z0-9_,]+ +f16 +packed " "$OUT" || fail "ls-ops: no line for $op"
+done
+grep -q -E '^paged_attention +3 [a-z0-9_,]*paged_kv .* kiln_op_paged_attention_workspace +paged_attention paged_decode$' \
+    "$OUT" || fail "ls-ops: paged_attention's line is not as documented"
+grep -q -E '^token_embedding +1 launch,f16 +f16 +packed +- +token_embedding$' "$OUT" ||
+    fail "ls-ops: an operation without a workspace estimator does not show '-'"
+expect 0 "$KILN" ls-ops --json
+[[ $(json_eval 'len(d)') -eq $N_OPS ]] || fail "ls-ops --json: not one object per line of ls-ops"
+[[ $(json_eval 'sorted(d[0])') == "['batching', 'capabilities', 'dtypes', 'id', 'templates', 'version', 'workspace']" ]] ||
+    fail "ls-ops --json: the keys are not as documented"
+[[ $(json_eval '[o for o in d if o["id"] == "dense_linear_norm"][0]["templates"]') == "['tma_linear', 'skinny_linear', 'rms_norm']" ]] ||
+    fail "ls-ops --json: dense_linear_norm's templates"
+[[ $(json_eval '[o["workspace"] for o in d if o["id"] == "token_embedding"][0]') == None ]] ||
+    fail "ls-ops --json: no estimator is not null"
+[[ $(json_eval 'all("cublaslt" in o["capabilities"] for o in d if o["id"].startswith("dense_"))') == True ]] ||
+    fail "ls-ops --json: a dense operation without cublaslt"
 
 # ---- a missing database: ls and stats fail and create nothing ----
 for cmd in ls stats; do
