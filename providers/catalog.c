@@ -104,14 +104,16 @@ uint32_t kiln__catalog_capabilities(void)
 
 static void fill(const kiln__op_row *r, void *dst, size_t bytes)
 {
-    kiln_op_info info = {.size = (uint32_t)bytes,
-                         .id = r->id,
-                         .version = r->version,
-                         .capabilities = r->capabilities,
-                         .dtypes = r->dtypes,
-                         .batching = r->batching,
-                         .templates = r->templates,
-                         .workspace = r->workspace};
+    kiln_op_info info;
+    memset(&info, 0, sizeof info); /* the padding too: the caller gets no stack bytes */
+    info.size = (uint32_t)bytes;
+    info.id = r->id;
+    info.version = r->version;
+    info.capabilities = r->capabilities;
+    info.dtypes = r->dtypes;
+    info.batching = r->batching;
+    info.templates = r->templates;
+    info.workspace = r->workspace;
     memcpy(dst, &info, bytes);
 }
 
