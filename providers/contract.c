@@ -58,6 +58,62 @@ int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tenso
     return a->buffer == b->buffer && a->offset < b->offset + b_bytes && b->offset < a->offset + a_bytes;
 }
 
+kiln_status kiln__encode_begin(kiln_jit *jit, const char *op, kiln_command **cmd, kiln_runtime **rt,
+                               kiln__errslot **err)
+{
+    if (!jit || !cmd)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: jit or cmd is NULL", op);
+    *cmd = NULL;
+    *rt = kiln__jit_runtime(jit);
+    if (!*rt)
+        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, "%s: the jit has no runtime (offline)", op);
+    *err = kiln__runtime_errslot(*rt);
+    return KILN_OK;
+}
+
+kiln_status kiln__copy_bindings(kiln__errslot *err, const char *op, const char *what, const char *type, void *dst,
+                                size_t dst_size, size_t min_size, const void *src)
+{
+    if (!src)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
+    const uint32_t size = *(const uint32_t *)src;
+    if ((size && size < min_size) || kiln__copy_sized(dst, dst_size, src))
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "%s: %s size %u (%s); expected %zu%s", op, what,
+                          (unsigned)size, type, dst_size, min_size < dst_size ? ", or at least an earlier layout's" : "");
+    return KILN_OK;
+}
+
+kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, const char *name,
+                               const kiln_tensor *weight, int64_t in, const kiln_tensor *bias, size_t *w_bytes,
+                               size_t *b_bytes)
+{
+    const int64_t want_w[2] = {-1, in};
+    kiln_status st = kiln__check_tensor(err, op, name, weight, rt, KILN_DTYPE_F16, 2, want_w, w_bytes);
+    *b_bytes = 0;
+    if (st || !bias)
+        return st;
+    const int64_t want_b[1] = {weight->dims[0]};
+    if ((st = kiln__check_tensor(err, op, "bias", bias, rt, KILN_DTYPE_F16, 1, want_b, b_bytes)))
+        return st;
+    const uint64_t b = kiln__buffer_ptr(bias->buffer) + bias->offset;
+    if (b % 16)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          "%s: binding bias must start 16-byte aligned; it starts %llu bytes past that", op,
+                          (unsigned long long)(b % 16));
+    return KILN_OK;
+}
+
+kiln_status kiln__check_disjoint(kiln__errslot *err, const char *op, const kiln_tensor *written, size_t bytes,
+                                 const char *name, const kiln_tensor *const *others, const size_t *other_bytes,
+                                 const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (others[i] && kiln__tensors_overlap(written, bytes, others[i], other_bytes[i]))
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s overlaps binding %s", op, name,
+                              names[i]);
+    return KILN_OK;
+}
+
 kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_command **cmd)
 {
     if (encoded)
@@ -69,30 +125,33 @@ kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_comman
 
 kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_desc *d, kiln_command **cmd)
 {
+    void (*user_free)(void *) = d->user_free ? d->user_free : free;
     uint8_t key[KILN_REPLAY_KEY_MAX];
-    const size_t key_bytes = KILN_FINGERPRINT_SIZE + d->n_params * sizeof(uint64_t);
-    if (d->n_params > (KILN_REPLAY_KEY_MAX - KILN_FINGERPRINT_SIZE) / sizeof(uint64_t)) {
-        free(d->user);
+    const size_t key_bytes = d->kernel ? KILN_FINGERPRINT_SIZE + d->n_params * sizeof(uint64_t) : d->key_bytes;
+    if (d->kernel && d->n_params > (KILN_REPLAY_KEY_MAX - KILN_FINGERPRINT_SIZE) / sizeof(uint64_t)) {
+        user_free(d->user);
         return kiln__fail(kiln__runtime_errslot(rt), KILN_ERR_INVALID_ARGUMENT,
                           "%s: %zu launch parameters do not fit a replay key", d->op, d->n_params);
     }
-    memcpy(key, kiln_kernel_fingerprint(d->kernel), KILN_FINGERPRINT_SIZE);
-    memcpy(key + KILN_FINGERPRINT_SIZE, d->params, d->n_params * sizeof(uint64_t));
+    if (d->kernel) {
+        memcpy(key, kiln_kernel_fingerprint(d->kernel), KILN_FINGERPRINT_SIZE);
+        memcpy(key + KILN_FINGERPRINT_SIZE, d->params, d->n_params * sizeof(uint64_t));
+    }
     kiln_command_desc cd = {.op_id = d->op,
                             .batching = KILN_BATCHING_PACKED,
-                            .participants = d->participants,
+                            .participants = d->participants ? d->participants : 1,
                             .tokens = d->tokens,
-                            .dispatches = d->dispatches,
+                            .dispatches = d->dispatches ? d->dispatches : 1,
                             .regions = d->regions,
                             .n_regions = d->n_regions,
                             .enqueue = d->enqueue,
                             .user = d->user,
-                            .user_free = free,
-                            .replay_key = key,
+                            .user_free = user_free,
+                            .replay_key = d->kernel ? (const void *)key : d->key,
                             .replay_key_bytes = key_bytes};
     kiln_status st = kiln_command_create(rt, &cd, cmd);
     if (st)
-        free(d->user);
+        user_free(d->user);
     return st;
 }
 

@@ -185,16 +185,14 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 
 kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b, kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     size_t bytes[N_BINDINGS];
     int vec;
-    kiln_status st = kiln__gated_delta_check(rt, b, bytes, &vec);
+    st = kiln__gated_delta_check(rt, b, bytes, &vec);
     if (st)
         return st;
     const kiln_tensor *t[N_BINDINGS];

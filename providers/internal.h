@@ -13,14 +13,43 @@
 kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
                                kiln_runtime *rt, kiln_dtype dtype, uint32_t rank, const int64_t *want,
                                size_t *bytes);
+/* The start of every encode: jit and cmd given (KILN_ERR_INVALID_ARGUMENT),
+ * *cmd set to NULL, and a runtime (offline: KILN_ERR_NO_DEVICE); *rt and
+ * *err are then the jit's runtime and its error slot. Names op. */
+kiln_status kiln__encode_begin(kiln_jit *jit, const char *op, kiln_command **cmd, kiln_runtime **rt,
+                               kiln__errslot **err);
+/* A caller's bindings or desc struct (its first field the uint32_t size) into
+ * the library's zeroed local dst (kiln__copy_sized): KILN_ERR_INVALID_ARGUMENT
+ * naming op, what ("bindings"), the struct's type and the size when src is
+ * NULL or its size is nonzero and under min_size, the first layout's size
+ * (sizeof *dst when there has been one layout). */
+kiln_status kiln__copy_bindings(kiln__errslot *err, const char *op, const char *what, const char *type, void *dst,
+                                size_t dst_size, size_t min_size, const void *src);
+/* A dense product's weight [-1, in] (f16, named name) and its optional bias
+ * [weight rows] (f16, its device address 16-byte aligned); *w_bytes and
+ * *b_bytes (0 without a bias) their bytes. Names op, binding and values. */
+kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, const char *name,
+                               const kiln_tensor *weight, int64_t in, const kiln_tensor *bias, size_t *w_bytes,
+                               size_t *b_bytes);
+/* That written (its bytes, named name) overlaps none of the n bindings
+ * others (NULL ones passed over): "binding <name> overlaps binding <other>". */
+kiln_status kiln__check_disjoint(kiln__errslot *err, const char *op, const kiln_tensor *written, size_t bytes,
+                                 const char *name, const kiln_tensor *const *others, const size_t *other_bytes,
+                                 const char *const *names, size_t n);
+/* The region of a binding's bytes. */
+static inline kiln_region kiln__tensor_region(const kiln_tensor *t, size_t bytes)
+{
+    return (kiln_region){t->buffer, t->offset, t->offset + bytes};
+}
 /* The immediate form of an op: where encoded (what its _encode returned) is
  * KILN_OK, submits *cmd on the jit's runtime's own stream and releases it;
  * otherwise returns encoded. */
 kiln_status kiln__submit_encoded(kiln_jit *jit, kiln_status encoded, kiln_command **cmd);
-/* A provider's command of one kernel: packed attribution (op, participants,
- * tokens, dispatches), its regions, enqueue on user, and the replay key: the
- * kernel's fingerprint, then the n_params launch parameters (everything the
- * kernel is launched with). user comes from malloc and goes with free(): with
+/* A provider's command: packed attribution (op, participants and
+ * dispatches, 0 meaning 1, tokens), its regions, enqueue on user, and the
+ * replay key: the kernel's fingerprint, then the n_params launch parameters
+ * (everything the kernel is launched with), or, kernel NULL, the key_bytes
+ * of key the provider made. user goes with user_free (NULL: free()): with
  * the command, or here when the command cannot be made. */
 typedef struct kiln__kernel_command_desc {
     const char *op;
@@ -29,10 +58,15 @@ typedef struct kiln__kernel_command_desc {
     size_t n_regions;
     kiln_enqueue_fn enqueue;
     void *user;
+    void (*user_free)(void *user);
     const kiln_kernel *kernel;
     const uint64_t *params;
     size_t n_params;
+    const void *key;
+    size_t key_bytes;
 } kiln__kernel_command_desc;
+/* .params and .n_params of a kiln__kernel_command_desc from an array. */
+#define KILN__PARAMS(array) .params = (array), .n_params = sizeof(array) / sizeof((array)[0])
 kiln_status kiln__kernel_command(kiln_runtime *rt, const kiln__kernel_command_desc *d, kiln_command **cmd);
 /* Blocks of fn (threads each, no dynamic shared memory) one SM holds at
  * once; 0 when the driver cannot say. */

@@ -84,15 +84,12 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
                                              const kiln_tensor *weight, const kiln_tensor *bias,
                                              const kiln_tensor *out, const kiln_region *workspace, kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     size_t x_bytes, s_bytes, w_bytes, b_bytes = 0, o_bytes;
-    kiln_status st;
     if (x && x->buffer && x->rank != 2 && x->rank != 3)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": binding x must have rank 2 ([tokens, in], packed coordinates) or 3 ([participants, "

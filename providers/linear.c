@@ -47,15 +47,12 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
                                         const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *workspace,
                                         kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     size_t x_bytes, w_bytes, b_bytes = 0, o_bytes;
-    kiln_status st;
     if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];

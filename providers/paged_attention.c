@@ -523,15 +523,13 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
 
 kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc, kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     kiln__paged_attention_info in;
-    kiln_status st = kiln__paged_attention_check(rt, desc, &in);
+    st = kiln__paged_attention_check(rt, desc, &in);
     if (st)
         return st;
     kiln_paged_attention_desc full; /* checked: size is 0, the earlier layout's or larger */

@@ -113,15 +113,13 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, const kiln_tensor *b,
                                         const kiln_tensor *out, kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     int vec;
-    kiln_status st = kiln__residual_add_check(rt, a, b, out, &vec);
+    st = kiln__residual_add_check(rt, a, b, out, &vec);
     if (st)
         return st;
     const int64_t tokens = a->dims[0], hidden = a->dims[1];

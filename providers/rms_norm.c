@@ -144,15 +144,13 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
                           float eps, const kiln_tensor *out, kiln_command **cmd)
 {
     const char *op = residual ? "rms_norm_residual" : "rms_norm";
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: jit or cmd is NULL", op);
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, "%s: the jit has no runtime (offline)", op);
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, op, cmd, &rt, &err);
+    if (st)
+        return st;
     int vec;
-    kiln_status st = kiln__rms_norm_check(rt, x, residual, weight, eps, out, &vec);
+    st = kiln__rms_norm_check(rt, x, residual, weight, eps, out, &vec);
     if (st)
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];

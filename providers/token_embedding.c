@@ -70,15 +70,12 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
                                            const kiln_tensor *out, kiln_command **cmd)
 {
-    if (!jit || !cmd)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": jit or cmd is NULL");
-    *cmd = NULL;
-    kiln_runtime *rt = kiln__jit_runtime(jit);
-    if (!rt)
-        return kiln__fail(kiln__jit_errslot(jit), KILN_ERR_NO_DEVICE, OP ": the jit has no runtime (offline)");
-    kiln__errslot *err = kiln__runtime_errslot(rt);
+    kiln_runtime *rt;
+    kiln__errslot *err;
+    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
+    if (st)
+        return st;
     size_t table_bytes, ids_bytes, out_bytes;
-    kiln_status st;
     if ((st = kiln__check_tensor(err, OP, "table", table, rt, KILN_DTYPE_F16, 2, NULL, &table_bytes)))
         return st;
     int64_t vocab = table->dims[0], hidden = table->dims[1];
