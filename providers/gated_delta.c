@@ -111,14 +111,13 @@ static void views(const kiln_gated_delta_bindings *b, const kiln_tensor *t[N_BIN
 kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bindings *b, size_t bytes[8], int *vec)
 {
     kiln__errslot *err = kiln__runtime_errslot(rt);
-    if (!b)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings is NULL");
-    if (b->size && b->size < sizeof *b)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings size %u; expected %zu", b->size,
-                          sizeof *b);
+    kiln_gated_delta_bindings local;
+    kiln_status st = kiln__copy_bindings(err, OP, "bindings", "kiln_gated_delta_bindings", &local, sizeof local,
+                                         sizeof local, b);
+    if (st)
+        return st;
     const kiln_tensor *t[N_BINDINGS];
-    views(b, t);
-    kiln_status st;
+    views(&local, t);
     if ((st = kiln__check_tensor(err, OP, "q", t[B_Q], rt, KILN_DTYPE_F16, 3, NULL, &bytes[B_Q])))
         return st;
     const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2];
@@ -195,8 +194,10 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     st = kiln__gated_delta_check(rt, b, bytes, &vec);
     if (st)
         return st;
+    kiln_gated_delta_bindings local; /* checked: its size is 0 or at least ours */
+    (void)KILN__COPY_SIZED(local, b);
     const kiln_tensor *t[N_BINDINGS];
-    views(b, t);
+    views(&local, t);
     const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1],
                   DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
     kiln_spec spec;

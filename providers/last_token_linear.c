@@ -107,35 +107,20 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     if (limit > UINT32_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding x has %lld rows per %s; at most %u",
                           (long long)limit, source ? "participant" : "batch", UINT32_MAX);
-    const int64_t want_w[2] = {-1, in};
-    if ((st = kiln__check_tensor(err, OP, "weight", weight, rt, KILN_DTYPE_F16, 2, want_w, &w_bytes)))
+    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
         return st;
     const int64_t n_out = weight->dims[0];
-    if (bias) {
-        const int64_t want_b[1] = {n_out};
-        if ((st = kiln__check_tensor(err, OP, "bias", bias, rt, KILN_DTYPE_F16, 1, want_b, &b_bytes)))
-            return st;
-        CUdeviceptr b = kiln__buffer_ptr(bias->buffer) + bias->offset;
-        if (b % 16)
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                              OP ": binding bias must start 16-byte aligned; it starts %llu bytes past that",
-                              (unsigned long long)(b % 16));
-    }
     const int64_t want_o[2] = {parts, n_out};
     if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
         return st;
     size_t need;
     if ((st = kiln_op_last_token_linear_workspace(parts, in, n_out, &need)))
         return kiln__propagate(err, st);
-    const kiln_tensor *reads[4] = {x, spans, weight, bias};
-    const size_t read_bytes[4] = {x_bytes, s_bytes, w_bytes, b_bytes};
     static const char *const names[5] = {"x", "spans", "weight", "bias", "out"};
-    for (int i = 0; i < 4; i++)
-        if (reads[i] && kiln__tensors_overlap(out, o_bytes, reads[i], read_bytes[i]))
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s", names[i]);
     const kiln_tensor *all[5] = {x, spans, weight, bias, out};
     const size_t all_bytes[5] = {x_bytes, s_bytes, w_bytes, b_bytes, o_bytes};
-    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, names, 5)))
+    if ((st = kiln__check_disjoint(err, OP, out, o_bytes, "out", all, all_bytes, names, 4)) ||
+        (st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, names, 5)))
         return st;
 
     last_launch *l = calloc(1, sizeof *l);
@@ -187,12 +172,9 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     key.threads = l->threads;
     kiln_region regions[6];
     size_t n = 0;
-    regions[n++] = (kiln_region){x->buffer, x->offset, x->offset + x_bytes};
-    regions[n++] = (kiln_region){spans->buffer, spans->offset, spans->offset + s_bytes};
-    regions[n++] = (kiln_region){weight->buffer, weight->offset, weight->offset + w_bytes};
-    if (bias)
-        regions[n++] = (kiln_region){bias->buffer, bias->offset, bias->offset + b_bytes};
-    regions[n++] = (kiln_region){out->buffer, out->offset, out->offset + o_bytes};
+    for (int i = 0; i < 5; i++)
+        if (all[i])
+            regions[n++] = kiln__tensor_region(all[i], all_bytes[i]);
     regions[n++] = *workspace;
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,

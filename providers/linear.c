@@ -56,45 +56,27 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
-    const int64_t want_w[2] = {-1, in};
-    if ((st = kiln__check_tensor(err, OP, "weight", weight, rt, KILN_DTYPE_F16, 2, want_w, &w_bytes)))
+    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
         return st;
     const int64_t n_out = weight->dims[0];
-    if (bias) {
-        const int64_t want_b[1] = {n_out};
-        if ((st = kiln__check_tensor(err, OP, "bias", bias, rt, KILN_DTYPE_F16, 1, want_b, &b_bytes)))
-            return st;
-        CUdeviceptr b = kiln__buffer_ptr(bias->buffer) + bias->offset;
-        if (b % 16)
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                              OP ": binding bias must start 16-byte aligned; it starts %llu bytes past that", 
-                              (unsigned long long)(b % 16));
-    }
     const int64_t want_o[2] = {tokens, n_out};
     if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
         return st;
     size_t need;
     if ((st = kiln_op_dense_linear_workspace(tokens, in, n_out, &need)))
         return kiln__propagate(err, st);
-    const kiln_tensor *reads[3] = {x, weight, bias};
-    const size_t read_bytes[3] = {x_bytes, w_bytes, b_bytes};
-    static const char *const read_names[3] = {"x", "weight", "bias"};
-    for (int i = 0; i < 3; i++)
-        if (reads[i] && kiln__tensors_overlap(out, o_bytes, reads[i], read_bytes[i]))
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s", read_names[i]);
     const kiln_tensor *all[4] = {x, weight, bias, out};
     const size_t all_bytes[4] = {x_bytes, w_bytes, b_bytes, o_bytes};
     static const char *const all_names[4] = {"x", "weight", "bias", "out"};
-    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 4)))
+    if ((st = kiln__check_disjoint(err, OP, out, o_bytes, "out", all, all_bytes, all_names, 3)) ||
+        (st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 4)))
         return st;
 
     kiln_region regions[5];
     size_t n = 0;
-    regions[n++] = (kiln_region){x->buffer, x->offset, x->offset + x_bytes};
-    regions[n++] = (kiln_region){weight->buffer, weight->offset, weight->offset + w_bytes};
-    if (bias)
-        regions[n++] = (kiln_region){bias->buffer, bias->offset, bias->offset + b_bytes};
-    regions[n++] = (kiln_region){out->buffer, out->offset, out->offset + o_bytes};
+    for (int i = 0; i < 4; i++)
+        if (all[i])
+            regions[n++] = kiln__tensor_region(all[i], all_bytes[i]);
     regions[n++] = *workspace;
     const uint64_t dx = kiln__buffer_ptr(x->buffer) + x->offset, dw = kiln__buffer_ptr(weight->buffer) + weight->offset;
     if (kiln__skinny_linear_applies(rt, tokens, in, dx, dw))

@@ -276,8 +276,8 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
-    const int64_t want_w[2] = {-1, in};
-    if ((st = kiln__check_tensor(err, OP, "weight", weight, rt, KILN_DTYPE_F16, 2, want_w, &wb)))
+    size_t no_bias;
+    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, NULL, &wb, &no_bias)))
         return st;
     const int64_t hidden = weight->dims[0];
     const int64_t want_r[2] = {tokens, hidden}, want_n[1] = {hidden};
@@ -290,24 +290,15 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     if (!isfinite(eps) || !(eps > 0.0f))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": eps must be a finite number > 0, got %g", (double)eps);
     /* What is written (residual, out) overlaps nothing else. */
-    const kiln_tensor *reads[3] = {x, weight, norm_weight};
-    const size_t read_bytes[3] = {xb, wb, nb};
-    static const char *const read_names[3] = {"x", "weight", "norm_weight"};
-    for (int i = 0; i < 3; i++) {
-        if (kiln__tensors_overlap(residual, rb, reads[i], read_bytes[i]))
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding residual overlaps binding %s",
-                              read_names[i]);
-        if (kiln__tensors_overlap(out, ob, reads[i], read_bytes[i]))
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s", read_names[i]);
-    }
-    if (kiln__tensors_overlap(out, ob, residual, rb))
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding residual");
+    const kiln_tensor *all[5] = {x, weight, norm_weight, residual, out};
+    const size_t all_bytes[5] = {xb, wb, nb, rb, ob};
+    static const char *const all_names[5] = {"x", "weight", "norm_weight", "residual", "out"};
+    if ((st = kiln__check_disjoint(err, OP, residual, rb, "residual", all, all_bytes, all_names, 3)) ||
+        (st = kiln__check_disjoint(err, OP, out, ob, "out", all, all_bytes, all_names, 4)))
+        return st;
     size_t need;
     if ((st = kiln_op_dense_linear_norm_workspace(tokens, in, hidden, &need)))
         return kiln__propagate(err, st);
-    const kiln_tensor *all[5] = {x, weight, residual, norm_weight, out};
-    const size_t all_bytes[5] = {xb, wb, rb, nb, ob};
-    static const char *const all_names[5] = {"x", "weight", "residual", "norm_weight", "out"};
     if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 5)))
         return st;
 
@@ -375,12 +366,9 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     key.out = l->out;
     key.eps_tokens = ((uint64_t)eps_bits << 32) | l->tokens;
     key.threads = l->threads;
-    kiln_region regions[6] = {{x->buffer, x->offset, x->offset + xb},
-                              {weight->buffer, weight->offset, weight->offset + wb},
-                              {residual->buffer, residual->offset, residual->offset + rb},
-                              {norm_weight->buffer, norm_weight->offset, norm_weight->offset + nb},
-                              {out->buffer, out->offset, out->offset + ob},
-                              *workspace};
+    kiln_region regions[6] = {kiln__tensor_region(x, xb),        kiln__tensor_region(weight, wb),
+                              kiln__tensor_region(residual, rb), kiln__tensor_region(norm_weight, nb),
+                              kiln__tensor_region(out, ob),      *workspace};
     kiln_command_desc cd = {.op_id = OP,
                             .batching = KILN_BATCHING_PACKED,
                             .participants = 1,

@@ -106,14 +106,13 @@ kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax
                                       int *vec)
 {
     kiln__errslot *err = kiln__runtime_errslot(rt);
-    if (!b)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings is NULL");
-    if (b->size && b->size < sizeof *b)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": bindings size %u; expected %zu", b->size,
-                          sizeof *b);
+    kiln_masked_argmax_bindings local;
+    kiln_status st = kiln__copy_bindings(err, OP, "bindings", "kiln_masked_argmax_bindings", &local, sizeof local,
+                                         sizeof local, b);
+    if (st)
+        return st;
     const kiln_tensor *t[N_BINDINGS];
-    views(b, t);
-    kiln_status st;
+    views(&local, t);
     if ((st = kiln__check_tensor(err, OP, "logits", t[B_LOGITS], rt, KILN_DTYPE_F16, 2, NULL, &bytes[B_LOGITS])))
         return st;
     const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
@@ -193,8 +192,10 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
     st = kiln__masked_argmax_check(rt, b, bytes, &vec);
     if (st)
         return st;
+    kiln_masked_argmax_bindings local; /* checked: its size is 0 or at least ours */
+    (void)KILN__COPY_SIZED(local, b);
     const kiln_tensor *t[N_BINDINGS];
-    views(b, t);
+    views(&local, t);
     const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
     kiln_spec spec;
     kiln_kernel *k;

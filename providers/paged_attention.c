@@ -286,20 +286,19 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
                                         kiln__paged_attention_info *info)
 {
     kiln__errslot *err = kiln__runtime_errslot(rt);
-    if (!desc || !info)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": desc is NULL");
-    if (desc->size && desc->size < DESC_V1_SIZE)
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": desc size %u; expected %zu (or %zu, without workspace and qkv)",
-                          desc->size, sizeof *desc, DESC_V1_SIZE);
+    if (!info)
+        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, OP ": info is NULL");
     /* A desc of the earlier size has no workspace and no qkv. */
     kiln_paged_attention_desc full;
-    memset(&full, 0, sizeof full);
-    memcpy(&full, desc, desc->size && desc->size < sizeof full ? desc->size : sizeof full);
+    kiln_status st = kiln__copy_bindings(err, OP, "desc", "kiln_paged_attention_desc", &full, sizeof full,
+                                         DESC_V1_SIZE, desc);
+    if (st)
+        return st;
     const kiln_paged_attention_desc *d = &full;
     memset(info, 0, sizeof *info);
     size_t *bytes = info->bytes;
     int64_t T = 0, H = 0, D = 0, KVH = 1;
-    kiln_status st = check_qkv(err, rt, d, info, &T, &H, &D, &KVH);
+    st = check_qkv(err, rt, d, info, &T, &H, &D, &KVH);
     if (st)
         return st;
     const uint32_t pt = info->page_tokens;
@@ -533,8 +532,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     if (st)
         return st;
     kiln_paged_attention_desc full; /* checked: size is 0, the earlier layout's or larger */
-    memset(&full, 0, sizeof full);
-    memcpy(&full, desc, desc->size && desc->size < sizeof full ? desc->size : sizeof full);
+    (void)KILN__COPY_SIZED(full, desc);
     const kiln_paged_attention_desc *d = &full;
     kiln_spec spec;
     kiln_kernel *k;

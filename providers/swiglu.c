@@ -207,8 +207,8 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
-    const int64_t want_w[2] = {-1, hidden};
-    if ((st = kiln__check_tensor(err, OP, "gate_up", gate_up, rt, KILN_DTYPE_F16, 2, want_w, &w_bytes)))
+    size_t no_bias;
+    if ((st = kiln__check_weight(err, OP, rt, "gate_up", gate_up, hidden, NULL, &w_bytes, &no_bias)))
         return st;
     if (gate_up->dims[0] % 2)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
@@ -222,18 +222,14 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     size_t need;
     if ((st = kiln_op_dense_swiglu_workspace(tokens, hidden, inter, &need)))
         return kiln__propagate(err, st);
-    if (kiln__tensors_overlap(out, o_bytes, x, x_bytes) || kiln__tensors_overlap(out, o_bytes, gate_up, w_bytes))
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding out overlaps binding %s",
-                          kiln__tensors_overlap(out, o_bytes, x, x_bytes) ? "x" : "gate_up");
     const kiln_tensor *all[3] = {x, gate_up, out};
     const size_t all_bytes[3] = {x_bytes, w_bytes, o_bytes};
     static const char *const all_names[3] = {"x", "gate_up", "out"};
-    if ((st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 3)))
+    if ((st = kiln__check_disjoint(err, OP, out, o_bytes, "out", all, all_bytes, all_names, 2)) ||
+        (st = kiln__check_workspace(err, OP, workspace, rt, need, all, all_bytes, all_names, 3)))
         return st;
-    kiln_region regions[4] = {{x->buffer, x->offset, x->offset + x_bytes},
-                              {gate_up->buffer, gate_up->offset, gate_up->offset + w_bytes},
-                              {out->buffer, out->offset, out->offset + o_bytes},
-                              *workspace};
+    kiln_region regions[4] = {kiln__tensor_region(x, x_bytes), kiln__tensor_region(gate_up, w_bytes),
+                              kiln__tensor_region(out, o_bytes), *workspace};
     const uint64_t dx = kiln__buffer_ptr(x->buffer) + x->offset,
                    dw = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset;
     if (kiln__skinny_linear_applies(rt, tokens, hidden, dx, dw))

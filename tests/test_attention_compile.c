@@ -512,6 +512,19 @@ static void test_workspace_and_fused_qkv(void **state)
     c.d.size = sizeof c.d;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
     assert_int_equal(in.bytes[10], need);
+    /* One too small to be a size names the struct; a newer caller's larger
+     * desc is read as far as this library knows it. */
+    c.d.size = 1;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "desc size 1", "kiln_paged_attention_desc");
+    struct {
+        kiln_paged_attention_desc d;
+        uint64_t later;
+    } newer = {c.d, UINT64_MAX};
+    newer.d.size = sizeof newer;
+    KILN_CHECK(kiln__paged_attention_check(rt, &newer.d, &in));
+    assert_int_equal(in.bytes[10], need);
+    c.d.size = sizeof c.d;
 
     /* Fused: qkv [S, (32 + 2 x 8) x 128], q, k and v NULL. */
     kiln_tensor qkv = view3(buf, 0, KILN_DTYPE_F16, S, (H + 2 * KVH) * D, 0);

@@ -373,6 +373,18 @@ static void test_argmax_validation_names_binding_and_values(void **state)
     c.size = 8;
     KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings size 8", NULL);
+    /* The size field: one too small to be a size names the struct; a newer
+     * caller's larger struct is read as far as this library knows it. */
+    c.size = 2;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "bindings size 2", "kiln_masked_argmax_bindings");
+    struct {
+        kiln_masked_argmax_bindings b;
+        uint64_t later;
+    } newer = {b, UINT64_MAX};
+    newer.b.size = sizeof newer;
+    KILN_CHECK(kiln__masked_argmax_check(rt, &newer.b, bytes, &vec));
+    assert_int_equal(newer.later, UINT64_MAX);
     /* Vector width: vocab % 8 and alignment. */
     c = b;
     t = valid;

@@ -251,6 +251,17 @@ static void test_validation_names_binding_and_values(void **state)
     c.size = 8;
     KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings size 8", NULL);
+    /* The size field: one too small to be a size names the struct; a newer
+     * caller's larger struct is read as far as this library knows it. */
+    c.size = 3;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "bindings size 3", "kiln_gated_delta_bindings");
+    struct {
+        kiln_gated_delta_bindings b;
+        uint64_t later;
+    } newer = {b, UINT64_MAX};
+    newer.b.size = sizeof newer;
+    KILN_CHECK(kiln__gated_delta_check(rt, &newer.b, bytes, &vec));
     KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
 #undef EXPECT_BAD

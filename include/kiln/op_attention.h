@@ -127,7 +127,10 @@ extern "C" {
 struct kiln_tensor;
 
 typedef struct kiln_paged_attention_desc {
-    uint32_t size; /* sizeof(kiln_paged_attention_desc), or 0 */
+    /* sizeof(kiln_paged_attention_desc), or 0 (the same). The library reads
+     * the fields both sizes hold; one under the first layout's (up to
+     * max_query_tokens) is KILN_ERR_INVALID_ARGUMENT. */
+    uint32_t size;
     /* The bindings, by reference (borrowed for the call). */
     const struct kiln_tensor *q, *k, *v, *positions, *block_table, *seq_lens, *query_spans, *out;
     const kiln_region *kv_pages;

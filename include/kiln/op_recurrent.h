@@ -86,7 +86,9 @@ struct kiln_tensor;
 
 /* The bindings, by reference (borrowed for the call). */
 typedef struct kiln_gated_delta_bindings {
-    uint32_t size; /* sizeof(kiln_gated_delta_bindings), or 0 */
+    /* sizeof(kiln_gated_delta_bindings), or 0 (the same). A larger one is
+     * read as far as this header's; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
+    uint32_t size;
     const struct kiln_tensor *q, *k, *v, *g, *beta, *state, *spans, *out;
 } kiln_gated_delta_bindings;
 

@@ -52,7 +52,9 @@ struct kiln_tensor;
 
 /* The bindings, by reference (borrowed for the call). */
 typedef struct kiln_masked_argmax_bindings {
-    uint32_t size; /* sizeof(kiln_masked_argmax_bindings), or 0 */
+    /* sizeof(kiln_masked_argmax_bindings), or 0 (the same). A larger one is
+     * read as far as this header's; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
+    uint32_t size;
     const struct kiln_tensor *logits, *valid, *rep_ids, *rep_offsets, *penalty, *workspace, *out;
 } kiln_masked_argmax_bindings;
 
