@@ -226,17 +226,9 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     }
     params[2 * N_BINDINGS] = (uint64_t)T;
     params[2 * N_BINDINGS + 1] = (uint64_t)S;
-    const kiln__kernel_command_desc d = {.op = OP,
-                                         .participants = (uint32_t)S,
-                                         .tokens = (uint32_t)T,
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = N_BINDINGS,
-                                         .enqueue = enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    const kiln__kernel_command_desc d = {.op = OP, .participants = (uint32_t)S, .tokens = (uint32_t)T,
+                                         .regions = regions, .n_regions = N_BINDINGS, .enqueue = enqueue, .user = l,
+                                         .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

@@ -176,23 +176,11 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
         if (all[i])
             regions[n++] = kiln__tensor_region(all[i], all_bytes[i]);
     regions[n++] = *workspace;
-    kiln_command_desc cd = {.op_id = OP,
-                            .batching = KILN_BATCHING_PACKED,
-                            .participants = (uint32_t)parts,
-                            .tokens = source && (uint64_t)parts * (uint64_t)limit > UINT32_MAX
-                                          ? UINT32_MAX
-                                          : (uint32_t)(source ? (uint64_t)parts * (uint64_t)limit : (uint64_t)limit),
-                            .dispatches = 2,
-                            .regions = regions,
-                            .n_regions = n,
-                            .enqueue = enqueue,
-                            .user = l,
-                            .user_free = launch_free,
-                            .replay_key = &key,
-                            .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &cd, cmd)))
-        launch_free(l);
-    return st;
+    const uint64_t rows = source ? (uint64_t)parts * (uint64_t)limit : (uint64_t)limit;
+    const kiln__kernel_command_desc cd = {.op = OP, .participants = (uint32_t)parts,
+                                          .tokens = rows > UINT32_MAX ? UINT32_MAX : (uint32_t)rows, .dispatches = 2, .regions = regions, .n_regions = n, .enqueue = enqueue,
+                                          .user = l, .user_free = launch_free, .key = &key, .key_bytes = sizeof key};
+    return kiln__kernel_command(rt, &cd, cmd);
 }
 
 kiln_status kiln_op_last_token_linear(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *spans,

@@ -100,21 +100,10 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     kiln__gemm_key_of(g, &gk);
     memcpy(key, KEY_TAG, sizeof KEY_TAG);
     memcpy(key + sizeof KEY_TAG, &gk, sizeof gk);
-    kiln_command_desc cd = {.op_id = OP,
-                            .batching = KILN_BATCHING_PACKED,
-                            .participants = 1,
-                            .tokens = (uint32_t)tokens,
-                            .dispatches = 1,
-                            .regions = regions,
-                            .n_regions = n,
-                            .enqueue = enqueue,
-                            .user = g,
-                            .user_free = launch_free,
-                            .replay_key = key,
-                            .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &cd, cmd)))
-        launch_free(g);
-    return st;
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)tokens, .regions = regions, .n_regions = n,
+                                          .enqueue = enqueue, .user = g, .user_free = launch_free, .key = key,
+                                          .key_bytes = sizeof key};
+    return kiln__kernel_command(rt, &cd, cmd);
 }
 
 kiln_status kiln_op_dense_linear(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,

@@ -369,21 +369,10 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     kiln_region regions[6] = {kiln__tensor_region(x, xb),        kiln__tensor_region(weight, wb),
                               kiln__tensor_region(residual, rb), kiln__tensor_region(norm_weight, nb),
                               kiln__tensor_region(out, ob),      *workspace};
-    kiln_command_desc cd = {.op_id = OP,
-                            .batching = KILN_BATCHING_PACKED,
-                            .participants = 1,
-                            .tokens = (uint32_t)tokens,
-                            .dispatches = 2,
-                            .regions = regions,
-                            .n_regions = 6,
-                            .enqueue = enqueue,
-                            .user = l,
-                            .user_free = launch_free,
-                            .replay_key = &key,
-                            .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &cd, cmd)))
-        launch_free(l);
-    return st;
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)tokens, .dispatches = 2, .regions = regions,
+                                          .n_regions = 6, .enqueue = enqueue, .user = l, .user_free = launch_free,
+                                          .key = &key, .key_bytes = sizeof key};
+    return kiln__kernel_command(rt, &cd, cmd);
 }
 
 kiln_status kiln_op_dense_linear_norm(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,

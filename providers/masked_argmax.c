@@ -236,17 +236,10 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
         regions[i] = (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + bytes[i]};
     }
 #undef PTR
-    const kiln__kernel_command_desc d = {.op = OP,
-                                         .participants = (uint32_t)P,
-                                         .tokens = (uint32_t)P, /* the last token of each */
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = N_BINDINGS,
-                                         .enqueue = enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    /* Its tokens: the last of each participant. */
+    const kiln__kernel_command_desc d = {.op = OP, .participants = (uint32_t)P, .tokens = (uint32_t)P,
+                                         .regions = regions, .n_regions = N_BINDINGS, .enqueue = enqueue, .user = l,
+                                         .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

@@ -645,21 +645,10 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.splits = splits;
     key.stages = stages;
     key.theta = d->rope_theta;
-    kiln_command_desc cd = {.op_id = OP,
-                            .batching = KILN_BATCHING_PACKED,
-                            .participants = in.seqs,
-                            .tokens = in.tokens,
-                            .dispatches = one_kernel ? 1 : 2,
-                            .regions = regions,
-                            .n_regions = n_regions,
-                            .enqueue = enqueue,
-                            .user = l,
-                            .user_free = free,
-                            .replay_key = &key,
-                            .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &cd, cmd)))
-        free(l);
-    return st;
+    const kiln__kernel_command_desc cd = {.op = OP, .participants = in.seqs, .tokens = in.tokens,
+                                          .dispatches = one_kernel ? 1 : 2, .regions = regions, .n_regions = n_regions,
+                                          .enqueue = enqueue, .user = l, .key = &key, .key_bytes = sizeof key};
+    return kiln__kernel_command(rt, &cd, cmd);
 }
 
 kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_attention_desc *d)

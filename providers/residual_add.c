@@ -149,17 +149,8 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
     kiln_region regions[3] = {{a->buffer, a->offset, a->offset + bytes},
                               {b->buffer, b->offset, b->offset + bytes},
                               {out->buffer, out->offset, out->offset + bytes}};
-    const kiln__kernel_command_desc d = {.op = OP,
-                                         .participants = 1,
-                                         .tokens = (uint32_t)tokens,
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = 3,
-                                         .enqueue = enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    const kiln__kernel_command_desc d = {.op = OP, .tokens = (uint32_t)tokens, .regions = regions, .n_regions = 3,
+                                         .enqueue = enqueue, .user = l, .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

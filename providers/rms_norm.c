@@ -190,17 +190,9 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
     size_t n_regions = 3;
     if (residual)
         regions[n_regions++] = (kiln_region){residual->buffer, residual->offset, residual->offset + bytes};
-    const kiln__kernel_command_desc d = {.op = op,
-                                         .participants = 1,
-                                         .tokens = (uint32_t)tokens,
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = n_regions,
-                                         .enqueue = enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    const kiln__kernel_command_desc d = {.op = op, .tokens = (uint32_t)tokens, .regions = regions,
+                                         .n_regions = n_regions, .enqueue = enqueue, .user = l, .kernel = k,
+                                         KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

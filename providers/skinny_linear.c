@@ -190,16 +190,7 @@ kiln_status kiln__skinny_linear_encode(kiln_jit *jit, const char *op, const kiln
     /* The replay key: the kernel, every address and size, the grid. */
     uint64_t params[7];
     kiln__skinny_params(l, params);
-    const kiln__kernel_command_desc d = {.op = op,
-                                         .participants = 1,
-                                         .tokens = l->tokens,
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = n_regions,
-                                         .enqueue = enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    const kiln__kernel_command_desc d = {.op = op, .tokens = l->tokens, .regions = regions, .n_regions = n_regions,
+                                         .enqueue = enqueue, .user = l, .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }

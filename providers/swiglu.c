@@ -127,16 +127,8 @@ static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_te
     uint64_t params[KILN__TMA_PARAMS + 1];
     kiln__tma_params(l, dw, dx, hidden, params);
     params[KILN__TMA_PARAMS] = (uint64_t)inter;
-    const kiln__kernel_command_desc d = {.op = OP,
-                                         .participants = 1,
-                                         .tokens = l->tokens,
-                                         .dispatches = 1,
-                                         .regions = regions,
-                                         .n_regions = 4,
-                                         .enqueue = tma_enqueue,
-                                         .user = l,
-                                         .kernel = k,
-                                         .params = params,
+    const kiln__kernel_command_desc d = {.op = OP, .tokens = l->tokens, .regions = regions, .n_regions = 4,
+                                         .enqueue = tma_enqueue, .user = l, .kernel = k, .params = params,
                                          .n_params = KILN__TMA_PARAMS + 1};
     return kiln__kernel_command(rt, &d, cmd);
 }
@@ -280,21 +272,10 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     key.out = l->out;
     key.tokens = l->grid[0];
     key.threads = l->threads;
-    kiln_command_desc cd = {.op_id = OP,
-                            .batching = KILN_BATCHING_PACKED,
-                            .participants = 1,
-                            .tokens = (uint32_t)tokens,
-                            .dispatches = 2,
-                            .regions = regions,
-                            .n_regions = 4,
-                            .enqueue = enqueue,
-                            .user = l,
-                            .user_free = launch_free,
-                            .replay_key = &key,
-                            .replay_key_bytes = sizeof key};
-    if ((st = kiln_command_create(rt, &cd, cmd)))
-        launch_free(l);
-    return st;
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)tokens, .dispatches = 2, .regions = regions,
+                                          .n_regions = 4, .enqueue = enqueue, .user = l, .user_free = launch_free,
+                                          .key = &key, .key_bytes = sizeof key};
+    return kiln__kernel_command(rt, &cd, cmd);
 }
 
 kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up,

@@ -116,17 +116,9 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
                               {ids->buffer, ids->offset, ids->offset + ids_bytes},
                               {out->buffer, out->offset, out->offset + out_bytes}};
     const uint32_t launches = (uint32_t)((tokens + MAX_TOKENS_PER_LAUNCH - 1) / MAX_TOKENS_PER_LAUNCH);
-    const kiln__kernel_command_desc d = {.op = OP,
-                                         .participants = 1,
-                                         .tokens = (uint32_t)tokens,
-                                         .dispatches = launches,
-                                         .regions = regions,
-                                         .n_regions = 3,
-                                         .enqueue = enqueue,
-                                         .user = user,
-                                         .kernel = k,
-                                         .params = params,
-                                         .n_params = sizeof params / sizeof params[0]};
+    const kiln__kernel_command_desc d = {.op = OP, .tokens = (uint32_t)tokens, .dispatches = launches,
+                                         .regions = regions, .n_regions = 3, .enqueue = enqueue, .user = user,
+                                         .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 
