@@ -132,7 +132,8 @@ static cJSON *op_json(const kiln_op_info *op)
         !cJSON_AddItemToObject(o, "dtypes", set_json(op->dtypes, NULL, 0)) ||
         !cJSON_AddItemToObject(o, "batching", set_json(op->batching, batching_names, 3)) ||
         !cJSON_AddItemToObject(o, "templates", templates_json(op->templates)) ||
-        !(op->workspace ? cJSON_AddStringToObject(o, "workspace", op->workspace) : cJSON_AddNullToObject(o, "workspace"))) {
+        !(op->workspace ? cJSON_AddStringToObject(o, "workspace", op->workspace)
+                        : cJSON_AddNullToObject(o, "workspace"))) {
         cJSON_Delete(o);
         return NULL;
     }

@@ -66,6 +66,9 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
 kiln_status kiln__gemm_enqueue(const kiln__gemm *g, const kiln_launch_context *ctx, const char *op);
 /* Destroys the descriptors. A zeroed g is a no-op. */
 void kiln__gemm_destroy(kiln__gemm *g);
+/* A command's user_free for a malloc'ed launch whose first member is its
+ * kiln__gemm: destroys the descriptors, then frees the launch. */
+void kiln__gemm_free(void *launch);
 
 /* What a replay key needs of a product: the algorithm and every size and
  * address it runs with. */

@@ -419,6 +419,12 @@ void kiln__gemm_destroy(kiln__gemm *g)
     memset(g, 0, sizeof *g);
 }
 
+void kiln__gemm_free(void *launch)
+{
+    kiln__gemm_destroy(launch);
+    free(launch);
+}
+
 kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,
                                kiln__gemm *g)
 {

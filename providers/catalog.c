@@ -61,7 +61,8 @@ const kiln__op_row *kiln__catalog_find(const char *id)
 kiln_status kiln__catalog_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink, void *user)
 {
     for (size_t i = 0; i < N_ROWS; i++) {
-        kiln_status st = rows[i].arch_specs ? rows[i].arch_specs(cfg, arch, sink, user) : rows[i].specs(cfg, sink, user);
+        kiln_status st =
+            rows[i].arch_specs ? rows[i].arch_specs(cfg, arch, sink, user) : rows[i].specs(cfg, sink, user);
         if (st)
             return st;
     }

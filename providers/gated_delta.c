@@ -186,13 +186,10 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t bytes[N_BINDINGS];
     int vec;
-    st = kiln__gated_delta_check(rt, b, bytes, &vec);
-    if (st)
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__gated_delta_check(rt, b, bytes, &vec)))
         return st;
     kiln_gated_delta_bindings local; /* checked: its size is 0 or at least ours */
     (void)KILN__COPY_SIZED(local, b);

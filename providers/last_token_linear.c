@@ -73,13 +73,6 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     return st ? st : kiln__gemm_enqueue(&l->gemm, ctx, OP);
 }
 
-static void launch_free(void *user)
-{
-    last_launch *l = user;
-    kiln__gemm_destroy(&l->gemm);
-    free(l);
-}
-
 kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *spans,
                                              const kiln_tensor *weight, const kiln_tensor *bias,
                                              const kiln_tensor *out, const kiln_region *workspace, kiln_command **cmd)
@@ -178,8 +171,9 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     regions[n++] = *workspace;
     const uint64_t rows = source ? (uint64_t)parts * (uint64_t)limit : (uint64_t)limit;
     const kiln__kernel_command_desc cd = {.op = OP, .participants = (uint32_t)parts,
-                                          .tokens = rows > UINT32_MAX ? UINT32_MAX : (uint32_t)rows, .dispatches = 2, .regions = regions, .n_regions = n, .enqueue = enqueue,
-                                          .user = l, .user_free = launch_free, .key = &key, .key_bytes = sizeof key};
+                                          .tokens = rows > UINT32_MAX ? UINT32_MAX : (uint32_t)rows, .dispatches = 2,
+                                          .regions = regions, .n_regions = n, .enqueue = enqueue, .user = l,
+                                          .user_free = kiln__gemm_free, .key = &key, .key_bytes = sizeof key};
     return kiln__kernel_command(rt, &cd, cmd);
 }
 

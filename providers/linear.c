@@ -37,23 +37,16 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     return kiln__gemm_enqueue(user, ctx, OP);
 }
 
-static void launch_free(void *user)
-{
-    kiln__gemm_destroy(user);
-    free(user);
-}
-
 kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *weight,
                                         const kiln_tensor *bias, const kiln_tensor *out, const kiln_region *workspace,
                                         kiln_command **cmd)
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t x_bytes, w_bytes, b_bytes = 0, o_bytes;
-    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
     if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
@@ -101,7 +94,7 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     memcpy(key, KEY_TAG, sizeof KEY_TAG);
     memcpy(key + sizeof KEY_TAG, &gk, sizeof gk);
     const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)tokens, .regions = regions, .n_regions = n,
-                                          .enqueue = enqueue, .user = g, .user_free = launch_free, .key = key,
+                                          .enqueue = enqueue, .user = g, .user_free = kiln__gemm_free, .key = key,
                                           .key_bytes = sizeof key};
     return kiln__kernel_command(rt, &cd, cmd);
 }

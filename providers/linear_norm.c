@@ -269,11 +269,10 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t xb, wb, rb, nb, ob;
-    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
     size_t no_bias;

@@ -184,13 +184,10 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t bytes[N_BINDINGS];
     int vec;
-    st = kiln__masked_argmax_check(rt, b, bytes, &vec);
-    if (st)
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__masked_argmax_check(rt, b, bytes, &vec)))
         return st;
     kiln_masked_argmax_bindings local; /* checked: its size is 0 or at least ours */
     (void)KILN__COPY_SIZED(local, b);

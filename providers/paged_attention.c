@@ -524,12 +524,9 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     kiln__paged_attention_info in;
-    st = kiln__paged_attention_check(rt, desc, &in);
-    if (st)
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__paged_attention_check(rt, desc, &in)))
         return st;
     kiln_paged_attention_desc full; /* checked: size is 0, the earlier layout's or larger */
     (void)KILN__COPY_SIZED(full, desc);

@@ -115,12 +115,9 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     int vec;
-    st = kiln__residual_add_check(rt, a, b, out, &vec);
-    if (st)
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__residual_add_check(rt, a, b, out, &vec)))
         return st;
     const int64_t tokens = a->dims[0], hidden = a->dims[1];
     kiln_spec spec;

@@ -146,12 +146,10 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
     const char *op = residual ? "rms_norm_residual" : "rms_norm";
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, op, cmd, &rt, &err);
-    if (st)
-        return st;
     int vec;
-    st = kiln__rms_norm_check(rt, x, residual, weight, eps, out, &vec);
-    if (st)
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, op, cmd, &rt, &err)) ||
+        (st = kiln__rms_norm_check(rt, x, residual, weight, eps, out, &vec)))
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     kiln_spec spec;

@@ -180,23 +180,15 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     return kiln__launch_ex(ctx, l->gemm.rt, l->fn, l->grid, l->threads, 0, args, KILN__LAUNCH_PDL);
 }
 
-static void launch_free(void *user)
-{
-    swiglu_launch *l = user;
-    kiln__gemm_destroy(&l->gemm);
-    free(l);
-}
-
 kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *gate_up,
                                         const kiln_tensor *out, const kiln_region *workspace, kiln_command **cmd)
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t x_bytes, w_bytes, o_bytes;
-    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     size_t no_bias;
@@ -273,7 +265,7 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     key.tokens = l->grid[0];
     key.threads = l->threads;
     const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)tokens, .dispatches = 2, .regions = regions,
-                                          .n_regions = 4, .enqueue = enqueue, .user = l, .user_free = launch_free,
+                                          .n_regions = 4, .enqueue = enqueue, .user = l, .user_free = kiln__gemm_free,
                                           .key = &key, .key_bytes = sizeof key};
     return kiln__kernel_command(rt, &cd, cmd);
 }

@@ -72,11 +72,10 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
 {
     kiln_runtime *rt;
     kiln__errslot *err;
-    kiln_status st = kiln__encode_begin(jit, OP, cmd, &rt, &err);
-    if (st)
-        return st;
     size_t table_bytes, ids_bytes, out_bytes;
-    if ((st = kiln__check_tensor(err, OP, "table", table, rt, KILN_DTYPE_F16, 2, NULL, &table_bytes)))
+    kiln_status st;
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
+        (st = kiln__check_tensor(err, OP, "table", table, rt, KILN_DTYPE_F16, 2, NULL, &table_bytes)))
         return st;
     int64_t vocab = table->dims[0], hidden = table->dims[1];
     if ((st = kiln__check_tensor(err, OP, "ids", ids, rt, KILN_DTYPE_U32, 1, NULL, &ids_bytes)))
