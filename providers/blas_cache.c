@@ -18,12 +18,9 @@
  * heuristic's first. KILN_BLAS_TUNE=0 turns timing off.
  * A narrow product is timed as a decoder runs it, its weight not in L2 (each
  * layer has its own): each timed call follows a write of twice the L2's bytes,
- * the median of NARROW_REPS calls. Timed back to back instead, a weight that
- * fits in L2 (Llama-3-8B's 32 MiB o_proj on an H200's 50 MiB) is read from
- * L2 after the first call, and the order comes out wrong: at 32 tokens of
- * Llama-3-8B's gate/up (4096 -> 28672) the heuristic's second candidate is
- * 58.0 us L2-cold against its first's 60.3 (H200; README.md, dense linear at
- * decode shapes). */
+ * the median of NARROW_REPS calls. Timed back to back, a weight that fits in
+ * L2 would be read from there after the first call and rank the candidates
+ * wrongly; bench/bench_linear_tune times every candidate L2-cold. */
 #define CANDIDATES 8
 /* Asked of the heuristic, before the ones kiln never runs are dropped (see accurate()). */
 #define ASKED 16
@@ -162,10 +159,9 @@ static int config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_c
  * epilogue, split K is refused altogether: cuBLASLt 13's split-K kernels of
  * algorithm 24 round the product to f16 and add the bias in f16 (two
  * roundings; where bias and product cancel, the error is the product's ulp,
- * not the sum's). Seen on the H200 at 333 x 1000 -> 2731: split 2 and 4 with
- * f32 partials, 2.6x the tolerance of tests/test_ops_dense_gpu.c with the
- * bias, 0.45x without it; algorithm 66's split-K kernels were exact with the
- * bias, but nothing documented tells the two kinds apart. */
+ * not the sum's): tests/test_ops_dense_gpu.c's 333 x 1000 -> 2731 product
+ * with a bias shows it. Other split-K kernels are exact with the bias, but
+ * nothing documented tells the two kinds apart. */
 static int accurate(const algo_config *c, int bias)
 {
     if (c->split_k > 1 && c->reduction != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
@@ -336,8 +332,8 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     }
     /* Split K only with partial sums in f32: partial sums in f16 (the output
      * type, also what the in-place scheme adds in) lose the accuracy of the
-     * f32 accumulation (seen: 333 x 1000 -> 2731, errors of 4x the tolerance
-     * of tests/test_ops_dense_gpu.c). The heuristic's list, less what
+     * f32 accumulation (tests/test_ops_dense_gpu.c's 333 x 1000 -> 2731
+     * product shows it). The heuristic's list, less what
      * accurate() refuses: its first candidate, or up to CANDIDATES when the
      * product is timed. */
     const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;

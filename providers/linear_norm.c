@@ -6,8 +6,7 @@
  *   - parts: up to PARTS_MAX_TOKENS tokens, one cuBLASLt call writes P f32
  *     partial products (K split in P, providers/blas.h) and the norm kernel
  *     sums them (kiln_rms_norm_residual_parts): cuBLASLt's own split K runs
- *     a second kernel for that sum (2 us, and a launch, at 32 tokens of
- *     Llama-3-8B's o_proj and down_proj on an H200);
+ *     a second kernel, and a launch, for that sum;
  *   - tma: 9 to 32 tokens on sm_90 (providers/tma.h), kiln's kernel
  *     (templates/tma_linear.cu) writes P f32 partial products, P the largest
  *     of 4, 2, 1 that divides the K steps, the weight streamed by TMA and its

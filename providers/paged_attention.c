@@ -20,15 +20,13 @@
 #define PREFILL_ROWS 16
 #define MAX_SEQS 65535u  /* the grid's z */
 #define GRID_X_MAX 0x7fffffffu
-/* The desc before workspace and qkv were appended. */
+/* The first layout of the desc: everything before workspace and qkv. */
 #define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
 #define DECODE_ROWS 8      /* query rows per decode block (the decode template's) */
 #define DECODE_MAX_CLUSTER 8 /* blocks a decode's keys split over at most: a portable cluster */
-/* Decode blocks a split aims at per SM. One, though an H200's SM holds two
- * (the template's launch bounds and shared memory): splitting less costs less
- * combining. bench_attention --sweep on the H200 (Llama-3-8B heads, context
- * 1023, us): 8 sequences 13.8 at 132 blocks, 18.7 at 264, 24.8 at 528; 32
- * sequences 38.1 at 132 and 264; 1 sequence 7.9 at every target. */
+/* Decode blocks a split aims at per SM. One, though an SM may hold two (the
+ * template's launch bounds and shared memory): splitting less costs less
+ * combining, as bench/bench_attention --sweep shows. */
 #define DECODE_BLOCKS_PER_SM 1
 
 static _Atomic uint32_t split_target; /* 0: DECODE_BLOCKS_PER_SM per SM */
@@ -59,13 +57,8 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
 
 /* The decode template's stages (tiles of 64 keys, K and V, in shared memory):
  * at head_dim 128, 3 (two blocks an SM) or, deep, 4 (one block an SM, a
- * deeper pipeline), taken where the grid holds at most one block an SM.
- * bench_attention --sweep on the H200 (Llama-3-8B heads, context 1023, us,
- * 3 -> 4 stages): 1 sequence (64 blocks, clusters of 8) 8.25 -> 7.33, 8
- * sequences (128 blocks, clusters of 2) 14.70 -> 12.82; forced on 32
- * sequences (256 blocks, two waves at one an SM) 37.7 -> 43.0 (5 and 6
- * stages: as 4 or slower). Measured on sm_90 only; taken from sm_90 on. At
- * head_dim 64: 4. */
+ * deeper pipeline), taken from sm_90 on where the grid holds at most one
+ * block an SM (bench/bench_attention --sweep shows both). At head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
 /* Its dynamic shared memory. */

@@ -7,14 +7,12 @@
 #include "providers/skinny.h"
 
 #define TEMPLATE "skinny_linear"
-/* Measured on the H200 (bench/bench_linear_tune, 1 and 8 tokens of Llama-3-8B's
- * projections): 8 warps splitting K, 4 steps per load stage, one 16-row group
- * per warp. The
- * registers this takes (94) leave 2 blocks an SM. A product whose blocks take
- * two waves at that and one at WIDE_MIN_BLOCKS an SM runs the variant
- * compiled for WIDE_MIN_BLOCKS (fewer registers): the fused q/k/v of Llama-3-8B
- * (384 blocks on 132 SMs) 16.2 -> 13.4 us at 1 token, 17.0 -> 13.6 at 8,
- * where it costs q/o (9.3 -> 11.9), gate/up and down_proj if taken always. */
+/* 8 warps splitting K, 4 steps per load stage, one 16-row group per warp
+ * (bench/bench_linear_tune shows them at 1 and 8 tokens). The registers this
+ * takes leave 2 blocks an SM; a product whose blocks take two waves at that
+ * and one at WIDE_MIN_BLOCKS an SM runs the variant compiled for
+ * WIDE_MIN_BLOCKS (fewer registers), which costs the products that fit one
+ * wave anyway. */
 #define WARPS 8
 #define UNROLL 4
 #define ROW_GROUPS 1
@@ -99,23 +97,12 @@ static int takes_wide(kiln_runtime *rt, CUfunction fn, unsigned grid, unsigned t
     return grid > sms * (uint64_t)per_sm && grid <= sms * WIDE_MIN_BLOCKS;
 }
 
-
 /* Programmatic dependent launch for the gated form and the wide variant
- * only. In a decode step's graph (examples/decode, Llama-3-8B, context 1024,
- * H200; step ms at batch 1 / 8, one run each beside the others):
- *   every product plain                                  4.341 / 4.585
- *   gated and wide with PDL (taken)                      4.324 / 4.578
- *   only the plain narrow one with PDL (o_proj)          4.485 / 4.752
- *   every product with PDL                               5.576 / 6.740
- * The gated form and the fused q/k/v (wide) follow an RMSNorm of a few
- * blocks, whose launch and run they overlap; o_proj follows the decode
- * attention and down_proj the gated form, whose SMs its early blocks hold.
- * Measured on the H200's 132 SMs only: which product is wide depends on the
- * SM count (on 114, o_proj's and down_proj's 256 blocks would be too), and
- * PDL needs sm_90.
- * The kernel used to warm its first weight stage in L2 before its dependency
- * sync: dropping that took the step from 4.435 / 4.668 ms to the first line
- * (with PDL for every product: 5.476 / 6.485 with the warm-up). */
+ * only: they follow an RMSNorm of a few blocks, whose launch and run they
+ * overlap, while the plain narrow products follow the decode attention or
+ * the gated form, whose SMs their early blocks would hold (bench/
+ * bench_decode.sh shows the step). Which product is wide depends on the SM
+ * count; PDL needs sm_90. */
 kiln_status kiln__skinny_enqueue(const kiln__skinny *l, const kiln_launch_context *ctx)
 {
     const void *args[] = {&l->x, &l->w, &l->bias, &l->out, &l->n_out, &l->tokens};

@@ -20,8 +20,8 @@
 /* Two vectors per thread (the template's KILN_ITEMS), a whole number of
  * warps, 32..128 threads; a row takes blocks_for() blocks. Small blocks so
  * that a batch of 32 tokens of Llama-3-8B (1792 vectors a row) fills 224
- * blocks, more than the SMs: one block a row left the elementwise step at
- * 4.8 us there, latency bound. */
+ * blocks, more than the SMs, where one block a row would leave the step
+ * latency bound. */
 #define ITEMS 2
 static int64_t threads_for(int64_t n, int vec)
 {
