@@ -153,7 +153,7 @@ kiln_status kiln_op_catalog_find(const char *id, kiln_op_info *out)
 {
     if (!id || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_op_catalog_find: %s is NULL", id ? "out" : "id");
-    size_t bytes;
+    size_t bytes = 0;
     kiln_status st = info_bytes("kiln_op_catalog_find", out, &bytes);
     if (st)
         return st;
