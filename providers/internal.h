@@ -122,8 +122,7 @@ typedef struct kiln__paged_attention_info {
     int64_t heads, kv_heads, head_dim;
     int decode, fused;
 } kiln__paged_attention_info;
-kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
-/* The same for a known architecture (NULL: as above): paged_attention.c. */
+/* Its specializations for a model on a known architecture (NULL: not known). */
 kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
                                              void *user);
 kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_attention_desc *d,

@@ -196,11 +196,6 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     return KILN_OK;
 }
 
-kiln_status kiln__paged_attention_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
-{
-    return kiln__paged_attention_arch_specs(cfg, NULL, sink, user);
-}
-
 enum { B_Q, B_K, B_V, B_QKV, B_POS, B_TABLE, B_LENS, B_SPANS, B_OUT, B_PAGES, B_WS };
 static const char *const names[KILN__PA_BINDINGS] = {
     "q", "k", "v", "qkv", "positions", "block_table", "seq_lens", "query_spans", "out", "kv_pages", "workspace"};
