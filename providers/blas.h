@@ -69,6 +69,13 @@ void kiln__gemm_destroy(kiln__gemm *g);
 /* A command's user_free for a malloc'ed launch whose first member is its
  * kiln__gemm: destroys the descriptors, then frees the launch. */
 void kiln__gemm_free(void *launch);
+/* What a command of a kernel and a product prepares (last_token_linear,
+ * dense_swiglu): the kernel of spec with its only function, through jit,
+ * then the product d on rt into g (as kiln__gemm_prepare). Failures recorded in
+ * err; on failure g holds nothing to destroy. */
+kiln_status kiln__kernel_and_gemm(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *err, const char *op,
+                                  const kiln_spec *spec, kiln_kernel **k, CUfunction *fn, const kiln__gemm_desc *d,
+                                  kiln__gemm *g);
 
 /* What a replay key needs of a product: the algorithm and every size and
  * address it runs with. */

@@ -421,6 +421,18 @@ void kiln__gemm_free(void *launch)
     free(launch);
 }
 
+kiln_status kiln__kernel_and_gemm(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *err, const char *op,
+                                  const kiln_spec *spec, kiln_kernel **k, CUfunction *fn, const kiln__gemm_desc *d,
+                                  kiln__gemm *g)
+{
+    void *f;
+    kiln_status st;
+    if ((st = kiln_jit_acquire(jit, spec, k)) || (st = kiln_kernel_function(*k, NULL, &f)))
+        return kiln__propagate(err, st);
+    *fn = (CUfunction)f;
+    return kiln__gemm_prepare(rt, err, op, d, g);
+}
+
 kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,
                                kiln__gemm *g)
 {

@@ -128,24 +128,18 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     l->limit = (uint32_t)limit;
     const int vec = (in % 8 == 0 && l->x % 16 == 0) ? 8 : 1;
     l->threads = (unsigned)threads_for(in, vec);
-    kiln_spec spec;
-    kiln_kernel *k;
-    void *fn;
-    if ((st = kiln_op_last_token_linear_spec(in, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-        (st = kiln_kernel_function(k, NULL, &fn))) {
-        free(l);
-        return kiln__propagate(err, st);
-    }
-    l->fn = (CUfunction)fn;
     kiln__gemm_desc d = {.rows = (uint64_t)parts, .in = (uint64_t)in, .out = (uint64_t)n_out};
     d.x = l->rows;
     d.w = kiln__buffer_ptr(weight->buffer) + weight->offset;
     d.bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0;
     d.d = kiln__buffer_ptr(out->buffer) + out->offset;
     d.workspace = ws;
-    if ((st = kiln__gemm_prepare(rt, err, OP, &d, &l->gemm))) {
+    kiln_spec spec;
+    kiln_kernel *k;
+    if ((st = kiln_op_last_token_linear_spec(in, vec, &spec)) ||
+        (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
-        return st;
+        return kiln__propagate(err, st);
     }
     struct {
         char tag[sizeof KEY_TAG];

@@ -232,23 +232,17 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     l->grid[0] = (unsigned)tokens; /* x: up to 2^31 - 1; y (the blocks a row, at most 128) to 65535 */
     l->grid[1] = (unsigned)blocks_for(inter, vec);
     l->grid[2] = 1;
-    kiln_spec spec;
-    kiln_kernel *k;
-    void *fn;
-    if ((st = kiln_op_dense_swiglu_spec(inter, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-        (st = kiln_kernel_function(k, NULL, &fn))) {
-        free(l);
-        return kiln__propagate(err, st);
-    }
-    l->fn = (CUfunction)fn;
     kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)hidden, .out = (uint64_t)(2 * inter)};
-    d.x = kiln__buffer_ptr(x->buffer) + x->offset;
-    d.w = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset;
+    d.x = dx;
+    d.w = dw;
     d.d = l->product;
     d.workspace = ws;
-    if ((st = kiln__gemm_prepare(rt, err, OP, &d, &l->gemm))) {
+    kiln_spec spec;
+    kiln_kernel *k;
+    if ((st = kiln_op_dense_swiglu_spec(inter, vec, &spec)) ||
+        (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
-        return st;
+        return kiln__propagate(err, st);
     }
     /* The replay key: the provider, the kernel, the algorithm, every size and address. */
     struct {
