@@ -122,10 +122,12 @@ static void fill(const kiln__op_row *r, void *dst, size_t bytes)
 static kiln_status info_bytes(const char *fn, const kiln_op_info *caller, size_t *bytes)
 {
     const uint32_t size = caller->size;
+    *bytes = sizeof(kiln_op_info);
     if (size && size < sizeof(uint32_t))
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: kiln_op_info size %u; at least %zu (or 0)", fn,
                           (unsigned)size, sizeof(uint32_t));
-    *bytes = size && size < sizeof(kiln_op_info) ? size : sizeof(kiln_op_info);
+    if (size && size < sizeof(kiln_op_info))
+        *bytes = size;
     return KILN_OK;
 }
 
@@ -137,14 +139,16 @@ kiln_status kiln_op_catalog(kiln_op_info *ops, size_t *count)
         *count = N_ROWS;
         return KILN_OK;
     }
-    size_t bytes = 0;
-    kiln_status st = *count ? info_bytes("kiln_op_catalog", ops, &bytes) : KILN_OK;
-    if (st)
-        return st;
-    /* The caller's elements are ops[0].size bytes apart. */
-    const size_t stride = ops->size ? ops->size : sizeof(kiln_op_info);
-    for (size_t i = 0; i < *count && i < N_ROWS; i++)
-        fill(&rows[i], (unsigned char *)ops + i * stride, bytes);
+    if (*count) {
+        size_t bytes;
+        kiln_status st = info_bytes("kiln_op_catalog", ops, &bytes);
+        if (st)
+            return st;
+        /* The caller's elements are ops[0].size bytes apart. */
+        const size_t stride = ops->size ? ops->size : sizeof(kiln_op_info);
+        for (size_t i = 0; i < *count && i < N_ROWS; i++)
+            fill(&rows[i], (unsigned char *)ops + i * stride, bytes);
+    }
     *count = N_ROWS;
     return KILN_OK;
 }
@@ -153,7 +157,7 @@ kiln_status kiln_op_catalog_find(const char *id, kiln_op_info *out)
 {
     if (!id || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_op_catalog_find: %s is NULL", id ? "out" : "id");
-    size_t bytes = 0;
+    size_t bytes;
     kiln_status st = info_bytes("kiln_op_catalog_find", out, &bytes);
     if (st)
         return st;
