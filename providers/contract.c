@@ -77,14 +77,14 @@ kiln_status kiln__copy_bindings(kiln__errslot *err, const char *op, const char *
     if (!src)
         return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
     const uint32_t size = *(const uint32_t *)src;
-    if ((size && size < min_size) || kiln__copy_sized(dst, dst_size, src)) {
-        char earlier[64] = "";
-        if (min_size < dst_size)
-            snprintf(earlier, sizeof earlier, ", or at least %zu (an earlier layout)", min_size);
-        return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "%s: %s size %u (%s); expected %zu%s", op, what,
-                          (unsigned)size, type, dst_size, earlier);
-    }
-    return KILN_OK;
+    /* 0, one inside the size field itself, or one that holds the first layout. */
+    if (size < sizeof(uint32_t) || size >= min_size)
+        return kiln__read_sized(err, op, type, dst, dst_size, src);
+    char earlier[64] = "";
+    if (min_size < dst_size)
+        snprintf(earlier, sizeof earlier, ", or at least %zu (an earlier layout)", min_size);
+    return kiln__fail(err, KILN_ERR_INVALID_ARGUMENT, "%s: %s size %u (%s); expected %zu%s", op, what,
+                      (unsigned)size, type, dst_size, earlier);
 }
 
 kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, const char *name,

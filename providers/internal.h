@@ -19,7 +19,7 @@ kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *b
 kiln_status kiln__encode_begin(kiln_jit *jit, const char *op, kiln_command **cmd, kiln_runtime **rt,
                                kiln__errslot **err);
 /* A caller's bindings or desc struct (its first field the uint32_t size) into
- * the library's zeroed local dst (kiln__copy_sized): KILN_ERR_INVALID_ARGUMENT
+ * the library's zeroed local dst (kiln__read_sized): KILN_ERR_INVALID_ARGUMENT
  * naming op, what ("bindings"), the struct's type and the size when src is
  * NULL or its size is nonzero and under min_size, the first layout's size
  * (sizeof *dst when there has been one layout). */

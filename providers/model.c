@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "providers/internal.h"
-#include "providers/skinny.h"
 
 /* ---- specializations ---- */
 

@@ -516,7 +516,7 @@ static void test_workspace_and_fused_qkv(void **state)
      * desc is read as far as this library knows it. */
     c.d.size = 1;
     KILN_EXPECT(kiln__paged_attention_check(rt, &c.d, &in), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
-                "desc size 1", "kiln_paged_attention_desc");
+                "kiln_paged_attention_desc.size is 1", NULL);
     struct {
         kiln_paged_attention_desc d;
         uint64_t later;

@@ -316,7 +316,7 @@ static void test_size_then_fill(void **state)
 
     some[0].size = 3;
     n = 1;
-    KILN_EXPECT(kiln_op_catalog(some, &n), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_op_info size 3", NULL);
+    KILN_EXPECT(kiln_op_catalog(some, &n), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "kiln_op_info.size is 3", NULL);
     free(all);
 }
 
@@ -339,7 +339,7 @@ static void test_find(void **state)
     KILN_EXPECT(kiln_op_catalog_find("rms_norm", NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "out", NULL);
     info.size = 1;
     KILN_EXPECT(kiln_op_catalog_find("rms_norm", &info), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
-                "kiln_op_info size 1", NULL);
+                "kiln_op_info.size is 1", NULL);
 }
 
 int main(void)

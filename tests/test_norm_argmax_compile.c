@@ -377,7 +377,7 @@ static void test_argmax_validation_names_binding_and_values(void **state)
      * caller's larger struct is read as far as this library knows it. */
     c.size = 2;
     KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
-                "bindings size 2", "kiln_masked_argmax_bindings");
+                "kiln_masked_argmax_bindings.size is 2", NULL);
     struct {
         kiln_masked_argmax_bindings b;
         uint64_t later;

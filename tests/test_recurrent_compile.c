@@ -255,7 +255,7 @@ static void test_validation_names_binding_and_values(void **state)
      * caller's larger struct is read as far as this library knows it. */
     c.size = 3;
     KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
-                "bindings size 3", "kiln_gated_delta_bindings");
+                "kiln_gated_delta_bindings.size is 3", NULL);
     struct {
         kiln_gated_delta_bindings b;
         uint64_t later;
