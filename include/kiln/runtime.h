@@ -75,7 +75,7 @@ enum {
     KILN_CAP_GRAPHS = 1u << 2,      /* stream capture and graph replay */
     KILN_CAP_CUBLASLT = 1u << 3,    /* a cuBLASLt handle per stream */
     KILN_CAP_F16 = 1u << 4,
-    KILN_CAP_BF16 = 1u << 5,        /* sm_80 and later */
+    KILN_CAP_BF16 = 1u << 5,        /* advertised once an operation of the catalog takes bf16 */
     KILN_CAP_PAGED_KV = 1u << 6     /* the fixed-block storage profile */
 };
 
