@@ -44,6 +44,7 @@ struct kiln_cache {
     size_t n_pending;
     void (*on_event)(void *user, const kiln_cache_event *event);
     void *user;
+    double open_deadline;           /* kiln__now() past which the open stops waiting for locks */
     kiln__errslot err;
 };
 

@@ -1,6 +1,7 @@
 /* Opening the cubin database: the writable one and the shipped read-only
  * layers, their schema (created, migrated or refused), and closing. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,62 +273,134 @@ static kiln_status uri_of(const char *path, const char *query, char *buf, size_t
     return KILN_OK;
 }
 
-/* A file that exists and is not an SQLite database must not become one: SQLite
- * would take a short file for an empty database and write the schema over it. */
-static kiln_status refuse_foreign_file(kiln_cache *c, const char *path)
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "not a plain file";
+}
+
+/* Checks what is at path with lstat and stat before SQLite opens it: SQLite
+ * would block on a FIFO, create a file through a dangling link, overwrite a
+ * link's target, or take a short file for an empty database and write the
+ * schema over it. *exists says whether a file is there. */
+static kiln_status check_path(kiln_cache *c, const char *path, int read_only, const kiln_cache_options *o,
+                              int *exists)
 {
     struct stat sb;
-    if (stat(path, &sb) != 0)
-        return KILN_OK; /* absent: it will be created */
+    *exists = 0;
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT && !read_only && !o->existing_only)
+            return KILN_OK; /* absent: it will be created */
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path, strerror(errno));
+    }
+    if (S_ISLNK(sb.st_mode)) {
+        char target[4096];
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        target[n > 0 ? n : 0] = 0;
+        if (!read_only && !o->follow_symlinks)
+            return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
+                              "cache database %s is a symbolic link to %s: refused for writing (name the target, "
+                              "or set kiln_cache_options.follow_symlinks)",
+                              path, target);
+        if (stat(path, &sb) != 0)
+            return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
+                              "cache database %s is a symbolic link to %s: %s (kiln creates no file through a link)",
+                              path, target, strerror(errno));
+    }
     if (!S_ISREG(sb.st_mode))
-        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file", path);
-    if (sb.st_size == 0 || is_sqlite_file(path))
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file (%s)", path,
+                          file_kind(sb.st_mode));
+    *exists = 1;
+    if (sb.st_size == 0 && o->existing_only)
+        return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
+                          "cache %s: an empty file, not a kiln cache database; left as it is", path);
+    if (read_only || sb.st_size == 0 || is_sqlite_file(path))
         return KILN_OK;
     return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
                       "cache %s: not a kiln cache database (a file of %lld bytes that is not SQLite); left as it is",
                       path, (long long)sb.st_size);
 }
 
+/* Creates the missing database file itself (O_EXCL never follows a link, so a
+ * link made meanwhile is not followed), then checks the path again. */
+static kiln_status create_and_check(kiln_cache *c, const char *path, const kiln_cache_options *o)
+{
+    int exists = 0;
+    kiln_status st = check_path(c, path, 0, o, &exists);
+    if (st || exists)
+        return st;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST)
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot create cache database %s: %s", path, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return check_path(c, path, 0, o, &exists);
+}
+
+/* The busy handler while the cache opens: every statement of the open waits
+ * for one deadline, so the open as a whole gives up after one busy timeout. */
+static int busy_until_deadline(void *arg, int count)
+{
+    double left = *(const double *)arg - kiln__now();
+    if (left <= 0)
+        return 0;
+    double wait = count < 5 ? 0.001 * (1 << count) : 0.02;
+    usleep((useconds_t)((wait < left ? wait : left) * 1e6) + 1);
+    return 1;
+}
+
 /* Opens one database. A read-only one is opened immutable when nobody may
  * write it (the file or its folder is read-only): then SQLite takes no lock
- * and makes no -wal or -shm file beside it. */
-static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int read_only, int busy_ms)
+ * and makes no -wal or -shm file beside it. The file is checked (kind, link,
+ * application id and schema) before anything is written to it. */
+static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int read_only,
+                           const kiln_cache_options *o, int busy_ms)
 {
     char uri[8300];
     kiln_status st;
+    int exists = 0;
     d->read_only = read_only;
     if (!(d->path = kiln__strdup(path)))
         return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     if (read_only) {
         char dir[4096];
         parent_of(path, dir, sizeof dir);
-        if (access(path, F_OK) != 0)
-            return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path,
-                              strerror(errno));
+        if ((st = check_path(c, path, 1, o, &exists)))
+            return st;
         d->immutable = access(path, W_OK) != 0 || access(dir, W_OK) != 0;
         if ((st = uri_of(path, d->immutable ? "immutable=1" : "mode=ro", uri, sizeof uri)))
             return st;
-    } else if ((st = make_parent_dirs(path)) || (st = uri_of(path, "mode=rwc", uri, sizeof uri))) {
-        return st;
-    } else if ((st = refuse_foreign_file(c, path))) {
+    } else if ((!o->existing_only && (st = make_parent_dirs(path))) ||
+               (st = uri_of(path, "mode=rw", uri, sizeof uri)) || (st = create_and_check(c, path, o))) {
         return st;
     }
-    int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_URI |
-                SQLITE_OPEN_FULLMUTEX;
+    int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX;
+    if (!read_only && !o->follow_symlinks)
+        flags |= SQLITE_OPEN_NOFOLLOW;
     int rc = sqlite3_open_v2(uri, &d->db, flags, NULL);
     if (rc != SQLITE_OK)
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path,
                           d->db ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc));
     sqlite3_extended_result_codes(d->db, 1);
-    sqlite3_busy_timeout(d->db, busy_ms);
+    sqlite3_busy_handler(d->db, busy_until_deadline, &c->open_deadline);
+    if ((st = check_schema(c, d)))
+        return st;
     if (!read_only) {
         /* WAL where the filesystem allows it; the rollback journal otherwise. */
         sqlite3_exec(d->db, on_network_filesystem(path) ? "PRAGMA journal_mode=DELETE" : "PRAGMA journal_mode=WAL",
                      NULL, NULL, NULL);
         sqlite3_exec(d->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
     }
-    if ((st = check_schema(c, d)))
-        return st;
     if ((st = prepare(c, d, &d->st_get, "SELECT cubin, raw_size, checksum FROM kernels WHERE fingerprint = ?1")) ||
         (st = prepare(c, d, &d->st_contains, "SELECT 1 FROM kernels WHERE fingerprint = ?1")))
         return st;
@@ -340,6 +413,8 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
          (st = prepare(c, d, &d->st_hit,
                        "UPDATE kernels SET hits = hits + ?2, last_used = max(last_used, ?3) WHERE fingerprint = ?1"))))
         return st;
+    /* Past the open, each statement gets the busy timeout of its own. */
+    sqlite3_busy_timeout(d->db, busy_ms);
     return KILN_OK;
 }
 
@@ -426,7 +501,7 @@ static kiln_status open_layers(kiln_cache *c, const kiln_cache_options *o, int b
         char reason[1024] = "";
         kiln__db d = {0};
         info->path = kiln__strdup(paths[i] ? paths[i] : "");
-        if (!paths[i] || open_db(c, &d, paths[i], 1, busy_ms) != KILN_OK) {
+        if (!paths[i] || open_db(c, &d, paths[i], 1, o, busy_ms) != KILN_OK) {
             snprintf(reason, sizeof reason, "%s", paths[i] ? kiln_errmsg() : "NULL path");
             close_db(&d);
         } else if (!layer_matches(&d, o, reason, sizeof reason, &info->entries)) {
@@ -476,7 +551,8 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     c->on_event = opts->on_event;
     c->user = opts->user;
     int busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 10000;
-    if ((st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, busy_ms)))
+    c->open_deadline = kiln__now() + busy_ms / 1000.0;
+    if ((st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
         goto out_free;
     *out = c;
     return KILN_OK;

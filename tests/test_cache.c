@@ -657,6 +657,68 @@ static void test_options_size_is_honoured(void **state)
     assert_null(c);
 }
 
+/* existing_only: a missing or empty file is refused and never becomes a database. */
+static void test_existing_only_creates_nothing(void **state)
+{
+    fixture *f = *state;
+    char empty[700], missing[800], missing_dir[700];
+    snprintf(empty, sizeof empty, "%s/empty.db", f->dir);
+    snprintf(missing_dir, sizeof missing_dir, "%s/nothing-here", f->dir);
+    snprintf(missing, sizeof missing, "%s/kernels.db", missing_dir);
+    FILE *fp = fopen(empty, "wb");
+    assert_non_null(fp);
+    fclose(fp);
+    struct stat sb;
+    for (int ro = 0; ro < 2; ro++) {
+        kiln_cache_options o = {.path = empty, .read_only = ro, .ignore_env = 1, .existing_only = 1};
+        kiln_cache *c = (kiln_cache *)1;
+        KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_SCHEMA, kiln_errmsg(), empty, "empty");
+        assert_null(c);
+        assert_int_equal(stat(empty, &sb), 0);
+        assert_int_equal(sb.st_size, 0);
+        o.path = missing;
+        KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), missing, "No such file");
+        assert_null(c);
+        assert_int_not_equal(stat(missing_dir, &sb), 0);
+    }
+    /* An existing kiln database opens as before. */
+    kiln_cache_close(open_db(f->path, 0));
+    kiln_cache_options o = {.path = f->path, .ignore_env = 1, .existing_only = 1};
+    kiln_cache *c = NULL;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    kiln_cache_close(c);
+}
+
+/* Each read-only layer that cannot be used says why through kiln_cache_layer. */
+static void test_skipped_layers_say_why(void **state)
+{
+    fixture *f = *state;
+    char dir[700], text[700], missing[700];
+    snprintf(dir, sizeof dir, "%s/a-folder", f->dir);
+    snprintf(text, sizeof text, "%s/notes.txt", f->dir);
+    snprintf(missing, sizeof missing, "%s/missing.db", f->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    FILE *fp = fopen(text, "w");
+    assert_non_null(fp);
+    fputs("these are not the kernels you are looking for\n", fp);
+    fclose(fp);
+    const char *layers[] = {dir, "/dev/null", text, missing};
+    const char *why[] = {"a directory", "a character device", "not a kiln cache database", "No such file"};
+    kiln_cache_options o = {.path = f->path, .readonly_paths = layers, .n_readonly_paths = 4};
+    kiln_cache *c = NULL;
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    assert_int_equal(kiln_cache_layer_count(c), 4);
+    for (size_t i = 0; i < 4; i++) {
+        kiln_cache_layer_info info;
+        KILN_CHECK(kiln_cache_layer(c, i, &info));
+        assert_string_equal(info.path, layers[i]);
+        assert_false(info.active);
+        if (!strstr(info.reason, why[i]) || !strstr(info.reason, layers[i]))
+            fail_msg("layer %s: the reason does not say \"%s\": %s", layers[i], why[i], info.reason);
+    }
+    kiln_cache_close(c);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -675,6 +737,8 @@ int main(void)
         T(test_killed_writer_leaves_a_consistent_database),
         T(test_bad_arguments),
         T(test_options_size_is_honoured),
+        T(test_existing_only_creates_nothing),
+        T(test_skipped_layers_say_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

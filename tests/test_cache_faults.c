@@ -370,6 +370,168 @@ static void test_newer_schema_is_refused_and_left_alone(void **state)
     free(x.cubin);
 }
 
+/* ---- files kiln refuses are left byte for byte ---- */
+
+/* Opens path writable, then read-only: both refused with want, and the file
+ * keeps every byte (the journal-mode bytes 18-19, the change counter 24-27). */
+static void expect_refused_untouched(const char *path, kiln_status want, const char *needle)
+{
+    size_t n0 = 0, n1 = 0;
+    uint8_t *before = read_bytes(path, &n0);
+    assert_non_null(before);
+    assert_true(n0 >= 100);
+    for (int ro = 0; ro < 2; ro++) {
+        kiln_cache_options o = {.path = path, .read_only = ro, .ignore_env = 1};
+        kiln_cache *c = (kiln_cache *)1;
+        KILN_EXPECT(kiln_cache_open(&o, &c), want, kiln_errmsg(), needle, NULL);
+        assert_null(c);
+        uint8_t *after = read_bytes(path, &n1);
+        assert_non_null(after);
+        if (n1 != n0 || memcmp(before, after, n0) != 0)
+            fail_msg("%s (%s): the refused file changed: header bytes 18-19 %u,%u -> %u,%u, change counter "
+                     "%02x%02x%02x%02x -> %02x%02x%02x%02x, %zu -> %zu bytes",
+                     path, ro ? "read-only" : "writable", before[18], before[19], after[18], after[19], before[24],
+                     before[25], before[26], before[27], after[24], after[25], after[26], after[27], n0, n1);
+        free(after);
+    }
+    free(before);
+}
+
+static void test_refused_files_are_not_modified_first(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    /* Another application's SQLite file, in the rollback journal. */
+    snprintf(path, sizeof path, "%s/other.db", f->dir);
+    sql(path, "CREATE TABLE t(x); INSERT INTO t VALUES (1);");
+    expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "not a kiln cache");
+    /* A kiln database of a newer schema, switched to the rollback journal. */
+    snprintf(path, sizeof path, "%s/newer-delete.db", f->dir);
+    rec x;
+    make_rec(&f->rng, &x, 2000);
+    kiln_cache *c = open_ok(path, 0);
+    KILN_CHECK(kiln_cache_put(c, &x.r));
+    kiln_cache_close(c);
+    sql(path, "PRAGMA journal_mode=DELETE; PRAGMA user_version = 3");
+    expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "schema version 3");
+    free(x.cubin);
+}
+
+/* ---- paths that are not regular files, symbolic links ---- */
+
+/* Runs kiln_cache_open(o) in a child, which must finish within 10 s (a FIFO
+ * opened for reading would block forever). Returns the child's status. */
+static kiln_status open_in_child(const kiln_cache_options *o, const char *what)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kiln_cache *c = NULL;
+        kiln_status st = kiln_cache_open(o, &c);
+        if (st)
+            fprintf(stderr, "%s: %s: %s\n", what, kiln_status_code(st), kiln_errmsg());
+        kiln_cache_close(c);
+        _exit((int)st);
+    }
+    double t0 = now_s();
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (now_s() - t0 > 10.0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("%s: kiln_cache_open did not return within 10 s", what);
+        }
+        usleep(10000);
+    }
+    assert_true(WIFEXITED(status));
+    return (kiln_status)WEXITSTATUS(status);
+}
+
+static void test_paths_that_are_not_regular_files(void **state)
+{
+    fixture *f = *state;
+    char fifo[700], dir[700];
+    snprintf(fifo, sizeof fifo, "%s/fifo.db", f->dir);
+    snprintf(dir, sizeof dir, "%s/dir.db", f->dir);
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const char *paths[] = {fifo, dir, "/dev/null"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        for (int ro = 0; ro < 2; ro++) {
+            char what[800];
+            snprintf(what, sizeof what, "%s opened %s", paths[i], ro ? "read-only" : "writable");
+            kiln_cache_options o = {.path = paths[i], .read_only = ro, .ignore_env = 1};
+            assert_int_equal(open_in_child(&o, what), KILN_ERR_CACHE_IO);
+            kiln_cache *c = (kiln_cache *)1;
+            if (!strcmp(paths[i], fifo))
+                continue; /* in this process, the child showed it returns */
+            KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), paths[i], "not a regular file");
+            assert_null(c);
+        }
+        /* As a read-only layer: skipped, with the reason, in bounded time. */
+        char main_path[700];
+        snprintf(main_path, sizeof main_path, "%s/main-%zu.db", f->dir, i);
+        kiln_cache_options o = {.path = main_path, .readonly_paths = &paths[i], .n_readonly_paths = 1};
+        assert_int_equal(open_in_child(&o, "a layer that is not a regular file"), KILN_OK);
+        kiln_cache *c = NULL;
+        KILN_CHECK(kiln_cache_open(&o, &c));
+        kiln_cache_layer_info info;
+        KILN_CHECK(kiln_cache_layer(c, 0, &info));
+        assert_false(info.active);
+        kiln_test_expect(KILN_ERR_CACHE_IO, KILN_ERR_CACHE_IO, info.reason, "not a regular file", paths[i]);
+        kiln_cache_close(c);
+    }
+    struct stat sb;
+    assert_int_equal(stat(fifo, &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+}
+
+static void test_symbolic_links(void **state)
+{
+    fixture *f = *state;
+    char target[700], link_path[700], dangling[700], nowhere[700];
+    snprintf(target, sizeof target, "%s/empty-target", f->dir);
+    snprintf(link_path, sizeof link_path, "%s/link.db", f->dir);
+    snprintf(nowhere, sizeof nowhere, "%s/nowhere.db", f->dir);
+    snprintf(dangling, sizeof dangling, "%s/dangling.db", f->dir);
+    write_bytes(target, "", 0);
+    assert_int_equal(symlink(target, link_path), 0);
+    assert_int_equal(symlink(nowhere, dangling), 0);
+    struct stat sb;
+    for (int follow = 0; follow < 2; follow++) {
+        /* A link to nothing: refused, and nothing is created at its target. */
+        kiln_cache_options o = {.path = dangling, .ignore_env = 1, .follow_symlinks = follow};
+        kiln_cache *c = (kiln_cache *)1;
+        KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), dangling, nowhere);
+        assert_null(c);
+        assert_int_not_equal(lstat(nowhere, &sb), 0);
+    }
+    /* A link to an empty file: refused, naming both, and the target stays empty. */
+    kiln_cache_options o = {.path = link_path, .ignore_env = 1};
+    kiln_cache *c = (kiln_cache *)1;
+    KILN_EXPECT(kiln_cache_open(&o, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), link_path, target);
+    assert_null(c);
+    assert_int_equal(stat(target, &sb), 0);
+    assert_int_equal(sb.st_size, 0);
+    /* Allowed: the target becomes the database. */
+    o.follow_symlinks = 1;
+    rec x;
+    make_rec(&f->rng, &x, 1000);
+    c = open_ok(target, 0);
+    kiln_cache_close(c);
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    KILN_CHECK(kiln_cache_put(c, &x.r));
+    kiln_cache_close(c);
+    /* Read-only, the link is followed. */
+    kiln_cache_options r = {.path = link_path, .read_only = 1, .ignore_env = 1};
+    KILN_CHECK(kiln_cache_open(&r, &c));
+    assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a read through a link"), 1);
+    kiln_cache_close(c);
+    assert_int_equal(lstat(link_path, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    free(x.cubin);
+}
+
 /* ---- folders kiln may not write ---- */
 
 static void test_unwritable_locations_fail_clearly(void **state)
@@ -750,6 +912,31 @@ static void test_locked_past_the_busy_timeout_rollback_journal(void **state)
     free(fresh.cubin);
 }
 
+/* Under another's exclusive lock, the whole open gives up after about one
+ * busy timeout, not one per statement it runs. */
+static void test_one_deadline_for_the_whole_open(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/deadline.db", f->dir);
+    kiln_cache *c = open_ok(path, 0);
+    kiln_cache_close(c);
+    sql(path, "PRAGMA journal_mode=DELETE");
+    sqlite3 *holder = lock_exclusively(path, "DELETE");
+    kiln_cache_options o = {.path = path, .busy_timeout_ms = 300, .ignore_env = 1};
+    c = (kiln_cache *)1;
+    double t0 = now_s();
+    kiln_status st = kiln_cache_open(&o, &c);
+    double took = now_s() - t0;
+    printf("open under an exclusive lock, 300 ms busy timeout: %s after %.3f s\n", kiln_status_code(st), took);
+    assert_int_equal(st, KILN_ERR_CACHE_BUSY);
+    assert_null(c);
+    expect_clear_error(st, kiln_errmsg(), path, "opening under an exclusive lock");
+    if (took >= 0.9)
+        fail_msg("the open took %.3f s, 3 times its 300 ms busy timeout or more", took);
+    unlock(holder);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -762,6 +949,10 @@ int main(void)
         T(test_full_disk),
         T(test_locked_past_the_busy_timeout_wal),
         T(test_locked_past_the_busy_timeout_rollback_journal),
+        T(test_refused_files_are_not_modified_first),
+        T(test_paths_that_are_not_regular_files),
+        T(test_symbolic_links),
+        T(test_one_deadline_for_the_whole_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,6 +63,13 @@ typedef struct kiln_cache_options {
      * compiles for, so that layers built for others are skipped. */
     const char *arch;
     int nvrtc_major, nvrtc_minor;
+    /* Open only a kiln database that exists: a missing or empty file is
+     * refused (KILN_ERR_CACHE_IO, KILN_ERR_CACHE_SCHEMA), never created. */
+    int existing_only;
+    /* A writable path whose last component is a symbolic link is refused
+     * unless this is set; a link to nothing is refused even then (kiln never
+     * creates a file through a link). Read-only paths are followed. */
+    int follow_symlinks;
 } kiln_cache_options;
 
 /* A read-only layer as opened: searched (active) or skipped, and why. */
