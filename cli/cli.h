@@ -44,6 +44,10 @@ int cli_open_existing(const char *cmd, const char *db, kiln_cache **out);
 /* The same, opened for writing (gc): still nothing is created. */
 int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out);
 
+/* Prints "kiln: read-only layer PATH skipped: REASON" to stderr for each
+ * read-only layer the cache opened without (the library never prints). */
+void cli_report_skipped_layers(const kiln_cache *cache);
+
 /* Loads the model (model_path, or the built-in shape when NULL), checks arch
  * and lists the specializations (*specs freed with kiln_free). Returns
  * CLI_EXIT_OK or reports the failure and returns CLI_EXIT_FAILURE. */

@@ -114,11 +114,22 @@ static int open_existing(const char *cmd, const char *db, int read_only, kiln_ca
                         errno == ENOENT ? " ('kiln prewarm' creates one)" : "");
     if (!S_ISREG(sb.st_mode))
         return cli_fail(cmd, "cache database %s is not a regular file", path);
-    /* The commands work on this one file: no shipped layers from the environment. */
-    kiln_cache_options opts = {.size = sizeof opts, .path = path, .read_only = read_only, .ignore_env = 1};
+    /* The commands work on this one file, an existing kiln database: no
+     * shipped layers from the environment, and never a new database. */
+    kiln_cache_options opts = {
+        .size = sizeof opts, .path = path, .read_only = read_only, .ignore_env = 1, .existing_only = 1};
     if (kiln_cache_open(&opts, out) != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
     return CLI_EXIT_OK;
+}
+
+void cli_report_skipped_layers(const kiln_cache *cache)
+{
+    for (size_t i = 0; i < kiln_cache_layer_count(cache); i++) {
+        kiln_cache_layer_info info;
+        if (kiln_cache_layer(cache, i, &info) == KILN_OK && !info.active)
+            fprintf(stderr, "kiln: read-only layer %s skipped: %s\n", info.path, info.reason);
+    }
 }
 
 int cli_open_existing(const char *cmd, const char *db, kiln_cache **out) { return open_existing(cmd, db, 1, out); }

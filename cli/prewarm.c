@@ -376,6 +376,7 @@ int cli_prewarm(int argc, char **argv)
         rc = cli_fail(CMD, "%s", kiln_errmsg());
         goto out_free_specs;
     }
+    cli_report_skipped_layers(cache);
     rc = cli_prewarm_into(CMD, &config, specs, n_specs, arch, cache, jobs);
     kiln_cache_close(cache);
 out_free_specs:

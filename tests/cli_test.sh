@@ -442,4 +442,69 @@ for cmd in ls stats; do
 done
 [[ ! -e $S/default-cache-unused ]] || fail "a command wrote to the default cache without being asked"
 
+# ---- opening a database: refused files stay as they were ----
+O="$S/open"
+mkdir -p "$O"
+# header() prints a database's journal-mode bytes (18-19) and change counter (24-27).
+header() { python3 -c 'import sys; b = open(sys.argv[1], "rb").read(28); print(b[18:20].hex(), b[24:28].hex())' "$1"; }
+# Another application's SQLite file, and a kiln database of a newer schema,
+# both in the rollback journal: prewarm and gc refuse them and change no byte.
+py 'sqlite3.connect(sys.argv[1]).executescript("CREATE TABLE t(x); INSERT INTO t VALUES (1);")' "$O/other.db"
+cp "$DB" "$O/newer.db"
+py '
+db = sqlite3.connect(sys.argv[1])
+db.execute("PRAGMA journal_mode=DELETE")
+db.execute("PRAGMA user_version = 3")
+db.close()' "$O/newer.db"
+for f in "$O/other.db" "$O/newer.db"; do
+    BEFORE=$(sha "$f")
+    HEAD=$(header "$f")
+    expect 1 "$KILN" prewarm --db "$f"
+    grep -q "$f" "$ERR" || fail "prewarm of a refused file: the message does not name it"
+    expect 1 "$KILN" gc --db "$f" --max-bytes 1
+    grep -q "$f" "$ERR" || fail "gc of a refused file: the message does not name it"
+    [[ $(header "$f") == "$HEAD" ]] || fail "$f: header $HEAD became $(header "$f") after a refusal"
+    [[ $(sha "$f") == "$BEFORE" ]] || fail "$f changed after a refusal"
+    [[ ! -e $f-wal ]] || fail "$f: a -wal file appeared after a refusal"
+done
+# Every command but prewarm and export works on an existing kiln database only:
+# an empty file or a missing path is refused and stays as it was.
+: >"$O/empty.db"
+for cmd in gc ls stats verify explain merge; do
+    case $cmd in
+    gc) args=(--db "$O/empty.db" --max-bytes 1) missing=(--db "$O/none/kernels.db" --max-bytes 1) ;;
+    explain) args=(--db "$O/empty.db" --op rms_norm) missing=(--db "$O/none/kernels.db" --op rms_norm) ;;
+    merge) args=("$O/empty.db" -o "$O/merged.db") missing=("$O/none/kernels.db" -o "$O/merged.db") ;;
+    *) args=(--db "$O/empty.db") missing=(--db "$O/none/kernels.db") ;;
+    esac
+    expect 1 "$KILN" "$cmd" "${args[@]}"
+    grep -q "$O/empty.db" "$ERR" || fail "$cmd of an empty file: the message does not name it"
+    [[ -f $O/empty.db && ! -s $O/empty.db ]] || fail "$cmd made a database of an empty file"
+    expect 1 "$KILN" "$cmd" "${missing[@]}"
+    [[ ! -e $O/none ]] || fail "$cmd created a database at a missing path"
+    [[ ! -e $O/merged.db ]] || fail "$cmd left $O/merged.db"
+done
+# A database path that is a symbolic link is refused for writing, naming the
+# target; a dangling link creates nothing; a FIFO is refused, never opened.
+: >"$O/target.db"
+ln -s "$O/target.db" "$O/link.db"
+ln -s "$O/nowhere.db" "$O/dangling.db"
+mkfifo "$O/fifo.db"
+for f in "$O/link.db" "$O/dangling.db" "$O/fifo.db"; do
+    expect 1 timeout 20 "$KILN" prewarm --db "$f"
+    grep -q "$f" "$ERR" || fail "prewarm --db $f: the message does not name the path"
+    expect 1 timeout 20 "$KILN" gc --db "$f" --max-bytes 1
+    expect 1 timeout 20 "$KILN" ls --db "$f"
+done
+[[ ! -s $O/target.db ]] || fail "a link's target was written"
+[[ ! -e $O/nowhere.db ]] || fail "a file was created through a dangling link"
+# Bad $KILN_CACHE_READONLY entries: prewarm works, and says once why each is skipped.
+mkdir -p "$O/a-folder"
+echo "not a database" >"$O/notes.txt"
+KILN_CACHE_READONLY="$O/a-folder:/dev/null:$O/notes.txt:$O/missing.db" expect 0 "$KILN" prewarm --db "$DB"
+[[ $(grep -c '^kiln: read-only layer .* skipped: ' "$ERR") -eq 4 ]] || fail "prewarm: not one line per skipped layer"
+for l in "$O/a-folder" /dev/null "$O/notes.txt" "$O/missing.db"; do
+    grep -q "^kiln: read-only layer $l skipped: .*$l" "$ERR" || fail "prewarm: no reason for the skipped layer $l"
+done
+
 echo "cli: all checks passed (default model: $N specializations, qwen2: $N_QWEN)"
