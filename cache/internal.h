@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include "cache/cache.h"
 #include "common/internal.h"
@@ -55,6 +56,10 @@ struct kiln_cache {
  * failed; KILN_ERR_HOST_OUT_OF_MEMORY. */
 kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 raw_size, int raw_size_is_integer,
                              const void *checksum, size_t checksum_size, void **raw, char *detail, size_t cap);
+
+/* KILN_OK when path (a link followed) is a regular file, its stat in *sb;
+ * else KILN_ERR_CACHE_IO naming what it is. Never opens it (a FIFO would block). */
+kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb);
 
 /* Maps an SQLite result code to a status. */
 kiln_status kiln__sqlite_status(int rc);

@@ -333,9 +333,11 @@ static kiln_status open_source(kiln_cache *c, const char *src_path, sqlite3 **ou
     char uri[8300], dir[4096];
     sqlite3 *db = NULL;
     int64_t app_id = 0, version = 0;
+    struct stat sb;
     *out = NULL;
-    if (access(src_path, F_OK) != 0)
-        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "merge: cannot open %s: %s", src_path, strerror(errno));
+    kiln_status st = kiln__check_regular_file(c, src_path, &sb);
+    if (st)
+        return st;
     snprintf(dir, sizeof dir, "%s", src_path);
     char *slash = strrchr(dir, '/');
     if (!slash)
@@ -349,14 +351,13 @@ static kiln_status open_source(kiln_cache *c, const char *src_path, sqlite3 **ou
         return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "merge: path too long: %s", src_path);
     int rc = sqlite3_open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX, NULL);
     if (rc != SQLITE_OK) {
-        kiln_status st = kiln__fail(&c->err, KILN_ERR_CACHE_IO, "merge: cannot open %s: %s", src_path,
-                                    db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        st = kiln__fail(&c->err, KILN_ERR_CACHE_IO, "merge: cannot open %s: %s", src_path,
+                        db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
         sqlite3_close(db);
         return st;
     }
     sqlite3_extended_result_codes(db, 1);
     sqlite3_busy_timeout(db, 10000);
-    kiln_status st = KILN_OK;
     if ((rc = pragma_int64(db, "PRAGMA application_id", &app_id)) != SQLITE_OK ||
         (rc = pragma_int64(db, "PRAGMA user_version", &version)) != SQLITE_OK) {
         /* A file that is not SQLite at all is "not a kiln database" too. */

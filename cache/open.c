@@ -289,6 +289,16 @@ static const char *file_kind(mode_t mode)
     return "not a plain file";
 }
 
+kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb)
+{
+    if (stat(path, sb) != 0)
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path, strerror(errno));
+    if (!S_ISREG(sb->st_mode))
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file (%s)", path,
+                          file_kind(sb->st_mode));
+    return KILN_OK;
+}
+
 /* Checks what is at path with lstat and stat before SQLite opens it: SQLite
  * would block on a FIFO, create a file through a dangling link, overwrite a
  * link's target, or take a short file for an empty database and write the
@@ -317,9 +327,9 @@ static kiln_status check_path(kiln_cache *c, const char *path, int read_only, co
                               "cache database %s is a symbolic link to %s: %s (kiln creates no file through a link)",
                               path, target, strerror(errno));
     }
-    if (!S_ISREG(sb.st_mode))
-        return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file (%s)", path,
-                          file_kind(sb.st_mode));
+    kiln_status st = kiln__check_regular_file(c, path, &sb);
+    if (st)
+        return st;
     *exists = 1;
     if (sb.st_size == 0 && o->existing_only)
         return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,

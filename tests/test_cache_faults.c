@@ -419,18 +419,16 @@ static void test_refused_files_are_not_modified_first(void **state)
 
 /* ---- paths that are not regular files, symbolic links ---- */
 
-/* Runs kiln_cache_open(o) in a child, which must finish within 10 s (a FIFO
- * opened for reading would block forever). Returns the child's status. */
-static kiln_status open_in_child(const kiln_cache_options *o, const char *what)
+/* Runs fn(arg) in a child, which must finish within 10 s (a FIFO opened for
+ * reading would block forever). Returns the status the child exited with. */
+static kiln_status run_in_child(kiln_status (*fn)(const void *arg), const void *arg, const char *what)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        kiln_cache *c = NULL;
-        kiln_status st = kiln_cache_open(o, &c);
+        kiln_status st = fn(arg);
         if (st)
             fprintf(stderr, "%s: %s: %s\n", what, kiln_status_code(st), kiln_errmsg());
-        kiln_cache_close(c);
         _exit((int)st);
     }
     double t0 = now_s();
@@ -439,12 +437,39 @@ static kiln_status open_in_child(const kiln_cache_options *o, const char *what)
         if (now_s() - t0 > 10.0) {
             kill(pid, SIGKILL);
             waitpid(pid, &status, 0);
-            fail_msg("%s: kiln_cache_open did not return within 10 s", what);
+            fail_msg("%s: did not return within 10 s", what);
         }
         usleep(10000);
     }
     assert_true(WIFEXITED(status));
     return (kiln_status)WEXITSTATUS(status);
+}
+
+static kiln_status open_and_close(const void *arg)
+{
+    kiln_cache *c = NULL;
+    kiln_status st = kiln_cache_open(arg, &c);
+    kiln_cache_close(c);
+    return st;
+}
+
+/* Merges the file at arg into a new database beside it. */
+static kiln_status merge_from(const void *arg)
+{
+    char path[800];
+    snprintf(path, sizeof path, "%s.merged", (const char *)arg);
+    kiln_cache_options o = {.path = path, .ignore_env = 1};
+    kiln_cache *c = NULL;
+    kiln_status st = kiln_cache_open(&o, &c);
+    if (!st)
+        st = kiln_cache_merge(c, arg, NULL, NULL);
+    kiln_cache_close(c);
+    return st;
+}
+
+static kiln_status open_in_child(const kiln_cache_options *o, const char *what)
+{
+    return run_in_child(open_and_close, o, what);
 }
 
 static void test_paths_that_are_not_regular_files(void **state)
@@ -481,6 +506,8 @@ static void test_paths_that_are_not_regular_files(void **state)
         kiln_test_expect(KILN_ERR_CACHE_IO, KILN_ERR_CACHE_IO, info.reason, "not a regular file", paths[i]);
         kiln_cache_close(c);
     }
+    /* A merge source that is a FIFO is refused, not opened. */
+    assert_int_equal(run_in_child(merge_from, fifo, "merging from a FIFO"), KILN_ERR_CACHE_IO);
     struct stat sb;
     assert_int_equal(stat(fifo, &sb), 0);
     assert_true(S_ISFIFO(sb.st_mode));
