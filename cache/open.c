@@ -394,9 +394,9 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
                (st = uri_of(path, "mode=rw", uri, sizeof uri)) || (st = create_and_check(c, path, o))) {
         return st;
     }
+    /* Not SQLITE_OPEN_NOFOLLOW: it refuses a link anywhere in the path, and a
+     * folder reached through a link (~/.cache on another disk) is fine. */
     int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_URI | SQLITE_OPEN_FULLMUTEX;
-    if (!read_only && !o->follow_symlinks)
-        flags |= SQLITE_OPEN_NOFOLLOW;
     int rc = sqlite3_open_v2(uri, &d->db, flags, NULL);
     if (rc != SQLITE_OK)
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path,

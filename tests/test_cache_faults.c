@@ -556,6 +556,16 @@ static void test_symbolic_links(void **state)
     kiln_cache_close(c);
     assert_int_equal(lstat(link_path, &sb), 0);
     assert_true(S_ISLNK(sb.st_mode));
+    /* A folder reached through a link is no link of the database's own. */
+    char real_dir[700], dir_link[700], in_link[800];
+    snprintf(real_dir, sizeof real_dir, "%s/real-folder", f->dir);
+    snprintf(dir_link, sizeof dir_link, "%s/folder-link", f->dir);
+    snprintf(in_link, sizeof in_link, "%s/kernels.db", dir_link);
+    assert_int_equal(mkdir(real_dir, 0755), 0);
+    assert_int_equal(symlink(real_dir, dir_link), 0);
+    c = open_ok(in_link, 0);
+    KILN_CHECK(kiln_cache_put(c, &x.r));
+    kiln_cache_close(c);
     free(x.cubin);
 }
 
