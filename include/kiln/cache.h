@@ -120,8 +120,12 @@ KILN_API kiln_status kiln_cache_default_path(char *buf, size_t cap);
 /* Opens (creating the file and its folder when writable) the database; opts
  * NULL: every default. KILN_ERR_INVALID_ARGUMENT: opts->size nonzero and
  * smaller than the size field, a path too long, read-only paths counted but
- * not given; KILN_ERR_CACHE_IO: the file cannot be opened or created;
- * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema;
+ * not given; KILN_ERR_CACHE_IO: the file cannot be opened or created, is not
+ * a regular file, is a symbolic link opened for writing without
+ * follow_symlinks, or is missing under existing_only; KILN_ERR_CACHE_BUSY:
+ * locked past busy_timeout_ms (one deadline for the whole open);
+ * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema (or
+ * is empty under existing_only), and is left byte for byte as it was;
  * KILN_ERR_HOST_OUT_OF_MEMORY. On failure *out is NULL and kiln_errmsg() says why. */
 KILN_API kiln_status kiln_cache_open(const kiln_cache_options *opts, kiln_cache **out);
 /* Flushes pending hit counts and closes. NULL is a no-op. */
