@@ -343,17 +343,25 @@ static void test_truncated_database(void **state)
 
 /* ---- a newer schema ---- */
 
-static void test_newer_schema_is_refused_and_left_alone(void **state)
+/* A kiln database at path holding one row, then changed by the SQL then. */
+static void make_kiln_db_then(fixture *f, const char *path, const char *then)
 {
-    fixture *f = *state;
-    char path[700];
-    snprintf(path, sizeof path, "%s/newer.db", f->dir);
     rec x;
     make_rec(&f->rng, &x, 2000);
     kiln_cache *c = open_ok(path, 0);
     KILN_CHECK(kiln_cache_put(c, &x.r));
     kiln_cache_close(c);
-    sql(path, "PRAGMA user_version = 99");
+    sql(path, then);
+    free(x.cubin);
+}
+
+static void test_newer_schema_is_refused_and_left_alone(void **state)
+{
+    fixture *f = *state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/newer.db", f->dir);
+    kiln_cache *c;
+    make_kiln_db_then(f, path, "PRAGMA user_version = 99");
     size_t n0 = 0, n1 = 0;
     uint8_t *before = read_bytes(path, &n0);
     for (int ro = 0; ro < 2; ro++) {
@@ -367,7 +375,6 @@ static void test_newer_schema_is_refused_and_left_alone(void **state)
     assert_memory_equal(before, after, n0);
     free(before);
     free(after);
-    free(x.cubin);
 }
 
 /* ---- files kiln refuses are left byte for byte ---- */
@@ -407,14 +414,8 @@ static void test_refused_files_are_not_modified_first(void **state)
     expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "not a kiln cache");
     /* A kiln database of a newer schema, switched to the rollback journal. */
     snprintf(path, sizeof path, "%s/newer-delete.db", f->dir);
-    rec x;
-    make_rec(&f->rng, &x, 2000);
-    kiln_cache *c = open_ok(path, 0);
-    KILN_CHECK(kiln_cache_put(c, &x.r));
-    kiln_cache_close(c);
-    sql(path, "PRAGMA journal_mode=DELETE; PRAGMA user_version = 3");
+    make_kiln_db_then(f, path, "PRAGMA journal_mode=DELETE; PRAGMA user_version = 3");
     expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "schema version 3");
-    free(x.cubin);
 }
 
 /* ---- paths that are not regular files, symbolic links ---- */
