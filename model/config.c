@@ -9,6 +9,7 @@
 
 #include "common/internal.h"
 #include "kiln/model.h"
+#include "model/json_strict.h"
 
 /* A config.json larger than this is not a config. */
 #define MAX_CONFIG_BYTES (16u << 20)
@@ -116,6 +117,14 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_parse: NULL argument");
     if (len > MAX_CONFIG_BYTES)
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %zu bytes; a config is at most %u", len, MAX_CONFIG_BYTES);
+    /* cJSON alone takes the first of two equal keys, bytes after the value
+     * and numbers like 0896, where Python's json.load (transformers) refuses. */
+    char what[256];
+    kiln_status strict = kiln__json_strict_check(json, len, what, sizeof what);
+    if (strict == KILN_ERR_HOST_OUT_OF_MEMORY)
+        return kiln__fail(NULL, strict, "config: out of memory checking %zu bytes of JSON", len);
+    if (strict)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: not JSON: %s of %zu", what, len);
     const char *end = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!doc) {
