@@ -120,7 +120,7 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
     /* cJSON alone takes the first of two equal keys, bytes after the value
      * and numbers like 0896, where Python's json.load (transformers) refuses. */
     char what[256];
-    kiln_status strict = kiln__json_strict_check(json, len, what, sizeof what);
+    kiln_status strict = kiln__json_strict_check(json, len, 0, what, sizeof what);
     if (strict == KILN_ERR_HOST_OUT_OF_MEMORY)
         return kiln__fail(NULL, strict, "config: out of memory checking %zu bytes of JSON", len);
     if (strict)

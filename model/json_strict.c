@@ -25,6 +25,7 @@ typedef struct scanner {
     size_t dec_len, dec_cap;
     key *keys;
     size_t n_keys, keys_cap;
+    unsigned flags;
     int oom;
 } scanner;
 
@@ -320,7 +321,10 @@ static kiln_status duplicates(scanner *sc)
         keys[i].bytes = sc->dec ? sc->dec + keys[i].off : NULL;
     qsort(keys, sc->n_keys, sizeof *keys, by_key);
     size_t best = SIZE_MAX, first = 0, group = 0;
-    for (size_t i = 1; i < sc->n_keys; i++) {
+    /* Object 0 is the outermost container; its keys sort first. */
+    while ((sc->flags & KILN__JSON_TOP_KEYS_MAY_REPEAT) && group < sc->n_keys && !keys[group].object)
+        group++;
+    for (size_t i = group + 1; i < sc->n_keys; i++) {
         const key *a = &keys[i - 1], *b = &keys[i];
         if (a->object == b->object && a->len == b->len && (!a->len || !memcmp(a->bytes, b->bytes, a->len))) {
             if (b->at < best) {
@@ -415,11 +419,11 @@ after:
     return fail(sc, sc->i, "%s where ',' or '%c' was expected", byte_text(sc, sc->i, b), close);
 }
 
-kiln_status kiln__json_strict_check(const char *text, size_t len, char *what, size_t cap)
+kiln_status kiln__json_strict_check(const char *text, size_t len, unsigned flags, char *what, size_t cap)
 {
     char spare[8];
     scanner sc = {.s = (const unsigned char *)text, .n = text ? len : 0, .what = cap ? what : spare,
-                  .cap = cap ? cap : sizeof spare};
+                  .cap = cap ? cap : sizeof spare, .flags = flags};
     sc.what[0] = 0;
     kiln_status st = scan(&sc);
     free(sc.dec);

@@ -18,7 +18,10 @@
  * decoded, at any depth: Python's json keeps the last, cJSON the first).
  * Returns KILN_OK, KILN_ERR_CONFIG with "<what> at byte N" in *what (cap
  * bytes, always terminated; N counts from text), or KILN_ERR_HOST_OUT_OF_MEMORY.
- * Sets no error slot: the caller words the failure. */
-kiln_status kiln__json_strict_check(const char *text, size_t len, char *what, size_t cap);
+ * Sets no error slot: the caller words the failure. With
+ * KILN__JSON_TOP_KEYS_MAY_REPEAT, keys of the outermost object are not
+ * compared: for a caller that checks them itself and names them better. */
+#define KILN__JSON_TOP_KEYS_MAY_REPEAT 1u
+kiln_status kiln__json_strict_check(const char *text, size_t len, unsigned flags, char *what, size_t cap);
 
 #endif
