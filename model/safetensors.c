@@ -12,6 +12,7 @@
 
 #include "common/internal.h"
 #include "kiln/safetensors.h"
+#include "model/file.h"
 #include "model/json_strict.h"
 
 struct kiln_safetensors {
@@ -380,20 +381,11 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
     if (!path || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_safetensors_open: NULL %s", path ? "out" : "path");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    kiln_status s = kiln__open_regular(path, &fd, &size);
+    if (s)
+        return s;
     void *map = NULL;
     if (size) {
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -405,7 +397,7 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
     }
     close(fd);
     kiln_safetensors *st;
-    kiln_status s = create(map, size, path, &st);
+    s = create(map, size, path, &st);
     if (s) {
         if (map)
             munmap(map, size);

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* One tensor to write. dtype NULL: "F16". With explicit offsets (has_offsets)
  * the header says begin/end as given, whatever the shape. */
@@ -69,6 +72,28 @@ static inline uint8_t *st_build(const st_entry *e, size_t n, const char *metadat
     }
     *size = 8 + len + data;
     return f;
+}
+
+/* Runs fn(arg) in a forked child that SIGALRM ends after seconds: 0 when fn
+ * returned 0, else nonzero. A call that would block forever (a FIFO opened
+ * for reading) fails the test instead of hanging it. */
+static inline int st_run_bounded(int (*fn)(void *), void *arg, unsigned seconds)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        alarm(seconds);
+        _exit(fn(arg) ? 1 : 0);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "the call was ended by signal %d (%s)\n", WTERMSIG(status),
+                WTERMSIG(status) == SIGALRM ? "it blocked" : "it crashed");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 static inline int st_write_file(const char *path, const void *data, size_t size)

@@ -1,6 +1,8 @@
 /* examples/decode's loader, on the host: configs it takes and refuses, and
  * checkpoints whose tensors are missing, mis-shaped or of another dtype, each
  * refused with a message naming the tensor and the values. */
+#include <sys/stat.h>
+
 #include "testutil.h"
 #include "decoder.h"
 #include "st_writer.h"
@@ -182,6 +184,44 @@ static void test_sharded(void **state)
     kiln_test_rmrf(dir);
 }
 
+/* In a bounded child: opening the checkpoint folder must fail with
+ * KILN_ERR_IO naming the FIFO as not a regular file. */
+static int checkpoint_refused_as_not_regular(void *path)
+{
+    dec_checkpoint ck;
+    const char *file = path;
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s", file);
+    *strrchr(dir, '/') = 0;
+    kiln_status st = dec_checkpoint_open(dir, &ck);
+    if (st == KILN_ERR_IO && strstr(dec_errmsg(), file) && strstr(dec_errmsg(), "not a regular file"))
+        return 0;
+    fprintf(stderr, "%s: %s\n", kiln_status_code(st), dec_errmsg());
+    return 1;
+}
+
+/* `mkfifo d/model.safetensors` (or config.json, or the shard index) and
+ * `decode --model d` blocked forever. */
+static void test_fifo_refused(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char dir[512], path[700];
+        kiln_test_tmpdir(dir, sizeof dir);
+        assert_true(tiny_write(&LLAMA, dir));
+        if (i == 2) {
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            assert_int_equal(remove(path), 0);
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        remove(path);
+        assert_int_equal(mkfifo(path, 0600), 0);
+        assert_int_equal(st_run_bounded(checkpoint_refused_as_not_regular, path, 5), 0);
+        kiln_test_rmrf(dir);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -189,6 +229,7 @@ int main(void)
         cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_checkpoints),
         cmocka_unit_test(test_sharded),
+        cmocka_unit_test(test_fifo_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,8 @@
 /* Model configs: real config.json files parse; bad ones name the field and value. */
+#include <sys/stat.h>
+
 #include "testutil.h"
+#include "st_writer.h"
 
 static kiln_status parse(const char *json, kiln_model_config *c) { return kiln_model_config_parse(json, strlen(json), c); }
 
@@ -152,6 +155,32 @@ static void test_load_missing_file(void **state)
                      "/nonexistent/config.json", NULL);
 }
 
+/* In a bounded child: loading path must fail with KILN_ERR_IO naming it as
+ * not a regular file. */
+static int load_refused_as_not_regular(void *path)
+{
+    kiln_model_config c;
+    kiln_status st = kiln_model_config_load(path, &c);
+    if (st == KILN_ERR_IO && strstr(kiln_errmsg(), path) && strstr(kiln_errmsg(), "not a regular file"))
+        return 0;
+    fprintf(stderr, "%s: %s\n", kiln_status_code(st), kiln_errmsg());
+    return 1;
+}
+
+/* A FIFO blocked the open forever; a directory or a device is no config either. */
+static void test_load_not_regular_file(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    kiln_test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(st_run_bounded(load_refused_as_not_regular, path, 5), 0);
+    assert_int_equal(st_run_bounded(load_refused_as_not_regular, dir, 5), 0);
+    assert_int_equal(st_run_bounded(load_refused_as_not_regular, "/dev/zero", 5), 0);
+    kiln_test_rmrf(dir);
+}
+
 static void test_specializations(void **state)
 {
     (void)state;
@@ -294,6 +323,7 @@ int main(void)
         cmocka_unit_test(test_bad_configs_name_field_and_value),
         cmocka_unit_test(test_strict_json_refused),
         cmocka_unit_test(test_load_missing_file),
+        cmocka_unit_test(test_load_not_regular_file),
         cmocka_unit_test(test_specializations),
         cmocka_unit_test(test_qwen3_next_linear_attention),
         cmocka_unit_test(test_bad_linear_attention_names_field_and_value),

@@ -300,6 +300,31 @@ static void test_open(void **state)
     kiln_test_rmrf(dir);
 }
 
+/* In a bounded child: opening path must fail with KILN_ERR_IO naming it as
+ * not a regular file. */
+static int open_refused_as_not_regular(void *path)
+{
+    kiln_safetensors *st = NULL;
+    kiln_status s = kiln_safetensors_open(path, &st);
+    if (s == KILN_ERR_IO && !st && strstr(kiln_errmsg(), path) && strstr(kiln_errmsg(), "not a regular file"))
+        return 0;
+    fprintf(stderr, "%s: %s\n", kiln_status_code(s), kiln_errmsg());
+    return 1;
+}
+
+/* A FIFO blocked the open forever. */
+static void test_open_fifo(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    kiln_test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(st_run_bounded(open_refused_as_not_regular, path, 5), 0);
+    assert_int_equal(st_run_bounded(open_refused_as_not_regular, dir, 5), 0);
+    kiln_test_rmrf(dir);
+}
+
 static void test_arguments(void **state)
 {
     (void)state;
@@ -320,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_offsets),          cmocka_unit_test(test_expect),
         cmocka_unit_test(test_open),             cmocka_unit_test(test_arguments),
         cmocka_unit_test(test_unindexed_bytes),  cmocka_unit_test(test_strict_header),
+        cmocka_unit_test(test_open_fifo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
