@@ -32,12 +32,16 @@ typedef struct scanner {
 static kiln_status fail(scanner *sc, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static kiln_status fail(scanner *sc, size_t at, const char *fmt, ...)
 {
+    /* The offset always fits: the description is cut short for it. */
+    char tail[40];
+    int t = snprintf(tail, sizeof tail, " at byte %zu", at);
+    size_t room = sc->cap > (size_t)t ? sc->cap - (size_t)t : 1;
     va_list ap;
     va_start(ap, fmt);
-    int k = vsnprintf(sc->what, sc->cap, fmt, ap);
+    int k = vsnprintf(sc->what, room, fmt, ap);
     va_end(ap);
-    if (k >= 0 && (size_t)k < sc->cap)
-        snprintf(sc->what + k, sc->cap - (size_t)k, " at byte %zu", at);
+    size_t used = k < 0 ? 0 : (size_t)k < room ? (size_t)k : room - 1;
+    snprintf(sc->what + used, sc->cap - used, "%s", tail);
     return KILN_ERR_CONFIG;
 }
 

@@ -187,7 +187,10 @@ static void check_strict(const char *json, size_t size, kiln_status parsed, cons
     if (st) {
         FUZZ_CHECK(st == KILN_ERR_CONFIG, "strict check status %s", kiln_status_code(st));
         FUZZ_CHECK(parsed != KILN_OK, "the config parser accepted what the strict check refuses: %s", what);
-        const char *at = strstr(what, " at byte ");
+        /* The offset ends the text; a quoted string before it may hold " at byte " too. */
+        const char *at = NULL;
+        for (const char *p = strstr(what, " at byte "); p; p = strstr(p + 1, " at byte "))
+            at = p;
         FUZZ_CHECK(at && strtoull(at + 9, NULL, 10) <= size, "strict refusal without an offset in the input: %s",
                    what);
         return;
