@@ -26,7 +26,6 @@ typedef struct scanner {
     key *keys;
     size_t n_keys, keys_cap;
     unsigned flags;
-    int oom;
 } scanner;
 
 static kiln_status fail(scanner *sc, size_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -47,7 +46,6 @@ static kiln_status fail(scanner *sc, size_t at, const char *fmt, ...)
 
 static kiln_status oom(scanner *sc)
 {
-    sc->oom = 1;
     snprintf(sc->what, sc->cap, "out of memory");
     return KILN_ERR_HOST_OUT_OF_MEMORY;
 }

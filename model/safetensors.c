@@ -260,6 +260,10 @@ static kiln_status parse(kiln_safetensors *st)
      * keys inside an entry; the tensor names themselves are compared below. */
     char what[256];
     s = kiln__json_strict_check(hdr, (size_t)n, KILN__JSON_TOP_KEYS_MAY_REPEAT, what, sizeof what);
+    if (s == KILN_ERR_HOST_OUT_OF_MEMORY) {
+        s = kiln__fail(NULL, s, "%s: out of memory checking the header", st->label);
+        goto out_root;
+    }
     if (s) {
         s = kiln__fail(NULL, s, "%s: the header is not strict JSON: %s of %llu (counting from the header's first "
                        "byte, file byte 8)", st->label, what, (unsigned long long)n);
