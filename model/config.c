@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/internal.h"
 #include "kiln/model.h"
+#include "model/file.h"
+#include "model/json_strict.h"
 
 /* A config.json larger than this is not a config. */
 #define MAX_CONFIG_BYTES (16u << 20)
@@ -116,6 +119,14 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_parse: NULL argument");
     if (len > MAX_CONFIG_BYTES)
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %zu bytes; a config is at most %u", len, MAX_CONFIG_BYTES);
+    /* cJSON alone takes the first of two equal keys, bytes after the value
+     * and numbers like 0896, where Python's json.load (transformers) refuses. */
+    char what[256];
+    kiln_status strict = kiln__json_strict_check(json, len, 0, what, sizeof what);
+    if (strict == KILN_ERR_HOST_OUT_OF_MEMORY)
+        return kiln__fail(NULL, strict, "config: out of memory checking %zu bytes of JSON", len);
+    if (strict)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: not JSON: %s of %zu", what, len);
     const char *end = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!doc) {
@@ -193,20 +204,31 @@ kiln_status kiln_model_config_load(const char *path, kiln_model_config *out)
 {
     if (!path || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_load: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln__fail(NULL, KILN_ERR_IO, "cannot open config %s: %s", path, strerror(errno));
+    int fd;
+    kiln_status st = kiln__open_regular(path, &fd, NULL);
+    if (st)
+        return st;
     char *buf = malloc(MAX_CONFIG_BYTES + 1);
     if (!buf) {
-        fclose(f);
+        close(fd);
         return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }
-    size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    kiln_status st;
-    if (bad)
-        st = kiln__fail(NULL, KILN_ERR_IO, "cannot read config %s", path);
+    /* At most one byte past the limit, whatever the size said: the file may grow. */
+    size_t n = 0;
+    int err = 0;
+    while (n < MAX_CONFIG_BYTES + 1) {
+        ssize_t r = read(fd, buf + n, MAX_CONFIG_BYTES + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            err = r < 0 ? errno : 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    if (err)
+        st = kiln__fail(NULL, KILN_ERR_IO, "cannot read config %s: %s", path, strerror(err));
     else if ((st = kiln_model_config_parse(buf, n, out)))
         kiln__fail(NULL, st, "%s: %s", path, kiln_errmsg());
     free(buf);

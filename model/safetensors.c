@@ -12,6 +12,8 @@
 
 #include "common/internal.h"
 #include "kiln/safetensors.h"
+#include "model/file.h"
+#include "model/json_strict.h"
 
 struct kiln_safetensors {
     char *label;
@@ -178,6 +180,39 @@ static kiln_status parse_entry(const kiln_safetensors *st, const cJSON *e, const
     return KILN_OK;
 }
 
+/* The format indexes every byte of the data: the tensors in order (order[0,
+ * m), sorted by offset, not overlapping) leave no gap and end at its end. */
+static kiln_status check_indexed(const kiln_safetensors *st, kiln_safetensors_tensor *const *order, size_t m,
+                                 uint64_t base, uint64_t data_bytes)
+{
+    uint64_t at = 0;
+    for (size_t i = 0; i < m; i++) {
+        const uint64_t begin = order[i]->offset - base;
+        if (begin > at) {
+            char where[224], na[96], nb[96];
+            short_name(order[i]->name, nb, sizeof nb);
+            if (i) {
+                short_name(order[i - 1]->name, na, sizeof na);
+                snprintf(where, sizeof where, "between tensors %s and %s", na, nb);
+            } else {
+                snprintf(where, sizeof where, "before tensor %s", nb);
+            }
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "%s: bytes [%llu, %llu) of the data belong to no tensor (%s); the format indexes "
+                              "every byte",
+                              st->label, (unsigned long long)at, (unsigned long long)begin, where);
+        }
+        at = begin + order[i]->bytes;
+    }
+    if (at != data_bytes)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "%s: the data holds %llu bytes but the tensors end at %llu: %llu bytes after the last "
+                          "tensor belong to none; the format indexes every byte",
+                          st->label, (unsigned long long)data_bytes, (unsigned long long)at,
+                          (unsigned long long)(data_bytes - at));
+    return KILN_OK;
+}
+
 /* Parses st->data[0, st->size) into st->tensors. */
 static kiln_status parse(kiln_safetensors *st)
 {
@@ -221,6 +256,19 @@ static kiln_status parse(kiln_safetensors *st)
                            st->label, (unsigned char)*p, (size_t)(p - hdr));
             goto out_root;
         }
+    /* cJSON reads "a\u0000b" as "a", 08 as 8, and keeps both of two equal
+     * keys inside an entry; the tensor names themselves are compared below. */
+    char what[256];
+    s = kiln__json_strict_check(hdr, (size_t)n, KILN__JSON_TOP_KEYS_MAY_REPEAT, what, sizeof what);
+    if (s == KILN_ERR_HOST_OUT_OF_MEMORY) {
+        s = kiln__fail(NULL, s, "%s: out of memory checking the header", st->label);
+        goto out_root;
+    }
+    if (s) {
+        s = kiln__fail(NULL, s, "%s: the header is not strict JSON: %s of %llu (counting from the header's first "
+                       "byte, file byte 8)", st->label, what, (unsigned long long)n);
+        goto out_root;
+    }
     size_t cap = 0;
     for (const cJSON *e = root->child; e; e = e->next)
         cap++;
@@ -289,6 +337,8 @@ static kiln_status parse(kiln_safetensors *st)
             goto out_root;
         }
     }
+    if ((s = check_indexed(st, order, m, base, data_bytes)))
+        goto out_root;
 out_root:
     free(order);
     cJSON_Delete(root);
@@ -335,20 +385,11 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
     if (!path || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_safetensors_open: NULL %s", path ? "out" : "path");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    kiln_status s = kiln__open_regular(path, &fd, &size);
+    if (s)
+        return s;
     void *map = NULL;
     if (size) {
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -360,7 +401,7 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
     }
     close(fd);
     kiln_safetensors *st;
-    kiln_status s = create(map, size, path, &st);
+    s = create(map, size, path, &st);
     if (s) {
         if (map)
             munmap(map, size);

@@ -7,6 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kiln/status.h"
 
 /* One tensor to write. dtype NULL: "F16". With explicit offsets (has_offsets)
  * the header says begin/end as given, whatever the shape. */
@@ -69,6 +75,66 @@ static inline uint8_t *st_build(const st_entry *e, size_t n, const char *metadat
     }
     *size = 8 + len + data;
     return f;
+}
+
+/* Runs fn(arg) in a forked child that SIGALRM ends after seconds: 0 when fn
+ * returned 0, else nonzero. A call that would block forever (a FIFO opened
+ * for reading) fails the test instead of hanging it. */
+static inline int st_run_bounded(int (*fn)(void *), void *arg, unsigned seconds)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        alarm(seconds);
+        _exit(fn(arg) ? 1 : 0);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    if (WIFSIGNALED(status))
+        fprintf(stderr, "the call was ended by signal %d (%s)\n", WTERMSIG(status),
+                WTERMSIG(status) == SIGALRM ? "it blocked" : "it crashed");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+typedef struct st_refusal {
+    kiln_status (*call)(const char *path);
+    const char *(*message)(void);
+    const char *path;
+} st_refusal;
+
+static inline int st_refused_as_not_regular(void *arg)
+{
+    const st_refusal *r = arg;
+    kiln_status st = r->call(r->path);
+    const char *msg = r->message();
+    if (st == KILN_ERR_IO && strstr(msg, r->path) && strstr(msg, "not a regular file"))
+        return 0;
+    fprintf(stderr, "status %d: %s\n", (int)st, msg);
+    return 1;
+}
+
+/* 0 when call(path), in a child bounded to 5 s, fails with KILN_ERR_IO and
+ * a message (from message()) naming path as not a regular file. */
+static inline int st_expect_not_regular(kiln_status (*call)(const char *), const char *(*message)(void),
+                                        const char *path)
+{
+    st_refusal r = {call, message, path};
+    return st_run_bounded(st_refused_as_not_regular, &r, 5);
+}
+
+/* The same for a FIFO made as dir/name (replacing what is there). */
+static inline int st_expect_fifo_refused(kiln_status (*call)(const char *), const char *(*message)(void),
+                                         const char *dir, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    remove(path);
+    if (mkfifo(path, 0600) != 0)
+        return -1;
+    return st_expect_not_regular(call, message, path);
 }
 
 static inline int st_write_file(const char *path, const void *data, size_t size)

@@ -182,6 +182,38 @@ static void test_sharded(void **state)
     kiln_test_rmrf(dir);
 }
 
+/* Opens the checkpoint folder that holds the file path. */
+static kiln_status open_folder_of(const char *path)
+{
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = 0;
+    dec_checkpoint ck;
+    kiln_status st = dec_checkpoint_open(dir, &ck);
+    if (!st)
+        dec_checkpoint_close(&ck);
+    return st;
+}
+
+/* `mkfifo d/model.safetensors` (or config.json, or the shard index) and
+ * `decode --model d` blocked forever. */
+static void test_fifo_refused(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char dir[512], path[700];
+        kiln_test_tmpdir(dir, sizeof dir);
+        assert_true(tiny_write(&LLAMA, dir));
+        if (i == 2) {
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            assert_int_equal(remove(path), 0);
+        }
+        assert_int_equal(st_expect_fifo_refused(open_folder_of, dec_errmsg, dir, names[i]), 0);
+        kiln_test_rmrf(dir);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -189,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_config_refused),
         cmocka_unit_test(test_checkpoints),
         cmocka_unit_test(test_sharded),
+        cmocka_unit_test(test_fifo_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

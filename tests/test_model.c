@@ -1,7 +1,19 @@
 /* Model configs: real config.json files parse; bad ones name the field and value. */
 #include "testutil.h"
+#include "st_writer.h"
 
 static kiln_status parse(const char *json, kiln_model_config *c) { return kiln_model_config_parse(json, strlen(json), c); }
+
+/* json is refused as KILN_ERR_CONFIG, the message holding a and b, the
+ * config untouched. */
+static void expect_refused(const char *json, const char *a, const char *b)
+{
+    kiln_model_config c;
+    memset(&c, 0x5a, sizeof c);
+    kiln_model_config before = c;
+    KILN_EXPECT(parse(json, &c), KILN_ERR_CONFIG, kiln_errmsg(), a, b);
+    assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
+}
 
 static void test_default_is_llama_3_8b(void **state)
 {
@@ -80,13 +92,58 @@ static void test_bad_configs_name_field_and_value(void **state)
         {"{\"vocab_size\": 100, \"hidden_size\": 4096, \"intermediate_size\": 1, \"num_attention_heads\": 2}",
          "head_dim", "2048"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_model_config c;
-        memset(&c, 0x5a, sizeof c);
-        kiln_model_config before = c;
-        KILN_EXPECT(parse(cases[i].json, &c), KILN_ERR_CONFIG, kiln_errmsg(), cases[i].field, cases[i].value);
-        assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(cases[i].json, cases[i].field, cases[i].value);
+}
+
+/* What Python's json.load refuses, kiln refuses too, naming the byte: else
+ * kiln could prewarm another shape than transformers loads. */
+static void test_strict_json_refused(void **state)
+{
+    (void)state;
+#define SIZES "\"vocab_size\": 1000, \"intermediate_size\": 128, \"num_attention_heads\": 4"
+    static const struct {
+        const char *json, *what, *where;
+    } cases[] = {
+        /* Python takes the last hidden_size (1024), cJSON the first. */
+        {"{" SIZES ", \"hidden_size\": 896, \"hidden_size\": 1024}", "second key \"hidden_size\"", "byte 93 of"},
+        {"{\"text_config\": {\"hidden_size\": 64, \"x\": 1, \"x\": 2}, " SIZES ", \"hidden_size\": 64}",
+         "second key \"x\"", "byte 44 of"},
+        {"{\"a\": 1, \"\\u0061\": 2, " SIZES ", \"hidden_size\": 64}", "second key \"\\u0061\"", "byte 9 of"},
+        {"{" SIZES ", \"hidden_size\": 64} x", "'x' after the end", "byte 92 of"},
+        {"{" SIZES ", \"hidden_size\": 64}{}", "'{' after the end", "byte 91 of"},
+        {"{" SIZES ", \"hidden_size\": 0896}", "leading zero", "byte 88 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"rope_theta\": NaN}", "'N' where a value", "byte 106 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"rope_theta\": -Infinity}", "'I' where a number", "byte 107 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"rope_theta\": 1.}", "fraction", "byte 108 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"model_type\": \"a\tb\"}", "control byte 0x09", "byte 108 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"model_type\": \"a\xff\"}", "0xff that is not well-formed UTF-8",
+         "byte 108 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"model_type\": \"\\ud800\"}", "high surrogate", "byte 107 of"},
+        {"{" SIZES ", \"hidden_size\": 64, \"hidden_size\\u0000\": 1024}", "\\u0000 in the string", "byte 104 of"},
+        {"\xef\xbb\xbf{" SIZES ", \"hidden_size\": 64}", "byte order mark", "byte 0 of"},
+        {"{" SIZES ",\f\"hidden_size\": 64}", "0x0c where an object key", "byte 72 of"},
+        {"{" SIZES ", \"hidden_size\": 64,}", "'}' where an object key", "byte 91 of"},
+    };
+#undef SIZES
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(cases[i].json, cases[i].what, cases[i].where);
+    /* Whitespace after the object is JSON; so are escapes and UTF-8 in strings. */
+    kiln_model_config c;
+    KILN_CHECK(parse("{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_attention_heads\": 4, \"model_type\": \"\\u00e9\\ud83d\\ude00\xc3\xa9\\n\", \"n\": -0.5e+3,"
+                     " \"x\": {\"a\": [1, {\"a\": 2}]}, \"a\": null}\r\n\t ",
+                     &c));
+    assert_int_equal(c.hidden_size, 64);
+    /* Nesting: cJSON's limit is 1000, kiln's 512. */
+    char deep[2 * 600 + 128];
+    size_t n = (size_t)snprintf(deep, sizeof deep, "{" "\"vocab_size\": 1000, \"x\": ");
+    for (int i = 0; i < 600; i++)
+        deep[n++] = '[';
+    for (int i = 0; i < 600; i++)
+        deep[n++] = ']';
+    snprintf(deep + n, sizeof deep - n, "}");
+    KILN_EXPECT(parse(deep, &c), KILN_ERR_CONFIG, kiln_errmsg(), "nesting deeper than 512", NULL);
 }
 
 static void test_load_missing_file(void **state)
@@ -95,6 +152,24 @@ static void test_load_missing_file(void **state)
     kiln_model_config c;
     KILN_EXPECT(kiln_model_config_load("/nonexistent/config.json", &c), KILN_ERR_IO, kiln_errmsg(),
                      "/nonexistent/config.json", NULL);
+}
+
+static kiln_status load_config(const char *path)
+{
+    kiln_model_config c;
+    return kiln_model_config_load(path, &c);
+}
+
+/* A FIFO blocked the open forever; a directory or a device is no config either. */
+static void test_load_not_regular_file(void **state)
+{
+    (void)state;
+    char dir[512];
+    kiln_test_tmpdir(dir, sizeof dir);
+    assert_int_equal(st_expect_fifo_refused(load_config, kiln_errmsg, dir, "config.json"), 0);
+    assert_int_equal(st_expect_not_regular(load_config, kiln_errmsg, dir), 0);
+    assert_int_equal(st_expect_not_regular(load_config, kiln_errmsg, "/dev/zero"), 0);
+    kiln_test_rmrf(dir);
 }
 
 static void test_specializations(void **state)
@@ -197,13 +272,8 @@ static void test_bad_linear_attention_names_field_and_value(void **state)
     };
 #undef FOUR
 #undef BASE
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_model_config c;
-        memset(&c, 0x5a, sizeof c);
-        kiln_model_config before = c;
-        KILN_EXPECT(parse(cases[i].json, &c), KILN_ERR_CONFIG, kiln_errmsg(), cases[i].field, cases[i].value);
-        assert_memory_equal(&c, &before, sizeof c); /* untouched on failure */
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(cases[i].json, cases[i].field, cases[i].value);
 }
 
 static void test_linear_attention_specializations(void **state)
@@ -237,7 +307,9 @@ int main(void)
         cmocka_unit_test(test_qwen2_config),
         cmocka_unit_test(test_defaults_and_text_config),
         cmocka_unit_test(test_bad_configs_name_field_and_value),
+        cmocka_unit_test(test_strict_json_refused),
         cmocka_unit_test(test_load_missing_file),
+        cmocka_unit_test(test_load_not_regular_file),
         cmocka_unit_test(test_specializations),
         cmocka_unit_test(test_qwen3_next_linear_attention),
         cmocka_unit_test(test_bad_linear_attention_names_field_and_value),

@@ -194,6 +194,58 @@ static void test_offsets(void **state)
     free(f);
 }
 
+/* The format says the data section is entirely indexed: a byte after the
+ * last tensor, or between two, belongs to no tensor and is refused. */
+static void test_unindexed_bytes(void **state)
+{
+    (void)state;
+    size_t size;
+    uint8_t *f = with_header("{\"w\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 10, &size);
+    expect_refused(f, size, KILN_ERR_CONFIG, "the data holds 10 bytes", "the tensors end at 8",
+                   "2 bytes after the last tensor");
+    free(f);
+    f = with_header("{\"__metadata__\":{}}", 3, &size);
+    expect_refused(f, size, KILN_ERR_CONFIG, "the data holds 3 bytes", "the tensors end at 0", NULL);
+    free(f);
+    f = with_header("{\"w\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+                    "\"v\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[12,16]}}",
+                    16, &size);
+    expect_refused(f, size, KILN_ERR_CONFIG, "bytes [8, 12) of the data", "between tensors w and v", NULL);
+    free(f);
+    f = with_header("{\"v\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[4,8]}}", 8, &size);
+    expect_refused(f, size, KILN_ERR_CONFIG, "bytes [0, 4) of the data", "before tensor v", NULL);
+    free(f);
+    /* Exactly indexed, with an empty tensor at the end: accepted. */
+    f = with_header("{\"w\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]},"
+                    "\"e\":{\"dtype\":\"F16\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+                    8, &size);
+    kiln_safetensors *st;
+    KILN_CHECK(kiln_safetensors_parse(f, size, "t", &st));
+    kiln_safetensors_close(st);
+    free(f);
+}
+
+/* cJSON would read "a\u0000b" as "a": such a name, and any header that is
+ * not strict JSON, is refused naming the text and its offset. */
+static void test_strict_header(void **state)
+{
+    (void)state;
+    const char *cases[][3] = {
+        {"{\"a\\u0000b\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}", "\"a\\u0000b\"", "byte 3 of"},
+        {"{\"a\":{\"dtype\":\"F16\\u0000x\",\"shape\":[1],\"data_offsets\":[0,2]}}", "\"F16\\u0000x\"", "byte 18 of"},
+        {"{\"a\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,02]}}", "leading zero", "byte 50 of"},
+        {"{\"a\":{\"dtype\":\"F16\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,2]}}", "second key \"dtype\"",
+         "byte 20 of"},
+        {"{\"__metadata__\":{\"k\":\"\x01\"}}", "control byte 0x01", "byte 22 of"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t size;
+        uint8_t *f = with_header(cases[i][0], 2, &size);
+        expect_refused(f, size, KILN_ERR_CONFIG, "t.safetensors: the header", cases[i][1], cases[i][2]);
+        free(f);
+    }
+}
+
 static void test_expect(void **state)
 {
     (void)state;
@@ -248,6 +300,25 @@ static void test_open(void **state)
     kiln_test_rmrf(dir);
 }
 
+static kiln_status open_file(const char *path)
+{
+    kiln_safetensors *st = NULL;
+    kiln_status s = kiln_safetensors_open(path, &st);
+    kiln_safetensors_close(st);
+    return s;
+}
+
+/* A FIFO blocked the open forever. */
+static void test_open_fifo(void **state)
+{
+    (void)state;
+    char dir[512];
+    kiln_test_tmpdir(dir, sizeof dir);
+    assert_int_equal(st_expect_fifo_refused(open_file, kiln_errmsg, dir, "model.safetensors"), 0);
+    assert_int_equal(st_expect_not_regular(open_file, kiln_errmsg, dir), 0);
+    kiln_test_rmrf(dir);
+}
+
 static void test_arguments(void **state)
 {
     (void)state;
@@ -267,6 +338,8 @@ int main(void)
         cmocka_unit_test(test_header_length_past_file), cmocka_unit_test(test_bad_json),
         cmocka_unit_test(test_offsets),          cmocka_unit_test(test_expect),
         cmocka_unit_test(test_open),             cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_unindexed_bytes),  cmocka_unit_test(test_strict_header),
+        cmocka_unit_test(test_open_fifo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

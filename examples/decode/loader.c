@@ -2,11 +2,14 @@
  * folders, tensor checks and uploads, random weights for benchmarks. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "decoder.h"
 
@@ -185,9 +188,24 @@ out:
 
 static kiln_status read_file(const char *path, char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* Non-blocking, so that a FIFO cannot hang the open; only a regular file is read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
         return dec_fail(KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    const char *why = fstat(fd, &sb) != 0 ? strerror(errno) : !S_ISREG(sb.st_mode) ? "not a regular file" : NULL;
+    int flags = why ? -1 : fcntl(fd, F_GETFL);
+    if (!why && (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0))
+        why = strerror(errno);
+    if (why) {
+        close(fd);
+        return dec_fail(KILN_ERR_IO, "%s: %s", path, why);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "%s: out of memory", path);
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -276,15 +294,16 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out)
     if (st)
         return st;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *single = fopen(path, "rb");
-    if (single) {
-        fclose(single);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
         st = open_shard(out, dir, "model.safetensors");
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         char *json;
         size_t len;
         if ((st = read_file(path, &json, &len))) {
+            if (stat(path, &sb) == 0)
+                return st;
             return dec_fail(KILN_ERR_IO, "%s: neither model.safetensors nor model.safetensors.index.json can be read",
                             dir);
         }

@@ -51,11 +51,17 @@ typedef struct kiln_model_config {
 /* The built-in default shape: Llama-3-8B. */
 KILN_API void kiln_model_config_default(kiln_model_config *out);
 /* Parses a config.json held in memory (len bytes, no NUL needed).
- * KILN_ERR_CONFIG names the field and the value that is wrong (not JSON, a
- * missing field, a zero, negative, fractional or absurd size, heads that do
- * not divide, linear-attention fields given in part); KILN_ERR_HOST_OUT_OF_MEMORY. */
+ * KILN_ERR_CONFIG names the field and the value that is wrong (a missing
+ * field, a zero, negative, fractional or absurd size, heads that do not
+ * divide, linear-attention fields given in part), or, for text that is not
+ * strict JSON (RFC 8259, as Python's json.load reads it), what and its byte
+ * offset: a key given twice in one object at any depth, bytes after the
+ * value, a number off the grammar (0896, NaN), a leading byte order mark,
+ * a control byte, ill-formed UTF-8, a lone surrogate or \u0000 in a string,
+ * nesting deeper than 512; KILN_ERR_HOST_OUT_OF_MEMORY. */
 KILN_API kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out);
-/* Reads and parses a file: KILN_ERR_IO when it cannot be read, else as parse. */
+/* Reads and parses a file: KILN_ERR_IO when it cannot be read or is not a
+ * regular file (a FIFO is refused, never waited on), else as parse. */
 KILN_API kiln_status kiln_model_config_load(const char *path, kiln_model_config *out);
 
 /* Lists the specializations a model needs, deduplicated, in a stable order.

@@ -10,13 +10,18 @@
  * names the file label, the tensor and the values: the file holds the 8
  * length bytes; the header length is at least 2, at most
  * KILN_SAFETENSORS_MAX_HEADER and within the file; the header is one JSON
- * object followed by nothing but spaces; every tensor entry is an object with
+ * object followed by nothing but spaces, and strict JSON (RFC 8259: no key
+ * twice in an entry, no number like 08, no control byte, ill-formed UTF-8,
+ * lone surrogate or \u0000 in a string, which would cut a name short; the
+ * message has the offset in the header); every tensor entry is an object with
  * a known dtype (F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL F8_E4M3
  * F8_E5M2), a shape of at most KILN_SAFETENSORS_MAX_RANK whole numbers >= 0
  * whose product (times the element size) does not overflow, and two whole
  * data_offsets with begin <= end <= the bytes after the header and
  * end - begin equal to the tensor's bytes; no two tensors share a name or a
- * byte. "__metadata__", when present, must be an object. A tensor name is
+ * byte; every byte of the data belongs to a tensor (none before, between or
+ * after them: the message has the range and the sizes). "__metadata__",
+ * when present, must be an object. A tensor name is
  * any JSON string but the empty one.
  *
  * The parser never reads outside [data, data + size) (fuzzed: tests/fuzz/
@@ -63,7 +68,8 @@ typedef struct kiln_safetensors_tensor {
 KILN_API kiln_status kiln_safetensors_parse(const void *data, size_t size, const char *label,
                                             kiln_safetensors **out);
 /* Maps a file read-only and parses it; the label is the path. KILN_ERR_IO
- * (cannot open, stat or map it; the message has the path and errno text),
+ * (cannot open, stat or map it, or it is not a regular file: a FIFO is
+ * refused, never waited on; the message has the path and errno text),
  * else as kiln_safetensors_parse. */
 KILN_API kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out);
 /* Unmaps and frees. NULL is a no-op. */

@@ -5,7 +5,14 @@
  * ones must say KILN_ERR_CONFIG with a message. The input is copied so that it
  * ends against an unmapped page: cJSON is a system library that no sanitizer
  * instruments, and a read past len must still crash.
+ *
+ * The strict JSON check the parser runs first is held against cJSON and a
+ * walk of its tree: what the parser accepts the check accepts; what the
+ * check accepts cJSON reads whole, with no object holding a key twice, and
+ * printed back it is strict again; an accepted config has the sizes that the
+ * last occurrence of each field says (Python's json.load keeps the last).
  */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,12 +21,13 @@
 
 #include "kiln/cache.h"
 #include "kiln/model.h"
+#include "model/json_strict.h"
 #include "fuzz_common.h"
 
 #define GUARDED_CAP (1u << 20)
 
 static struct {
-    unsigned long long inputs, accepted, rejected, oom, specs;
+    unsigned long long inputs, accepted, rejected, oom, specs, strict;
 } g_stats;
 
 /* Returns a copy of data whose last byte sits just before a PROT_NONE page
@@ -141,6 +149,84 @@ static void check_round_trip(const kiln_model_config *c)
                "round trip changed the config\n  %s", json);
 }
 
+/* A key that one object of the tree holds twice, or NULL: the strict check's
+ * rule, walked independently (past 4096 members an object is not compared). */
+static const cJSON *repeated_key(const cJSON *item)
+{
+    size_t members = 0;
+    for (const cJSON *c = item->child; c; c = c->next) {
+        if (cJSON_IsObject(item) && ++members <= 4096)
+            for (const cJSON *d = c->next; d; d = d->next)
+                if (c->string && d->string && !strcmp(c->string, d->string))
+                    return c;
+        const cJSON *r = repeated_key(c);
+        if (r)
+            return r;
+    }
+    return NULL;
+}
+
+/* The last member of that name, as Python's json.load would keep it. */
+static const cJSON *last_member(const cJSON *object, const char *name)
+{
+    const cJSON *found = NULL;
+    for (const cJSON *c = object ? object->child : NULL; c; c = c->next)
+        if (c->string && !strcmp(c->string, name))
+            found = c;
+    return found;
+}
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static void check_strict(const char *json, size_t size, kiln_status parsed, const kiln_model_config *c)
+{
+    char what[256];
+    kiln_status st = kiln__json_strict_check(json, size, 0, what, sizeof what);
+    if (st == KILN_ERR_HOST_OUT_OF_MEMORY)
+        return;
+    if (st) {
+        FUZZ_CHECK(st == KILN_ERR_CONFIG, "strict check status %s", kiln_status_code(st));
+        FUZZ_CHECK(parsed != KILN_OK, "the config parser accepted what the strict check refuses: %s", what);
+        /* The offset ends the text; a quoted string before it may hold " at byte " too. */
+        const char *at = NULL;
+        for (const char *p = strstr(what, " at byte "); p; p = strstr(p + 1, " at byte "))
+            at = p;
+        FUZZ_CHECK(at && strtoull(at + 9, NULL, 10) <= size, "strict refusal without an offset in the input: %s",
+                   what);
+        return;
+    }
+    g_stats.strict++;
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(json, size, &end, 0);
+    FUZZ_CHECK(doc != NULL, "the strict check accepted what cJSON refuses (near byte %td)",
+               end ? end - json : (ptrdiff_t)-1);
+    for (const char *p = end; p && p < json + size; p++)
+        FUZZ_CHECK(is_ws(*p), "the strict check accepted byte 0x%02x at %td after cJSON's value", (unsigned char)*p,
+                   p - json);
+    const cJSON *dup = repeated_key(doc);
+    FUZZ_CHECK(dup == NULL, "the strict check accepted an object holding the key \"%s\" twice", dup->string);
+    char *printed = cJSON_PrintUnformatted(doc);
+    if (printed) {
+        st = kiln__json_strict_check(printed, strlen(printed), 0, what, sizeof what);
+        FUZZ_CHECK(st != KILN_ERR_CONFIG, "cJSON printed strict JSON back as: %s\n  %s", what, printed);
+        cJSON_free(printed);
+    }
+    if (parsed == KILN_OK) {
+        const cJSON *root = doc, *text = last_member(doc, "text_config");
+        if (!last_member(doc, "hidden_size") && cJSON_IsObject(text))
+            root = text;
+        static const char *const fields[4] = {"vocab_size", "hidden_size", "intermediate_size",
+                                              "num_attention_heads"};
+        const int64_t got[4] = {c->vocab_size, c->hidden_size, c->intermediate_size, c->num_attention_heads};
+        for (int i = 0; i < 4; i++) {
+            const cJSON *v = last_member(root, fields[i]);
+            FUZZ_CHECK(cJSON_IsNumber(v) && v->valuedouble == (double)got[i], "%s is %lld, its last member says %s",
+                       fields[i], (long long)got[i], v && cJSON_IsNumber(v) ? "another number" : "no number");
+        }
+    }
+    cJSON_Delete(doc);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *heap;
@@ -148,6 +234,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kiln_model_config cfg;
     g_stats.inputs++;
     kiln_status st = kiln_model_config_parse(json, size, &cfg);
+    check_strict(json, size, st, &cfg);
     if (st == KILN_OK) {
         g_stats.accepted++;
         check_limits(&cfg);
@@ -169,6 +256,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 void kiln_fuzz_summary(FILE *f)
 {
-    fprintf(f, "fuzz_config: %llu inputs: %llu accepted (%llu specializations), %llu rejected, %llu out of memory\n",
-            g_stats.inputs, g_stats.accepted, g_stats.specs, g_stats.rejected, g_stats.oom);
+    fprintf(f,
+            "fuzz_config: %llu inputs: %llu accepted (%llu specializations), %llu rejected, %llu out of memory; "
+            "%llu strict JSON\n",
+            g_stats.inputs, g_stats.accepted, g_stats.specs, g_stats.rejected, g_stats.oom, g_stats.strict);
 }

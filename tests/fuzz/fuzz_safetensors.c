@@ -4,9 +4,11 @@
  * tensor's bytes inside the data section, its byte count its element count
  * times its element size, names sorted and unique and found again, no two
  * tensors sharing a byte, kiln_safetensors_expect agreeing with the parsed
- * shape. Every byte of every tensor is read, so a tensor that points past
- * the input crashes (the input ends against an unmapped page). Rejected files
- * must say KILN_ERR_CONFIG (or out of memory) with a bounded message.
+ * shape, every byte of the data section in exactly one tensor (their byte
+ * counts add up to it). Every byte of every tensor is read, so a tensor
+ * that points past the input crashes (the input ends against an unmapped
+ * page). Rejected files must say KILN_ERR_CONFIG (or out of memory) with a
+ * bounded message.
  */
 #include <stdio.h>
 #include <string.h>
@@ -53,6 +55,7 @@ static void check_accepted(const kiln_safetensors *st, const uint8_t *base, size
         hdr = hdr << 8 | base[i];
     const size_t n = kiln_safetensors_count(st);
     volatile uint8_t sink = 0;
+    uint64_t indexed = 0;
     for (size_t i = 0; i < n; i++) {
         const kiln_safetensors_tensor *t = kiln_safetensors_at(st, i);
         FUZZ_CHECK(t && t->name && t->name[0], "tensor %zu has no name", i);
@@ -73,6 +76,7 @@ static void check_accepted(const kiln_safetensors *st, const uint8_t *base, size
                    "tensor %s [%llu, +%llu) outside the data of a %zu-byte file", t->name,
                    (unsigned long long)t->offset, (unsigned long long)t->bytes, size);
         FUZZ_CHECK((const uint8_t *)t->data == base + t->offset, "data pointer");
+        indexed += t->bytes;
         for (uint64_t b = 0; b < t->bytes; b++)
             sink ^= ((const uint8_t *)t->data)[b];
         const kiln_safetensors_tensor *back = NULL;
@@ -89,6 +93,9 @@ static void check_accepted(const kiln_safetensors *st, const uint8_t *base, size
                 break; /* quadratic otherwise; the sorted scan in the parser covers the rest */
         }
     }
+    /* No two share a byte, so adding up to the data's size leaves none unindexed. */
+    FUZZ_CHECK(indexed == size - 8 - hdr, "the tensors index %llu bytes of a data section of %llu",
+               (unsigned long long)indexed, (unsigned long long)(size - 8 - hdr));
     (void)sink;
     g_stats.tensors += n;
 }

@@ -36,3 +36,12 @@ write("bad-size.safetensors", [], raw_header=b'{"a":{"dtype":"F16","shape":[3],"
       data_extra=bytes(8))
 with open(os.path.join(here, "bad-length.safetensors"), "wb") as f:
     f.write(struct.pack("<Q", 1 << 40) + b"{}")
+# The data must be indexed entirely: bytes after the last tensor, or between two.
+write("bad-trailing-bytes.safetensors", [("w", "F16", [4])], data_extra=bytes(2))
+write("bad-hole.safetensors", [], raw_header=b'{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},'
+      b'"b":{"dtype":"F16","shape":[2],"data_offsets":[8,12]}}', data_extra=bytes(12))
+# Names cJSON would cut short, and a header that is not strict JSON.
+write("bad-nul-name.safetensors", [], raw_header=b'{"a\\u0000b":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}}',
+      data_extra=bytes(2))
+write("bad-leading-zero.safetensors", [], raw_header=b'{"a":{"dtype":"F16","shape":[01],"data_offsets":[0,2]}}',
+      data_extra=bytes(2))
