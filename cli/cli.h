@@ -58,6 +58,8 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
  * <detail>" per bad row and a "verified" line on stdout. CLI_EXIT_OK when all
  * is whole; otherwise reports and returns CLI_EXIT_FAILURE. */
 int cli_verify_cache(const char *cmd, kiln_cache *cache);
+/* The same, naming the database shown (the path it will have) instead of its own. */
+int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown);
 /* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
 long cli_default_jobs(void);
 

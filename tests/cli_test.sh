@@ -442,4 +442,39 @@ for cmd in ls stats; do
 done
 [[ ! -e $S/default-cache-unused ]] || fail "a command wrote to the default cache without being asked"
 
+# ---- a killed export leaves nothing that looks like its output ----
+# The export is killed once it has started writing (a file of its own with
+# bytes in it, polled for, at most 60 s); the path asked for must not exist,
+# and what the killed run left must not stand in the way of the next export.
+SHIP_M="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/data/qwen2.5-0.5b.json"
+KX="$S/killed-export"
+mkdir -p "$KX"
+"$KILN" export --model "$SHIP_M" -o "$KX/ship.db" -j 2 >"$S/killed.out" 2>"$S/killed.err" &
+KPID=$!
+for ((i = 0; i < 1200; i++)); do
+    [[ -n $(find "$KX" -type f -size +0 -print -quit) ]] && break
+    sleep 0.05
+done
+kill -9 "$KPID" 2>/dev/null || true
+wait "$KPID" 2>/dev/null || true
+[[ -n $(find "$KX" -type f -print -quit) ]] || fail "the killed export had written nothing in 60 s"
+[[ ! -e $KX/ship.db ]] || fail "a killed export left its output, $(ls -A "$KX" | tr '\n' ' ')"
+for f in "$KX"/* "$KX"/.*; do
+    [[ ! -e $f || $(basename "$f") == . || $(basename "$f") == .. || $(basename "$f") == .ship.db.kiln-tmp-* ]] ||
+        fail "a killed export left $f, not named as a temporary file"
+done
+touch "$S/killed.mark"
+expect 0 "$KILN" export --model "$SHIP_M" -o "$KX/ship.db" -j 2
+grep -q "^verified $KX/ship.db: [0-9]* rows, 0 bad, integrity ok\$" "$OUT" || fail "export after a killed one: not verified"
+expect 0 "$KILN" verify --db "$KX/ship.db"
+[[ $(find "$KX" -name '.ship.db.kiln-tmp-*' -newer "$S/killed.mark" | wc -l) -eq 0 ]] ||
+    fail "a completed export left its temporary file"
+# A failed merge and a failed export leave no temporary file either.
+expect 1 "$KILN" merge "$KX/ship.db" "$SHIP_M" -o "$KX/merged.db"
+[[ -z $(find "$KX" -name '.merged.db*') && ! -e $KX/merged.db ]] || fail "a failed merge left a file"
+expect 1 "$KILN" export --model "$SHIP_M" -o "$KX/no-such-dir/ship.db"
+[[ ! -e $KX/no-such-dir ]] || fail "export into a missing folder created it"
+expect 0 "$KILN" merge "$KX/ship.db" -o "$KX/merged.db"
+[[ -z $(find "$KX" -name '.merged.db*') ]] || fail "merge left a temporary file"
+
 echo "cli: all checks passed (default model: $N specializations, qwen2: $N_QWEN)"
