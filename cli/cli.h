@@ -78,6 +78,12 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
  * with ':') returned for c = '?' or ':'; returns CLI_EXIT_USAGE. */
 int cli_getopt_error(const char *cmd, int c, char **argv);
 
+/* A copy of s (NULL: "") fit for a terminal, freed with free(): C0 and C1
+ * controls, DEL and bytes that are not UTF-8 become \xNN and a backslash
+ * \\, so that text read from a database cannot move the cursor, retitle the
+ * window or start a line. NULL when out of memory. */
+char *cli_escape(const char *s);
+
 /* Parses a whole decimal number in [lo, hi]; 0 on success, -1 otherwise. */
 int cli_parse_long(const char *text, long lo, long hi, long *out);
 

@@ -477,4 +477,49 @@ expect 1 "$KILN" export --model "$SHIP_M" -o "$KX/no-such-dir/ship.db"
 expect 0 "$KILN" merge "$KX/ship.db" -o "$KX/merged.db"
 [[ -z $(find "$KX" -name '.merged.db*') ]] || fail "merge left a temporary file"
 
+# ---- ls, stats and explain escape the bytes of a database ----
+# Text from a database is data: an escape sequence, a newline or a byte that
+# is not UTF-8 in a row reaches the terminal as \xNN, never as itself.
+ESC_DB="$S/escape.db"
+cp "$KX/ship.db" "$ESC_DB"
+py '
+db = sqlite3.connect(sys.argv[1])
+fps = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint")]
+db.execute("UPDATE kernels SET template_id = CAST(? AS TEXT), constants = CAST(? AS TEXT), arch = CAST(? AS TEXT) WHERE fingerprint = ?",
+           (b"evil\x1b[31m\x07", b"A=1;\x1b]0;title\x07\nB=\xff\xc2\x9b", b"sm_90\r", fps[0]))
+parts = db.execute("SELECT parts FROM kernels WHERE template_id = ?", ("rms_norm",)).fetchone()[0]
+parts = parts[:parts.index("constants=")].encode() + b"constants=HIDDEN=1\x1b[2J"
+db.execute("UPDATE kernels SET parts = CAST(? AS TEXT), fingerprint = zeroblob(32) WHERE template_id = ?",
+           (parts, "rms_norm"))
+db.commit()' "$ESC_DB"
+# has_raw FILE: whether FILE holds a control byte other than newline, or a byte that is not UTF-8.
+has_raw() {
+    python3 -c 'import sys
+b = open(sys.argv[1], "rb").read()
+try:
+    t = b.decode("utf-8")
+except UnicodeDecodeError:
+    sys.exit(0)
+sys.exit(0 if any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in t) else 1)' "$1"
+}
+expect 0 "$KILN" ls --db "$ESC_DB"
+has_raw "$OUT" && fail "ls printed a control byte or a byte that is not UTF-8 from the database"
+grep -q -F 'evil\x1b[31m\x07' "$OUT" || fail "ls does not show the escaped template id"
+grep -q -F 'A=1;\x1b]0;title\x07\x0aB=\xff\xc2\x9b' "$OUT" || fail "ls does not show the escaped constants"
+[[ $(wc -l <"$OUT") -eq $(($(py 'print(sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM kernels").fetchone()[0])' "$ESC_DB") + 1)) ]] ||
+    fail "ls: a newline in a row started a line"
+expect 0 "$KILN" stats --db "$ESC_DB"
+has_raw "$OUT" && fail "stats printed a control byte or a byte that is not UTF-8 from the database"
+grep -q -F 'evil\x1b[31m\x07' "$OUT" || fail "stats does not show the escaped template id"
+expect 0 "$KILN" explain --db "$ESC_DB" --model "$SHIP_M" --op rms_norm
+has_raw "$OUT" && fail "explain printed a control byte from the database"
+grep -q -F 'HIDDEN=1\x1b[2J' "$OUT" || fail "explain does not show the escaped part"
+# JSON escapes controls itself; a byte that is not UTF-8 becomes U+FFFD, so the document still parses.
+expect 0 "$KILN" ls --db "$ESC_DB" --json
+[[ $(json_eval '"evil\x1b[31m\x07" in [e["template_id"] for e in d]') == True ]] || fail "ls --json changed the text"
+[[ $(json_eval '"A=1;\x1b]0;title\x07\nB=\ufffd\x9b" in [e["constants"] for e in d]') == True ]] ||
+    fail "ls --json: a byte that is not UTF-8 is not U+FFFD"
+expect 0 "$KILN" stats --db "$ESC_DB" --json
+[[ $(json_eval '"evil\x1b[31m\x07" in d["templates"]') == True ]] || fail "stats --json changed the text"
+
 echo "cli: all checks passed (default model: $N specializations, qwen2: $N_QWEN)"
