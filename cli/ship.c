@@ -78,8 +78,8 @@ static void remove_db(const char *path)
  * renamed into place only once complete, verified and sealed: a run killed
  * on the way leaves a ".NAME.kiln-tmp-XXXXXX" file, never NAME. */
 typedef struct staged {
-    const char *path;              /* the path asked for */
-    char tmp[CLI_PATH_MAX + 32];   /* where it is built; empty before it exists */
+    const char *path;            /* the path asked for */
+    char tmp[CLI_PATH_MAX + 32]; /* where it is built; empty before it exists */
 } staged;
 
 /* Checks that path does not exist, creates its temporary file (mkstemp:
@@ -184,7 +184,7 @@ static int finish(const char *cmd, staged *out, kiln_cache *cache, int rc)
         fprintf(stderr, "kiln %s: removed %s\n", cmd, out->tmp);
         return rc;
     }
-    /* The new name is durable once its folder is. */
+    /* The folder is synced too, so that the new name survives a power loss. */
     const char *slash = strrchr(out->path, '/');
     char dir[CLI_PATH_MAX];
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out->path + 1) : 1, slash ? out->path : ".");
