@@ -62,6 +62,8 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
  * <detail>" per bad row and a "verified" line on stdout. CLI_EXIT_OK when all
  * is whole; otherwise reports and returns CLI_EXIT_FAILURE. */
 int cli_verify_cache(const char *cmd, kiln_cache *cache);
+/* The same, naming the database shown (the path it will have) instead of its own. */
+int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown);
 /* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
 long cli_default_jobs(void);
 
@@ -79,6 +81,12 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
 /* Reports what getopt_long (run with opterr = 0 and an optstring that starts
  * with ':') returned for c = '?' or ':'; returns CLI_EXIT_USAGE. */
 int cli_getopt_error(const char *cmd, int c, char **argv);
+
+/* A copy of s (NULL: "") fit for a terminal, freed with free(): C0 and C1
+ * controls, DEL and bytes that are not UTF-8 become \xNN and a backslash
+ * \\, so that text read from a database cannot move the cursor, retitle the
+ * window or start a line. NULL when out of memory. */
+char *cli_escape(const char *s);
 
 /* Parses a whole decimal number in [lo, hi]; 0 on success, -1 otherwise. */
 int cli_parse_long(const char *text, long lo, long hi, long *out);

@@ -173,7 +173,9 @@ static void explain_miss(const char *want_text, const rows *db)
     for (int i = 0; i < N_PARTS; i++) {
         if (!want[i] || !have[i] || !strcmp(want[i], have[i]))
             continue;
-        printf("%s %s %s -> %s", first ? "" : ",", part_names[i], have[i], want[i]);
+        char *shown = cli_escape(have[i]); /* the row's text, from the database */
+        printf("%s %s %s -> %s", first ? "" : ",", part_names[i], shown ? shown : "?", want[i]);
+        free(shown);
         first = 0;
     }
     if (first)

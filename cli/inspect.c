@@ -45,6 +45,55 @@ static const char stats_help[] =
     "\n"
     "exit status: 0 success; 1 the database is missing or unreadable; 2 a usage error.\n";
 
+/* The length of the valid UTF-8 sequence at p (not at its end): 0 for a byte
+ * that starts none, an overlong form, a surrogate or a code point past
+ * U+10FFFF. */
+static size_t utf8_len(const unsigned char *p)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t n = p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : p[0] >= 0xe0 && p[0] <= 0xef ? 3 : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : 0;
+    unsigned lo = p[0] == 0xe0 ? 0xa0 : p[0] == 0xf0 ? 0x90 : 0x80, hi = p[0] == 0xed ? 0x9f : p[0] == 0xf4 ? 0x8f : 0xbf;
+    if (!n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* A copy of s: for a terminal, controls (C0, DEL, C1), bytes that are not
+ * UTF-8 and '\' escaped; else (JSON, whose writer escapes controls itself)
+ * only bytes that are not UTF-8 replaced by U+FFFD. */
+static char *transcribe(const char *s, int terminal)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    char *out = malloc(4 * strlen((const char *)p) + 1), *w = out;
+    if (!out)
+        return NULL;
+    while (*p) {
+        size_t n = utf8_len(p);
+        int control = *p < 0x20 || *p == 0x7f || (p[0] == 0xc2 && p[1] < 0xa0);
+        if (terminal && *p == '\\') {
+            w += sprintf(w, "\\\\");
+            p++;
+        } else if (terminal && (!n || control)) {
+            w += sprintf(w, "\\x%02x", *p++);
+        } else if (!n) {
+            w += sprintf(w, "\xef\xbf\xbd");
+            p++;
+        } else {
+            memcpy(w, p, n);
+            w += n;
+            p += n;
+        }
+    }
+    *w = 0;
+    return out;
+}
+
+char *cli_escape(const char *s) { return transcribe(s, 1); }
+
 /* Parses [--db PATH] [--json]. Returns -1 to go on, else the exit status. */
 static int parse_args(const char *cmd, const char *help, int argc, char **argv, const char **db, int *json)
 {
@@ -111,9 +160,13 @@ static int add_i64(cJSON *obj, const char *name, int64_t v)
     return cJSON_AddRawToObject(obj, name, text) != NULL;
 }
 
+/* Text from the database is made valid UTF-8 first: JSON cannot hold other bytes. */
 static int add_str(cJSON *obj, const char *name, const char *s)
 {
-    return cJSON_AddStringToObject(obj, name, s ? s : "") != NULL;
+    char *text = transcribe(s, 0);
+    int ok = text && cJSON_AddStringToObject(obj, name, text) != NULL;
+    free(text);
+    return ok;
 }
 
 static void format_time(int64_t t, char *buf, size_t cap)
@@ -141,11 +194,15 @@ static int ls_row(void *user, const kiln_cache_entry_info *info)
         char created[32], last_used[32];
         format_time(info->created, created, sizeof created);
         format_time(info->last_used, last_used, sizeof last_used);
-        printf("%s  %-16s %-36s %-7s %-6s %9" PRIu64 " %9" PRIu64 " %6" PRIu64 "  %s  %s\n", fp,
-               info->template_id ? info->template_id : "", info->constants ? info->constants : "",
-               info->arch ? info->arch : "", nvrtc, info->raw_size, info->stored_size, info->hits, created,
-               last_used);
-        return 0;
+        char *id = cli_escape(info->template_id), *consts = cli_escape(info->constants), *arch = cli_escape(info->arch);
+        if (id && consts && arch)
+            printf("%s  %-16s %-36s %-7s %-6s %9" PRIu64 " %9" PRIu64 " %6" PRIu64 "  %s  %s\n", fp, id, consts, arch,
+                   nvrtc, info->raw_size, info->stored_size, info->hits, created, last_used);
+        s->oom = !id || !consts || !arch;
+        free(id);
+        free(consts);
+        free(arch);
+        return s->oom;
     }
     cJSON *o = cJSON_CreateObject();
     if (!o || !cJSON_AddItemToArray(s->array, o)) {
@@ -189,7 +246,7 @@ int cli_ls(int argc, char **argv)
         goto out_close;
     }
     if (s.oom) {
-        rc = cli_fail(cmd, "out of memory building the JSON output");
+        rc = cli_fail(cmd, "out of memory");
         cJSON_Delete(s.array);
         goto out_close;
     }
@@ -262,7 +319,9 @@ static cJSON *stats_json(const char *path, const kiln_cache_stats *st, const sta
         !cJSON_AddRawToObject(root, "ratio", ratio) || !(templates = cJSON_AddObjectToObject(root, "templates")))
         goto out_fail;
     for (size_t i = 0; i < s->n; i++) {
-        cJSON *t = cJSON_AddObjectToObject(templates, s->items[i].id);
+        char *id = transcribe(s->items[i].id, 0);
+        cJSON *t = id ? cJSON_AddObjectToObject(templates, id) : NULL;
+        free(id);
         if (!t || !add_u64(t, "entries", s->items[i].entries) || !add_u64(t, "raw_bytes", s->items[i].raw_bytes) ||
             !add_u64(t, "stored_bytes", s->items[i].stored_bytes))
             goto out_fail;
@@ -273,7 +332,7 @@ out_fail:
     return NULL;
 }
 
-static void stats_text(const char *path, const kiln_cache_stats *st, const stats_state *s)
+static int stats_text(const char *path, const kiln_cache_stats *st, const stats_state *s)
 {
     printf("database      %s\n", path);
     printf("entries       %" PRIu64 "\n", st->entries);
@@ -284,11 +343,17 @@ static void stats_text(const char *path, const kiln_cache_stats *st, const stats
     else
         printf("ratio         -\n");
     if (!s->n)
-        return;
+        return 0;
     printf("\n%-24s %9s %12s %12s\n", "template", "entries", "raw bytes", "stored bytes");
-    for (size_t i = 0; i < s->n; i++)
-        printf("%-24s %9" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", s->items[i].id, s->items[i].entries,
-               s->items[i].raw_bytes, s->items[i].stored_bytes);
+    for (size_t i = 0; i < s->n; i++) {
+        char *id = cli_escape(s->items[i].id);
+        if (!id)
+            return -1;
+        printf("%-24s %9" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", id, s->items[i].entries, s->items[i].raw_bytes,
+               s->items[i].stored_bytes);
+        free(id);
+    }
+    return 0;
 }
 
 int cli_stats(int argc, char **argv)
@@ -315,8 +380,8 @@ int cli_stats(int argc, char **argv)
         qsort(s.items, s.n, sizeof *s.items, by_id);
     if (json)
         rc = print_json(cmd, stats_json(kiln_cache_path(cache), &totals, &s));
-    else
-        stats_text(kiln_cache_path(cache), &totals, &s);
+    else if (stats_text(kiln_cache_path(cache), &totals, &s))
+        rc = cli_fail(cmd, "out of memory");
     rc = finish_output(cmd, rc);
 out_free:
     for (size_t i = 0; i < s.n; i++)

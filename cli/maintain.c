@@ -62,13 +62,15 @@ static void print_bad(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZ
     printf("bad %s %s\n", hex, detail ? detail : "");
 }
 
-int cli_verify_cache(const char *cmd, kiln_cache *cache)
+int cli_verify_cache(const char *cmd, kiln_cache *cache) { return cli_verify_cache_as(cmd, cache, NULL); }
+
+int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown)
 {
     kiln_cache_verify_report report;
     if (kiln_cache_verify(cache, print_bad, NULL, &report) != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
-    printf("verified %s: %" PRIu64 " rows, %" PRIu64 " bad, integrity %s\n", kiln_cache_path(cache), report.rows,
-           report.bad_rows, report.integrity_ok ? "ok" : "failed");
+    printf("verified %s: %" PRIu64 " rows, %" PRIu64 " bad, integrity %s\n", shown ? shown : kiln_cache_path(cache),
+           report.rows, report.bad_rows, report.integrity_ok ? "ok" : "failed");
     if (fflush(stdout) != 0 || ferror(stdout))
         return cli_fail(cmd, "cannot write the output");
     if (!report.integrity_ok)

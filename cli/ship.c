@@ -17,9 +17,11 @@ static const char export_help[] =
     "Creates OUT.db holding exactly the kernels the model needs for ARCH, for\n"
     "shipping: every specialization is compiled into it (as 'kiln prewarm' does,\n"
     "with the same output), then every row is verified (as 'kiln verify' does).\n"
-    "OUT.db must not exist yet; on any failure it is removed again. Read-only\n"
-    "layers named in $KILN_CACHE_READONLY are not used: the result stands alone.\n"
-    "Needs no GPU.\n"
+    "OUT.db must not exist yet. It is built as .OUT.db.kiln-tmp-XXXXXX beside it\n"
+    "(the file prewarm's summary names) and renamed to OUT.db only once complete,\n"
+    "sealed and verified: after a failure, or a kill, there is no OUT.db (a killed\n"
+    "run leaves its temporary file, which may be deleted). Read-only layers named\n"
+    "in $KILN_CACHE_READONLY are not used: the result stands alone. Needs no GPU.\n"
     "\n"
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
@@ -43,8 +45,9 @@ static const char merge_help[] =
     "Creates OUT.db holding the rows of every SRC.db (the union; a kernel in\n"
     "several is kept once, from the first). Every row is verified before it is\n"
     "copied: one that fails is skipped, counted and reported on stderr. The\n"
-    "sources are only read. OUT.db must not exist yet; on a failure it is removed\n"
-    "again. OUT.db is verified as 'kiln verify' does at the end.\n"
+    "sources are only read. OUT.db must not exist yet; it is built under a\n"
+    "temporary name beside it, as export's is, sealed, verified as 'kiln verify'\n"
+    "does, and only then renamed to OUT.db.\n"
     "\n"
     "options:\n"
     "  -o, --output OUT.db  the database to create (required)\n"
@@ -64,60 +67,129 @@ static const char merge_help[] =
 static void remove_db(const char *path)
 {
     static const char *const suffixes[] = {"", "-wal", "-shm", "-journal"};
-    char buf[CLI_PATH_MAX + 16];
+    char buf[CLI_PATH_MAX + 48];
     for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
         snprintf(buf, sizeof buf, "%s%s", path, suffixes[i]);
         unlink(buf);
     }
 }
 
-/* Creates path, which must not exist (O_EXCL: two runs cannot both win),
- * and opens it as a new, empty cache of its own. */
-static int create_fresh(const char *cmd, const char *path, kiln_cache **out)
+/* A new database is built under a temporary name beside its final path and
+ * renamed into place only once complete, verified and sealed: a run killed
+ * on the way leaves a ".NAME.kiln-tmp-XXXXXX" file, never NAME. */
+typedef struct staged {
+    const char *path;            /* the path asked for */
+    char tmp[CLI_PATH_MAX + 32]; /* where it is built; empty before it exists */
+} staged;
+
+/* Checks that path does not exist, creates its temporary file (mkstemp:
+ * O_EXCL, so a stale one from a killed run is never reused) and opens it as a
+ * new, empty cache of its own. */
+static int create_fresh(const char *cmd, const char *path, staged *out, kiln_cache **cache)
 {
-    *out = NULL;
+    *cache = NULL;
+    out->path = path;
+    out->tmp[0] = 0;
     if (!*path)
         return cli_fail(cmd, "-o: empty path");
     if (strlen(path) >= CLI_PATH_MAX)
         return cli_fail(cmd, "-o: path longer than %d bytes", CLI_PATH_MAX - 1);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return cli_fail(cmd, "-o: %s names a folder, not a file", path);
+    struct stat sb;
+    if (lstat(path, &sb) == 0)
+        return cli_fail(cmd, "cannot create %s: it exists (the output must be a new file)", path);
+    char tmp[sizeof out->tmp];
+    snprintf(tmp, sizeof tmp, "%.*s.%s.kiln-tmp-XXXXXX", (int)(base - path), path, base);
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
-        return cli_fail(cmd, "cannot create %s: %s%s", path, strerror(errno),
-                        errno == EEXIST ? " (the output must be a new file)" : "");
+        return cli_fail(cmd, "cannot create %s: %s", path, strerror(errno));
+    memcpy(out->tmp, tmp, sizeof tmp);
+    /* mkstemp makes it 0600; the output is read by others as a new file would be. */
+    mode_t mask = umask(0);
+    umask(mask);
+    int rc = fchmod(fd, 0644 & ~mask) == 0 ? CLI_EXIT_OK : cli_fail(cmd, "%s: %s", tmp, strerror(errno));
     close(fd);
     /* SQLite takes an empty file for an empty database: kiln makes the schema. */
-    kiln_cache_options opts = {.size = sizeof opts, .path = path, .ignore_env = 1};
-    if (kiln_cache_open(&opts, out) != KILN_OK) {
-        int rc = cli_fail(cmd, "%s", kiln_errmsg());
-        remove_db(path);
-        return rc;
-    }
-    return CLI_EXIT_OK;
-}
-
-/* Closes the new database; on failure removes it. The exit status. */
-static int finish(const char *cmd, const char *path, kiln_cache *cache, int rc)
-{
-    /* A file to ship: no WAL beside it, every page in use. */
-    if (rc == CLI_EXIT_OK && kiln_cache_seal(cache) != KILN_OK)
+    kiln_cache_options opts = {.size = sizeof opts, .path = out->tmp, .ignore_env = 1};
+    if (rc == CLI_EXIT_OK && kiln_cache_open(&opts, cache) != KILN_OK)
         rc = cli_fail(cmd, "%s", kiln_errmsg());
-    kiln_cache_close(cache);
-    if (rc == CLI_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout)))
-        rc = cli_fail(cmd, "cannot write the output");
     if (rc != CLI_EXIT_OK) {
-        remove_db(path);
-        fprintf(stderr, "kiln %s: removed %s\n", cmd, path);
+        remove_db(out->tmp);
+        out->tmp[0] = 0;
     }
     return rc;
 }
 
-static int count_rows(const char *cmd, kiln_cache *cache, uint64_t *n)
+/* Seals the new database (no WAL beside it, every page in use), then
+ * verifies it and counts its rows: what is renamed into place is what was
+ * verified. */
+static int seal_and_verify(const char *cmd, const staged *out, kiln_cache *cache, uint64_t *rows)
 {
     kiln_cache_stats s;
+    if (kiln_cache_seal(cache) != KILN_OK)
+        return cli_fail(cmd, "%s", kiln_errmsg());
+    int rc = cli_verify_cache_as(cmd, cache, out->path);
+    if (rc)
+        return rc;
     if (kiln_cache_get_stats(cache, &s) != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
-    *n = s.entries;
+    *rows = s.entries;
     return CLI_EXIT_OK;
+}
+
+/* Flushes path's bytes to disk (a rename must not land before them). */
+static int sync_path(const char *path, int flags)
+{
+    int fd = open(path, flags | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* Renames tmp to path unless path exists by then (another run's output is
+ * never replaced). */
+static int rename_new(const char *tmp, const char *path)
+{
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+        return -1;
+    /* A filesystem without RENAME_NOREPLACE: a hard link refuses an existing name too. */
+    if (link(tmp, path) != 0)
+        return -1;
+    unlink(tmp);
+    return 0;
+}
+
+/* Closes the new database and, on success, renames it into place; on
+ * failure removes it. The exit status. */
+static int finish(const char *cmd, staged *out, kiln_cache *cache, int rc)
+{
+    kiln_cache_close(cache);
+    if (!out->tmp[0])
+        return rc;
+    if (rc == CLI_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout)))
+        rc = cli_fail(cmd, "cannot write the output");
+    if (rc == CLI_EXIT_OK && sync_path(out->tmp, O_RDONLY) != 0)
+        rc = cli_fail(cmd, "cannot write %s: %s", out->tmp, strerror(errno));
+    if (rc == CLI_EXIT_OK && rename_new(out->tmp, out->path) != 0)
+        rc = cli_fail(cmd, "cannot create %s: %s%s", out->path, strerror(errno),
+                      errno == EEXIST ? " (another run created it meanwhile)" : "");
+    if (rc != CLI_EXIT_OK) {
+        remove_db(out->tmp);
+        fprintf(stderr, "kiln %s: removed %s\n", cmd, out->tmp);
+        return rc;
+    }
+    /* The folder is synced too, so that the new name survives a power loss. */
+    const char *slash = strrchr(out->path, '/');
+    char dir[CLI_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out->path + 1) : 1, slash ? out->path : ".");
+    sync_path(dir, O_RDONLY | O_DIRECTORY);
+    return rc;
 }
 
 int cli_export(int argc, char **argv)
@@ -137,14 +209,15 @@ int cli_export(int argc, char **argv)
     kiln_spec *specs = NULL;
     size_t n_specs = 0;
     kiln_cache *cache = NULL;
+    staged st = {0};
     int rc = cli_load_model(cmd, model_path, arch, &config, &specs, &n_specs);
-    if (rc || (rc = create_fresh(cmd, out, &cache)))
+    if (rc || (rc = create_fresh(cmd, out, &st, &cache)))
         goto out_free_specs;
     uint64_t rows = 0;
     if (!(rc = cli_prewarm_into(cmd, &config, specs, n_specs, arch, cache, jobs)) &&
-        !(rc = cli_verify_cache(cmd, cache)) && !(rc = count_rows(cmd, cache, &rows)))
+        !(rc = seal_and_verify(cmd, &st, cache, &rows)))
         printf("export %s: %" PRIu64 " kernels\n", out, rows);
-    rc = finish(cmd, out, cache, rc);
+    rc = finish(cmd, &st, cache, rc);
 out_free_specs:
     kiln_free(specs);
     return rc;
@@ -183,7 +256,8 @@ int cli_merge(int argc, char **argv)
             return cli_fail(cmd, "%s is not a regular file", argv[i]);
     }
     kiln_cache *cache = NULL;
-    int rc = create_fresh(cmd, out, &cache);
+    staged st;
+    int rc = create_fresh(cmd, out, &st, &cache);
     if (rc)
         return rc;
     uint64_t rows = 0;
@@ -198,8 +272,8 @@ int cli_merge(int argc, char **argv)
             fprintf(stderr, "kiln %s: %s: %" PRIu64 " rows failed verification and were not copied\n", cmd, argv[i],
                     skipped);
     }
-    if (!(rc = cli_verify_cache(cmd, cache)) && !(rc = count_rows(cmd, cache, &rows)))
+    if (!(rc = seal_and_verify(cmd, &st, cache, &rows)))
         printf("merge %s: %" PRIu64 " kernels from %d databases\n", out, rows, argc - optind);
 out_finish:
-    return finish(cmd, out, cache, rc);
+    return finish(cmd, &st, cache, rc);
 }

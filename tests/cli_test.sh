@@ -506,5 +506,84 @@ KILN_CACHE_READONLY="$O/a-folder:/dev/null:$O/notes.txt:$O/missing.db" expect 0 
 for l in "$O/a-folder" /dev/null "$O/notes.txt" "$O/missing.db"; do
     grep -q "^kiln: read-only layer $l skipped: .*$l" "$ERR" || fail "prewarm: no reason for the skipped layer $l"
 done
+# ---- a killed export leaves nothing that looks like its output ----
+# The export is killed once it has started writing (a file of its own with
+# bytes in it, polled for, at most 60 s); the path asked for must not exist,
+# and what the killed run left must not stand in the way of the next export.
+SHIP_M="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/data/qwen2.5-0.5b.json"
+KX="$S/killed-export"
+mkdir -p "$KX"
+"$KILN" export --model "$SHIP_M" -o "$KX/ship.db" -j 2 >"$S/killed.out" 2>"$S/killed.err" &
+KPID=$!
+for ((i = 0; i < 1200; i++)); do
+    [[ -n $(find "$KX" -type f -size +0 -print -quit) ]] && break
+    sleep 0.05
+done
+kill -9 "$KPID" 2>/dev/null || true
+wait "$KPID" 2>/dev/null || true
+[[ -n $(find "$KX" -type f -print -quit) ]] || fail "the killed export had written nothing in 60 s"
+[[ ! -e $KX/ship.db ]] || fail "a killed export left its output, $(ls -A "$KX" | tr '\n' ' ')"
+for f in "$KX"/* "$KX"/.*; do
+    [[ ! -e $f || $(basename "$f") == . || $(basename "$f") == .. || $(basename "$f") == .ship.db.kiln-tmp-* ]] ||
+        fail "a killed export left $f, not named as a temporary file"
+done
+touch "$S/killed.mark"
+expect 0 "$KILN" export --model "$SHIP_M" -o "$KX/ship.db" -j 2
+grep -q "^verified $KX/ship.db: [0-9]* rows, 0 bad, integrity ok\$" "$OUT" || fail "export after a killed one: not verified"
+expect 0 "$KILN" verify --db "$KX/ship.db"
+[[ $(find "$KX" -name '.ship.db.kiln-tmp-*' -newer "$S/killed.mark" | wc -l) -eq 0 ]] ||
+    fail "a completed export left its temporary file"
+# A failed merge and a failed export leave no temporary file either.
+expect 1 "$KILN" merge "$KX/ship.db" "$SHIP_M" -o "$KX/merged.db"
+[[ -z $(find "$KX" -name '.merged.db*') && ! -e $KX/merged.db ]] || fail "a failed merge left a file"
+expect 1 "$KILN" export --model "$SHIP_M" -o "$KX/no-such-dir/ship.db"
+[[ ! -e $KX/no-such-dir ]] || fail "export into a missing folder created it"
+expect 0 "$KILN" merge "$KX/ship.db" -o "$KX/merged.db"
+[[ -z $(find "$KX" -name '.merged.db*') ]] || fail "merge left a temporary file"
+
+# ---- ls, stats and explain escape the bytes of a database ----
+# Text from a database is data: an escape sequence, a newline or a byte that
+# is not UTF-8 in a row reaches the terminal as \xNN, never as itself.
+ESC_DB="$S/escape.db"
+cp "$KX/ship.db" "$ESC_DB"
+py '
+db = sqlite3.connect(sys.argv[1])
+fps = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint")]
+db.execute("UPDATE kernels SET template_id = CAST(? AS TEXT), constants = CAST(? AS TEXT), arch = CAST(? AS TEXT) WHERE fingerprint = ?",
+           (b"evil\x1b[31m\x07", b"A=1;\x1b]0;title\x07\nB=\xff\xc2\x9b", b"sm_90\r", fps[0]))
+parts = db.execute("SELECT parts FROM kernels WHERE template_id = ?", ("rms_norm",)).fetchone()[0]
+parts = parts[:parts.index("constants=")].encode() + b"constants=HIDDEN=1\x1b[2J"
+db.execute("UPDATE kernels SET parts = CAST(? AS TEXT), fingerprint = zeroblob(32) WHERE template_id = ?",
+           (parts, "rms_norm"))
+db.commit()' "$ESC_DB"
+# has_raw FILE: whether FILE holds a control byte other than newline, or a byte that is not UTF-8.
+has_raw() {
+    python3 -c 'import sys
+b = open(sys.argv[1], "rb").read()
+try:
+    t = b.decode("utf-8")
+except UnicodeDecodeError:
+    sys.exit(0)
+sys.exit(0 if any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in t) else 1)' "$1"
+}
+expect 0 "$KILN" ls --db "$ESC_DB"
+has_raw "$OUT" && fail "ls printed a control byte or a byte that is not UTF-8 from the database"
+grep -q -F 'evil\x1b[31m\x07' "$OUT" || fail "ls does not show the escaped template id"
+grep -q -F 'A=1;\x1b]0;title\x07\x0aB=\xff\xc2\x9b' "$OUT" || fail "ls does not show the escaped constants"
+[[ $(wc -l <"$OUT") -eq $(($(py 'print(sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM kernels").fetchone()[0])' "$ESC_DB") + 1)) ]] ||
+    fail "ls: a newline in a row started a line"
+expect 0 "$KILN" stats --db "$ESC_DB"
+has_raw "$OUT" && fail "stats printed a control byte or a byte that is not UTF-8 from the database"
+grep -q -F 'evil\x1b[31m\x07' "$OUT" || fail "stats does not show the escaped template id"
+expect 0 "$KILN" explain --db "$ESC_DB" --model "$SHIP_M" --op rms_norm
+has_raw "$OUT" && fail "explain printed a control byte from the database"
+grep -q -F 'HIDDEN=1\x1b[2J' "$OUT" || fail "explain does not show the escaped part"
+# JSON escapes controls itself; a byte that is not UTF-8 becomes U+FFFD, so the document still parses.
+expect 0 "$KILN" ls --db "$ESC_DB" --json
+[[ $(json_eval '"evil\x1b[31m\x07" in [e["template_id"] for e in d]') == True ]] || fail "ls --json changed the text"
+[[ $(json_eval '"A=1;\x1b]0;title\x07\nB=\ufffd\x9b" in [e["constants"] for e in d]') == True ]] ||
+    fail "ls --json: a byte that is not UTF-8 is not U+FFFD"
+expect 0 "$KILN" stats --db "$ESC_DB" --json
+[[ $(json_eval '"evil\x1b[31m\x07" in d["templates"]') == True ]] || fail "stats --json changed the text"
 
 echo "cli: all checks passed (default model: $N specializations, qwen2: $N_QWEN)"
