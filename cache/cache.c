@@ -331,6 +331,11 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
     /* One statement in autocommit mode is one transaction. */
     int rc = sqlite3_step(q);
     sqlite3_reset(q);
+    if ((rc & 0xff) == SQLITE_FULL && kiln__rollback_journal(d->db) == SQLITE_OK) {
+        /* The WAL could not grow: the rollback journal stores into freed pages. */
+        rc = sqlite3_step(q);
+        sqlite3_reset(q);
+    }
     if (rc != SQLITE_DONE)
         st = db_fail(c, d, rc, "storing a kernel");
     else if (sqlite3_changes(d->db) > 0)
@@ -341,6 +346,16 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
     pthread_mutex_unlock(&c->lock);
     free(z);
     return st;
+}
+
+int kiln__rollback_journal(sqlite3 *db)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=DELETE", -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW)
+        rc = sqlite3_strnicmp((const char *)sqlite3_column_text(q, 0), "delete", 7) ? SQLITE_BUSY : SQLITE_OK;
+    sqlite3_finalize(q);
+    return rc;
 }
 
 static const char *col_text(sqlite3_stmt *q, int i)

@@ -1056,6 +1056,98 @@ static void test_put_over_a_corrupt_row_that_cannot_be_dropped(void **state)
     free_reals(reals, 1);
 }
 
+/* ---- gc on a full disk ---- */
+
+/* Mounts a tmpfs of kib KiB on f->mnt; 0 when this process may not mount. */
+static int mount_small_disk(fixture *f, unsigned kib)
+{
+    char opt[32];
+    snprintf(f->mnt, sizeof f->mnt, "%s/small-disk", f->dir);
+    snprintf(opt, sizeof opt, "size=%uk", kib);
+    assert_int_equal(mkdir(f->mnt, 0755), 0);
+    if (mount("tmpfs", f->mnt, "tmpfs", MS_NOSUID | MS_NODEV, opt) != 0) {
+        printf("SKIP: cannot mount a %u KiB tmpfs on %s: %s\n", kib, f->mnt, strerror(errno));
+        return 0;
+    }
+    f->mounted = 1;
+    return 1;
+}
+
+/* Fills the filesystem of dir with a file dir/filler until leave bytes are free. */
+static void fill_disk(const char *dir, size_t leave)
+{
+    char filler[800];
+    snprintf(filler, sizeof filler, "%s/filler", dir);
+    static uint8_t block[4096];
+    memset(block, 0x5a, sizeof block);
+    FILE *fp = fopen(filler, "wb");
+    assert_non_null(fp);
+    setvbuf(fp, NULL, _IONBF, 0);
+    size_t written = 0;
+    while (fwrite(block, 1, sizeof block, fp) == sizeof block)
+        written += sizeof block;
+    fclose(fp);
+    assert_true(written > leave);
+    assert_int_equal(truncate(filler, (off_t)(written - leave)), 0);
+}
+
+static void test_gc_on_a_full_disk(void **state)
+{
+    fixture *f = *state;
+    enum { SIZE = 30000, N = 20, LEAVE = 40 << 10 };
+    if (!mount_small_disk(f, 2048))
+        skip();
+    char path[700];
+    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[N], again;
+    for (int i = 0; i < N; i++) {
+        make_rec(&f->rng, &recs[i], SIZE);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    kiln_cache_close(c); /* the last connection: the rows are checkpointed into the file */
+    fill_disk(f->mnt, LEAVE);
+
+    /* Full: a row does not fit. */
+    c = open_ok(path, 0);
+    make_rec(&f->rng, &again, SIZE);
+    kiln_status st = kiln_cache_put(c, &again.r);
+    printf("put on a disk with %d KiB free: %s: %s\n", LEAVE >> 10, kiln_status_code(st), kiln_cache_errmsg(c));
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+
+    /* gc, the documented remedy, frees room for it. */
+    kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
+    uint64_t rows = 0, bytes = 0;
+    st = kiln_cache_gc(c, &go, &rows, &bytes);
+    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st), st ? kiln_cache_errmsg(c) : "",
+           (unsigned long long)rows, (unsigned long long)bytes);
+    KILN_CHECK(st);
+    assert_true(rows >= N / 2);
+    KILN_CHECK(kiln_cache_put(c, &again.r));
+    assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc on a full disk"), 1);
+    for (int i = 0; i < N; i++)
+        assert_true(lookup(c, recs[i].r.fingerprint, recs[i].cubin, SIZE, "a row gc left or removed") >= 0);
+    kiln_cache_verify_report vr;
+    KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+    assert_true(vr.integrity_ok);
+    assert_int_equal(vr.bad_rows, 0);
+    assert_int_equal(vr.rows, N - rows + 1);
+    kiln_cache_close(c);
+    /* A later process stores too: its WAL cannot grow, the freed pages take the row. */
+    c = open_ok(path, 0);
+    rec later;
+    make_rec(&f->rng, &later, SIZE);
+    KILN_CHECK(kiln_cache_put(c, &later.r));
+    assert_int_equal(lookup(c, later.r.fingerprint, later.cubin, SIZE, "a row stored by a later process"), 1);
+    kiln_cache_close(c);
+    free(later.cubin);
+    free(again.cubin);
+    for (int i = 0; i < N; i++)
+        free(recs[i].cubin);
+    assert_int_equal(umount2(f->mnt, MNT_DETACH), 0);
+    f->mounted = 0;
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1073,6 +1165,7 @@ int main(void)
         T(test_symbolic_links),
         T(test_one_deadline_for_the_whole_open),
         T(test_put_over_a_corrupt_row_that_cannot_be_dropped),
+        T(test_gc_on_a_full_disk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
