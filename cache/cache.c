@@ -17,13 +17,15 @@ static kiln_status damaged_fail(kiln_cache *c, kiln__db *d, const char *what)
                       d->path, what, d->path, d->path);
 }
 
-static kiln_status db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what)
+kiln_status kiln__db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what)
 {
     kiln_status st = kiln__sqlite_status(rc);
+    /* The connection's message only when it is about rc: a later statement may have replaced it. */
+    const char *msg = sqlite3_extended_errcode(d->db) == rc ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc);
     if (st != KILN_ERR_CACHE_CORRUPT)
-        return kiln__fail(&c->err, st, "cache %s: %s: %s (sqlite code %d)", d->path, what, sqlite3_errmsg(d->db), rc);
+        return kiln__fail(&c->err, st, "cache %s: %s: %s (sqlite code %d)", d->path, what, msg, rc);
     char text[512];
-    snprintf(text, sizeof text, "%s: %s (sqlite code %d)", what, sqlite3_errmsg(d->db), rc);
+    snprintf(text, sizeof text, "%s: %s (sqlite code %d)", what, msg, rc);
     return damaged_fail(c, d, text);
 }
 
@@ -34,7 +36,7 @@ static kiln_status flush_locked(kiln_cache *c)
         return KILN_OK;
     int rc = sqlite3_exec(d->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
-        return db_fail(c, d, rc, "recording hits");
+        return kiln__db_fail(c, d, rc, "recording hits");
     for (size_t i = 0; i < c->n_pending; i++) {
         sqlite3_bind_blob(d->st_hit, 1, c->pending[i].fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
         sqlite3_bind_int64(d->st_hit, 2, (sqlite3_int64)c->pending[i].count);
@@ -42,14 +44,14 @@ static kiln_status flush_locked(kiln_cache *c)
         rc = sqlite3_step(d->st_hit);
         sqlite3_reset(d->st_hit);
         if (rc != SQLITE_DONE) {
-            kiln_status st = db_fail(c, d, rc, "recording hits");
+            kiln_status st = kiln__db_fail(c, d, rc, "recording hits");
             sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
             return st;
         }
     }
     rc = sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
-        kiln_status st = db_fail(c, d, rc, "recording hits");
+        kiln_status st = kiln__db_fail(c, d, rc, "recording hits");
         sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
         return st;
     }
@@ -99,7 +101,7 @@ static kiln_status drop_corrupt_locked(kiln_cache *c, kiln__db *d, const uint8_t
         int rc = sqlite3_step(d->st_delete);
         if (rc != SQLITE_DONE) {
             snprintf(what, sizeof what, "entry %s (%s) could not be dropped", hex, detail);
-            st = db_fail(c, d, rc, what);
+            st = kiln__db_fail(c, d, rc, what);
         }
         sqlite3_reset(d->st_delete);
     }
@@ -184,7 +186,7 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **r
             result = -1;
         }
     } else if (rc != SQLITE_DONE) {
-        *st = db_fail(c, d, rc, "looking up a kernel");
+        *st = kiln__db_fail(c, d, rc, "looking up a kernel");
         result = -1;
     }
     sqlite3_reset(q);
@@ -252,7 +254,7 @@ kiln_status kiln_cache_contains(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT
         int rc = sqlite3_step(d->st_contains);
         *found = rc == SQLITE_ROW;
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-            st = db_fail(c, d, rc, "looking up a kernel");
+            st = kiln__db_fail(c, d, rc, "looking up a kernel");
         sqlite3_reset(d->st_contains);
     }
     pthread_mutex_unlock(&c->lock);
@@ -278,7 +280,7 @@ static kiln_status keep_or_replace_locked(kiln_cache *c, kiln__db *d, sqlite3_st
     int rc = sqlite3_step(q);
     sqlite3_reset(q);
     if (rc != SQLITE_DONE)
-        return db_fail(c, d, rc, "storing a kernel");
+        return kiln__db_fail(c, d, rc, "storing a kernel");
     if (sqlite3_changes(d->db) > 0) {
         c->counters.inserts++;
         return KILN_OK;
@@ -337,7 +339,7 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
         sqlite3_reset(q);
     }
     if (rc != SQLITE_DONE)
-        st = db_fail(c, d, rc, "storing a kernel");
+        st = kiln__db_fail(c, d, rc, "storing a kernel");
     else if (sqlite3_changes(d->db) > 0)
         c->counters.inserts++;
     else
@@ -382,7 +384,7 @@ kiln_status kiln_cache_foreach(kiln_cache *c, int (*fn)(void *user, const kiln_c
                                       " FROM kernels ORDER BY fingerprint",
                                 -1, &q, NULL);
     if (rc != SQLITE_OK) {
-        st = db_fail(c, &c->main, rc, "listing kernels");
+        st = kiln__db_fail(c, &c->main, rc, "listing kernels");
         goto out;
     }
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -406,7 +408,7 @@ kiln_status kiln_cache_foreach(kiln_cache *c, int (*fn)(void *user, const kiln_c
             break;
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        st = db_fail(c, &c->main, rc, "listing kernels");
+        st = kiln__db_fail(c, &c->main, rc, "listing kernels");
 out:
     sqlite3_finalize(q);
     pthread_mutex_unlock(&c->lock);
@@ -435,7 +437,7 @@ kiln_status kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out)
         out->raw_bytes = (uint64_t)sqlite3_column_double(q, 1);
         out->stored_bytes = (uint64_t)sqlite3_column_double(q, 2);
     } else {
-        st = db_fail(c, &c->main, rc, "counting kernels");
+        st = kiln__db_fail(c, &c->main, rc, "counting kernels");
     }
     sqlite3_finalize(q);
     pthread_mutex_unlock(&c->lock);

@@ -12,11 +12,7 @@
 /* What a bad row's detail can need: the decoder's text and its prefix. */
 #define DETAIL_CAP 256
 
-static kiln_status main_fail(kiln_cache *c, int rc, const char *what)
-{
-    return kiln__fail(&c->err, kiln__sqlite_status(rc), "cache %s: %s: %s (sqlite code %d)", c->main.path, what,
-                      sqlite3_errmsg(c->main.db), rc);
-}
+static kiln_status main_fail(kiln_cache *c, int rc, const char *what) { return kiln__db_fail(c, &c->main, rc, what); }
 
 /* A text column that is really text (NOT NULL in the schema, but a row may lie). */
 static int is_text(sqlite3_stmt *q, int i) { return sqlite3_column_type(q, i) == SQLITE_TEXT; }
@@ -250,9 +246,9 @@ static kiln_status gc_on_full_disk_locked(kiln_cache *c, int64_t cutoff, int old
     size_t n = 0;
     if (kiln__rollback_journal(c->main.db))
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
-                          "cache %s: collecting on a full disk: cannot leave WAL mode for the rollback journal (is"
-                          " another process using the database?): %s",
-                          c->main.path, sqlite3_errmsg(c->main.db));
+                          "cache %s: collecting: database or disk is full, and the rollback journal that needs"
+                          " less room cannot replace the WAL while another process has the database open",
+                          c->main.path);
     /* Zeroing the freed pages would journal each of them: a cubin is no secret. */
     sqlite3_exec(c->main.db, "PRAGMA secure_delete=OFF", NULL, NULL, NULL);
     kiln_status st = pick_victims(c, cutoff, older, max_bytes, &v, &n);
