@@ -8,10 +8,25 @@
 
 #include "cache/internal.h"
 
-static kiln_status db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what)
+/* A damaged b-tree does not heal by retrying: the message says what the user can do. */
+static kiln_status damaged_fail(kiln_cache *c, kiln__db *d, const char *what)
 {
-    return kiln__fail(&c->err, kiln__sqlite_status(rc), "cache %s: %s: %s (sqlite code %d)", d->path, what,
-                      sqlite3_errmsg(d->db), rc);
+    return kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT,
+                      "cache %s: %s: the database file is damaged; run `kiln verify --db %s` to see what is lost,"
+                      " then delete and rebuild it, or `kiln merge %s -o NEW.db` to copy its good rows into a new file",
+                      d->path, what, d->path, d->path);
+}
+
+kiln_status kiln__db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what)
+{
+    kiln_status st = kiln__sqlite_status(rc);
+    /* The connection's message only when it is about rc: a later statement may have replaced it. */
+    const char *msg = sqlite3_extended_errcode(d->db) == rc ? sqlite3_errmsg(d->db) : sqlite3_errstr(rc);
+    if (st != KILN_ERR_CACHE_CORRUPT)
+        return kiln__fail(&c->err, st, "cache %s: %s: %s (sqlite code %d)", d->path, what, msg, rc);
+    char text[512];
+    snprintf(text, sizeof text, "%s: %s (sqlite code %d)", what, msg, rc);
+    return damaged_fail(c, d, text);
 }
 
 static kiln_status flush_locked(kiln_cache *c)
@@ -21,7 +36,7 @@ static kiln_status flush_locked(kiln_cache *c)
         return KILN_OK;
     int rc = sqlite3_exec(d->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
-        return db_fail(c, d, rc, "recording hits");
+        return kiln__db_fail(c, d, rc, "recording hits");
     for (size_t i = 0; i < c->n_pending; i++) {
         sqlite3_bind_blob(d->st_hit, 1, c->pending[i].fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
         sqlite3_bind_int64(d->st_hit, 2, (sqlite3_int64)c->pending[i].count);
@@ -29,14 +44,14 @@ static kiln_status flush_locked(kiln_cache *c)
         rc = sqlite3_step(d->st_hit);
         sqlite3_reset(d->st_hit);
         if (rc != SQLITE_DONE) {
-            kiln_status st = db_fail(c, d, rc, "recording hits");
+            kiln_status st = kiln__db_fail(c, d, rc, "recording hits");
             sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
             return st;
         }
     }
     rc = sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
-        kiln_status st = db_fail(c, d, rc, "recording hits");
+        kiln_status st = kiln__db_fail(c, d, rc, "recording hits");
         sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
         return st;
     }
@@ -72,24 +87,32 @@ static void record_hit_locked(kiln_cache *c, const uint8_t *fp)
     c->n_pending++;
 }
 
-/* Reports a row that failed verification; drops it when its database is writable. */
-static void drop_corrupt_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const char *detail)
+/* Reports a row that failed verification; drops it when its database is
+ * writable. KILN_OK, or the delete's failure (the message says so). */
+static kiln_status drop_corrupt_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const char *detail)
 {
-    char hex[2 * KILN_FINGERPRINT_SIZE + 1];
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 200];
+    kiln_status st = KILN_OK;
     kiln_fingerprint_hex(fp, hex);
-    c->counters.corrupt_dropped++;
     kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT, "cache %s: entry %s %s: %s", d->path, hex,
                d->read_only ? "skipped (read-only layer)" : "dropped", detail);
     if (!d->read_only) {
         sqlite3_bind_blob(d->st_delete, 1, fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
-        sqlite3_step(d->st_delete);
+        int rc = sqlite3_step(d->st_delete);
+        if (rc != SQLITE_DONE) {
+            snprintf(what, sizeof what, "entry %s (%s) could not be dropped", hex, detail);
+            st = kiln__db_fail(c, d, rc, what);
+        }
         sqlite3_reset(d->st_delete);
     }
+    if (!st)
+        c->counters.corrupt_dropped++;
     if (c->on_event) {
         kiln_cache_event ev = {.kind = KILN_CACHE_EVENT_CORRUPT_DROPPED, .detail = detail};
         memcpy(ev.fingerprint, fp, KILN_FINGERPRINT_SIZE);
         c->on_event(c->user, &ev);
     }
+    return st;
 }
 
 kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 raw_size, int raw_size_is_integer,
@@ -134,9 +157,10 @@ kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 r
 }
 
 /* Looks fp up in one database: 1 with *raw on a verified hit, 0 on a miss or
- * a corrupt row (reported and added to *dropped), -1 on an SQLite failure (*st set). */
+ * a corrupt row (reported and added to *dropped; *drop_st, when not NULL,
+ * says whether its delete failed), -1 on an SQLite failure (*st set). */
 static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **raw, sqlite3_int64 *size,
-                         unsigned *dropped, kiln_status *st)
+                         unsigned *dropped, kiln_status *st, kiln_status *drop_st)
 {
     char detail[160];
     sqlite3_stmt *q = d->st_get;
@@ -152,14 +176,17 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **r
             result = 1;
         } else if (dst == KILN_ERR_CACHE_CORRUPT) {
             sqlite3_reset(q);
-            drop_corrupt_locked(c, d, fp, detail);
+            /* A load misses either way; a put over a row that stays fails. */
+            kiln_status dropst = drop_corrupt_locked(c, d, fp, detail);
+            if (drop_st)
+                *drop_st = dropst;
             (*dropped)++;
         } else {
             *st = kiln__propagate(&c->err, dst);
             result = -1;
         }
     } else if (rc != SQLITE_DONE) {
-        *st = db_fail(c, d, rc, "looking up a kernel");
+        *st = kiln__db_fail(c, d, rc, "looking up a kernel");
         result = -1;
     }
     sqlite3_reset(q);
@@ -192,9 +219,9 @@ kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SI
     int r = 0;
     kiln__db *where = NULL;
     for (size_t i = 0; i < c->n_layers && r == 0; i++)
-        if ((r = lookup_locked(c, &c->layers[i], fp, &raw, &raw_size, &dropped, &st)) == 1)
+        if ((r = lookup_locked(c, &c->layers[i], fp, &raw, &raw_size, &dropped, &st, NULL)) == 1)
             where = &c->layers[i];
-    if (r == 0 && (r = lookup_locked(c, &c->main, fp, &raw, &raw_size, &dropped, &st)) == 1)
+    if (r == 0 && (r = lookup_locked(c, &c->main, fp, &raw, &raw_size, &dropped, &st, NULL)) == 1)
         where = &c->main;
     if (r == 1) {
         if (count_hit) {
@@ -227,11 +254,41 @@ kiln_status kiln_cache_contains(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT
         int rc = sqlite3_step(d->st_contains);
         *found = rc == SQLITE_ROW;
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-            st = db_fail(c, d, rc, "looking up a kernel");
+            st = kiln__db_fail(c, d, rc, "looking up a kernel");
         sqlite3_reset(d->st_contains);
     }
     pthread_mutex_unlock(&c->lock);
     return st;
+}
+
+/* After an insert q (still bound) that changed nothing: another writer's
+ * row that verifies is kept; a corrupt one is dropped and q run again; a
+ * store that still stored nothing is an error, never taken for success. */
+static kiln_status keep_or_replace_locked(kiln_cache *c, kiln__db *d, sqlite3_stmt *q, const uint8_t *fp)
+{
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 120];
+    void *raw = NULL;
+    sqlite3_int64 size = 0;
+    unsigned dropped = 0;
+    kiln_status st = KILN_OK, drop_st = KILN_OK;
+    int r = lookup_locked(c, d, fp, &raw, &size, &dropped, &st, &drop_st);
+    free(raw);
+    if (r)
+        return r == 1 ? KILN_OK : st;
+    if (drop_st)
+        return drop_st;
+    int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if (rc != SQLITE_DONE)
+        return kiln__db_fail(c, d, rc, "storing a kernel");
+    if (sqlite3_changes(d->db) > 0) {
+        c->counters.inserts++;
+        return KILN_OK;
+    }
+    kiln_fingerprint_hex(fp, hex);
+    snprintf(what, sizeof what, "kernel %s was not stored: the insert changed nothing, yet no row of it reads back",
+             hex);
+    return damaged_fail(c, d, what);
 }
 
 kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
@@ -275,15 +332,32 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
     sqlite3_bind_text(q, 12, r->parts ? r->parts : "", -1, SQLITE_STATIC);
     /* One statement in autocommit mode is one transaction. */
     int rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if ((rc & 0xff) == SQLITE_FULL && kiln__rollback_journal(d->db) == SQLITE_OK) {
+        /* The WAL could not grow: the rollback journal stores into freed pages. */
+        rc = sqlite3_step(q);
+        sqlite3_reset(q);
+    }
     if (rc != SQLITE_DONE)
-        st = db_fail(c, d, rc, "storing a kernel");
+        st = kiln__db_fail(c, d, rc, "storing a kernel");
     else if (sqlite3_changes(d->db) > 0)
         c->counters.inserts++;
-    sqlite3_reset(q);
+    else
+        st = keep_or_replace_locked(c, d, q, r->fingerprint);
     sqlite3_clear_bindings(q);
     pthread_mutex_unlock(&c->lock);
     free(z);
     return st;
+}
+
+int kiln__rollback_journal(sqlite3 *db)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=DELETE", -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW)
+        rc = sqlite3_strnicmp((const char *)sqlite3_column_text(q, 0), "delete", 7) ? SQLITE_BUSY : SQLITE_OK;
+    sqlite3_finalize(q);
+    return rc;
 }
 
 static const char *col_text(sqlite3_stmt *q, int i)
@@ -310,7 +384,7 @@ kiln_status kiln_cache_foreach(kiln_cache *c, int (*fn)(void *user, const kiln_c
                                       " FROM kernels ORDER BY fingerprint",
                                 -1, &q, NULL);
     if (rc != SQLITE_OK) {
-        st = db_fail(c, &c->main, rc, "listing kernels");
+        st = kiln__db_fail(c, &c->main, rc, "listing kernels");
         goto out;
     }
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -334,7 +408,7 @@ kiln_status kiln_cache_foreach(kiln_cache *c, int (*fn)(void *user, const kiln_c
             break;
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        st = db_fail(c, &c->main, rc, "listing kernels");
+        st = kiln__db_fail(c, &c->main, rc, "listing kernels");
 out:
     sqlite3_finalize(q);
     pthread_mutex_unlock(&c->lock);
@@ -363,7 +437,7 @@ kiln_status kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out)
         out->raw_bytes = (uint64_t)sqlite3_column_double(q, 1);
         out->stored_bytes = (uint64_t)sqlite3_column_double(q, 2);
     } else {
-        st = db_fail(c, &c->main, rc, "counting kernels");
+        st = kiln__db_fail(c, &c->main, rc, "counting kernels");
     }
     sqlite3_finalize(q);
     pthread_mutex_unlock(&c->lock);

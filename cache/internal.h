@@ -61,6 +61,15 @@ kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 r
  * else KILN_ERR_CACHE_IO naming what it is. Never opens it (a FIFO would block). */
 kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb);
 
+/* Leaves WAL mode for the rollback journal (on a full disk the WAL cannot
+ * grow, and a rollback journal of a few pages fits): SQLITE_OK when the
+ * database is in journal_mode=DELETE afterwards, else the failure. */
+int kiln__rollback_journal(sqlite3 *db);
+
+/* Fails with rc's status and a message naming d's file, what was being done
+ * and SQLite's text; for a damaged file (SQLITE_CORRUPT) also the remedy. */
+kiln_status kiln__db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what);
+
 /* Maps an SQLite result code to a status. */
 kiln_status kiln__sqlite_status(int rc);
 

@@ -12,11 +12,7 @@
 /* What a bad row's detail can need: the decoder's text and its prefix. */
 #define DETAIL_CAP 256
 
-static kiln_status main_fail(kiln_cache *c, int rc, const char *what)
-{
-    return kiln__fail(&c->err, kiln__sqlite_status(rc), "cache %s: %s: %s (sqlite code %d)", c->main.path, what,
-                      sqlite3_errmsg(c->main.db), rc);
-}
+static kiln_status main_fail(kiln_cache *c, int rc, const char *what) { return kiln__db_fail(c, &c->main, rc, what); }
 
 /* A text column that is really text (NOT NULL in the schema, but a row may lie). */
 static int is_text(sqlite3_stmt *q, int i) { return sqlite3_column_type(q, i) == SQLITE_TEXT; }
@@ -237,6 +233,33 @@ out_free:
     return st;
 }
 
+/* gc when the WAL cannot grow: the rollback journal of one row's delete
+ * needs room for a few pages, and leaving WAL mode frees the WAL and its
+ * index. Rows go one transaction each, least recently used first, so what
+ * was deleted stays deleted; then a VACUUM shrinks the file if the disk has
+ * room for it (it rolls back if not, and the freed pages are reused). The
+ * handle stays in the rollback journal, which stores into freed pages. */
+static kiln_status gc_on_full_disk_locked(kiln_cache *c, int64_t cutoff, int older, uint64_t max_bytes,
+                                          uint64_t *rows, uint64_t *bytes)
+{
+    victim *v = NULL;
+    size_t n = 0;
+    if (kiln__rollback_journal(c->main.db))
+        return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
+                          "cache %s: collecting: database or disk is full, and the rollback journal that needs"
+                          " less room cannot replace the WAL while another process has the database open",
+                          c->main.path);
+    /* Zeroing the freed pages would journal each of them: a cubin is no secret. */
+    sqlite3_exec(c->main.db, "PRAGMA secure_delete=OFF", NULL, NULL, NULL);
+    kiln_status st = pick_victims(c, cutoff, older, max_bytes, &v, &n);
+    if (!st)
+        st = delete_victims(c, v, n, rows, bytes);
+    free(v);
+    if (!st)
+        sqlite3_exec(c->main.db, "VACUUM", NULL, NULL, NULL);
+    return st;
+}
+
 kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                           uint64_t *removed_bytes)
 {
@@ -267,6 +290,7 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
     int64_t cutoff = o.older_than_seconds > now ? INT64_MIN : now - o.older_than_seconds;
     victim *v = NULL;
     size_t n = 0;
+    int full = 0;
     pthread_mutex_lock(&c->lock);
     int rc = sqlite3_exec(c->main.db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
@@ -280,13 +304,19 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
         st = main_fail(c, rc, "collecting");
         goto out_rollback;
     }
+    goto out_report;
+out_rollback:
+    full = (sqlite3_extended_errcode(c->main.db) & 0xff) == SQLITE_FULL;
+    sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
+    if (!full)
+        goto out_unlock;
+    rows = bytes = 0;
+    st = gc_on_full_disk_locked(c, cutoff, o.older_than_seconds > 0, o.max_bytes, &rows, &bytes);
+out_report:
     if (removed_rows)
         *removed_rows = rows;
     if (removed_bytes)
         *removed_bytes = bytes;
-    goto out_unlock;
-out_rollback:
-    sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
 out_unlock:
     pthread_mutex_unlock(&c->lock);
     free(v);

@@ -586,4 +586,49 @@ expect 0 "$KILN" ls --db "$ESC_DB" --json
 expect 0 "$KILN" stats --db "$ESC_DB" --json
 [[ $(json_eval '"evil\x1b[31m\x07" in d["templates"]') == True ]] || fail "stats --json changed the text"
 
+# ---- a corrupt row that cannot be dropped: prewarm fails, never says compiled ----
+# Two pages of a sealed database swapped (the page size read from its header):
+# a swap that leaves a bad row whose delete fails with SQLITE_CORRUPT must make
+# prewarm exit 1 naming the kernel and the remedy; one that heals must leave
+# verify clean.
+SWAPPED="$S/ship/swapped.db"
+N_PAGES=$(( $(stat -c %s "$QEXP") / $(python3 -c 'import sys; b = open(sys.argv[1], "rb").read(18); print(int.from_bytes(b[16:18], "big"))' "$QEXP") ))
+REFUSED=0
+for pair in "2 17" $(for b in $(seq 10 $((N_PAGES - 1))); do echo "2,$b 3,$b"; done); do
+    read -r A B <<<"${pair/,/ }"
+    (( B < N_PAGES )) || continue
+    cp "$QEXP" "$SWAPPED"
+    py '
+p, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+d = bytearray(open(p, "rb").read())
+n = int.from_bytes(d[16:18], "big")
+d[a * n:(a + 1) * n], d[b * n:(b + 1) * n] = d[b * n:(b + 1) * n], d[a * n:(a + 1) * n]
+open(p, "wb").write(d)' "$SWAPPED" "$A" "$B"
+    run "$KILN" verify --db "$SWAPPED"
+    BAD_FP=$(grep -m1 '^bad ' "$OUT" | cut -d' ' -f2 || true)
+    [[ -n $BAD_FP ]] || continue
+    run "$KILN" prewarm --model "$S/qwen.json" --db "$SWAPPED"
+    PRE_RC=$RC
+    cp "$OUT" "$S/swapped.out"
+    cp "$ERR" "$S/swapped.err"
+    run "$KILN" verify --db "$SWAPPED"
+    if grep -q "^bad $BAD_FP " "$OUT"; then
+        cp "$S/swapped.out" "$OUT"
+        cp "$S/swapped.err" "$ERR"
+        [[ $PRE_RC -eq 1 ]] || fail "pages $A and $B swapped: prewarm exited $PRE_RC, yet row $BAD_FP is still bad"
+        grep -q ' failed -$' "$OUT" || fail "pages $A and $B swapped: prewarm lists no failed kernel"
+        ! grep -q -E " (compiled|cached) ${BAD_FP:0:16}\$" "$OUT" ||
+            fail "pages $A and $B swapped: prewarm reports the row it could not replace as stored"
+        grep -q "cache_corrupt: cache $SWAPPED: entry $BAD_FP" "$ERR" ||
+            fail "pages $A and $B swapped: prewarm does not name the row and the damage"
+        grep -q "kiln verify --db $SWAPPED" "$ERR" && grep -q 'kiln merge' "$ERR" ||
+            fail "pages $A and $B swapped: prewarm's error gives no remedy"
+        REFUSED=$((REFUSED + 1))
+        break
+    fi
+    [[ $PRE_RC -ne 1 ]] || grep -q cache_corrupt "$S/swapped.err" ||
+        fail "pages $A and $B swapped: prewarm healed row $BAD_FP, yet exited 1: $(cat "$S/swapped.err")"
+done
+[[ $REFUSED -eq 1 ]] || fail "no swap of two pages of $QEXP left a row that prewarm cannot replace"
+
 echo "cli: all checks passed (default model: $N specializations, qwen2: $N_QWEN)"

@@ -975,6 +975,179 @@ static void test_one_deadline_for_the_whole_open(void **state)
     unlock(holder);
 }
 
+/* ---- a corrupt row whose delete fails ---- */
+
+/* Gives the row of fp a raw_size of 0 (a row that fails verification) and
+ * zeroes the first page of the kernels_by_template index, so that a delete
+ * of any row fails with SQLITE_CORRUPT while lookups by fingerprint work. */
+static void damage_row_and_index(const char *path, const uint8_t *fp)
+{
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "UPDATE kernels SET raw_size = 0 WHERE fingerprint = ?1", -1, &q, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_blob(q, 1, fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(q), SQLITE_DONE);
+    assert_int_equal(sqlite3_changes(db), 1);
+    sqlite3_finalize(q);
+    assert_int_equal(sqlite3_prepare_v2(db,
+                                        "SELECT rootpage, (SELECT page_size FROM pragma_page_size) FROM sqlite_master"
+                                        " WHERE name = 'kernels_by_template'",
+                                        -1, &q, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+    long page = sqlite3_column_int(q, 0), page_size = sqlite3_column_int(q, 1);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    assert_true(page > 1 && page_size >= 512);
+    size_t n = 0;
+    uint8_t *b = read_bytes(path, &n);
+    assert_non_null(b);
+    assert_true((size_t)(page * page_size) <= n);
+    memset(b + (page - 1) * page_size, 0, (size_t)page_size);
+    write_bytes(path, b, n);
+    free(b);
+}
+
+static void test_put_over_a_corrupt_row_that_cannot_be_dropped(void **state)
+{
+    fixture *f = *state;
+    enum { N = 8, SIZE = 3000 };
+    real reals[1];
+    make_reals(reals, 1, 1000);
+    char path[700];
+    snprintf(path, sizeof path, "%s/damaged.db", f->dir);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[N];
+    for (int i = 0; i < N; i++) {
+        make_rec(&f->rng, &recs[i], SIZE);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    assert_int_equal(prepare_real(c, &reals[0], "building the database"), KILN_OK);
+    kiln_cache_close(c);
+    damage_row_and_index(path, recs[0].r.fingerprint);
+
+    /* The bad row is a miss, and a put of it says it did not store. */
+    c = open_ok(path, 0);
+    assert_int_equal(lookup(c, recs[0].r.fingerprint, recs[0].cubin, SIZE, "the damaged row"), 0);
+    kiln_status st = kiln_cache_put(c, &recs[0].r);
+    printf("put over a corrupt row that cannot be dropped: %s: %s\n", kiln_status_code(st), kiln_cache_errmsg(c));
+    kiln_test_expect(st, KILN_ERR_CACHE_CORRUPT, kiln_cache_errmsg(c), "kiln verify", "kiln merge");
+    expect_clear_error(st, kiln_cache_errmsg(c), path, "a put over a corrupt row");
+    assert_int_equal(lookup(c, recs[1].r.fingerprint, recs[1].cubin, SIZE, "a good row beside it"), 1);
+    kiln_cache_close(c);
+
+    /* Through the jit, as prewarm stores: prepare fails and names the damage. */
+    damage_row_and_index(path, reals[0].fp);
+    c = open_ok(path, 0);
+    kiln_jit *j = new_jit(c);
+    int compiled = 0;
+    st = kiln_jit_prepare(j, &reals[0].spec, &compiled);
+    printf("jit prepare over a corrupt row that cannot be dropped: %s: %s\n", kiln_status_code(st),
+           kiln_jit_errmsg(j));
+    kiln_test_expect(st, KILN_ERR_CACHE_CORRUPT, kiln_jit_errmsg(j), "kiln verify", path);
+    assert_int_equal(compiled, 1);
+    kiln_jit_destroy(j);
+    kiln_cache_close(c);
+    for (int i = 0; i < N; i++)
+        free(recs[i].cubin);
+    free_reals(reals, 1);
+}
+
+/* ---- gc on a full disk ---- */
+
+/* Mounts a tmpfs of kib KiB on f->mnt; 0 when this process may not mount. */
+static int mount_small_disk(fixture *f, unsigned kib)
+{
+    char opt[32];
+    snprintf(f->mnt, sizeof f->mnt, "%s/small-disk", f->dir);
+    snprintf(opt, sizeof opt, "size=%uk", kib);
+    assert_int_equal(mkdir(f->mnt, 0755), 0);
+    if (mount("tmpfs", f->mnt, "tmpfs", MS_NOSUID | MS_NODEV, opt) != 0) {
+        printf("SKIP: cannot mount a %u KiB tmpfs on %s: %s\n", kib, f->mnt, strerror(errno));
+        return 0;
+    }
+    f->mounted = 1;
+    return 1;
+}
+
+/* Fills the filesystem of dir with a file dir/filler until leave bytes are free. */
+static void fill_disk(const char *dir, size_t leave)
+{
+    char filler[800];
+    snprintf(filler, sizeof filler, "%s/filler", dir);
+    static uint8_t block[4096];
+    memset(block, 0x5a, sizeof block);
+    FILE *fp = fopen(filler, "wb");
+    assert_non_null(fp);
+    setvbuf(fp, NULL, _IONBF, 0);
+    size_t written = 0;
+    while (fwrite(block, 1, sizeof block, fp) == sizeof block)
+        written += sizeof block;
+    fclose(fp);
+    assert_true(written > leave);
+    assert_int_equal(truncate(filler, (off_t)(written - leave)), 0);
+}
+
+static void test_gc_on_a_full_disk(void **state)
+{
+    fixture *f = *state;
+    enum { SIZE = 30000, N = 20, LEAVE = 40 << 10 };
+    if (!mount_small_disk(f, 2048))
+        skip();
+    char path[700];
+    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[N], again;
+    for (int i = 0; i < N; i++) {
+        make_rec(&f->rng, &recs[i], SIZE);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    kiln_cache_close(c); /* the last connection: the rows are checkpointed into the file */
+    fill_disk(f->mnt, LEAVE);
+
+    /* Full: a row does not fit. */
+    c = open_ok(path, 0);
+    make_rec(&f->rng, &again, SIZE);
+    kiln_status st = kiln_cache_put(c, &again.r);
+    printf("put on a disk with %d KiB free: %s: %s\n", LEAVE >> 10, kiln_status_code(st), kiln_cache_errmsg(c));
+    assert_int_equal(st, KILN_ERR_CACHE_IO);
+
+    /* gc, the documented remedy, frees room for it. */
+    kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
+    uint64_t rows = 0, bytes = 0;
+    st = kiln_cache_gc(c, &go, &rows, &bytes);
+    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st), st ? kiln_cache_errmsg(c) : "",
+           (unsigned long long)rows, (unsigned long long)bytes);
+    KILN_CHECK(st);
+    assert_true(rows >= N / 2);
+    KILN_CHECK(kiln_cache_put(c, &again.r));
+    assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc on a full disk"), 1);
+    for (int i = 0; i < N; i++)
+        assert_true(lookup(c, recs[i].r.fingerprint, recs[i].cubin, SIZE, "a row gc left or removed") >= 0);
+    kiln_cache_verify_report vr;
+    KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+    assert_true(vr.integrity_ok);
+    assert_int_equal(vr.bad_rows, 0);
+    assert_int_equal(vr.rows, N - rows + 1);
+    kiln_cache_close(c);
+    /* A later process stores too: its WAL cannot grow, the freed pages take the row. */
+    c = open_ok(path, 0);
+    rec later;
+    make_rec(&f->rng, &later, SIZE);
+    KILN_CHECK(kiln_cache_put(c, &later.r));
+    assert_int_equal(lookup(c, later.r.fingerprint, later.cubin, SIZE, "a row stored by a later process"), 1);
+    kiln_cache_close(c);
+    free(later.cubin);
+    free(again.cubin);
+    for (int i = 0; i < N; i++)
+        free(recs[i].cubin);
+    assert_int_equal(umount2(f->mnt, MNT_DETACH), 0);
+    f->mounted = 0;
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -991,6 +1164,8 @@ int main(void)
         T(test_paths_that_are_not_regular_files),
         T(test_symbolic_links),
         T(test_one_deadline_for_the_whole_open),
+        T(test_put_over_a_corrupt_row_that_cannot_be_dropped),
+        T(test_gc_on_a_full_disk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

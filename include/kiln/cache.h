@@ -141,9 +141,10 @@ KILN_API kiln_status kiln_cache_get(kiln_cache *cache, const uint8_t fingerprint
 /* Whether a row exists for the fingerprint (no verification, no hit counted). */
 KILN_API kiln_status kiln_cache_contains(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                          int *found);
-/* Stores a row in one transaction; an existing row is kept as it is.
- * KILN_ERR_INVALID_ARGUMENT (read-only cache, empty cubin, missing text),
- * KILN_ERR_CACHE_IO, KILN_ERR_CACHE_BUSY. */
+/* Stores a row in one transaction; an existing row that verifies is kept as
+ * it is, a corrupt one replaced. KILN_ERR_INVALID_ARGUMENT (read-only cache,
+ * empty cubin, missing text), KILN_ERR_CACHE_IO, KILN_ERR_CACHE_BUSY,
+ * KILN_ERR_CACHE_CORRUPT (a corrupt row could not be replaced: the file is damaged). */
 KILN_API kiln_status kiln_cache_put(kiln_cache *cache, const kiln_cache_record *record);
 /* Calls fn for each row in fingerprint order; fn returning nonzero stops. */
 KILN_API kiln_status kiln_cache_foreach(kiln_cache *cache,
