@@ -7,7 +7,7 @@ The model's kernels are prewarmed once (offline, sm_90) into a clean database
 in journal mode DELETE, the template of every trial. Each trial damages a
 fresh copy in one way (the kinds below, in turn), then runs `kiln verify`,
 `kiln prewarm` and `kiln verify` again, and looks every clean key up with
-cache_probe (kiln_cache_get, as a loading process does) before and after the
+cache_lookup (kiln_cache_get, as a loading process does) before and after the
 prewarm. It prints, per kind, how many trials verify caught, how many prewarm
 healed (verify passes after and every key loads its own cubin) and how many
 it did not. A trial fails the run only if a key loads a cubin other than the
@@ -109,12 +109,12 @@ def mutate_row(kind, path, rng):
     return "%s of row %s" % (how, fp.hex()[:16])
 
 
-def probe(probe_bin, path, clean, env):
+def lookup(lookup_bin, path, clean, env):
     """What each clean key loads: {fp: sha256 hex, "miss" or "error"}; None
     when the database cannot be opened at all (nothing loads)."""
-    rc, out, err = run([probe_bin, path] + sorted(clean), env)
+    rc, out, err = run([lookup_bin, path] + sorted(clean), env)
     if SANITIZER.search(err) or rc not in (0, 1):
-        raise RuntimeError("cache_probe exited %d: %s" % (rc, err.strip()[-2000:]))
+        raise RuntimeError("cache_lookup exited %d: %s" % (rc, err.strip()[-2000:]))
     if rc == 1:
         return None
     got = {}
@@ -129,7 +129,7 @@ def main():
     if len(sys.argv) != 5:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
-    kiln, probe_bin, model, scratch = sys.argv[1:]
+    kiln, lookup_bin, model, scratch = sys.argv[1:]
     trials = int(os.environ.get("KILN_CORRUPTION_TRIALS") or "60")
     seed = int(os.environ.get("KILN_TEST_SEED") or random.SystemRandom().randrange(1 << 32))
     print("corruption trials: %d, seed %d (KILN_TEST_SEED=%d reproduces them)" % (trials, seed, seed), flush=True)
@@ -152,7 +152,7 @@ def main():
     db.execute("VACUUM")
     clean = {fp.hex(): sum_.hex() for fp, sum_ in db.execute("SELECT fingerprint, checksum FROM kernels")}
     db.close()
-    if probe(probe_bin, clean_db, clean, env) != clean:
+    if lookup(lookup_bin, clean_db, clean, env) != clean:
         print("FAIL: the clean database does not load its own cubins", file=sys.stderr)
         return 1
     print("clean database: %d kernels in %.1f s" % (len(clean), time.time() - start), flush=True)
@@ -166,7 +166,7 @@ def main():
         db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (bytes.fromhex(new), bytes.fromhex(old)))
     db.commit()
     db.close()
-    got = probe(probe_bin, control, clean, env)
+    got = lookup(lookup_bin, control, clean, env)
     if not got or got[a] != clean[b] or got[b] != clean[a]:
         print("FAIL: the safety check does not see two swapped keys: %s" % got, file=sys.stderr)
         return 1
@@ -187,7 +187,7 @@ def main():
         what = "trial %d (%s: %s)" % (t, kind, desc)
         statuses, errors, unsafe = [], [], []
         try:
-            loaded = [probe(probe_bin, path, clean, env)]
+            loaded = [lookup(lookup_bin, path, clean, env)]
             for argv in (["verify", "--db", path],
                          ["prewarm", "--model", model, "--arch", "sm_90", "--db", path, "-j", "2"],
                          ["verify", "--db", path]):
@@ -196,7 +196,7 @@ def main():
                     raise RuntimeError("kiln %s exited %d: %s" % (argv[0], rc, err.strip()[-2000:]))
                 statuses.append(rc)
                 errors.append(err.strip().splitlines()[-1] if err.strip() else "")
-            loaded.append(probe(probe_bin, path, clean, env))
+            loaded.append(lookup(lookup_bin, path, clean, env))
         except RuntimeError as e:
             row["crash"] += 1
             failures.append("%s: %s" % (what, e))

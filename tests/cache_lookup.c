@@ -2,7 +2,7 @@
  * does (kiln_cache_get, which decodes and checks every row it returns), with
  * the database opened read-only so that nothing changes. For
  * tests/corruption_trials.py: what a damaged database would hand out.
- *   usage: cache_probe DB FINGERPRINT_HEX...
+ *   usage: cache_lookup DB FINGERPRINT_HEX...
  * Prints one line per fingerprint: "<fp> hit <SHA-256 of the cubin>",
  * "<fp> miss" or "<fp> error <message>".
  * Exit status: 0 every fingerprint was looked up; 1 the database could not be
@@ -29,20 +29,20 @@ static int parse_hex(const char *text, uint8_t out[KILN_FINGERPRINT_SIZE])
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: cache_probe DB FINGERPRINT_HEX...\n");
+        fprintf(stderr, "usage: cache_lookup DB FINGERPRINT_HEX...\n");
         return 2;
     }
     kiln_cache_options opts = {.size = sizeof opts, .path = argv[1], .read_only = 1, .ignore_env = 1};
     kiln_cache *cache;
     if (kiln_cache_open(&opts, &cache) != KILN_OK) {
-        fprintf(stderr, "cache_probe: %s\n", kiln_errmsg());
+        fprintf(stderr, "cache_lookup: %s\n", kiln_errmsg());
         return 1;
     }
     int rc = 0;
     for (int i = 2; i < argc; i++) {
         uint8_t fp[KILN_FINGERPRINT_SIZE], sum[32];
         if (parse_hex(argv[i], fp)) {
-            fprintf(stderr, "cache_probe: '%s' is not a fingerprint\n", argv[i]);
+            fprintf(stderr, "cache_lookup: '%s' is not a fingerprint\n", argv[i]);
             rc = 2;
             break;
         }
