@@ -273,29 +273,13 @@ static kiln_status uri_of(const char *path, const char *query, char *buf, size_t
     return KILN_OK;
 }
 
-/* What a file that is not a regular one is, for messages. */
-static const char *file_kind(mode_t mode)
-{
-    if (S_ISDIR(mode))
-        return "a directory";
-    if (S_ISFIFO(mode))
-        return "a FIFO";
-    if (S_ISCHR(mode))
-        return "a character device";
-    if (S_ISBLK(mode))
-        return "a block device";
-    if (S_ISSOCK(mode))
-        return "a socket";
-    return "not a plain file";
-}
-
 kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb)
 {
     if (stat(path, sb) != 0)
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: %s", path, strerror(errno));
     if (!S_ISREG(sb->st_mode))
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "cannot open cache database %s: not a regular file (%s)", path,
-                          file_kind(sb->st_mode));
+                          kiln__file_kind(sb->st_mode));
     return KILN_OK;
 }
 

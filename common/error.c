@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/internal.h"
 #include "kiln/cache.h"
@@ -140,13 +141,37 @@ char *kiln__strdup(const char *s)
 
 void kiln_free(void *p) { free(p); }
 
-kiln_status kiln__read_sized(kiln__errslot *slot, const char *fn, const char *type, void *local, size_t local_size,
-                             const void *caller)
+kiln_status kiln__check_size_field(kiln__errslot *slot, const char *fn, const char *type, uint32_t size,
+                                  size_t library_size)
 {
-    if (!kiln__copy_sized(local, local_size, caller))
+    if (!size || size >= sizeof(uint32_t))
         return KILN_OK;
     return kiln__fail(slot, KILN_ERR_INVALID_ARGUMENT,
                       "%s: %s.size is %u, inside the size field itself; set it to sizeof(%s) (%zu in this "
                       "library) or 0",
-                      fn, type, (unsigned)*(const uint32_t *)caller, type, local_size);
+                      fn, type, (unsigned)size, type, library_size);
+}
+
+kiln_status kiln__read_sized(kiln__errslot *slot, const char *fn, const char *type, void *local, size_t local_size,
+                             const void *caller)
+{
+    kiln_status st = kiln__check_size_field(slot, fn, type, caller ? *(const uint32_t *)caller : 0, local_size);
+    if (!st)
+        kiln__copy_sized(local, local_size, caller);
+    return st;
+}
+
+const char *kiln__file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "not a plain file";
 }

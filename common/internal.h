@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kiln/status.h"
 
@@ -83,6 +84,11 @@ static inline int kiln__copy_sized(void *dst, size_t dst_size, const void *src)
 }
 #define KILN__COPY_SIZED(local, caller) kiln__copy_sized(&(local), sizeof(local), (caller))
 
+/* A caller's size field (0: the library's own size): one inside the field
+ * itself is KILN_ERR_INVALID_ARGUMENT, recorded in slot, naming fn, the
+ * struct type and the size. */
+kiln_status kiln__check_size_field(kiln__errslot *slot, const char *fn, const char *type, uint32_t size,
+                                  size_t library_size);
 /* Copies the caller's struct of type into the zeroed local with
  * kiln__copy_sized (a NULL caller leaves the defaults); a size inside the size
  * field itself is KILN_ERR_INVALID_ARGUMENT, recorded in slot, naming fn, the
@@ -91,6 +97,10 @@ kiln_status kiln__read_sized(kiln__errslot *slot, const char *fn, const char *ty
                              const void *caller);
 #define KILN__READ_SIZED(slot, fn, type, local, caller)                                                             \
     kiln__read_sized((slot), (fn), #type, &(local), sizeof(type), (caller))
+
+/* What a file that is not a regular one is, for messages ("a FIFO", "a
+ * directory", ...), from its stat mode. */
+const char *kiln__file_kind(mode_t mode);
 
 /* n bytes as 2n lowercase hex digits and a NUL. */
 void kiln__hex(const uint8_t *bytes, size_t n, char *out);

@@ -8,16 +8,6 @@
 #include "common/internal.h"
 #include "model/file.h"
 
-static const char *kind(mode_t m)
-{
-    return S_ISFIFO(m)  ? "a FIFO"
-           : S_ISDIR(m) ? "a directory"
-           : S_ISCHR(m) ? "a character device"
-           : S_ISBLK(m) ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-                         : "not a file";
-}
-
 kiln_status kiln__open_regular(const char *path, int *fd, size_t *size)
 {
     int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -31,7 +21,7 @@ kiln_status kiln__open_regular(const char *path, int *fd, size_t *size)
     }
     if (!S_ISREG(sb.st_mode)) {
         close(f);
-        return kiln__fail(NULL, KILN_ERR_IO, "%s: not a regular file (%s)", path, kind(sb.st_mode));
+        return kiln__fail(NULL, KILN_ERR_IO, "%s: not a regular file (%s)", path, kiln__file_kind(sb.st_mode));
     }
     int flags = fcntl(f, F_GETFL);
     if (flags < 0 || fcntl(f, F_SETFL, flags & ~O_NONBLOCK) < 0) {
