@@ -123,11 +123,9 @@ static kiln_status info_bytes(const char *fn, const kiln_op_info *caller, size_t
 {
     const uint32_t size = caller->size;
     *bytes = sizeof(kiln_op_info);
-    if (size && size < sizeof(uint32_t))
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
-                          "%s: kiln_op_info.size is %u, inside the size field itself; set it to "
-                          "sizeof(kiln_op_info) (%zu in this library) or 0",
-                          fn, (unsigned)size, sizeof(kiln_op_info));
+    kiln_status st = kiln__check_size_field(NULL, fn, "kiln_op_info", size, sizeof(kiln_op_info));
+    if (st)
+        return st;
     if (size && size < sizeof(kiln_op_info))
         *bytes = size;
     return KILN_OK;
