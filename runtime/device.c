@@ -66,7 +66,7 @@ kiln_status kiln__launch_cluster(const kiln_launch_context *ctx, kiln_runtime *r
         r = rt->d->cuLaunchKernel(fn, grid[0], grid[1], grid[2], block_x, 1, 1, shared_bytes, ctx->stream, args, NULL);
     }
     return r == CUDA_SUCCESS ? KILN_OK
-                             : kiln__runtime_cu_fail(rt, r, cluster_x > 1 ? "cuLaunchKernelEx" : "cuLaunchKernel");
+                             : kiln__runtime_cu_fail(rt, r, n ? "cuLaunchKernelEx" : "cuLaunchKernel");
 }
 
 kiln_status kiln__launch_ex(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, const unsigned grid[3],
