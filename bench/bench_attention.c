@@ -10,9 +10,14 @@
  * 4 x 1024 packed (reported: attention TFLOP/s, 4 * heads * head_dim * causal
  * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
  * several split targets (blocks a split decode aims at; kiln's is the
- * SMs: 132 on an H200).
+ * SMs: 132 on an H200). --prefill: prefill alone at Llama-3-8B's heads with
+ * head_dim 128 and 64: 1 x 512, 1 x 4096, 4 x 1024, 1 x 16384 tokens, 512
+ * new tokens after 3584 cached (chunked prefill), each through the kernel
+ * kiln picks ("kernel":"picked": wgmma on sm_90) and the CUDA-core one
+ * ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
+ * scaled_dot_product_attention at the same shapes.
  *
- * Usage: bench_attention [--iters 50] [--sweep]
+ * Usage: bench_attention [--iters 50] [--sweep | --prefill]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +73,8 @@ static void fill_random(kiln_buffer *b, size_t bytes)
 }
 
 /* One case: S sequences, each with ctx cached tokens before and count new ones. */
+static const char *g_kernel; /* prefill: "picked" or "cuda_core"; NULL: not reported */
+
 static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint32_t S, uint32_t ctx, uint32_t count,
                      long iters, int split, uint32_t target)
 {
@@ -160,6 +167,8 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_int(&j, "seqs", S);
     bench_json_int(&j, "context", ctx);
     bench_json_int(&j, "new_tokens", count);
+    if (g_kernel)
+        bench_json_str(&j, "kernel", g_kernel);
     if (count == 1) {
         bench_json_bool(&j, "split", split);
         bench_json_int(&j, "split_target", split ? target : 1);
@@ -188,10 +197,12 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
 int main(int argc, char **argv)
 {
     long iters = 50;
-    int sweep = 0;
+    int sweep = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep"))
             sweep = 1;
+        else if (!strcmp(argv[i], "--prefill"))
+            prefill = 1;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
             iters = bench_parse_positive(argv[++i]);
     }
@@ -208,7 +219,24 @@ int main(int argc, char **argv)
     kiln_runtime_get_info(g_rt, &g_info);
     kiln_jit_options jo = {.runtime = g_rt};
     ck(kiln_jit_create(&jo, &g_jit), "jit");
-    if (sweep) {
+    if (prefill) {
+        static const struct { uint32_t S, ctx, count; } shapes[] = {
+            {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
+        static const int64_t dims[] = {128, 64};
+        for (int k = 0; k < 2; k++) {
+            g_kernel = k ? "cuda_core" : "picked";
+            kiln__paged_attention_set_cuda_core_prefill(k);
+            for (int d = 0; d < 2; d++)
+                for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                    const double work = (double)shapes[i].S * shapes[i].count * (shapes[i].ctx + shapes[i].count);
+                    const long n = (long)(iters * 4e6 / work) + 1; /* about the same time a shape */
+                    /* The CUDA-core kernel is slow at 16384: fewer runs. */
+                    run_case("prefill", 32, 8, dims[d], shapes[i].S, shapes[i].ctx, shapes[i].count,
+                             k && n > 3 ? 3 : n, 0, 0);
+                }
+        }
+        kiln__paged_attention_set_cuda_core_prefill(0);
+    } else if (sweep) {
         static const uint32_t targets[] = {132, 264, 528, 1056, 2112}, seqs[] = {1, 8, 32};
         for (int n = 0; n < 3; n++)
             for (int t = 0; t < 5; t++)

@@ -22,6 +22,7 @@ typedef struct kiln__template {
     size_t n_entries;
     char entries[KILN__TEMPLATE_MAX_ENTRIES][KILN_NAME_MAX];
     char entries_text[KILN__TEMPLATE_MAX_ENTRIES * KILN_NAME_MAX]; /* "a,b" */
+    int arch_specific; /* //! kiln:arch-specific: compiled for sm_XYa (wgmma needs it) */
 } kiln__template;
 
 /* Finds the template "<id>.cu". KILN_ERR_NOT_FOUND names the known ones. */

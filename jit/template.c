@@ -97,6 +97,7 @@ static void scan(void)
         t->source = f;
         scan_includes(t, f->data, 0);
         scan_entries(t);
+        t->arch_specific = strstr(f->data, "//! kiln:arch-specific") != NULL;
     }
 }
 

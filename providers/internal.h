@@ -134,6 +134,9 @@ void kiln__paged_attention_set_split_target(uint32_t blocks);
 /* Test hook: 1 makes encode take the two-kernel decode (templates/paged_attention.cu)
  * where it would take the one-kernel one; process-wide. */
 void kiln__paged_attention_set_two_kernel_decode(int on);
+/* Test hook: 1 makes a prefill encode take the CUDA-core attention kernel
+ * (templates/paged_attention.cu) where it would take the wgmma one; process-wide. */
+void kiln__paged_attention_set_cuda_core_prefill(int on);
 /* Test hook: 3 or 4 makes the one-kernel decode take that many stages
  * whatever its grid (4 where the device allows its shared memory); 0 (or
  * anything else): chosen at encode. Process-wide. */

@@ -37,6 +37,15 @@ void kiln__paged_attention_set_split_target(uint32_t blocks)
 }
 
 static _Atomic int two_kernel_decode; /* 1: decode as where the one-kernel decode does not fit */
+static _Atomic int cuda_core_prefill; /* 1: prefill as before sm_90, on the CUDA cores */
+
+/* For the GPU tests and benchmarks: prefill on the CUDA-core kernel that
+ * devices without wgmma take, on a device that would take the wgmma one.
+ * Read at encode; process-wide. */
+void kiln__paged_attention_set_cuda_core_prefill(int on)
+{
+    atomic_store(&cuda_core_prefill, on);
+}
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
 /* For the GPU tests: the one-kernel decode with 3 or 4 stages whatever its
@@ -60,6 +69,29 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
  * deeper pipeline), taken from sm_90 on where the grid holds at most one
  * block an SM (bench/bench_attention --sweep shows both). At head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
+
+/* The wgmma prefill kernel's (templates/paged_prefill.cu's SMEM_BYTES): q for
+ * 128 rows, two stages of K and V tiles of 128 keys, and 1024 bytes of slack
+ * to align them. */
+#define PREFILL_THREADS 256
+#define PREFILL_BM 128
+static unsigned prefill_smem(int64_t head_dim)
+{
+    return (unsigned)(PREFILL_BM * head_dim * 2 + 2 * 2 * 128 * head_dim * 2 + 1024);
+}
+
+/* The wgmma prefill kernel's spec: sm_90 only (wgmma is sm_90a's). */
+static kiln_status prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
+{
+    uint32_t pt;
+    kiln_status st;
+    if ((st = kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt)) ||
+        (st = kiln_spec_init(out, "paged_prefill")) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
+        (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
+        (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
+        return st;
+    return KILN_OK;
+}
 
 /* Its dynamic shared memory. */
 static unsigned decode_smem(int64_t head_dim, int deep)
@@ -185,6 +217,8 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_spec spec;
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
+        return st;
+    if (sm == 90 && ((st = prefill_spec(d, h, kvh, &spec)) || (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
         ((st = kiln_op_paged_attention_spec(d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
@@ -384,6 +418,7 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
 typedef struct attn_launch {
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
+    unsigned attention_threads, attention_smem; /* the wgmma prefill's 256 and its shared memory, or 128, 0 */
     CUdeviceptr q, k, v, pos, table, lens, spans, pages, out;
     uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
         attention_tiles;
@@ -396,10 +431,10 @@ typedef struct attn_launch {
 } attn_launch;
 
 static kiln_status launch3(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned x, unsigned y,
-                           unsigned z, void **args, const char *what)
+                           unsigned z, unsigned threads, unsigned smem, void **args, const char *what)
 {
     const unsigned grid[3] = {x, y, z};
-    kiln_status st = kiln__launch_ex(ctx, rt, fn, grid, THREADS, 0, args, KILN__LAUNCH_PDL);
+    kiln_status st = kiln__launch_ex(ctx, rt, fn, grid, threads, smem, args, KILN__LAUNCH_PDL);
     return st ? kiln__fail(kiln__runtime_errslot(rt), st, "%s: %s", what, kiln_errmsg()) : KILN_OK;
 }
 
@@ -425,15 +460,15 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *append_args[] = {&l->k,       &l->v,          &l->kv_stride, &l->pos,       &l->table,
                            &l->lens,    &l->spans,      &l->pages,     &l->n_pages,   &l->max_blocks,
                            &l->tokens,  &l->max_query,  l->inv_freq,   &fault};
-    kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, l->kv_heads, l->seqs, append_args,
+    kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, l->kv_heads, l->seqs, THREADS, 0, append_args,
                              "cuLaunchKernel (paged_attention append)");
     if (st)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
                          &l->qscale, l->inv_freq,  &fault};
-    return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, attn_args,
-                   "cuLaunchKernel (paged_attention)");
+    return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
+                   l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
 
 /* The architecture's whole number: "sm_90" -> 90 (0 when unreadable). */
@@ -554,6 +589,29 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
          (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
          (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
         return kiln__propagate(err, st);
+    /* Prefill on sm_90: the wgmma kernel for the attention (the append stays),
+     * where the device gives a block its shared memory. */
+    unsigned attention_threads = THREADS, attention_smem = 0;
+    if (!in.decode && sm == 90 && !atomic_load(&cuda_core_prefill)) {
+        kiln_kernel *kp;
+        void *fp = NULL;
+        if ((st = prefill_spec(in.head_dim, in.heads, in.kv_heads, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kp)) ||
+            (st = kiln_kernel_function(kp, "kiln_paged_prefill", &fp)) || (st = kiln__runtime_enter(rt)))
+            return kiln__propagate(err, st);
+        const unsigned want = prefill_smem(in.head_dim);
+        CUresult r =
+            kiln__function_set_attribute(rt, (CUfunction)fp, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)want);
+        if (r == CUDA_SUCCESS) {
+            k = kp;
+            fb = fp;
+            tiles = (uint32_t)(((uint64_t)in.max_query * (uint64_t)(in.heads / in.kv_heads) + PREFILL_BM - 1) /
+                               PREFILL_BM);
+            attention_threads = PREFILL_THREADS;
+            attention_smem = want;
+        } else if (r != CUDA_ERROR_INVALID_VALUE) {
+            return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");
+        }
+    }
     attn_launch *l = calloc(1, sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
@@ -561,6 +619,8 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->rt = rt;
     l->append = (CUfunction)fa;
     l->attention = (CUfunction)fb;
+    l->attention_threads = attention_threads;
+    l->attention_smem = attention_smem;
     l->decode = (CUfunction)fd;
     l->smem = smem;
     l->stages = stages;

@@ -1,0 +1,266 @@
+// Causal paged attention for prefill on Hopper's warpgroup MMA (sm_90a): the
+// attention half of include/kiln/op_attention.h for commands of more than one
+// new token a sequence; kiln_paged_append (templates/paged_attention.cu) runs
+// first and writes the rotated k and v to the pages.
+// A block takes 128 query rows of one sequence and kv head, row r = token *
+// G + head within the group, so a GQA group's query heads share every K and
+// V tile; two warpgroups, 64 rows each. Keys come in tiles of 128 from the
+// sequence's pages (cp.async, 16 bytes a copy, two stages: the next tile
+// lands while this one is computed) into 128-byte-swizzled shared memory
+// (templates/kiln_wgmma.cuh), and both products run on the tensor cores:
+//   S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
+//   O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
+//               into f16 in place: the accumulator's layout is the A
+//               operand's), V from shared memory (N-major).
+// q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to f16
+// once, in shared memory for the whole block; the softmax runs online in f32
+// with exp2, and P is rounded to f16 for its product, as FlashAttention
+// does. The causal mask is applied only on the tiles that cross a row's last
+// key. Blocks take row tiles from the last (the longest) down.
+// Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
+// skipped and reported through the fault record.
+// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
+// KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; 256
+// threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
+// restates it).
+#include "kiln_reduce.cuh"
+
+//! kiln:entry kiln_paged_prefill
+//! kiln:arch-specific
+
+#define D KILN_HEAD_DIM
+#define HALF (D / 2)
+#define NH KILN_HEADS
+#define KVH KILN_KV_HEADS
+#define G (NH / KVH)
+#define PT KILN_PAGE_TOKENS
+#define THREADS 256
+#define BM 128                  // query rows a block: 64 a warpgroup
+#define BN 128                  // keys a tile
+#define CH (D / 8)              // 16-byte chunks a row
+#define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
+#define KV_PANEL (BN * 128)     // and of K or V
+#define Q_BYTES (BM * D * 2)
+#define TILE_BYTES (BN * D * 2) // K (or V) of one tile
+#define STAGE_BYTES (2 * TILE_BYTES)
+#define SMEM_BYTES (Q_BYTES + 2 * STAGE_BYTES + 1024) // and the slack to align to 1024
+
+#include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
+#include "kiln_wgmma.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ kiln_u32 smem_u32(const void *p)
+{
+    kiln_u32 a;
+    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
+__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Byte offset of (row r, column c, c % 8 == 0) in a swizzled tile whose
+// 64-column panels are panel bytes apart.
+__device__ __forceinline__ kiln_u32 swz(kiln_u32 r, kiln_u32 c, kiln_u32 panel)
+{
+    return (c / 64) * panel + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4);
+}
+
+// K and V of keys [c0, c0 + BN) into the stage at shared address dst (K, then
+// V TILE_BYTES on), zeros from key end on.
+__device__ __forceinline__ void load_kv(const unsigned char *__restrict__ pages, const kiln_u32 *__restrict__ trow,
+                                        kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 dst)
+{
+#pragma unroll
+    for (int e = 0; e < BN * CH / THREADS; e++) {
+        const kiln_u32 idx = threadIdx.x + e * THREADS, key = idx / CH, ch = idx % CH, c = c0 + key;
+        const bool ok = c < end;
+        const unsigned char *src = pages;
+        if (ok)
+            src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
+        const kiln_u32 off = swz(key, ch * 8, KV_PANEL);
+        cp_async16(dst + off, src, ok ? 16 : 0);
+        cp_async16(dst + TILE_BYTES + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ void pv(float *o, const kiln_u32 *a, kiln_u64 db)
+{
+#if D == 128
+    wgmma_rs_n128(o, a, db);
+#else
+    wgmma_rs_n64(o, a, db);
+#endif
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
+                   const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
+                   const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
+                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
+                   rope_freqs freqs, kiln_fault *fault)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    extern __shared__ unsigned char smem_raw[];
+    const kiln_u32 tid = threadIdx.x, wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32;
+    const kiln_u32 tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    seq_info q;
+    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
+                       blockIdx.x == 0 && blockIdx.y == 0, &q))
+        return;
+    const kiln_u32 nrows = q.count * G, r0 = tile * BM;
+    if (r0 >= nrows)
+        return;
+    const kiln_u32 base = q.len - q.count; // the cache index of the first new token
+    const kiln_u32 rlast = (r0 + BM < nrows ? r0 + BM : nrows) - 1;
+    const kiln_u32 ke = base + rlast / G + 1; // keys [0, ke) are read
+    const kiln_u32 ntiles = (ke + BN - 1) / BN;
+    const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+    unsigned char *sm = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const kiln_u32 sq = smem_u32(sm), skv = sq + Q_BYTES;
+
+    // The first tile in flight while the queries are rotated.
+    load_kv(pages, trow, h, 0, ke, skv);
+    cp_async_commit();
+
+    // Rotated, scaled queries in f16, eight pairs a step (rows past the
+    // sequence's: zero, attending every key, never written).
+    for (kiln_u32 idx = tid; idx < BM * (HALF / 8); idx += THREADS) {
+        const kiln_u32 r = idx / (HALF / 8), i0 = idx % (HALF / 8) * 8, row = r0 + r;
+        float y0[8], y1[8];
+        if (row < nrows) {
+            const kiln_u32 t = q.start + row / G, head = h * G + row % G, pos = positions[t];
+            const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)head * D;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                rope(kiln_f16_to_f32(ld_f16(src + i0 + j)), kiln_f16_to_f32(ld_f16(src + i0 + j + HALF)), pos,
+                     freqs.inv[i0 + j], &y0[j], &y1[j]);
+                y0[j] *= qscale;
+                y1[j] *= qscale;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                y0[j] = y1[j] = 0.0f;
+        }
+        *(kiln_u32x4 *)(sm + swz(r, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
+        *(kiln_u32x4 *)(sm + swz(r, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
+    }
+    fence_proxy_async();
+
+    // This thread's two rows (of its warp's 16) and the last key each attends.
+    const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4, rb = ra + 8;
+    const kiln_u32 last_a = r0 + ra < nrows ? base + (r0 + ra) / G : ke - 1;
+    const kiln_u32 last_b = r0 + rb < nrows ? base + (r0 + rb) / G : ke - 1;
+    const kiln_u32 last_min = last_a < last_b ? last_a : last_b;
+    float o[D / 2], m_a = neg_inf(), m_b = neg_inf(), l_a = 0.0f, l_b = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 2; i++)
+        o[i] = 0.0f;
+
+    for (kiln_u32 n = 0; n < ntiles; n++) {
+        if (n + 1 < ntiles)
+            load_kv(pages, trow, h, (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES);
+        cp_async_commit();
+        cp_async_wait1(); // this thread's copies of tile n have landed
+        fence_proxy_async();
+        __syncthreads(); // and everyone's
+        const kiln_u32 kst = skv + (n & 1) * STAGE_BYTES, vst = kst + TILE_BYTES;
+
+        float sc[BN / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+                          wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+
+        // Score j of a row block: rows a (sc[4j], sc[4j + 1]) and b (sc[4j + 2],
+        // sc[4j + 3]), keys c0 + 8j + 2 (lane % 4) and one more.
+        const kiln_u32 c0 = n * BN;
+        if (c0 + BN - 1 > last_min) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
+                    if (c > last_a)
+                        sc[4 * j + e] = neg_inf();
+                    if (c > last_b)
+                        sc[4 * j + 2 + e] = neg_inf();
+                }
+        }
+        // Online softmax. Finite maxima: every row's first tile holds key 0.
+        float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            mx_a = fmaxf(mx_a, fmaxf(sc[4 * j], sc[4 * j + 1]));
+            mx_b = fmaxf(mx_b, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+        }
+        mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 1));
+        mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
+        mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
+        mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
+        const float scale_a = fast_exp2(m_a - mx_a), scale_b = fast_exp2(m_b - mx_b);
+        m_a = mx_a;
+        m_b = mx_b;
+        float sum_a = 0.0f, sum_b = 0.0f;
+        kiln_u32 p[BN / 16][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float p0 = fast_exp2(sc[4 * j] - mx_a), p1 = fast_exp2(sc[4 * j + 1] - mx_a);
+            const float p2 = fast_exp2(sc[4 * j + 2] - mx_b), p3 = fast_exp2(sc[4 * j + 3] - mx_b);
+            sum_a += p0 + p1;
+            sum_b += p2 + p3;
+            p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(p0, p1);
+            p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(p2, p3);
+        }
+        l_a = l_a * scale_a + sum_a;
+        l_b = l_b * scale_b + sum_b;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[4 * j] *= scale_a;
+            o[4 * j + 1] *= scale_a;
+            o[4 * j + 2] *= scale_b;
+            o[4 * j + 3] *= scale_b;
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            pv(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncthreads(); // the stage is consumed before the next tile's loads reuse it
+    }
+
+    // The rows' sums over their quad, then out.
+    l_a += kiln_shfl_xor_f32(l_a, 1);
+    l_a += kiln_shfl_xor_f32(l_a, 2);
+    l_b += kiln_shfl_xor_f32(l_b, 1);
+    l_b += kiln_shfl_xor_f32(l_b, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const kiln_u32 row = r0 + (half ? rb : ra);
+        if (row >= nrows)
+            continue;
+        const float inv = 1.0f / (half ? l_b : l_a);
+        const kiln_u32 t = q.start + row / G, head = h * G + row % G;
+        kiln_f16 *dst = out + ((kiln_u64)t * NH + head) * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_h2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    }
+#else
+    __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there
+#endif
+}
