@@ -1,6 +1,8 @@
 /* Causal paged attention on the GPU: fresh random data each run, out
  * poisoned first, every output element checked against a float64 host
- * reference (relative error <= 2e-3 against max(|ref|, 2^-12)), and the
+ * reference (relative error <= 2e-3 against max(|ref|, 2^-12), and for
+ * prefill, whose p is rounded to f16 for the tensor cores, also 2^-10 of
+ * sum p |v| / sum p), and the
  * whole KV page arena read back after every step: the new tokens' slots
  * hold the rotated k (within one f16 rounding of the float64 rotation) and v
  * (exact), every other byte is unchanged. Head dims 64 and 128, group sizes
@@ -197,6 +199,11 @@ typedef struct ref_ctx {
     const uint16_t *q, *out;
     const uint32_t *pos, *spans, *lens;
     const uint8_t *skip;
+    /* Prefill rounds p to f16 for its product with v, as FlashAttention
+     * does: an output may be off by up to 2^-11 (sum p |v|) / (sum p) from
+     * that and about as much from q rounded to f16, beyond TOL. 0: decode,
+     * whose kernels keep f32 accuracy. */
+    double p_round;
     _Atomic uint32_t next;
     pthread_mutex_t lock;
     double worst;
@@ -249,16 +256,19 @@ static void *ref_worker(void *arg)
             }
             for (uint32_t k = 0; k <= c; k++)
                 sum += (p[k] = exp(p[k] - m));
-            double o[128] = {0};
+            double o[128] = {0}, mag[128] = {0};
             for (uint32_t k = 0; k <= c; k++) {
                 const uint16_t *vr = s->img + at(s, trow[k / s->pt], 1, kh, k % s->pt, 0);
-                for (int64_t d = 0; d < D; d++)
+                for (int64_t d = 0; d < D; d++) {
                     o[d] += p[k] * h2f(vr[d]);
+                    mag[d] += p[k] * fabs(h2f(vr[d]));
+                }
             }
             const uint16_t *got = r->out + ((size_t)t * H + hq) * D;
             for (int64_t d = 0; d < D; d++) {
                 const double ref = o[d] / sum, g = h2f(got[d]);
-                const double e = isfinite(g) ? fabs(g - ref) / fmax(fabs(ref), FLOOR) : INFINITY;
+                const double scale = fmax(fabs(ref), FLOOR) + r->p_round / TOL * mag[d] / sum;
+                const double e = isfinite(g) ? fabs(g - ref) / scale : INFINITY;
                 worst = e > worst ? e : worst;
                 checked++;
                 if (e > TOL && wrong++ < 5)
@@ -457,7 +467,9 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
             for (size_t e = 0; e < (size_t)st->count[i] * H * D; e++)
                 if (out[(size_t)spans[2 * i] * H * D + e] != 0xffff)
                     fail_msg("%s: skipped sequence %u's out was written", label, i);
-    ref_ctx r = {.s = s, .q = q, .out = out, .pos = pos, .spans = spans, .lens = lens, .skip = skip};
+    const uint32_t maxq = st->max_query ? st->max_query : T;
+    ref_ctx r = {.s = s, .q = q, .out = out, .pos = pos, .spans = spans, .lens = lens, .skip = skip,
+                 .p_round = maxq > 1 ? ldexp(1, -10) : 0};
     pthread_mutex_init(&r.lock, NULL);
     pthread_t th[16];
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -498,6 +510,7 @@ static const layout layouts[] = {
     {64, 4, 4},   /* group 1 */
     {64, 16, 4},  /* group 4 */
     {64, 14, 2},  /* group 7: Qwen2.5-0.5B */
+    {128, 64, 8}, /* group 8: Llama-3-70B */
 };
 #define N_LAYOUTS (sizeof layouts / sizeof layouts[0])
 
@@ -525,13 +538,37 @@ static void test_prefill_single_sequence(void **state)
         prefill_one(f, layouts[2], 4096, 1e6f); /* group 7, head_dim 128 */
         prefill_one(f, layouts[5], 4096, 1e6f); /* group 7, head_dim 64 */
         prefill_one(f, layouts[0], 4096, 500000.0f);
+        /* Chunked prefill after a long cached prefix. */
+        sess s;
+        uint32_t ctx = 8000, count = 300, cap = ctx + count;
+        sess_init(&s, f, layouts[1], 1, &ctx, &cap, 500000.0f);
+        step st = {.count = &count};
+        KILN_CHECK(run_step(&s, &st, "prefill after 8000 cached"));
+        sess_free(&s);
     }
 }
 
-/* Several sequences packed, each with a cached prefix (chunked prefill). */
-static void test_prefill_packed_with_prefixes(void **state)
+static void prefill_packed(gpu_fixture *f);
+
+/* The CUDA-core prefill, which devices without wgmma take, on a device that
+ * takes the wgmma one (the same kernel elsewhere). */
+static void test_prefill_cuda_core(void **state)
 {
     gpu_fixture *f = *state;
+    kiln__paged_attention_set_cuda_core_prefill(1);
+    static const uint32_t lens[] = {1, 37, 300};
+    for (size_t l = 0; l < N_LAYOUTS; l++)
+        for (size_t i = 0; i < 3; i++)
+            prefill_one(f, layouts[l], lens[i], 1e6f);
+    prefill_packed(f);
+    kiln__paged_attention_set_cuda_core_prefill(0);
+}
+
+/* Several sequences packed, each with a cached prefix (chunked prefill). */
+static void test_prefill_packed_with_prefixes(void **state) { prefill_packed(*state); }
+
+static void prefill_packed(gpu_fixture *f)
+{
     for (size_t l = 0; l < N_LAYOUTS; l++) {
         enum { S = 5 };
         uint32_t ctx[S], cap[S], count[S];
@@ -951,6 +988,7 @@ static void test_contract_errors_at_encode(void **state)
 static int teardown_hooks(void **state)
 {
     kiln__paged_attention_set_two_kernel_decode(0);
+    kiln__paged_attention_set_cuda_core_prefill(0);
     kiln__paged_attention_set_split_target(0);
     kiln__paged_attention_set_decode_stages(0);
     return gpu_fixture_teardown(state);
@@ -964,6 +1002,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_prefill_single_sequence),
         T(test_prefill_packed_with_prefixes),
+        T(test_prefill_cuda_core),
         T(test_decode),
         T(test_decode_split_lengths),
         T(test_decode_every_cluster_size),
