@@ -70,14 +70,15 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
  * block an SM (bench/bench_attention --sweep shows both). At head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
-/* The wgmma prefill kernel's (templates/paged_prefill.cu's SMEM_BYTES): q for
- * 128 rows, two stages of K and V tiles of 128 keys, and 1024 bytes of slack
- * to align them. */
-#define PREFILL_THREADS 256
+/* The wgmma prefill kernel's threads and shared memory (templates/paged_prefill.cu's
+ * THREADS and SMEM_BYTES): q for 128 rows, 3 stages (4 at head_dim 64) of K
+ * and V tiles of 128 keys, and 1024 bytes of slack to align them. */
+#define PREFILL_THREADS 384
 #define PREFILL_BM 128
 static unsigned prefill_smem(int64_t head_dim)
 {
-    return (unsigned)(PREFILL_BM * head_dim * 2 + 2 * 2 * 128 * head_dim * 2 + 1024);
+    const unsigned stages = head_dim == 128 ? 3u : 4u;
+    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * 128 * head_dim * 2 + 1024);
 }
 
 /* The wgmma prefill kernel's spec: sm_90 only (wgmma is sm_90a's). */

@@ -4,14 +4,19 @@
 // first and writes the rotated k and v to the pages.
 // A block takes 128 query rows of one sequence and kv head, row r = token *
 // G + head within the group, so a GQA group's query heads share every K and
-// V tile; two warpgroups, 64 rows each. Keys come in tiles of 128 from the
-// sequence's pages (cp.async, 16 bytes a copy, two stages: the next tile
-// lands while this one is computed) into 128-byte-swizzled shared memory
-// (templates/kiln_wgmma.cuh), and both products run on the tensor cores:
-//   S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
-//   O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
-//               into f16 in place: the accumulator's layout is the A
-//               operand's), V from shared memory (N-major).
+// V tile. Warp specialized, 288 threads:
+//   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
+//     sequence's pages into shared memory (cp.async, 16 bytes a copy, a
+//     page lookup a key) through STAGES stages, each with a full and an
+//     empty mbarrier, into 128-byte-swizzled panels (templates/kiln_wgmma.cuh);
+//   warpgroups 0 and 1, the consumers, 64 rows each:
+//     S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
+//     O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
+//                 into f16 in place: the accumulator's layout is the A
+//                 operand's), V from shared memory (N-major).
+//     They take turns to issue their products (two named barriers, as
+//     FlashAttention-3's ping-pong): one warpgroup's softmax runs on the
+//     CUDA cores while the other's product runs on the tensor cores.
 // q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to f16
 // once, in shared memory for the whole block; the softmax runs online in f32
 // with exp2, and P is rounded to f16 for its product, as FlashAttention
@@ -20,9 +25,9 @@
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
-// KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; 256
+// KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
-// restates it).
+// restates both).
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_prefill
@@ -34,58 +39,63 @@
 #define KVH KILN_KV_HEADS
 #define G (NH / KVH)
 #define PT KILN_PAGE_TOKENS
-#define THREADS 256
+#define THREADS 384             // two consumer warpgroups and the producer warpgroup
+#define CONSUMERS 256
 #define BM 128                  // query rows a block: 64 a warpgroup
 #define BN 128                  // keys a tile
+#define STAGES (D == 128 ? 3 : 4)
 #define CH (D / 8)              // 16-byte chunks a row
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
-#define SMEM_BYTES (Q_BYTES + 2 * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
+#define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product
 
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
+#include "kiln_tma.cuh"   // saddr, bar_wait
 #include "kiln_wgmma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ kiln_u32 smem_u32(const void *p)
-{
-    kiln_u32 a;
-    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
 __device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void named_sync(kiln_u32 id)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
+}
 
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void named_arrive(kiln_u32 id)
+{
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
+}
 
 // Byte offset of (row r, column c, c % 8 == 0) in a swizzled tile whose
 // 64-column panels are panel bytes apart.
-__device__ __forceinline__ kiln_u32 swz(kiln_u32 r, kiln_u32 c, kiln_u32 panel)
+__device__ __forceinline__ kiln_u32 swz_at(kiln_u32 r, kiln_u32 c, kiln_u32 panel)
 {
     return (c / 64) * panel + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4);
 }
 
-// K and V of keys [c0, c0 + BN) into the stage at shared address dst (K, then
-// V TILE_BYTES on), zeros from key end on.
+// The producer warp: K and V of keys [c0, c0 + BN) into the stage at shared
+// address dst (K, then V TILE_BYTES on), zeros from key end on; lane l
+// copies chunk l % CH of key 32 / CH keys a step apart.
 __device__ __forceinline__ void load_kv(const unsigned char *__restrict__ pages, const kiln_u32 *__restrict__ trow,
-                                        kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 dst)
+                                        kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 dst, kiln_u32 lane)
 {
-#pragma unroll
-    for (int e = 0; e < BN * CH / THREADS; e++) {
-        const kiln_u32 idx = threadIdx.x + e * THREADS, key = idx / CH, ch = idx % CH, c = c0 + key;
+#pragma unroll 4
+    for (kiln_u32 key = lane / CH; key < BN; key += 128 / CH) {
+        const kiln_u32 ch = lane % CH, c = c0 + key;
         const bool ok = c < end;
         const unsigned char *src = pages;
         if (ok)
             src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
-        const kiln_u32 off = swz(key, ch * 8, KV_PANEL);
+        const kiln_u32 off = swz_at(key, ch * 8, KV_PANEL);
         cp_async16(dst + off, src, ok ? 16 : 0);
         cp_async16(dst + TILE_BYTES + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
     }
@@ -111,7 +121,8 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     extern __shared__ unsigned char smem_raw[];
-    const kiln_u32 tid = threadIdx.x, wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32;
+    __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
+    const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     const kiln_u32 tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     seq_info q;
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
@@ -124,17 +135,33 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
     const kiln_u32 rlast = (r0 + BM < nrows ? r0 + BM : nrows) - 1;
     const kiln_u32 ke = base + rlast / G + 1; // keys [0, ke) are read
     const kiln_u32 ntiles = (ke + BN - 1) / BN;
-    const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
-    unsigned char *sm = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const kiln_u32 sq = smem_u32(sm), skv = sq + Q_BYTES;
+    unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
+    const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
+    if (tid == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            asm volatile("mbarrier.init.shared.b64 [%0], 128;" ::"r"(saddr(&full[i])));
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[i])), "n"(CONSUMERS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads(); // the last block-wide barrier: the roles part here
 
-    // The first tile in flight while the queries are rotated.
-    load_kv(pages, trow, h, 0, ke, skv);
-    cp_async_commit();
+    if (tid >= CONSUMERS) {
+        // The producer: tile n into stage n % STAGES once its last use is over.
+        const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+        for (kiln_u32 n = 0; n < ntiles; n++) {
+            const kiln_u32 st = n % STAGES;
+            if (n >= STAGES)
+                bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
+            load_kv(pages, trow, h, n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS);
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+        }
+        return;
+    }
 
-    // Rotated, scaled queries in f16, eight pairs a step (rows past the
-    // sequence's: zero, attending every key, never written).
-    for (kiln_u32 idx = tid; idx < BM * (HALF / 8); idx += THREADS) {
+    // The consumers. Rotated, scaled queries in f16, eight pairs a step (rows
+    // past the sequence's: zero, attending every key, never written).
+    for (kiln_u32 idx = tid; idx < BM * (HALF / 8); idx += CONSUMERS) {
         const kiln_u32 r = idx / (HALF / 8), i0 = idx % (HALF / 8) * 8, row = r0 + r;
         float y0[8], y1[8];
         if (row < nrows) {
@@ -152,12 +179,14 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
             for (int j = 0; j < 8; j++)
                 y0[j] = y1[j] = 0.0f;
         }
-        *(kiln_u32x4 *)(sm + swz(r, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
-        *(kiln_u32x4 *)(sm + swz(r, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
+        *(kiln_u32x4 *)(sm + swz_at(r, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
+        *(kiln_u32x4 *)(sm + swz_at(r, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
     }
     fence_proxy_async();
+    named_sync(BAR_Q);
 
     // This thread's two rows (of its warp's 16) and the last key each attends.
+    const kiln_u32 wg = tid / 128, warp = tid % 128 / 32;
     const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4, rb = ra + 8;
     const kiln_u32 last_a = r0 + ra < nrows ? base + (r0 + ra) / G : ke - 1;
     const kiln_u32 last_b = r0 + rb < nrows ? base + (r0 + rb) / G : ke - 1;
@@ -166,23 +195,27 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
         o[i] = 0.0f;
+    // Turns: warpgroup 0 issues first; each issue hands the turn over, and
+    // warpgroup 1 skips the last hand-over so that no arrival is left over.
+    const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
+    if (wg == 1)
+        named_arrive(other_turn);
 
     for (kiln_u32 n = 0; n < ntiles; n++) {
-        if (n + 1 < ntiles)
-            load_kv(pages, trow, h, (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES);
-        cp_async_commit();
-        cp_async_wait1(); // this thread's copies of tile n have landed
-        fence_proxy_async();
-        __syncthreads(); // and everyone's
-        const kiln_u32 kst = skv + (n & 1) * STAGE_BYTES, vst = kst + TILE_BYTES;
+        const kiln_u32 st = n % STAGES;
+        bar_wait(saddr(&full[st]), (n / STAGES) & 1);
+        fence_proxy_async(); // the producer's copies, seen by wgmma's proxy
+        const kiln_u32 kst = skv + st * STAGE_BYTES, vst = kst + TILE_BYTES;
 
         float sc[BN / 2];
+        named_sync(my_turn);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
             wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
                           wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024), kk > 0);
         wgmma_commit();
+        named_arrive(other_turn);
         wgmma_wait<0>();
 
         // Score j of a row block: rows a (sc[4j], sc[4j + 1]) and b (sc[4j + 2],
@@ -234,13 +267,16 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
             o[4 * j + 2] *= scale_b;
             o[4 * j + 3] *= scale_b;
         }
+        named_sync(my_turn);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
             pv(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
         wgmma_commit();
+        if (wg == 0 || n + 1 < ntiles)
+            named_arrive(other_turn);
         wgmma_wait<0>();
-        __syncthreads(); // the stage is consumed before the next tile's loads reuse it
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[st])) : "memory");
     }
 
     // The rows' sums over their quad, then out.
