@@ -17,7 +17,9 @@
  * ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
  * scaled_dot_product_attention at the same shapes.
  *
- * Usage: bench_attention [--iters 50] [--sweep | --prefill]
+ * --only S,CTX,N: that prefill shape alone (for a profiler).
+ *
+ * Usage: bench_attention [--iters 50] [--sweep | --prefill [--only S,CTX,N]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +121,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     kiln_region wr = {bw, 0, ws_bytes ? ws_bytes : 256};
     kiln_paged_attention_desc d = {.size = sizeof d, .q = &tq, .k = &tk, .v = &tv, .positions = &tp,
                                    .block_table = &tt, .seq_lens = &tl, .query_spans = &ts, .out = &to,
-                                   .kv_pages = &pr, .rope_theta = 500000.0f, .max_query_tokens = count == 1 ? 1 : 0,
+                                   .kv_pages = &pr, .rope_theta = 500000.0f, .max_query_tokens = count,
                                    .workspace = split ? &wr : NULL};
     kiln_command *cmd;
     ck(kiln_op_paged_attention_encode(g_jit, &d, &cmd), "encode");
@@ -198,11 +200,15 @@ int main(int argc, char **argv)
 {
     long iters = 50;
     int sweep = 0, prefill = 0;
+    unsigned only[3] = {0, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep"))
             sweep = 1;
         else if (!strcmp(argv[i], "--prefill"))
             prefill = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc &&
+                 sscanf(argv[i + 1], "%u,%u,%u", &only[0], &only[1], &only[2]) == 3)
+            i++;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
             iters = bench_parse_positive(argv[++i]);
     }
@@ -228,6 +234,8 @@ int main(int argc, char **argv)
             kiln__paged_attention_set_cuda_core_prefill(k);
             for (int d = 0; d < 2; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                    if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))
+                        continue;
                     const double work = (double)shapes[i].S * shapes[i].count * (shapes[i].ctx + shapes[i].count);
                     const long n = (long)(iters * 4e6 / work) + 1; /* about the same time a shape */
                     /* The CUDA-core kernel is slow at 16384: fewer runs. */

@@ -461,7 +461,7 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *append_args[] = {&l->k,       &l->v,          &l->kv_stride, &l->pos,       &l->table,
                            &l->lens,    &l->spans,      &l->pages,     &l->n_pages,   &l->max_blocks,
                            &l->tokens,  &l->max_query,  l->inv_freq,   &fault};
-    kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, l->kv_heads, l->seqs, THREADS, 0, append_args,
+    kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, 1, l->seqs, THREADS, 0, append_args,
                              "cuLaunchKernel (paged_attention append)");
     if (st)
         return st;

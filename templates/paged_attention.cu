@@ -17,8 +17,8 @@
 // read or written) and reported through the fault record.
 // Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
 // KILN_PAGE_TOKENS, KILN_ROWS (query rows per attention block: 4, 8 or 16).
-// Grids: x = tiles of a sequence's new tokens, y = kv head, z = sequence;
-// 128 threads.
+// Grids: x = tiles of a sequence's new tokens, y = kv head (append: 1, it
+// writes every kv head), z = sequence; 128 threads.
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_attention
@@ -52,31 +52,33 @@ kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v
                   kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
-    const kiln_u32 s = blockIdx.z, h = blockIdx.y;
+    const kiln_u32 s = blockIdx.z, j0 = blockIdx.x * APPEND_TOKENS;
+    if (j0 >= spans[2 * s + 1])
+        return; // no new token here (a bad count is checked below)
     seq_info q;
     // The attention kernel reports; this one only skips.
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, false, &q))
         return;
-    const kiln_u32 j0 = blockIdx.x * APPEND_TOKENS;
-    if (j0 >= q.count)
-        return;
     const kiln_u32 n = q.count - j0 < APPEND_TOKENS ? q.count - j0 : APPEND_TOKENS;
     const kiln_u32 base = q.len - q.count; // the cache index of the first new token
     const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
+    // One angle per (token, pair), for every kv head.
     for (kiln_u32 idx = threadIdx.x; idx < n * HALF; idx += THREADS) {
         const kiln_u32 j = j0 + idx / HALF, i = idx % HALF;
         const kiln_u32 t = q.start + j, c = base + j;
-        const kiln_u64 src = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
+        float sn, cs;
+        sincosf((float)positions[t] * freqs.inv[i], &sn, &cs);
         unsigned char *page = pages + (kiln_u64)row[c / PT] * PAGE_BYTES;
-        const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
-        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
-        float y0, y1;
-        rope(kiln_f16_to_f32(ld_f16(k + src + i)), kiln_f16_to_f32(ld_f16(k + src + i + HALF)), positions[t],
-             freqs.inv[i], &y0, &y1);
-        st_f16(kd + i, kiln_f32_to_f16(y0));
-        st_f16(kd + i + HALF, kiln_f32_to_f16(y1));
-        st_f16(vd + i, ld_f16(v + src + i));
-        st_f16(vd + i + HALF, ld_f16(v + src + i + HALF));
+        for (kiln_u32 h = 0; h < KVH; h++) {
+            const kiln_u64 src = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
+            const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
+            kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
+            const float x0 = kiln_f16_to_f32(ld_f16(k + src + i)), x1 = kiln_f16_to_f32(ld_f16(k + src + i + HALF));
+            st_f16(kd + i, kiln_f32_to_f16(x0 * cs - x1 * sn));
+            st_f16(kd + i + HALF, kiln_f32_to_f16(x1 * cs + x0 * sn));
+            st_f16(vd + i, ld_f16(v + src + i));
+            st_f16(vd + i + HALF, ld_f16(v + src + i + HALF));
+        }
     }
 }
 
@@ -130,6 +132,8 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
     __shared__ kiln_u32 slast[ROWS];
 
     const kiln_u32 tile = blockIdx.x, s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
+    if ((kiln_u64)tile * ROWS >= (kiln_u64)spans[2 * s + 1] * G)
+        return; // no row here (a bad count is checked below, by tile 0)
     seq_info q;
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
                        blockIdx.x == 0 && blockIdx.y == 0, &q))

@@ -124,9 +124,11 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     const kiln_u32 tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    if ((kiln_u64)tile * BM >= (kiln_u64)spans[2 * s + 1] * G)
+        return; // no row here (a bad count is checked below, by tile 0)
     seq_info q;
     if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
-                       blockIdx.x == 0 && blockIdx.y == 0, &q))
+                       tile == 0 && h == 0, &q))
         return;
     const kiln_u32 nrows = q.count * G, r0 = tile * BM;
     if (r0 >= nrows)
@@ -159,28 +161,46 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
         return;
     }
 
-    // The consumers. Rotated, scaled queries in f16, eight pairs a step (rows
+    // The consumers. Rotated, scaled queries in f16, eight pairs of one token
+    // a step, their angles shared by the token's heads in the block (rows
     // past the sequence's: zero, attending every key, never written).
-    for (kiln_u32 idx = tid; idx < BM * (HALF / 8); idx += CONSUMERS) {
-        const kiln_u32 r = idx / (HALF / 8), i0 = idx % (HALF / 8) * 8, row = r0 + r;
-        float y0[8], y1[8];
-        if (row < nrows) {
-            const kiln_u32 t = q.start + row / G, head = h * G + row % G, pos = positions[t];
-            const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)head * D;
+    const kiln_u32 tok0 = r0 / G, ntok = (r0 + BM - 1) / G + 1 - tok0;
+    for (kiln_u32 idx = tid; idx < ntok * (HALF / 8); idx += CONSUMERS) {
+        const kiln_u32 tl = tok0 + idx / (HALF / 8), i0 = idx % (HALF / 8) * 8;
+        const bool live = tl < q.count;
+        const kiln_u32 t = q.start + (live ? tl : 0);
+        float sn[8], cs[8];
+        if (live) {
+            const float pos = (float)positions[t];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                rope(kiln_f16_to_f32(ld_f16(src + i0 + j)), kiln_f16_to_f32(ld_f16(src + i0 + j + HALF)), pos,
-                     freqs.inv[i0 + j], &y0[j], &y1[j]);
-                y0[j] *= qscale;
-                y1[j] *= qscale;
+                sincosf(pos * freqs.inv[i0 + j], &sn[j], &cs[j]);
+                sn[j] *= qscale;
+                cs[j] *= qscale;
             }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                y0[j] = y1[j] = 0.0f;
         }
-        *(kiln_u32x4 *)(sm + swz_at(r, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
-        *(kiln_u32x4 *)(sm + swz_at(r, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
+        for (kiln_u32 g = 0; g < G; g++) {
+            const kiln_u32 row = tl * G + g;
+            if (row < r0 || row >= r0 + BM)
+                continue;
+            float y0[8], y1[8];
+            if (live) {
+                const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float x0 = kiln_f16_to_f32(ld_f16(src + i0 + j));
+                    const float x1 = kiln_f16_to_f32(ld_f16(src + i0 + j + HALF));
+                    y0[j] = x0 * cs[j] - x1 * sn[j];
+                    y1[j] = x1 * cs[j] + x0 * sn[j];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    y0[j] = y1[j] = 0.0f;
+            }
+            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
+            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
+        }
     }
     fence_proxy_async();
     named_sync(BAR_Q);
