@@ -16,7 +16,7 @@
 #define OP "paged_attention"
 #define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_PAGED_ATTENTION)
 #define THREADS 128
-#define APPEND_TOKENS 16 /* new tokens per append block (the template's) */
+#define APPEND_TOKENS 4 /* new tokens per append block (the template's) */
 #define PREFILL_ROWS 16
 #define MAX_SEQS 65535u  /* the grid's z */
 #define GRID_X_MAX 0x7fffffffu

@@ -34,7 +34,8 @@
 #define THREADS 128
 #define KC 64              // keys per tile
 #define KPAD 8             // halves of padding per K row: conflict-free 16-byte reads
-#define APPEND_TOKENS 16   // new tokens per append block
+#define APPEND_TOKENS 4    // new tokens per append block (providers/paged_attention.c restates it)
+#define APPEND_HEADS 8     // kv heads whose loads an append thread has in flight at once
 
 #if ROWS != 4 && ROWS != 8 && ROWS != 16
 #error "KILN_ROWS must be 4, 8 or 16"
@@ -62,22 +63,37 @@ kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v
     const kiln_u32 n = q.count - j0 < APPEND_TOKENS ? q.count - j0 : APPEND_TOKENS;
     const kiln_u32 base = q.len - q.count; // the cache index of the first new token
     const kiln_u32 *row = table + (kiln_u64)s * max_blocks;
-    // One angle per (token, pair), for every kv head.
+    // One angle per (token, pair), for every kv head; a group of heads'
+    // loads are all in flight before the first store.
     for (kiln_u32 idx = threadIdx.x; idx < n * HALF; idx += THREADS) {
         const kiln_u32 j = j0 + idx / HALF, i = idx % HALF;
         const kiln_u32 t = q.start + j, c = base + j;
         float sn, cs;
         sincosf((float)positions[t] * freqs.inv[i], &sn, &cs);
         unsigned char *page = pages + (kiln_u64)row[c / PT] * PAGE_BYTES;
-        for (kiln_u32 h = 0; h < KVH; h++) {
-            const kiln_u64 src = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
-            const kiln_u64 dst = ((kiln_u64)h * PT + c % PT) * D;
-            kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
-            const float x0 = kiln_f16_to_f32(ld_f16(k + src + i)), x1 = kiln_f16_to_f32(ld_f16(k + src + i + HALF));
-            st_f16(kd + i, kiln_f32_to_f16(x0 * cs - x1 * sn));
-            st_f16(kd + i + HALF, kiln_f32_to_f16(x1 * cs + x0 * sn));
-            st_f16(vd + i, ld_f16(v + src + i));
-            st_f16(vd + i + HALF, ld_f16(v + src + i + HALF));
+        const kiln_f16 *ks = k + (kiln_u64)t * kv_stride + i, *vs = v + (kiln_u64)t * kv_stride + i;
+        kiln_f16 *kd = (kiln_f16 *)page + (kiln_u64)(c % PT) * D + i, *vd = (kiln_f16 *)(page + V_OFFSET) + (kiln_u64)(c % PT) * D + i;
+        for (kiln_u32 h0 = 0; h0 < KVH; h0 += APPEND_HEADS) {
+            kiln_f16 x[APPEND_HEADS][4];
+#pragma unroll
+            for (kiln_u32 e = 0; e < APPEND_HEADS; e++)
+                if (h0 + e < KVH) {
+                    const kiln_u32 o = (h0 + e) * D;
+                    x[e][0] = ks[o];
+                    x[e][1] = ks[o + HALF];
+                    x[e][2] = vs[o];
+                    x[e][3] = vs[o + HALF];
+                }
+#pragma unroll
+            for (kiln_u32 e = 0; e < APPEND_HEADS; e++)
+                if (h0 + e < KVH) {
+                    const kiln_u64 o = (kiln_u64)(h0 + e) * PT * D;
+                    const float x0 = kiln_f16_to_f32(x[e][0]), x1 = kiln_f16_to_f32(x[e][1]);
+                    kd[o] = kiln_f32_to_f16(x0 * cs - x1 * sn);
+                    kd[o + HALF] = kiln_f32_to_f16(x1 * cs + x0 * sn);
+                    vd[o] = x[e][2];
+                    vd[o + HALF] = x[e][3];
+                }
         }
     }
 }

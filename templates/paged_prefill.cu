@@ -51,6 +51,8 @@
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
+#define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product
 
@@ -101,13 +103,110 @@ __device__ __forceinline__ void load_kv(const unsigned char *__restrict__ pages,
     }
 }
 
-__device__ __forceinline__ void pv(float *o, const kiln_u32 *a, kiln_u64 db)
+// Waits for tile n's stage to be full, then makes the producer's copies
+// visible to wgmma's proxy.
+__device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 {
+    bar_wait(saddr(&full[n % STAGES]), (n / STAGES) & 1);
+    fence_proxy_async();
+}
+
+// Issues sc = Q K_n^T for warpgroup wg's 64 rows (one commit group).
+__device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
+{
+    const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
+    wgmma_ss_n128_first(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; kk++)
+        wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+                      wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
+    wgmma_commit();
+}
+
+// Issues o += P V with V at shared address vst (one commit group).
+__device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst)
+{
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
 #if D == 128
-    wgmma_rs_n128(o, a, db);
+        wgmma_rs_n128(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
 #else
-    wgmma_rs_n64(o, a, db);
+        wgmma_rs_n64(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
 #endif
+    }
+    wgmma_commit();
+}
+
+// Masks tile n's scores past each row's last key, updates the rows' running
+// max and sum, turns sc into the probabilities (f32, in place) and says the
+// factor the output must be rescaled by. Score j of a row block: rows a
+// (sc[4j], sc[4j + 1]) and b (sc[4j + 2], sc[4j + 3]), keys c0 + 8j + 2 (lane
+// % 4) and one more. Finite maxima: every row's first tile holds key 0.
+__device__ __forceinline__ void softmax(float *sc, kiln_u32 n, kiln_u32 lane, kiln_u32 last_a, kiln_u32 last_b,
+                                        kiln_u32 last_min, float *m_a, float *m_b, float *l_a, float *l_b,
+                                        float *scale_a, float *scale_b)
+{
+    const kiln_u32 c0 = n * BN;
+    if (c0 + BN - 1 > last_min) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
+                if (c > last_a)
+                    sc[4 * j + e] = neg_inf();
+                if (c > last_b)
+                    sc[4 * j + 2 + e] = neg_inf();
+            }
+    }
+    float mx_a = *m_a, mx_b = *m_b;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        mx_a = fmaxf(mx_a, fmaxf(sc[4 * j], sc[4 * j + 1]));
+        mx_b = fmaxf(mx_b, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    }
+    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 1));
+    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
+    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
+    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
+    *scale_a = fast_exp2(*m_a - mx_a);
+    *scale_b = fast_exp2(*m_b - mx_b);
+    *m_a = mx_a;
+    *m_b = mx_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        sc[4 * j] = fast_exp2(sc[4 * j] - mx_a);
+        sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - mx_a);
+        sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - mx_b);
+        sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - mx_b);
+        sum_a += sc[4 * j] + sc[4 * j + 1];
+        sum_b += sc[4 * j + 2] + sc[4 * j + 3];
+    }
+    *l_a = *l_a * *scale_a + sum_a;
+    *l_b = *l_b * *scale_b + sum_b;
+}
+
+// The probabilities in f16, as P V's A operand: key block kk's registers are
+// the score blocks 2 kk and 2 kk + 1, rows a and b.
+__device__ __forceinline__ void pack(const float *sc, kiln_u32 (*p)[4])
+{
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(sc[4 * j], sc[4 * j + 1]);
+        p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(sc[4 * j + 2], sc[4 * j + 3]);
+    }
+}
+
+__device__ __forceinline__ void rescale(float *o, float scale_a, float scale_b)
+{
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        o[4 * j] *= scale_a;
+        o[4 * j + 1] *= scale_a;
+        o[4 * j + 2] *= scale_b;
+        o[4 * j + 3] *= scale_b;
+    }
 }
 #endif
 
@@ -150,6 +249,8 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
 
     if (tid >= CONSUMERS) {
         // The producer: tile n into stage n % STAGES once its last use is over.
+        // It gives registers to the consumers, which hold two tiles' P.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
         for (kiln_u32 n = 0; n < ntiles; n++) {
             const kiln_u32 st = n % STAGES;
@@ -161,6 +262,7 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
         return;
     }
 
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     // The consumers. Rotated, scaled queries in f16, eight pairs of one token
     // a step, their angles shared by the token's heads in the block (rows
     // past the sequence's: zero, attending every key, never written).
@@ -186,10 +288,15 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
             float y0[8], y1[8];
             if (live) {
                 const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
+                kiln_f16 x[16];
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const float x0 = kiln_f16_to_f32(ld_f16(src + i0 + j));
-                    const float x1 = kiln_f16_to_f32(ld_f16(src + i0 + j + HALF));
+                    x[j] = src[i0 + j];
+                    x[j + 8] = src[i0 + j + HALF];
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float x0 = kiln_f16_to_f32(x[j]), x1 = kiln_f16_to_f32(x[j + 8]);
                     y0[j] = x0 * cs[j] - x1 * sn[j];
                     y1[j] = x1 * cs[j] + x0 * sn[j];
                 }
@@ -221,82 +328,44 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
     if (wg == 1)
         named_arrive(other_turn);
 
-    for (kiln_u32 n = 0; n < ntiles; n++) {
-        const kiln_u32 st = n % STAGES;
-        bar_wait(saddr(&full[st]), (n / STAGES) & 1);
-        fence_proxy_async(); // the producer's copies, seen by wgmma's proxy
-        const kiln_u32 kst = skv + st * STAGE_BYTES, vst = kst + TILE_BYTES;
-
-        float sc[BN / 2];
+    // Tile n's scores come while tile n - 1's P V is computed (as
+    // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
+    // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
+    // second product is on the tensor cores, and O is rescaled once it is done.
+    float sc[BN / 2], scale_a, scale_b;
+    kiln_u32 p[BN / 16][4];
+    wait_tile(full, 0);
+    named_sync(my_turn);
+    wgmma_fence();
+    scores(sc, sq, skv, wg, 0);
+    named_arrive(other_turn);
+    wgmma_wait<0>();
+    softmax(sc, 0, lane, last_a, last_b, last_min, &m_a, &m_b, &l_a, &l_b, &scale_a, &scale_b);
+    pack(sc, p);
+    for (kiln_u32 n = 1; n < ntiles; n++) {
+        const kiln_u32 pst = (n - 1) % STAGES;
+        wait_tile(full, n);
         named_sync(my_turn);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
-                          wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024), kk > 0);
-        wgmma_commit();
+        scores(sc, sq, skv, wg, n);
+        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
         named_arrive(other_turn);
-        wgmma_wait<0>();
-
-        // Score j of a row block: rows a (sc[4j], sc[4j + 1]) and b (sc[4j + 2],
-        // sc[4j + 3]), keys c0 + 8j + 2 (lane % 4) and one more.
-        const kiln_u32 c0 = n * BN;
-        if (c0 + BN - 1 > last_min) {
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
-                    if (c > last_a)
-                        sc[4 * j + e] = neg_inf();
-                    if (c > last_b)
-                        sc[4 * j + 2 + e] = neg_inf();
-                }
-        }
-        // Online softmax. Finite maxima: every row's first tile holds key 0.
-        float mx_a = m_a, mx_b = m_b;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            mx_a = fmaxf(mx_a, fmaxf(sc[4 * j], sc[4 * j + 1]));
-            mx_b = fmaxf(mx_b, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
-        }
-        mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 1));
-        mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
-        mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
-        mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
-        const float scale_a = fast_exp2(m_a - mx_a), scale_b = fast_exp2(m_b - mx_b);
-        m_a = mx_a;
-        m_b = mx_b;
-        float sum_a = 0.0f, sum_b = 0.0f;
-        kiln_u32 p[BN / 16][4];
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const float p0 = fast_exp2(sc[4 * j] - mx_a), p1 = fast_exp2(sc[4 * j + 1] - mx_a);
-            const float p2 = fast_exp2(sc[4 * j + 2] - mx_b), p3 = fast_exp2(sc[4 * j + 3] - mx_b);
-            sum_a += p0 + p1;
-            sum_b += p2 + p3;
-            p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(p0, p1);
-            p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(p2, p3);
-        }
-        l_a = l_a * scale_a + sum_a;
-        l_b = l_b * scale_b + sum_b;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[4 * j] *= scale_a;
-            o[4 * j + 1] *= scale_a;
-            o[4 * j + 2] *= scale_b;
-            o[4 * j + 3] *= scale_b;
-        }
+        wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
+        softmax(sc, n, lane, last_a, last_b, last_min, &m_a, &m_b, &l_a, &l_b, &scale_a, &scale_b);
+        wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+        rescale(o, scale_a, scale_b);
+        pack(sc, p);
+    }
+    {
+        const kiln_u32 pst = (ntiles - 1) % STAGES;
         named_sync(my_turn);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            pv(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
-        wgmma_commit();
-        if (wg == 0 || n + 1 < ntiles)
+        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+        if (wg == 0)
             named_arrive(other_turn);
         wgmma_wait<0>();
-        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[st])) : "memory");
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
     }
 
     // The rows' sums over their quad, then out.

@@ -997,6 +997,7 @@ static int teardown_hooks(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
+    kiln_test_filter();
     h2f_init();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, teardown_hooks)
     const struct CMUnitTest tests[] = {
