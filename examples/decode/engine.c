@@ -35,6 +35,8 @@ struct dec_engine {
     kiln_buffer *ab; /* the arena's buffer (borrowed) */
     kiln_binding_slot slots[N_SLOTS];
     step_cmds *decode; /* [max_participants + 1]: decode commands per batch size, encoded on first use */
+    step_cmds prefill; /* the prefill benchmark's step, kept for its breakdown */
+    uint32_t prefill_seqs, prefill_tokens;
     /* host staging of the arena's slots */
     uint32_t *ids, *pos, *lens, *spans, *table;
     uint16_t *logits_host;
@@ -215,6 +217,7 @@ void dec_engine_free(dec_engine *e)
         for (uint32_t p = 0; p <= e->o.max_participants; p++)
             cmds_release(&e->decode[p]);
     free(e->decode);
+    cmds_release(&e->prefill);
     kiln_buffer *all[] = {e->res,    e->norm,  e->qkv,   e->attn,    e->act,
                           e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
                           e->penalty, e->am_ws, e->next};
@@ -628,16 +631,22 @@ static double label_bytes(const dec_engine *e, const char *label, uint32_t batch
     return 0;
 }
 
-kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out)
+enum { MAX_LABELS = 16 };
+
+/* Milliseconds per kind of command (its label), in the order first met. */
+typedef struct label_times {
+    const char *name[MAX_LABELS];
+    double ms[MAX_LABELS], total;
+    size_t n;
+} label_times;
+
+/* Runs c once, eager, every command timed (spans), and sums the times by label. */
+static kiln_status time_by_label(dec_engine *e, const step_cmds *c, const kiln_binding_patch *p, size_t n_patches,
+                                 const char *phase, label_times *out)
 {
-    const step_cmds *c = &e->decode[batch];
-    if (batch > e->o.max_participants || !c->n)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "breakdown: run dec_bench_steps for batch %u first", batch);
-    kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
-                               {SLOT_POS, 0, e->pos, (size_t)batch * 4},
-                               {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
+    memset(out, 0, sizeof *out);
     kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_SPANS,
-                              .phase = "decode", .arena = e->arena, .patches = p, .n_patches = 3};
+                              .phase = phase, .arena = e->arena, .patches = p, .n_patches = n_patches};
     kiln_fence *fence;
     kiln_status st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence);
     if (st)
@@ -646,34 +655,194 @@ kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context,
         kiln_fence_release(fence);
         return dec_kfail(st, "breakdown");
     }
-    enum { MAXL = 16 };
-    const char *names[MAXL];
-    double ms[MAXL] = {0}, total = 0;
-    size_t n_names = 0;
     for (size_t i = 0; i < c->n; i++) {
         kiln_attribution a;
         kiln_span sp;
         if (kiln_fence_attribution(fence, i, &a) || a.span < 0 || kiln_fence_span(fence, (size_t)a.span, &sp))
             continue;
         size_t k = 0;
-        while (k < n_names && strcmp(names[k], c->label[i]))
+        while (k < out->n && strcmp(out->name[k], c->label[i]))
             k++;
-        if (k == n_names) {
-            if (n_names == MAXL)
+        if (k == out->n) {
+            if (out->n == MAX_LABELS)
                 continue;
-            names[n_names++] = c->label[i];
+            out->name[out->n++] = c->label[i];
         }
-        ms[k] += sp.duration_ms;
-        total += sp.duration_ms;
+        out->ms[k] += sp.duration_ms;
+        out->total += sp.duration_ms;
     }
     kiln_fence_release(fence);
+    return KILN_OK;
+}
+
+kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out)
+{
+    if (batch > e->o.max_participants || !e->decode[batch].n)
+        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "breakdown: run dec_bench_steps for batch %u first", batch);
+    kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
+                               {SLOT_POS, 0, e->pos, (size_t)batch * 4},
+                               {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
+    label_times t;
+    kiln_status st = time_by_label(e, &e->decode[batch], p, 3, "decode", &t);
+    if (st)
+        return st;
     fprintf(out, "{\"bench\":\"decode_step_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"batch\":%u,\"context\":%u,"
-                 "\"sum_ms\":%.4f,\"ops\":{", batch, context, total);
-    for (size_t k = 0; k < n_names; k++) {
-        double b = label_bytes(e, names[k], batch, context);
-        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", names[k], ms[k]);
-        if (b > 0 && ms[k] > 0)
-            fprintf(out, ",\"gb\":%.3f,\"gb_s\":%.0f", b / 1e9, b / (ms[k] * 1e-3) / 1e9);
+                 "\"sum_ms\":%.4f,\"ops\":{", batch, context, t.total);
+    for (size_t k = 0; k < t.n; k++) {
+        double b = label_bytes(e, t.name[k], batch, context);
+        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", t.name[k], t.ms[k]);
+        if (b > 0 && t.ms[k] > 0)
+            fprintf(out, ",\"gb\":%.3f,\"gb_s\":%.0f", b / 1e9, b / (t.ms[k] * 1e-3) / 1e9);
+        fprintf(out, "}");
+    }
+    fprintf(out, "}}\n");
+    return KILN_OK;
+}
+
+/* ---- the prefill benchmark ---- */
+
+double dec_prefill_flops(const dec_config *c, const char *label, uint32_t seqs, uint32_t tokens)
+{
+    const kiln_model_config *b = &c->base;
+    const double H = (double)b->hidden_size, I = (double)b->intermediate_size, V = (double)b->vocab_size,
+                 Q = (double)b->num_attention_heads * (double)b->head_dim,
+                 KV = (double)b->num_key_value_heads * (double)b->head_dim, L = (double)c->layers,
+                 S = (double)seqs, N = (double)tokens, T = S * N;
+    const struct {
+        const char *label;
+        double flops;
+    } parts[] = {
+        {"qkv_proj", 2 * T * H * (Q + 2 * KV) * L},
+        {"o_proj", 2 * T * Q * H * L},
+        {"swiglu", 2 * T * H * 2 * I * L},
+        {"down_proj", 2 * T * I * H * L},
+        /* q.k and p.v, 2 x heads x head_dim each, over every (query, key at or before it) pair. */
+        {"attention", 2 * 2 * Q * S * N * (N + 1) / 2 * L},
+        {"lm_head", 2 * S * V * H},
+    };
+    double sum = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (label && !strcmp(label, parts[i].label))
+            return parts[i].flops;
+        sum += parts[i].flops;
+    }
+    return label ? 0 : sum;
+}
+
+/* The patches of a prefill step of T rows and S sequences: every slot. */
+static void prefill_patches(dec_engine *e, uint32_t T, uint32_t S, kiln_binding_patch p[N_SLOTS])
+{
+    const kiln_binding_patch all[N_SLOTS] = {
+        {SLOT_IDS, 0, e->ids, (size_t)T * 4},     {SLOT_POS, 0, e->pos, (size_t)T * 4},
+        {SLOT_LENS, 0, e->lens, (size_t)S * 4},   {SLOT_SPANS, 0, e->spans, (size_t)S * 8},
+        {SLOT_TABLE, 0, e->table, (size_t)S * e->max_blocks * 4}};
+    memcpy(p, all, sizeof all);
+}
+
+kiln_status dec_bench_prefill(dec_engine *e, uint32_t seqs, uint32_t tokens, int warmup, int iters,
+                              double budget_ms, dec_prefill_times *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!seqs || seqs > e->o.max_participants || !tokens || tokens > e->o.max_seq_tokens ||
+        (uint64_t)seqs * tokens > e->o.max_prefill_tokens || warmup < 0 || iters < 1)
+        return dec_fail(KILN_ERR_INVALID_ARGUMENT,
+                        "prefill bench: %u sequences (1..%u) of %u tokens (1..%u, %u in all), warmup %d, iters %d",
+                        seqs, e->o.max_participants, tokens, e->o.max_seq_tokens, e->o.max_prefill_tokens, warmup,
+                        iters);
+    const uint32_t T = seqs * tokens;
+    for (uint32_t i = 0; i < seqs; i++) {
+        for (uint32_t t = 0; t < tokens; t++) {
+            const uint32_t row = i * tokens + t;
+            e->ids[row] = (row * 7919u + 1) % (uint32_t)e->V;
+            e->pos[row] = t;
+        }
+        e->lens[i] = tokens;
+        e->spans[2 * i] = i * tokens;
+        e->spans[2 * i + 1] = tokens;
+        set_rows(e, i, i);
+    }
+    cmds_release(&e->prefill);
+    kiln_status st = encode_step(e, T, seqs, tokens, &e->prefill);
+    if (st)
+        return st;
+    e->prefill_seqs = seqs;
+    e->prefill_tokens = tokens;
+    const step_cmds *c = &e->prefill;
+    out->commands = c->n;
+    kiln_binding_patch p[N_SLOTS];
+    prefill_patches(e, T, seqs, p);
+    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_ADAPTIVE, .timing = KILN_TIMING_OFF,
+                              .phase = "prefill", .arena = e->arena, .patches = p, .n_patches = N_SLOTS};
+    kiln_fence *fence;
+    /* The first submission, on a quiet stream, captures the step's graph; the rest replay it. */
+    for (int i = 0; i < warmup; i++) {
+        if ((st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence)))
+            return dec_kfail(st, "prefill warmup");
+        st = kiln_fence_wait(fence);
+        kiln_fence_release(fence);
+        if (st)
+            return dec_kfail(st, "prefill warmup");
+    }
+    double *ms = calloc((size_t)iters * 2, sizeof *ms), *wall = ms + iters, spent = 0;
+    if (!ms)
+        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    so.timing = KILN_TIMING_COMPLETION;
+    int n = 0;
+    while (n < iters && !st && (n < 3 || spent < budget_ms)) {
+        const double t0 = now_s();
+        if ((st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence))) {
+            dec_kfail(st, "prefill");
+            break;
+        }
+        kiln_receipt r;
+        if ((st = kiln_fence_wait(fence)) || (st = kiln_fence_receipt(fence, &r))) {
+            dec_kfail(st, "prefill");
+        } else {
+            wall[n] = (now_s() - t0) * 1e3;
+            ms[n] = r.elapsed_ms;
+            spent += r.elapsed_ms;
+            uint64_t replayed = 0;
+            for (size_t k = 0; k < c->n; k++) {
+                kiln_attribution a;
+                if (kiln_fence_attribution(fence, k, &a) == KILN_OK && a.path == KILN_EXEC_REPLAYED)
+                    replayed++;
+            }
+            out->replayed = replayed;
+            n++;
+        }
+        kiln_fence_release(fence);
+    }
+    if (!st) {
+        qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+        qsort(wall, (size_t)n, sizeof *wall, cmp_double);
+        out->device_ms = ms[n / 2];
+        out->min_ms = ms[0];
+        out->wall_ms = wall[n / 2];
+        out->iters = n;
+    }
+    free(ms);
+    return st;
+}
+
+kiln_status dec_bench_prefill_breakdown(dec_engine *e, FILE *out)
+{
+    const step_cmds *c = &e->prefill;
+    if (!c->n)
+        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "prefill breakdown: run dec_bench_prefill first");
+    const uint32_t S = e->prefill_seqs, N = e->prefill_tokens;
+    kiln_binding_patch p[N_SLOTS];
+    prefill_patches(e, S * N, S, p);
+    label_times t;
+    kiln_status st = time_by_label(e, c, p, N_SLOTS, "prefill", &t);
+    if (st)
+        return st;
+    fprintf(out, "{\"bench\":\"prefill_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"shape\":\"%ux%u\",\"seqs\":%u,"
+                 "\"tokens_each\":%u,\"sum_ms\":%.4f,\"ops\":{", S, N, S, N, t.total);
+    for (size_t k = 0; k < t.n; k++) {
+        const double f = dec_prefill_flops(&e->m->config, t.name[k], S, N);
+        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", t.name[k], t.ms[k]);
+        if (f > 0 && t.ms[k] > 0)
+            fprintf(out, ",\"tflop\":%.4f,\"tflop_s\":%.1f", f / 1e12, f / (t.ms[k] * 1e-3) / 1e12);
         fprintf(out, "}");
     }
     fprintf(out, "}}\n");
