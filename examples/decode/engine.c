@@ -1,47 +1,12 @@
 /* The decoder's engine: buffers, the binding arena, the paged KV cache, the
- * commands of a step, prefill and decode, and the decode-step benchmark. */
+ * commands of a step, prefill and decode. Its benchmarks are in engine_bench.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "decoder.h"
-
-kiln_status dec_fail(kiln_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-kiln_status dec_kfail(kiln_status st, const char *what);
-
-enum { SLOT_IDS, SLOT_POS, SLOT_LENS, SLOT_SPANS, SLOT_TABLE, N_SLOTS };
-
-/* The commands of one step shape (tokens, participants). */
-typedef struct step_cmds {
-    kiln_command **cmd;
-    const char **label; /* what each command is ("q_proj", ...): static strings */
-    size_t n;
-} step_cmds;
-
-struct dec_engine {
-    kiln_jit *jit;
-    kiln_stream *s;
-    kiln_runtime *rt;
-    const dec_model *m;
-    dec_engine_options o;
-    int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
-    float eps, theta;
-    uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
-    kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
-    kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
-    kiln_binding_arena *arena;
-    kiln_buffer *ab; /* the arena's buffer (borrowed) */
-    kiln_binding_slot slots[N_SLOTS];
-    step_cmds *decode; /* [max_participants + 1]: decode commands per batch size, encoded on first use */
-    step_cmds prefill; /* the prefill benchmark's step, kept for its breakdown */
-    uint32_t prefill_seqs, prefill_tokens;
-    /* host staging of the arena's slots */
-    uint32_t *ids, *pos, *lens, *spans, *table;
-    uint16_t *logits_host;
-    uint32_t *next_host;
-};
+#include "engine_int.h"
 
 static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -196,7 +161,7 @@ fail:
     return st;
 }
 
-static void cmds_release(step_cmds *c)
+void dec__cmds_release(step_cmds *c)
 {
     for (size_t i = 0; i < c->n; i++)
         kiln_command_release(c->cmd[i]);
@@ -215,9 +180,9 @@ void dec_engine_free(dec_engine *e)
         kiln_stream_synchronize(e->s);
     if (e->decode)
         for (uint32_t p = 0; p <= e->o.max_participants; p++)
-            cmds_release(&e->decode[p]);
+            dec__cmds_release(&e->decode[p]);
     free(e->decode);
-    cmds_release(&e->prefill);
+    dec__cmds_release(&e->prefill);
     kiln_buffer *all[] = {e->res,    e->norm,  e->qkv,   e->attn,    e->act,
                           e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
                           e->penalty, e->am_ws, e->next};
@@ -257,13 +222,13 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
 }
 
 /* T tokens of S sequences; each has at most maxq new tokens (1: decode). */
-static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
+kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
 {
     const dec_model *m = e->m;
     const size_t cap = 4 + (size_t)m->config.layers * 7;
     step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
     if (!c.cmd || !c.label) {
-        cmds_release(&c);
+        dec__cmds_release(&c);
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }
     const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
@@ -332,11 +297,11 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     *out = c;
     return KILN_OK;
 fail:
-    cmds_release(&c);
+    dec__cmds_release(&c);
     return st;
 }
 
-static double now_s(void)
+double dec__now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -345,8 +310,8 @@ static double now_s(void)
 
 /* Submits one step: ids and positions of T rows, lengths of S sequences,
  * and (when all) the spans and block table rows too. */
-static kiln_status submit_step(dec_engine *e, const step_cmds *c, uint32_t T, uint32_t S, int all, const char *phase,
-                               kiln_timing timing, kiln_fence **fence)
+kiln_status dec__submit_step(dec_engine *e, const step_cmds *c, uint32_t T, uint32_t S, int all, const char *phase,
+                             kiln_timing timing, kiln_fence **fence)
 {
     kiln_binding_patch p[N_SLOTS] = {
         {SLOT_IDS, 0, e->ids, (size_t)T * 4},     {SLOT_POS, 0, e->pos, (size_t)T * 4},
@@ -360,8 +325,8 @@ static kiln_status submit_step(dec_engine *e, const step_cmds *c, uint32_t T, ui
 
 /* Waits for a step, counts how its commands ran, reads back the next tokens
  * (and the logits when asked). */
-static kiln_status finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, uint32_t S, int want_logits,
-                               dec_stats *stats)
+kiln_status dec__finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, uint32_t S, int want_logits,
+                             dec_stats *stats)
 {
     kiln_status st = kiln_fence_wait(fence);
     if (st) {
@@ -389,14 +354,14 @@ static kiln_status finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, 
     return KILN_OK;
 }
 
-static kiln_status decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out)
+kiln_status dec__decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out)
 {
     step_cmds *c = &e->decode[P];
     if (!c->n) {
-        double t0 = now_s();
-        kiln_status st = encode_step(e, P, P, 1, c);
+        double t0 = dec__now_s();
+        kiln_status st = dec__encode_step(e, P, P, 1, c);
         if (stats)
-            stats->encode_s += now_s() - t0;
+            stats->encode_s += dec__now_s() - t0;
         if (st)
             return st;
     }
@@ -404,7 +369,7 @@ static kiln_status decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, cons
     return KILN_OK;
 }
 
-static void set_rows(dec_engine *e, uint32_t row, uint32_t seq_slot)
+void dec__set_rows(dec_engine *e, uint32_t row, uint32_t seq_slot)
 {
     for (uint32_t b = 0; b < e->max_blocks; b++)
         e->table[(size_t)row * e->max_blocks + b] = seq_slot * e->max_blocks + b;
@@ -460,22 +425,22 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
         e->lens[i] = reqs[i].prompt_len;
         e->spans[2 * i] = row;
         e->spans[2 * i + 1] = reqs[i].prompt_len;
-        set_rows(e, i, i);
+        dec__set_rows(e, i, i);
         row += reqs[i].prompt_len;
     }
     step_cmds pre;
-    double t0 = now_s();
-    kiln_status st = encode_step(e, T, S, maxq, &pre);
-    stats->encode_s += now_s() - t0;
+    double t0 = dec__now_s();
+    kiln_status st = dec__encode_step(e, T, S, maxq, &pre);
+    stats->encode_s += dec__now_s() - t0;
     if (st)
         return st;
     kiln_fence *fence = NULL;
-    t0 = now_s();
-    st = submit_step(e, &pre, T, S, 1, "prefill", KILN_TIMING_OFF, &fence);
+    t0 = dec__now_s();
+    st = dec__submit_step(e, &pre, T, S, 1, "prefill", KILN_TIMING_OFF, &fence);
     if (!st)
-        st = finish_step(e, fence, pre.n, S, logits_fn != NULL, stats);
-    stats->prefill_s = now_s() - t0;
-    cmds_release(&pre);
+        st = dec__finish_step(e, fence, pre.n, S, logits_fn != NULL, stats);
+    stats->prefill_s = dec__now_s() - t0;
+    dec__cmds_release(&pre);
     if (st)
         return st;
     stats->prefill_tokens = T;
@@ -499,10 +464,10 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
     }
     /* ---- decode: one step per new token of the batch ---- */
     uint32_t last_P = 0;
-    t0 = now_s();
+    t0 = dec__now_s();
     for (uint32_t step = 1; P; step++) {
         const step_cmds *c;
-        if ((st = decode_cmds(e, P, stats, &c)))
+        if ((st = dec__decode_cmds(e, P, stats, &c)))
             break;
         int changed = P != last_P;
         for (uint32_t j = 0; j < P; j++) {
@@ -512,10 +477,10 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
             e->lens[j] = e->pos[j] + 1;
             e->spans[2 * j] = j;
             e->spans[2 * j + 1] = 1;
-            set_rows(e, j, i);
+            dec__set_rows(e, j, i);
         }
-        if ((st = submit_step(e, c, P, P, changed, "decode", KILN_TIMING_OFF, &fence)) ||
-            (st = finish_step(e, fence, c->n, P, logits_fn != NULL, stats)))
+        if ((st = dec__submit_step(e, c, P, P, changed, "decode", KILN_TIMING_OFF, &fence)) ||
+            (st = dec__finish_step(e, fence, c->n, P, logits_fn != NULL, stats)))
             break;
         last_P = P;
         stats->decode_steps++;
@@ -540,311 +505,7 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
             break;
         P = still;
     }
-    stats->decode_s = now_s() - t0;
+    stats->decode_s = dec__now_s() - t0;
     free(active);
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
-                            double *device_ms, double *wall_ms, uint64_t *replayed_commands)
-{
-    if (!batch || batch > e->o.max_participants || !context || context > e->o.max_seq_tokens || steps < 1)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "bench: batch %u (1..%u), context %u (1..%u), steps %d", batch,
-                        e->o.max_participants, context, e->o.max_seq_tokens, steps);
-    const step_cmds *c;
-    dec_stats stats = {0};
-    kiln_status st = decode_cmds(e, batch, &stats, &c);
-    if (st)
-        return st;
-    for (uint32_t j = 0; j < batch; j++) {
-        e->ids[j] = (j * 7919u + 1) % (uint32_t)e->V;
-        e->pos[j] = context - 1;
-        e->lens[j] = context;
-        e->spans[2 * j] = j;
-        e->spans[2 * j + 1] = 1;
-        set_rows(e, j, j);
-    }
-    kiln_fence *fence;
-    for (int i = 0; i < warmup; i++) {
-        if ((st = submit_step(e, c, batch, batch, i == 0, "decode", KILN_TIMING_OFF, &fence)) ||
-            (st = finish_step(e, fence, c->n, batch, 0, &stats)))
-            return st;
-    }
-    double *ms = calloc((size_t)steps, sizeof *ms);
-    if (!ms)
-        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < steps && !st; i++) {
-        if ((st = submit_step(e, c, batch, batch, 1, "decode", KILN_TIMING_COMPLETION, &fence)))
-            break;
-        if ((st = kiln_fence_wait(fence))) {
-            dec_kfail(st, "bench step");
-        } else {
-            kiln_receipt r;
-            if ((st = kiln_fence_receipt(fence, &r)))
-                dec_kfail(st, "receipt");
-            ms[i] = r.elapsed_ms;
-            for (size_t k = 0; k < c->n; k++) {
-                kiln_attribution a;
-                if (kiln_fence_attribution(fence, k, &a) == KILN_OK && a.path == KILN_EXEC_REPLAYED)
-                    stats.replayed_commands++;
-            }
-        }
-        kiln_fence_release(fence);
-    }
-    if (!st) {
-        qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-        *device_ms = ms[steps / 2];
-        double t0 = now_s();
-        for (int i = 0; i < steps && !st; i++)
-            st = submit_step(e, c, batch, batch, 0, "decode", KILN_TIMING_OFF, NULL);
-        if (!st && (st = kiln_stream_synchronize(e->s)))
-            dec_kfail(st, "bench synchronize");
-        *wall_ms = (now_s() - t0) * 1e3 / steps;
-        *replayed_commands = stats.replayed_commands;
-    }
-    free(ms);
-    return st;
-}
-
-/* Bytes a decode step's command of that label must read (weights, KV). */
-static double label_bytes(const dec_engine *e, const char *label, uint32_t batch, uint32_t context)
-{
-    const double H = (double)e->H, I = (double)e->I, Q = (double)e->QD, KV = (double)e->KVD, L = (double)e->m->config.layers;
-    if (!strcmp(label, "qkv_proj"))
-        return 2 * H * (Q + 2 * KV) * L;
-    if (!strcmp(label, "o_proj"))
-        return 2 * H * Q * L;
-    if (!strcmp(label, "swiglu"))
-        return 2 * 2 * I * H * L;
-    if (!strcmp(label, "down_proj"))
-        return 2 * I * H * L;
-    if (!strcmp(label, "lm_head"))
-        return 2 * (double)e->V * H;
-    if (!strcmp(label, "attention"))
-        return 2 * 2 * (double)batch * context * KV * L;
-    return 0;
-}
-
-enum { MAX_LABELS = 16 };
-
-/* Milliseconds per kind of command (its label), in the order first met. */
-typedef struct label_times {
-    const char *name[MAX_LABELS];
-    double ms[MAX_LABELS], total;
-    size_t n;
-} label_times;
-
-/* Runs c once, eager, every command timed (spans), and sums the times by label. */
-static kiln_status time_by_label(dec_engine *e, const step_cmds *c, const kiln_binding_patch *p, size_t n_patches,
-                                 const char *phase, label_times *out)
-{
-    memset(out, 0, sizeof *out);
-    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_SPANS,
-                              .phase = phase, .arena = e->arena, .patches = p, .n_patches = n_patches};
-    kiln_fence *fence;
-    kiln_status st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence);
-    if (st)
-        return dec_kfail(st, "breakdown");
-    if ((st = kiln_fence_wait(fence))) {
-        kiln_fence_release(fence);
-        return dec_kfail(st, "breakdown");
-    }
-    for (size_t i = 0; i < c->n; i++) {
-        kiln_attribution a;
-        kiln_span sp;
-        if (kiln_fence_attribution(fence, i, &a) || a.span < 0 || kiln_fence_span(fence, (size_t)a.span, &sp))
-            continue;
-        size_t k = 0;
-        while (k < out->n && strcmp(out->name[k], c->label[i]))
-            k++;
-        if (k == out->n) {
-            if (out->n == MAX_LABELS)
-                continue;
-            out->name[out->n++] = c->label[i];
-        }
-        out->ms[k] += sp.duration_ms;
-        out->total += sp.duration_ms;
-    }
-    kiln_fence_release(fence);
-    return KILN_OK;
-}
-
-kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out)
-{
-    if (batch > e->o.max_participants || !e->decode[batch].n)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "breakdown: run dec_bench_steps for batch %u first", batch);
-    kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
-                               {SLOT_POS, 0, e->pos, (size_t)batch * 4},
-                               {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
-    label_times t;
-    kiln_status st = time_by_label(e, &e->decode[batch], p, 3, "decode", &t);
-    if (st)
-        return st;
-    fprintf(out, "{\"bench\":\"decode_step_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"batch\":%u,\"context\":%u,"
-                 "\"sum_ms\":%.4f,\"ops\":{", batch, context, t.total);
-    for (size_t k = 0; k < t.n; k++) {
-        double b = label_bytes(e, t.name[k], batch, context);
-        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", t.name[k], t.ms[k]);
-        if (b > 0 && t.ms[k] > 0)
-            fprintf(out, ",\"gb\":%.3f,\"gb_s\":%.0f", b / 1e9, b / (t.ms[k] * 1e-3) / 1e9);
-        fprintf(out, "}");
-    }
-    fprintf(out, "}}\n");
-    return KILN_OK;
-}
-
-/* ---- the prefill benchmark ---- */
-
-double dec_prefill_flops(const dec_config *c, const char *label, uint32_t seqs, uint32_t tokens)
-{
-    const kiln_model_config *b = &c->base;
-    const double H = (double)b->hidden_size, I = (double)b->intermediate_size, V = (double)b->vocab_size,
-                 Q = (double)b->num_attention_heads * (double)b->head_dim,
-                 KV = (double)b->num_key_value_heads * (double)b->head_dim, L = (double)c->layers,
-                 S = (double)seqs, N = (double)tokens, T = S * N;
-    const struct {
-        const char *label;
-        double flops;
-    } parts[] = {
-        {"qkv_proj", 2 * T * H * (Q + 2 * KV) * L},
-        {"o_proj", 2 * T * Q * H * L},
-        {"swiglu", 2 * T * H * 2 * I * L},
-        {"down_proj", 2 * T * I * H * L},
-        /* q.k and p.v, 2 x heads x head_dim each, over every (query, key at or before it) pair. */
-        {"attention", 2 * 2 * Q * S * N * (N + 1) / 2 * L},
-        {"lm_head", 2 * S * V * H},
-    };
-    double sum = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        if (label && !strcmp(label, parts[i].label))
-            return parts[i].flops;
-        sum += parts[i].flops;
-    }
-    return label ? 0 : sum;
-}
-
-/* The patches of a prefill step of T rows and S sequences: every slot. */
-static void prefill_patches(dec_engine *e, uint32_t T, uint32_t S, kiln_binding_patch p[N_SLOTS])
-{
-    const kiln_binding_patch all[N_SLOTS] = {
-        {SLOT_IDS, 0, e->ids, (size_t)T * 4},     {SLOT_POS, 0, e->pos, (size_t)T * 4},
-        {SLOT_LENS, 0, e->lens, (size_t)S * 4},   {SLOT_SPANS, 0, e->spans, (size_t)S * 8},
-        {SLOT_TABLE, 0, e->table, (size_t)S * e->max_blocks * 4}};
-    memcpy(p, all, sizeof all);
-}
-
-kiln_status dec_bench_prefill(dec_engine *e, uint32_t seqs, uint32_t tokens, int warmup, int iters,
-                              double budget_ms, dec_prefill_times *out)
-{
-    memset(out, 0, sizeof *out);
-    if (!seqs || seqs > e->o.max_participants || !tokens || tokens > e->o.max_seq_tokens ||
-        (uint64_t)seqs * tokens > e->o.max_prefill_tokens || warmup < 0 || iters < 1)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT,
-                        "prefill bench: %u sequences (1..%u) of %u tokens (1..%u, %u in all), warmup %d, iters %d",
-                        seqs, e->o.max_participants, tokens, e->o.max_seq_tokens, e->o.max_prefill_tokens, warmup,
-                        iters);
-    const uint32_t T = seqs * tokens;
-    for (uint32_t i = 0; i < seqs; i++) {
-        for (uint32_t t = 0; t < tokens; t++) {
-            const uint32_t row = i * tokens + t;
-            e->ids[row] = (row * 7919u + 1) % (uint32_t)e->V;
-            e->pos[row] = t;
-        }
-        e->lens[i] = tokens;
-        e->spans[2 * i] = i * tokens;
-        e->spans[2 * i + 1] = tokens;
-        set_rows(e, i, i);
-    }
-    cmds_release(&e->prefill);
-    kiln_status st = encode_step(e, T, seqs, tokens, &e->prefill);
-    if (st)
-        return st;
-    e->prefill_seqs = seqs;
-    e->prefill_tokens = tokens;
-    const step_cmds *c = &e->prefill;
-    out->commands = c->n;
-    kiln_binding_patch p[N_SLOTS];
-    prefill_patches(e, T, seqs, p);
-    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_ADAPTIVE, .timing = KILN_TIMING_OFF,
-                              .phase = "prefill", .arena = e->arena, .patches = p, .n_patches = N_SLOTS};
-    kiln_fence *fence;
-    /* The first submission, on a quiet stream, captures the step's graph; the rest replay it. */
-    for (int i = 0; i < warmup; i++) {
-        if ((st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence)))
-            return dec_kfail(st, "prefill warmup");
-        st = kiln_fence_wait(fence);
-        kiln_fence_release(fence);
-        if (st)
-            return dec_kfail(st, "prefill warmup");
-    }
-    double *ms = calloc((size_t)iters * 2, sizeof *ms), *wall = ms + iters, spent = 0;
-    if (!ms)
-        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    so.timing = KILN_TIMING_COMPLETION;
-    int n = 0;
-    while (n < iters && !st && (n < 3 || spent < budget_ms)) {
-        const double t0 = now_s();
-        if ((st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence))) {
-            dec_kfail(st, "prefill");
-            break;
-        }
-        kiln_receipt r;
-        if ((st = kiln_fence_wait(fence)) || (st = kiln_fence_receipt(fence, &r))) {
-            dec_kfail(st, "prefill");
-        } else {
-            wall[n] = (now_s() - t0) * 1e3;
-            ms[n] = r.elapsed_ms;
-            spent += r.elapsed_ms;
-            uint64_t replayed = 0;
-            for (size_t k = 0; k < c->n; k++) {
-                kiln_attribution a;
-                if (kiln_fence_attribution(fence, k, &a) == KILN_OK && a.path == KILN_EXEC_REPLAYED)
-                    replayed++;
-            }
-            out->replayed = replayed;
-            n++;
-        }
-        kiln_fence_release(fence);
-    }
-    if (!st) {
-        qsort(ms, (size_t)n, sizeof *ms, cmp_double);
-        qsort(wall, (size_t)n, sizeof *wall, cmp_double);
-        out->device_ms = ms[n / 2];
-        out->min_ms = ms[0];
-        out->wall_ms = wall[n / 2];
-        out->iters = n;
-    }
-    free(ms);
-    return st;
-}
-
-kiln_status dec_bench_prefill_breakdown(dec_engine *e, FILE *out)
-{
-    const step_cmds *c = &e->prefill;
-    if (!c->n)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "prefill breakdown: run dec_bench_prefill first");
-    const uint32_t S = e->prefill_seqs, N = e->prefill_tokens;
-    kiln_binding_patch p[N_SLOTS];
-    prefill_patches(e, S * N, S, p);
-    label_times t;
-    kiln_status st = time_by_label(e, c, p, N_SLOTS, "prefill", &t);
-    if (st)
-        return st;
-    fprintf(out, "{\"bench\":\"prefill_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"shape\":\"%ux%u\",\"seqs\":%u,"
-                 "\"tokens_each\":%u,\"sum_ms\":%.4f,\"ops\":{", S, N, S, N, t.total);
-    for (size_t k = 0; k < t.n; k++) {
-        const double f = dec_prefill_flops(&e->m->config, t.name[k], S, N);
-        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", t.name[k], t.ms[k]);
-        if (f > 0 && t.ms[k] > 0)
-            fprintf(out, ",\"tflop\":%.4f,\"tflop_s\":%.1f", f / 1e12, f / (t.ms[k] * 1e-3) / 1e12);
-        fprintf(out, "}");
-    }
-    fprintf(out, "}}\n");
-    return KILN_OK;
 }
