@@ -326,6 +326,10 @@ int dec_run_bench_prefill(const dec_bench_args *a)
         fprintf(stderr, "decode: dense peak: %s: %s\n", kiln_status_code(st), kiln_errmsg());
         goto out;
     }
+    if (!(pms > 0)) { /* a receipt without a time would make every rate below infinite, and no JSON */
+        fprintf(stderr, "decode: dense peak: the device reported no time (%g ms)\n", pms);
+        goto out;
+    }
     const double peak = 2.0 * PEAK_N * PEAK_N * (double)PEAK_N / (pms * 1e-3); /* FLOP/s */
     printf("{\"bench\":\"dense_peak\",\"impl\":\"kiln\",\"op\":\"kiln_op_dense_linear\",\"m\":%d,\"n\":%d,\"k\":%d,"
            "\"dtype\":\"f16\",\"accumulate\":\"f32\",\"ms\":%.4f,\"tflop_s\":%.1f}\n",
@@ -358,6 +362,11 @@ int dec_run_bench_prefill(const dec_bench_args *a)
         dec_prefill_times t;
         st = dec_bench_prefill(e, S, N, PREFILL_WARMUP, (int)a->iters, PREFILL_BUDGET_MS, &t);
         kiln_jit_get_counters(x.jit, &after);
+        if (!st && !(t.device_ms > 0)) {
+            fprintf(stderr, "decode: prefill %ux%u: the device reported no time (%g ms)\n", S, N, t.device_ms);
+            dec_engine_free(e);
+            goto out;
+        }
         if (!st) {
             const double flops = dec_prefill_flops(&c, NULL, S, N), achieved = flops / (t.device_ms * 1e-3);
             printf("{\"bench\":\"prefill\",\"impl\":\"kiln\",\"model\":\"%s\",\"layers\":%lld,\"shape\":\"%ux%u\","
