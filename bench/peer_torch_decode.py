@@ -47,20 +47,26 @@ def median_ms(fn, iters):
     return times[len(times) // 2]
 
 
+def counts(text):
+    """A comma-separated list of counts >= 1, as decode --bench takes them."""
+    items = text.split(",")
+    if not all(i.isdigit() and int(i) >= 1 for i in items):
+        raise argparse.ArgumentTypeError("%r is not a comma-separated list of counts >= 1" % text)
+    return [int(i) for i in items]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", default="1,8,32")
-    ap.add_argument("--context", default="1024", help="cached tokens, comma-separated: 1024,4096,16384")
+    ap.add_argument("--batch", type=counts, default=counts("1,8,32"))
+    ap.add_argument("--context", type=counts, default=counts("1024"),
+                    help="cached tokens, comma-separated: 1024,4096,16384")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--chunk-file", default=None)
     a = ap.parse_args()
     V, H, I, NH, KVH, D, theta, eps = 128256, 4096, 14336, 32, 8, 128, 500000.0, 1e-5
     L = a.layers
-    contexts = [int(c) for c in a.context.split(",")]
-    batches = [int(b) for b in a.batch.split(",")]
-    if min(contexts) < 1 or min(batches) < 1:
-        ap.error("--context and --batch take counts >= 1")
+    contexts, batches = a.context, a.batch
     torch.manual_seed(0)
     if a.chunk_file:
         chunk = torch.from_file(a.chunk_file, dtype=torch.float16, size=32 << 20).cuda()
