@@ -31,7 +31,6 @@ static uint16_t f2h(float f)
     return (uint16_t)(sign | h);
 }
 
-
 /* 64 MiB of N(0, 0.02)-like halves (a sum of four uniforms), tiled into every
  * tensor: the torch peer of the decode step reads the same chunk. */
 #define CHUNK_HALVES ((size_t)32 << 20)
