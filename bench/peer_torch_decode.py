@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The torch peer of `decode --bench` (examples/decode): one Llama decode step
 (Llama-3-8B's shape by default) at batch B with every sequence's cache
-holding `context` tokens, written as a plain torch decode loop (F.linear,
+holding `context` tokens, for each context of --context (a comma-separated
+list) and each batch size of --batch, contexts outer as in kiln's sweep,
+written as a plain torch decode loop (F.linear,
 F.rms_norm, RoPE, F.scaled_dot_product_attention over a static KV cache,
 SwiGLU, lm_head, argmax) and captured in a CUDA graph. Weights are f16 on the
 GPU; with --chunk-file (written by `decode --bench --chunk-file`) every tensor
 is that chunk tiled from its start, as kiln's bench fills its own: the same
 weights. Prints JSON lines: the device-to-device copy bandwidth, then per
-batch size the graph replay's median device time (CUDA events), the eager
-step's, and the floor (weight bytes + KV bytes read, over the copy bandwidth).
+context and batch size the graph replay's median device time (CUDA events),
+the eager step's, and the floor (weight bytes + KV bytes read, over the copy
+bandwidth); a context and batch whose cache does not fit in device memory
+gives a line with "skipped".
 """
 import argparse
 import json
@@ -43,16 +47,26 @@ def median_ms(fn, iters):
     return times[len(times) // 2]
 
 
+def counts(text):
+    """A comma-separated list of counts >= 1, as decode --bench takes them."""
+    items = text.split(",")
+    if not all(i.isdigit() and int(i) >= 1 for i in items):
+        raise argparse.ArgumentTypeError("%r is not a comma-separated list of counts >= 1" % text)
+    return [int(i) for i in items]
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", default="1,8,32")
-    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--batch", type=counts, default=counts("1,8,32"))
+    ap.add_argument("--context", type=counts, default=counts("1024"),
+                    help="cached tokens, comma-separated: 1024,4096,16384")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--chunk-file", default=None)
     a = ap.parse_args()
     V, H, I, NH, KVH, D, theta, eps = 128256, 4096, 14336, 32, 8, 128, 500000.0, 1e-5
-    L, ctx = a.layers, a.context
+    L = a.layers
+    contexts, batches = a.context, a.batch
     torch.manual_seed(0)
     if a.chunk_file:
         chunk = torch.from_file(a.chunk_file, dtype=torch.float16, size=32 << 20).cuda()
@@ -81,9 +95,17 @@ def main():
 
     inv = (1.0 / torch.tensor([theta ** (2 * i / D) for i in range(D // 2)], dtype=torch.float64)).float().cuda()
     G = NH // KVH
-    for B in [int(b) for b in a.batch.split(",")]:
-        kc = [make(B, KVH, ctx, D) for _ in range(L)]
-        vc = [make(B, KVH, ctx, D) for _ in range(L)]
+    for ctx, B in [(c, b) for c in contexts for b in batches]:
+        kv = B * L * ctx * KVH * D * 2 * 2
+        try:
+            kc = [make(B, KVH, ctx, D) for _ in range(L)]
+            vc = [make(B, KVH, ctx, D) for _ in range(L)]
+        except torch.cuda.OutOfMemoryError as e:
+            torch.cuda.empty_cache()
+            print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "batch": B, "context": ctx,
+                              "layers": L, "kv_bytes": kv,
+                              "skipped": "out of memory: %s" % str(e).split("\n")[0]}), flush=True)
+            continue
         tok = torch.randint(0, V, (B,), device="cuda")
         pos = torch.full((1,), ctx - 1, dtype=torch.long, device="cuda")
 
@@ -134,7 +156,6 @@ def main():
             t1.record()
             t1.synchronize()
             back_to_back = t0.elapsed_time(t1) / a.steps
-        kv = B * L * ctx * KVH * D * 2 * 2
         floor = (weight_bytes + kv) / bw * 1e3
         print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "batch": B, "context": ctx,
                           "layers": L, "device_ms": round(graph, 4), "back_to_back_ms": round(back_to_back, 4),

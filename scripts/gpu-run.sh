@@ -185,6 +185,11 @@ if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" decode-check "* ]]; then
     tail -n 30 "$OUT/decode-check.log"
 fi
 
+# Prefill of the Llama-3-8B-shaped model (1x512, 1x4096, 4x1024, 1x16384 tokens): time, TFLOP/s and MFU
+# against the dense f16 peak of the same run, then transformers (sdpa) eager and torch.compile'd.
+bench bench_prefill 300 "$BUILD/examples/decode/decode" --bench-prefill
+bench peer_torch_prefill 480 python3 "$ROOT/bench/peer_torch_prefill.py"
+
 step bench-jsonl-valid 30 0 python3 -c '
 import json, sys
 bad = 0

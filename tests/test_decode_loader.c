@@ -1,6 +1,7 @@
 /* examples/decode's loader, on the host: configs it takes and refuses, and
  * checkpoints whose tensors are missing, mis-shaped or of another dtype, each
- * refused with a message naming the tensor and the values. */
+ * refused with a message naming the tensor and the values; and the model
+ * FLOPs its prefill benchmark counts. */
 #include "testutil.h"
 #include "decoder.h"
 #include "st_writer.h"
@@ -214,6 +215,40 @@ static void test_fifo_refused(void **state)
     }
 }
 
+/* The prefill benchmark's model FLOPs at Llama-3-8B's shape (32 layers),
+ * against the products' parameters counted by hand: 4096 x 6144 (q/k/v),
+ * 4096 x 4096 (o), 3 x 4096 x 14336 (gate/up, down) = 218103808 a layer. */
+static void test_prefill_flops(void **state)
+{
+    (void)state;
+    dec_config c;
+    memset(&c, 0, sizeof c);
+    kiln_model_config_default(&c.base);
+    c.layers = 32;
+    assert_int_equal(c.base.vocab_size, 128256);
+    assert_int_equal(c.base.hidden_size, 4096);
+    assert_int_equal(c.base.intermediate_size, 14336);
+    assert_int_equal(c.base.num_attention_heads, 32);
+    assert_int_equal(c.base.num_key_value_heads, 8);
+    assert_int_equal(c.base.head_dim, 128);
+    /* 1 x 4096: 2 T x params x layers, 2 x 2 x 4096 x 4096 (4096 + 1) / 2 x layers, 2 x vocab x hidden. */
+    assert_true(dec_prefill_flops(&c, NULL, 1, 4096) == 57174604644352.0 + 4399120252928.0 + 1050673152.0);
+    assert_true(dec_prefill_flops(&c, "attention", 1, 4096) == 4399120252928.0);
+    assert_true(dec_prefill_flops(&c, "lm_head", 1, 4096) == 1050673152.0);
+    /* 4 x 1024: the same products, attention over 4 sequences of 1024, 4 last tokens. */
+    assert_true(dec_prefill_flops(&c, NULL, 4, 1024) == 57174604644352.0 + 1100585369600.0 + 4 * 1050673152.0);
+    assert_true(dec_prefill_flops(&c, NULL, 1, 16384) == 299072508395520.0);
+    /* The labels sum to the whole; a command that counts nothing is 0. */
+    const char *labels[] = {"qkv_proj", "o_proj", "swiglu", "down_proj", "attention", "lm_head"};
+    double sum = 0;
+    for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++)
+        sum += dec_prefill_flops(&c, labels[i], 4, 1024);
+    assert_true(sum == dec_prefill_flops(&c, NULL, 4, 1024));
+    assert_true(dec_prefill_flops(&c, "qkv_proj", 1, 1) == 2.0 * 4096 * 6144 * 32);
+    assert_true(dec_prefill_flops(&c, "embedding", 1, 4096) == 0);
+    assert_true(dec_prefill_flops(&c, "argmax", 1, 4096) == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_checkpoints),
         cmocka_unit_test(test_sharded),
         cmocka_unit_test(test_fifo_refused),
+        cmocka_unit_test(test_prefill_flops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

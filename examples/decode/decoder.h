@@ -150,4 +150,41 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
  * read weights or the KV cache, bytes and GB/s) per kind of command. */
 kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out);
 
+/* Model FLOPs of a prefill of seqs sequences of tokens each, a multiply-add
+ * counted as 2 and only the products counted (norms, RoPE, silu, softmax and
+ * the embedding gather are not), with T = seqs x tokens:
+ *   per layer, the dense products: 2 x T x (hidden x (q + 2 kv) + q x hidden
+ *     + hidden x 2 intermediate + intermediate x hidden), q = heads x head_dim,
+ *     kv = kv_heads x head_dim;
+ *   per layer, causal attention: 2 x 2 x q x seqs x tokens (tokens + 1) / 2
+ *     (q.k and p.v over every pair of a query and a key at or before it);
+ *   the lm head of each sequence's last token: 2 x seqs x vocab x hidden.
+ * label: one kind of command of the step ("qkv_proj", "attention", "o_proj",
+ * "swiglu", "down_proj", "lm_head"; 0 for any other), NULL for the sum. */
+double dec_prefill_flops(const dec_config *c, const char *label, uint32_t seqs, uint32_t tokens);
+
+typedef struct dec_prefill_times {
+    double device_ms, min_ms; /* the median and the least device-measured time of one prefill submission */
+    double wall_ms;           /* the median wall time from submit to its fence's completion */
+    int iters;                /* submissions timed */
+    uint64_t commands;        /* commands of the step */
+    uint64_t replayed;        /* of them, replayed from a graph in the last timed submission */
+} dec_prefill_times;
+
+/* Prefill latency: seqs sequences of tokens each (token ids arbitrary, no
+ * cached prefix), packed in one step as dec_generate's prefill submits it
+ * (embedding, every layer, the final norm, each sequence's last-token logits
+ * and argmax), encoded once, submitted warmup times and then timed: iters
+ * submissions, or fewer (at least 3) once their device time passes
+ * budget_ms. Under the adaptive path: the first submission captures the
+ * step's graph, the others replay it. The engine needs seqs participants,
+ * seqs x tokens prefill tokens and tokens sequence tokens. */
+kiln_status dec_bench_prefill(dec_engine *e, uint32_t seqs, uint32_t tokens, int warmup, int iters,
+                              double budget_ms, dec_prefill_times *out);
+
+/* After dec_bench_prefill: one more prefill, eager, timed command by
+ * command; prints one JSON line of milliseconds (and, for the products and
+ * the attention, TFLOP and TFLOP/s by dec_prefill_flops) per kind of command. */
+kiln_status dec_bench_prefill_breakdown(dec_engine *e, FILE *out);
+
 #endif

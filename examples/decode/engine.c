@@ -1,45 +1,12 @@
 /* The decoder's engine: buffers, the binding arena, the paged KV cache, the
- * commands of a step, prefill and decode, and the decode-step benchmark. */
+ * commands of a step, prefill and decode. Its benchmarks are in engine_bench.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "decoder.h"
-
-kiln_status dec_fail(kiln_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-kiln_status dec_kfail(kiln_status st, const char *what);
-
-enum { SLOT_IDS, SLOT_POS, SLOT_LENS, SLOT_SPANS, SLOT_TABLE, N_SLOTS };
-
-/* The commands of one step shape (tokens, participants). */
-typedef struct step_cmds {
-    kiln_command **cmd;
-    const char **label; /* what each command is ("q_proj", ...): static strings */
-    size_t n;
-} step_cmds;
-
-struct dec_engine {
-    kiln_jit *jit;
-    kiln_stream *s;
-    kiln_runtime *rt;
-    const dec_model *m;
-    dec_engine_options o;
-    int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
-    float eps, theta;
-    uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
-    kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
-    kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
-    kiln_binding_arena *arena;
-    kiln_buffer *ab; /* the arena's buffer (borrowed) */
-    kiln_binding_slot slots[N_SLOTS];
-    step_cmds *decode; /* [max_participants + 1]: decode commands per batch size, encoded on first use */
-    /* host staging of the arena's slots */
-    uint32_t *ids, *pos, *lens, *spans, *table;
-    uint16_t *logits_host;
-    uint32_t *next_host;
-};
+#include "engine_int.h"
 
 static size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -194,7 +161,7 @@ fail:
     return st;
 }
 
-static void cmds_release(step_cmds *c)
+void dec__cmds_release(step_cmds *c)
 {
     for (size_t i = 0; i < c->n; i++)
         kiln_command_release(c->cmd[i]);
@@ -213,8 +180,9 @@ void dec_engine_free(dec_engine *e)
         kiln_stream_synchronize(e->s);
     if (e->decode)
         for (uint32_t p = 0; p <= e->o.max_participants; p++)
-            cmds_release(&e->decode[p]);
+            dec__cmds_release(&e->decode[p]);
     free(e->decode);
+    dec__cmds_release(&e->prefill);
     kiln_buffer *all[] = {e->res,    e->norm,  e->qkv,   e->attn,    e->act,
                           e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
                           e->penalty, e->am_ws, e->next};
@@ -254,13 +222,13 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
 }
 
 /* T tokens of S sequences; each has at most maxq new tokens (1: decode). */
-static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
+kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
 {
     const dec_model *m = e->m;
     const size_t cap = 4 + (size_t)m->config.layers * 7;
     step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
     if (!c.cmd || !c.label) {
-        cmds_release(&c);
+        dec__cmds_release(&c);
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }
     const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
@@ -329,11 +297,11 @@ static kiln_status encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t m
     *out = c;
     return KILN_OK;
 fail:
-    cmds_release(&c);
+    dec__cmds_release(&c);
     return st;
 }
 
-static double now_s(void)
+double dec__now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -342,8 +310,8 @@ static double now_s(void)
 
 /* Submits one step: ids and positions of T rows, lengths of S sequences,
  * and (when all) the spans and block table rows too. */
-static kiln_status submit_step(dec_engine *e, const step_cmds *c, uint32_t T, uint32_t S, int all, const char *phase,
-                               kiln_timing timing, kiln_fence **fence)
+kiln_status dec__submit_step(dec_engine *e, const step_cmds *c, uint32_t T, uint32_t S, int all, const char *phase,
+                             kiln_timing timing, kiln_fence **fence)
 {
     kiln_binding_patch p[N_SLOTS] = {
         {SLOT_IDS, 0, e->ids, (size_t)T * 4},     {SLOT_POS, 0, e->pos, (size_t)T * 4},
@@ -357,8 +325,8 @@ static kiln_status submit_step(dec_engine *e, const step_cmds *c, uint32_t T, ui
 
 /* Waits for a step, counts how its commands ran, reads back the next tokens
  * (and the logits when asked). */
-static kiln_status finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, uint32_t S, int want_logits,
-                               dec_stats *stats)
+kiln_status dec__finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, uint32_t S, int want_logits,
+                             dec_stats *stats)
 {
     kiln_status st = kiln_fence_wait(fence);
     if (st) {
@@ -386,14 +354,14 @@ static kiln_status finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, 
     return KILN_OK;
 }
 
-static kiln_status decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out)
+kiln_status dec__decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out)
 {
     step_cmds *c = &e->decode[P];
     if (!c->n) {
-        double t0 = now_s();
-        kiln_status st = encode_step(e, P, P, 1, c);
+        double t0 = dec__now_s();
+        kiln_status st = dec__encode_step(e, P, P, 1, c);
         if (stats)
-            stats->encode_s += now_s() - t0;
+            stats->encode_s += dec__now_s() - t0;
         if (st)
             return st;
     }
@@ -401,7 +369,7 @@ static kiln_status decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, cons
     return KILN_OK;
 }
 
-static void set_rows(dec_engine *e, uint32_t row, uint32_t seq_slot)
+void dec__set_rows(dec_engine *e, uint32_t row, uint32_t seq_slot)
 {
     for (uint32_t b = 0; b < e->max_blocks; b++)
         e->table[(size_t)row * e->max_blocks + b] = seq_slot * e->max_blocks + b;
@@ -457,22 +425,22 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
         e->lens[i] = reqs[i].prompt_len;
         e->spans[2 * i] = row;
         e->spans[2 * i + 1] = reqs[i].prompt_len;
-        set_rows(e, i, i);
+        dec__set_rows(e, i, i);
         row += reqs[i].prompt_len;
     }
     step_cmds pre;
-    double t0 = now_s();
-    kiln_status st = encode_step(e, T, S, maxq, &pre);
-    stats->encode_s += now_s() - t0;
+    double t0 = dec__now_s();
+    kiln_status st = dec__encode_step(e, T, S, maxq, &pre);
+    stats->encode_s += dec__now_s() - t0;
     if (st)
         return st;
     kiln_fence *fence = NULL;
-    t0 = now_s();
-    st = submit_step(e, &pre, T, S, 1, "prefill", KILN_TIMING_OFF, &fence);
+    t0 = dec__now_s();
+    st = dec__submit_step(e, &pre, T, S, 1, "prefill", KILN_TIMING_OFF, &fence);
     if (!st)
-        st = finish_step(e, fence, pre.n, S, logits_fn != NULL, stats);
-    stats->prefill_s = now_s() - t0;
-    cmds_release(&pre);
+        st = dec__finish_step(e, fence, pre.n, S, logits_fn != NULL, stats);
+    stats->prefill_s = dec__now_s() - t0;
+    dec__cmds_release(&pre);
     if (st)
         return st;
     stats->prefill_tokens = T;
@@ -496,10 +464,10 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
     }
     /* ---- decode: one step per new token of the batch ---- */
     uint32_t last_P = 0;
-    t0 = now_s();
+    t0 = dec__now_s();
     for (uint32_t step = 1; P; step++) {
         const step_cmds *c;
-        if ((st = decode_cmds(e, P, stats, &c)))
+        if ((st = dec__decode_cmds(e, P, stats, &c)))
             break;
         int changed = P != last_P;
         for (uint32_t j = 0; j < P; j++) {
@@ -509,10 +477,10 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
             e->lens[j] = e->pos[j] + 1;
             e->spans[2 * j] = j;
             e->spans[2 * j + 1] = 1;
-            set_rows(e, j, i);
+            dec__set_rows(e, j, i);
         }
-        if ((st = submit_step(e, c, P, P, changed, "decode", KILN_TIMING_OFF, &fence)) ||
-            (st = finish_step(e, fence, c->n, P, logits_fn != NULL, stats)))
+        if ((st = dec__submit_step(e, c, P, P, changed, "decode", KILN_TIMING_OFF, &fence)) ||
+            (st = dec__finish_step(e, fence, c->n, P, logits_fn != NULL, stats)))
             break;
         last_P = P;
         stats->decode_steps++;
@@ -537,145 +505,7 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
             break;
         P = still;
     }
-    stats->decode_s = now_s() - t0;
+    stats->decode_s = dec__now_s() - t0;
     free(active);
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
-                            double *device_ms, double *wall_ms, uint64_t *replayed_commands)
-{
-    if (!batch || batch > e->o.max_participants || !context || context > e->o.max_seq_tokens || steps < 1)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "bench: batch %u (1..%u), context %u (1..%u), steps %d", batch,
-                        e->o.max_participants, context, e->o.max_seq_tokens, steps);
-    const step_cmds *c;
-    dec_stats stats = {0};
-    kiln_status st = decode_cmds(e, batch, &stats, &c);
-    if (st)
-        return st;
-    for (uint32_t j = 0; j < batch; j++) {
-        e->ids[j] = (j * 7919u + 1) % (uint32_t)e->V;
-        e->pos[j] = context - 1;
-        e->lens[j] = context;
-        e->spans[2 * j] = j;
-        e->spans[2 * j + 1] = 1;
-        set_rows(e, j, j);
-    }
-    kiln_fence *fence;
-    for (int i = 0; i < warmup; i++) {
-        if ((st = submit_step(e, c, batch, batch, i == 0, "decode", KILN_TIMING_OFF, &fence)) ||
-            (st = finish_step(e, fence, c->n, batch, 0, &stats)))
-            return st;
-    }
-    double *ms = calloc((size_t)steps, sizeof *ms);
-    if (!ms)
-        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    for (int i = 0; i < steps && !st; i++) {
-        if ((st = submit_step(e, c, batch, batch, 1, "decode", KILN_TIMING_COMPLETION, &fence)))
-            break;
-        if ((st = kiln_fence_wait(fence))) {
-            dec_kfail(st, "bench step");
-        } else {
-            kiln_receipt r;
-            if ((st = kiln_fence_receipt(fence, &r)))
-                dec_kfail(st, "receipt");
-            ms[i] = r.elapsed_ms;
-            for (size_t k = 0; k < c->n; k++) {
-                kiln_attribution a;
-                if (kiln_fence_attribution(fence, k, &a) == KILN_OK && a.path == KILN_EXEC_REPLAYED)
-                    stats.replayed_commands++;
-            }
-        }
-        kiln_fence_release(fence);
-    }
-    if (!st) {
-        qsort(ms, (size_t)steps, sizeof *ms, cmp_double);
-        *device_ms = ms[steps / 2];
-        double t0 = now_s();
-        for (int i = 0; i < steps && !st; i++)
-            st = submit_step(e, c, batch, batch, 0, "decode", KILN_TIMING_OFF, NULL);
-        if (!st && (st = kiln_stream_synchronize(e->s)))
-            dec_kfail(st, "bench synchronize");
-        *wall_ms = (now_s() - t0) * 1e3 / steps;
-        *replayed_commands = stats.replayed_commands;
-    }
-    free(ms);
-    return st;
-}
-
-/* Bytes a decode step's command of that label must read (weights, KV). */
-static double label_bytes(const dec_engine *e, const char *label, uint32_t batch, uint32_t context)
-{
-    const double H = (double)e->H, I = (double)e->I, Q = (double)e->QD, KV = (double)e->KVD, L = (double)e->m->config.layers;
-    if (!strcmp(label, "qkv_proj"))
-        return 2 * H * (Q + 2 * KV) * L;
-    if (!strcmp(label, "o_proj"))
-        return 2 * H * Q * L;
-    if (!strcmp(label, "swiglu"))
-        return 2 * 2 * I * H * L;
-    if (!strcmp(label, "down_proj"))
-        return 2 * I * H * L;
-    if (!strcmp(label, "lm_head"))
-        return 2 * (double)e->V * H;
-    if (!strcmp(label, "attention"))
-        return 2 * 2 * (double)batch * context * KV * L;
-    return 0;
-}
-
-kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context, FILE *out)
-{
-    const step_cmds *c = &e->decode[batch];
-    if (batch > e->o.max_participants || !c->n)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "breakdown: run dec_bench_steps for batch %u first", batch);
-    kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
-                               {SLOT_POS, 0, e->pos, (size_t)batch * 4},
-                               {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
-    kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_SPANS,
-                              .phase = "decode", .arena = e->arena, .patches = p, .n_patches = 3};
-    kiln_fence *fence;
-    kiln_status st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence);
-    if (st)
-        return dec_kfail(st, "breakdown");
-    if ((st = kiln_fence_wait(fence))) {
-        kiln_fence_release(fence);
-        return dec_kfail(st, "breakdown");
-    }
-    enum { MAXL = 16 };
-    const char *names[MAXL];
-    double ms[MAXL] = {0}, total = 0;
-    size_t n_names = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        kiln_attribution a;
-        kiln_span sp;
-        if (kiln_fence_attribution(fence, i, &a) || a.span < 0 || kiln_fence_span(fence, (size_t)a.span, &sp))
-            continue;
-        size_t k = 0;
-        while (k < n_names && strcmp(names[k], c->label[i]))
-            k++;
-        if (k == n_names) {
-            if (n_names == MAXL)
-                continue;
-            names[n_names++] = c->label[i];
-        }
-        ms[k] += sp.duration_ms;
-        total += sp.duration_ms;
-    }
-    kiln_fence_release(fence);
-    fprintf(out, "{\"bench\":\"decode_step_ops\",\"impl\":\"kiln\",\"path\":\"eager\",\"batch\":%u,\"context\":%u,"
-                 "\"sum_ms\":%.4f,\"ops\":{", batch, context, total);
-    for (size_t k = 0; k < n_names; k++) {
-        double b = label_bytes(e, names[k], batch, context);
-        fprintf(out, "%s\"%s\":{\"ms\":%.4f", k ? "," : "", names[k], ms[k]);
-        if (b > 0 && ms[k] > 0)
-            fprintf(out, ",\"gb\":%.3f,\"gb_s\":%.0f", b / 1e9, b / (ms[k] * 1e-3) / 1e9);
-        fprintf(out, "}");
-    }
-    fprintf(out, "}}\n");
-    return KILN_OK;
 }

@@ -1,17 +1,22 @@
 /* decode: greedy decoding of a Llama / Qwen2 checkpoint on kiln, or the
- * decode-step benchmark of a model of random weights (--bench).
+ * benchmarks of a model of random weights: the decode step (--bench) and
+ * the prefill (--bench-prefill), in bench.c.
  *
  *   decode --model DIR --prompt 1,2,3[:MAX_NEW] [--prompt ...] [--max-new N]
  *          [--eos ID|none] [--db PATH] [--dump-logits FILE]
  *   decode --bench [--config config.json] [--layers N] [--batch 1,8,32]
- *          [--context 1024] [--steps N] [--chunk-file FILE] [--db PATH]
+ *          [--context 1024[,4096,...]] [--steps N] [--chunk-file FILE] [--db PATH]
+ *   decode --bench-prefill [--config config.json] [--layers N]
+ *          [--shapes 1x512,1x4096,4x1024,1x16384] [--iters N] [--db PATH]
  *
  * Output: JSON lines on stdout. Generation prints one line per prompt (the
  * generated token ids and why it stopped) and a summary (prefill and decode
- * tokens/s, compiles and cache hits, replayed and eager commands). The bench
+ * tokens/s, compiles and cache hits, replayed and eager commands). --bench
  * prints the measured device-to-device copy bandwidth, then one line per
- * batch size: the decode step's latency and its floor (the weight bytes plus
- * the KV bytes a step reads, over that bandwidth).
+ * context and batch size: the decode step's latency and its floor (the
+ * weight bytes plus the KV bytes a step reads, over that bandwidth).
+ * --bench-prefill prints the dense f16 throughput of a large cuBLASLt
+ * product, then per shape the prefill's time, tokens/s, TFLOP/s and MFU.
  * --dump-logits writes, per participant and step, a record: u32 participant,
  * u32 step, u32 vocab, then vocab f32 logits (little-endian). Exit codes: 0
  * ok, 1 failure, 2 usage.
@@ -22,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decoder.h"
+#include "bench.h"
 
 #define MAX_PROMPTS 256
 
@@ -33,8 +38,10 @@ static int usage(const char *msg)
     fprintf(stderr,
             "usage: decode --model DIR --prompt IDS[:MAX_NEW] [--prompt ...] [--max-new N] [--eos ID|none]\n"
             "              [--db PATH] [--dump-logits FILE]\n"
-            "       decode --bench [--config config.json] [--layers N] [--batch 1,8,32] [--context 1024]\n"
-            "              [--steps N] [--chunk-file FILE] [--db PATH]\n");
+            "       decode --bench [--config config.json] [--layers N] [--batch 1,8,32]\n"
+            "              [--context 1024[,4096,...]] [--steps N] [--chunk-file FILE] [--db PATH]\n"
+            "       decode --bench-prefill [--config config.json] [--layers N]\n"
+            "              [--shapes 1x512,1x4096,4x1024,1x16384] [--iters N] [--db PATH]\n");
     return 2;
 }
 
@@ -47,37 +54,65 @@ static float h2f(uint16_t h)
     return (h & 0x8000) ? -v : v;
 }
 
-static uint16_t f2h(float f)
-{
-    /* Round to nearest even through the bits; values here are small and finite. */
-    union { float f; uint32_t u; } x = {f};
-    uint32_t sign = (x.u >> 16) & 0x8000, e = (x.u >> 23) & 0xff, m = x.u & 0x7fffff;
-    int ee = (int)e - 127 + 15;
-    if (ee >= 31)
-        return (uint16_t)(sign | 0x7c00);
-    if (ee <= 0) {
-        if (ee < -10)
-            return (uint16_t)sign;
-        m |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - ee), half = m >> shift, rem = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t h = ((uint32_t)ee << 10) | (m >> 13), rem = m & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
+/* A decimal count in [lo, hi]: digits only, no sign, space or suffix. */
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 {
     char *end;
+    if (s[0] < '0' || s[0] > '9')
+        return 0;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi)
+    if (errno || *end || v < lo || v > hi)
         return 0;
     *out = (uint32_t)v;
+    return 1;
+}
+
+/* Copies the next item of a comma-separated list into item (cap bytes) and
+ * moves *s past it and its comma; 0 for an empty or overlong item. */
+static int next_item(const char **s, char *item, size_t cap)
+{
+    const char *comma = strchr(*s, ',');
+    const size_t len = comma ? (size_t)(comma - *s) : strlen(*s);
+    if (!len || len >= cap)
+        return 0;
+    memcpy(item, *s, len);
+    item[len] = 0;
+    *s = comma ? comma + 1 : *s + len;
+    return comma == NULL || comma[1] != 0; /* "1," ends in an empty item */
+}
+
+/* "1,8,32": 1 to DEC_MAX_LIST counts in [lo, hi]. */
+static int parse_counts(const char *text, uint32_t lo, uint32_t hi, uint32_t *out, size_t *n)
+{
+    char item[32];
+    *n = 0;
+    for (const char *s = text; *s || !*n;) {
+        if (*n == DEC_MAX_LIST || !next_item(&s, item, sizeof item) || !parse_u32(item, lo, hi, &out[*n]))
+            return 0;
+        ++*n;
+    }
+    return 1;
+}
+
+/* "1x512,4x1024": 1 to DEC_MAX_LIST shapes, SEQSxTOKENS, at most max_tokens in all each. */
+static int parse_shapes(const char *text, uint32_t max_tokens, dec_shape *out, size_t *n)
+{
+    char item[32];
+    *n = 0;
+    for (const char *s = text; *s || !*n;) {
+        if (*n == DEC_MAX_LIST || !next_item(&s, item, sizeof item))
+            return 0;
+        char *x = strchr(item, 'x');
+        if (!x)
+            return 0;
+        *x = 0;
+        dec_shape *sh = &out[*n];
+        if (!parse_u32(item, 1, 65535, &sh->seqs) || !parse_u32(x + 1, 1, max_tokens, &sh->tokens) ||
+            (uint64_t)sh->seqs * sh->tokens > max_tokens)
+            return 0;
+        ++*n;
+    }
     return 1;
 }
 
@@ -131,14 +166,7 @@ static void dump_logits(void *user, uint32_t participant, uint32_t step, const u
     }
 }
 
-typedef struct session {
-    kiln_cache *cache;
-    kiln_runtime *rt;
-    kiln_jit *jit;
-    kiln_stream *s;
-} session;
-
-static int open_session(const char *db, session *x)
+int dec_session_open(const char *db, dec_session *x)
 {
     memset(x, 0, sizeof *x);
     kiln_cache_options co = {.path = db};
@@ -159,7 +187,7 @@ static int open_session(const char *db, session *x)
     return 1;
 }
 
-static void close_session(session *x)
+void dec_session_close(dec_session *x)
 {
     kiln_stream_destroy(x->s);
     kiln_jit_destroy(x->jit);
@@ -167,7 +195,7 @@ static void close_session(session *x)
     kiln_cache_close(x->cache);
 }
 
-static int fail(kiln_status st)
+int dec_report(kiln_status st)
 {
     fprintf(stderr, "decode: %s: %s\n", kiln_status_code(st), dec_errmsg());
     return 1;
@@ -181,8 +209,8 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
     dec_checkpoint ck;
     kiln_status st = dec_checkpoint_open(dir, &ck);
     if (st)
-        return fail(st);
-    session x;
+        return dec_report(st);
+    dec_session x;
     int rc = 1;
     dec_model *m = NULL;
     dec_engine *e = NULL;
@@ -190,10 +218,10 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
     dec_result res[MAX_PROMPTS];
     memset(res, 0, sizeof res);
     dump d = {0};
-    if (!open_session(db, &x))
+    if (!dec_session_open(db, &x))
         goto out;
     if ((st = dec_model_load(x.rt, &ck, &m))) {
-        fail(st);
+        dec_report(st);
         goto out;
     }
     uint32_t total = 0, longest = 0;
@@ -206,7 +234,7 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
     }
     dec_engine_options eo = {.max_participants = (uint32_t)n, .max_prefill_tokens = total, .max_seq_tokens = longest};
     if ((st = dec_engine_create(x.jit, x.s, m, &eo, &e))) {
-        fail(st);
+        dec_report(st);
         goto out;
     }
     if (dump_path && !(d.f = fopen(dump_path, "wb"))) {
@@ -217,7 +245,7 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
     size_t n_eos = eos_given ? (eos_override ? 1 : 0) : m->config.n_eos;
     dec_stats stats;
     if ((st = dec_generate(e, reqs, n, eos, n_eos, d.f ? dump_logits : NULL, &d, res, &stats))) {
-        fail(st);
+        dec_report(st);
         goto out;
     }
     if (d.f && (fclose(d.f) != 0 || d.failed)) {
@@ -254,154 +282,8 @@ out:
         free(res[i].tokens);
     dec_engine_free(e);
     dec_model_free(m);
-    close_session(&x);
+    dec_session_close(&x);
     dec_checkpoint_close(&ck);
-    return rc;
-}
-
-/* ---- the benchmark ---- */
-
-/* Median milliseconds of one device-to-device copy of bytes. */
-static kiln_status copy_ms(session *x, size_t bytes, double *ms)
-{
-    kiln_buffer *a = NULL, *b = NULL;
-    kiln_command *cmd = NULL;
-    double v[10] = {0};
-    kiln_status st;
-    if ((st = kiln_buffer_create(x->rt, bytes, 256, &a)) || (st = kiln_buffer_create(x->rt, bytes, 256, &b)) ||
-        (st = kiln_buffer_fill(a, 0, 1, bytes)))
-        goto out;
-    kiln_region ra = {a, 0, bytes}, rb = {b, 0, bytes};
-    if ((st = kiln_command_copy(x->rt, &ra, &rb, &cmd)))
-        goto out;
-    for (int i = 0; i < 13 && !st; i++) {
-        kiln_submit_options so = {.size = sizeof so, .timing = KILN_TIMING_COMPLETION};
-        kiln_fence *f;
-        if ((st = kiln_stream_submit(x->s, &cmd, 1, &so, &f)))
-            break;
-        kiln_receipt r;
-        if (!(st = kiln_fence_wait(f)) && !(st = kiln_fence_receipt(f, &r)) && i >= 3)
-            v[i - 3] = r.elapsed_ms;
-        kiln_fence_release(f);
-    }
-    for (int i = 0; i < 10; i++)
-        for (int j = i + 1; j < 10; j++)
-            if (v[j] < v[i]) {
-                double t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-            }
-    *ms = (v[4] + v[5]) / 2;
-out:
-    kiln_command_release(cmd);
-    kiln_buffer_destroy(a);
-    kiln_buffer_destroy(b);
-    return st;
-}
-
-static int run_bench(const char *config_path, int64_t layers, const uint32_t *batches, size_t n_batches,
-                     uint32_t context, int steps, const char *chunk_path, const char *db)
-{
-    const char *why = NULL;
-    if (!kiln_driver_available(&why)) {
-        printf("{\"bench\":\"decode_step\",\"skipped\":\"no driver: %s\"}\n", why ? why : "?");
-        return 0;
-    }
-    dec_config c;
-    memset(&c, 0, sizeof c);
-    if (config_path) {
-        kiln_status st = dec_config_load(config_path, &c);
-        if (st)
-            return fail(st);
-    } else {
-        kiln_model_config_default(&c.base);
-        snprintf(c.model_type, sizeof c.model_type, "llama");
-        c.layers = 32;
-    }
-    if (layers)
-        c.layers = layers;
-    /* 64 MiB of N(0, 0.02)-like halves (a sum of four uniforms), tiled into every tensor. */
-    const size_t halves = (size_t)32 << 20;
-    uint16_t *chunk = malloc(halves * 2);
-    if (!chunk)
-        return 1;
-    uint64_t r = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < halves; i++) {
-        float s = 0;
-        for (int k = 0; k < 4; k++) {
-            r ^= r >> 12;
-            r ^= r << 25;
-            r ^= r >> 27;
-            s += (float)((r * 2685821657736338717ull) >> 40) / 16777216.0f - 0.5f;
-        }
-        chunk[i] = f2h(s * 0.02f * 1.7320508f);
-    }
-    if (chunk_path) {
-        FILE *f = fopen(chunk_path, "wb");
-        if (!f || fwrite(chunk, 2, halves, f) != halves || fclose(f) != 0) {
-            fprintf(stderr, "decode: cannot write %s\n", chunk_path);
-            free(chunk);
-            return 1;
-        }
-    }
-    session x;
-    int rc = 1;
-    dec_model *m = NULL;
-    if (!open_session(db, &x))
-        goto out;
-    kiln_status st;
-    if ((st = dec_model_random(x.rt, x.s, &c, chunk, halves, &m))) {
-        fail(st);
-        goto out;
-    }
-    const size_t copy_bytes = (size_t)1 << 30;
-    double cms;
-    if ((st = copy_ms(&x, copy_bytes, &cms))) {
-        fprintf(stderr, "decode: copy bandwidth: %s: %s\n", kiln_status_code(st), kiln_errmsg());
-        goto out;
-    }
-    const double bw = 2.0 * (double)copy_bytes / (cms * 1e-3); /* read + write bytes per second */
-    printf("{\"bench\":\"d2d_copy\",\"bytes\":%zu,\"ms\":%.4f,\"gb_s\":%.1f}\n", copy_bytes, cms, bw / 1e9);
-    fflush(stdout);
-    const kiln_model_config *b = &c.base;
-    for (size_t i = 0; i < n_batches; i++) {
-        const uint32_t B = batches[i];
-        dec_engine *e = NULL;
-        dec_engine_options eo = {.max_participants = B, .max_prefill_tokens = B, .max_seq_tokens = context};
-        kiln_jit_counters before, after;
-        kiln_jit_get_counters(x.jit, &before);
-        if ((st = dec_engine_create(x.jit, x.s, m, &eo, &e))) {
-            fail(st);
-            goto out;
-        }
-        double dev = 0, wall = 0;
-        uint64_t replayed = 0;
-        st = dec_bench_steps(e, B, context, 5, steps, &dev, &wall, &replayed);
-        if (!st)
-            st = dec_bench_breakdown(e, B, context, stdout);
-        dec_engine_free(e);
-        if (st) {
-            fail(st);
-            goto out;
-        }
-        kiln_jit_get_counters(x.jit, &after);
-        const double kv = (double)B * (double)c.layers * context * (double)b->num_key_value_heads *
-                          (double)b->head_dim * 2.0 * 2.0;
-        const double floor_ms = ((double)m->weight_bytes + kv) / bw * 1e3;
-        printf("{\"bench\":\"decode_step\",\"impl\":\"kiln\",\"model\":\"%s\",\"layers\":%lld,\"batch\":%u,"
-               "\"context\":%u,\"steps\":%d,\"device_ms\":%.4f,\"wall_ms\":%.4f,\"floor_ms\":%.4f,"
-               "\"device_over_floor\":%.3f,\"wall_over_floor\":%.3f,\"weight_bytes\":%llu,\"kv_bytes\":%.0f,"
-               "\"d2d_gb_s\":%.1f,\"replayed_commands\":%llu,\"compiles\":%llu}\n",
-               config_path ? "config" : "llama-3-8b", (long long)c.layers, B, context, steps, dev, wall, floor_ms,
-               dev / floor_ms, wall / floor_ms, (unsigned long long)m->weight_bytes, kv, bw / 1e9,
-               (unsigned long long)replayed, (unsigned long long)(after.compiles - before.compiles));
-        fflush(stdout);
-    }
-    rc = 0;
-out:
-    dec_model_free(m);
-    close_session(&x);
-    free(chunk);
     return rc;
 }
 
@@ -409,9 +291,10 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *db = NULL, *dump_path = NULL, *config = NULL, *chunk = NULL;
     static prompt prompts[MAX_PROMPTS];
-    size_t n_prompts = 0, n_batches = 0;
-    uint32_t max_new = 32, context = 1024, steps = 30, layers = 0, batches[16];
-    int bench = 0, eos_given = 0, rc;
+    size_t n_prompts = 0, n_batches = 0, n_contexts = 0, n_shapes = 0;
+    uint32_t max_new = 32, steps = 30, iters = 10, layers = 0, batches[DEC_MAX_LIST], contexts[DEC_MAX_LIST];
+    dec_shape shapes[DEC_MAX_LIST];
+    int bench = 0, bench_prefill = 0, decode_opts = 0, prefill_opts = 0, eos_given = 0, rc;
     int64_t eos_value = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -422,6 +305,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--bench")) {
             bench = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bench-prefill")) {
+            bench_prefill = 1;
             continue;
         }
         if (!v)
@@ -435,9 +322,10 @@ int main(int argc, char **argv)
             dump_path = v;
         else if (!strcmp(a, "--config"))
             config = v;
-        else if (!strcmp(a, "--chunk-file"))
+        else if (!strcmp(a, "--chunk-file")) {
             chunk = v;
-        else if (!strcmp(a, "--prompt")) {
+            decode_opts = 1;
+        } else if (!strcmp(a, "--prompt")) {
             if (n_prompts == MAX_PROMPTS || !parse_prompt(v, &prompts[n_prompts]))
                 return usage("--prompt takes token ids separated by commas, optionally :MAX_NEW");
             n_prompts++;
@@ -454,35 +342,60 @@ int main(int argc, char **argv)
             else
                 return usage("--eos takes a token id or none");
         } else if (!strcmp(a, "--context")) {
-            if (!parse_u32(v, 1, 1u << 20, &context))
-                return usage("--context takes a count >= 1");
+            decode_opts = 1;
+            if (!parse_counts(v, 1, 1u << 20, contexts, &n_contexts))
+                return usage("--context takes 1 to 16 token counts (1 to 1048576) separated by commas");
         } else if (!strcmp(a, "--steps")) {
+            decode_opts = 1;
             if (!parse_u32(v, 1, 100000, &steps))
                 return usage("--steps takes a count >= 1");
         } else if (!strcmp(a, "--layers")) {
             if (!parse_u32(v, 1, 4096, &layers))
                 return usage("--layers takes a count >= 1");
         } else if (!strcmp(a, "--batch")) {
-            char *copy = strdup(v);
-            n_batches = 0;
-            for (char *t = strtok(copy, ","); t; t = strtok(NULL, ",")) {
-                if (n_batches == 16 || !parse_u32(t, 1, 65535, &batches[n_batches++])) {
-                    free(copy);
-                    return usage("--batch takes up to 16 sizes separated by commas");
-                }
-            }
-            free(copy);
+            decode_opts = 1;
+            if (!parse_counts(v, 1, 65535, batches, &n_batches))
+                return usage("--batch takes 1 to 16 sizes (1 to 65535) separated by commas");
+        } else if (!strcmp(a, "--shapes")) {
+            prefill_opts = 1;
+            if (!parse_shapes(v, 1u << 20, shapes, &n_shapes))
+                return usage("--shapes takes 1 to 16 shapes SEQSxTOKENS (sequences x tokens each, 1x4096) "
+                             "separated by commas, each of 1 to 1048576 tokens in all");
+        } else if (!strcmp(a, "--iters")) {
+            prefill_opts = 1;
+            if (!parse_u32(v, 1, 100000, &iters))
+                return usage("--iters takes a count >= 1");
         } else {
             fprintf(stderr, "decode: unknown option %s\n", a);
             return usage(NULL);
         }
     }
+    if (bench && bench_prefill)
+        return usage("--bench and --bench-prefill are separate runs");
+    if (prefill_opts && !bench_prefill)
+        return usage("--shapes and --iters are --bench-prefill options");
+    if (decode_opts && bench_prefill)
+        return usage("--batch, --context, --steps and --chunk-file are --bench options");
+    dec_bench_args ba = {.config = config, .db = db, .layers = layers, .batches = batches, .n_batches = n_batches,
+                         .contexts = contexts, .n_contexts = n_contexts, .steps = steps, .chunk_file = chunk,
+                         .shapes = shapes, .n_shapes = n_shapes, .iters = iters};
     if (bench) {
         if (!n_batches) {
             batches[0] = 1, batches[1] = 8, batches[2] = 32;
-            n_batches = 3;
+            ba.n_batches = 3;
         }
-        rc = run_bench(config, layers, batches, n_batches, context, (int)steps, chunk, db);
+        if (!n_contexts) {
+            contexts[0] = 1024;
+            ba.n_contexts = 1;
+        }
+        rc = dec_run_bench_decode(&ba);
+    } else if (bench_prefill) {
+        if (!n_shapes) {
+            const dec_shape defaults[] = {{1, 512}, {1, 4096}, {4, 1024}, {1, 16384}};
+            memcpy(shapes, defaults, sizeof defaults);
+            ba.n_shapes = sizeof defaults / sizeof defaults[0];
+        }
+        rc = dec_run_bench_prefill(&ba);
     } else {
         if (!model || !n_prompts)
             return usage("--model and at least one --prompt are needed");
