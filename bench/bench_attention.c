@@ -229,9 +229,10 @@ int main(int argc, char **argv)
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
         static const int64_t dims[] = {128, 64};
-        for (int k = 0; k < 2; k++) {
-            g_kernel = k ? "cuda_core" : "picked";
-            kiln__paged_attention_set_cuda_core_prefill(k);
+        static const char *const kernels[] = {"picked", "mma", "cuda_core"};
+        for (int k = 0; k < 3; k++) {
+            g_kernel = kernels[k];
+            kiln__paged_attention_set_prefill_kernel(k);
             for (int d = 0; d < 2; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
                     if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))
@@ -240,10 +241,10 @@ int main(int argc, char **argv)
                     const long n = (long)(iters * 4e6 / work) + 1; /* about the same time a shape */
                     /* The CUDA-core kernel is slow at 16384: fewer runs. */
                     run_case("prefill", 32, 8, dims[d], shapes[i].S, shapes[i].ctx, shapes[i].count,
-                             k && n > 3 ? 3 : n, 0, 0);
+                             k == 2 && n > 3 ? 3 : n, 0, 0);
                 }
         }
-        kiln__paged_attention_set_cuda_core_prefill(0);
+        kiln__paged_attention_set_prefill_kernel(0);
     } else if (sweep) {
         static const uint32_t targets[] = {132, 264, 528, 1056, 2112}, seqs[] = {1, 8, 32};
         for (int n = 0; n < 3; n++)

@@ -236,11 +236,13 @@ kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const 
     char arch_opt[48];
     size_t argc = 0;
     /* An arch-specific template (wgmma, setmaxnreg) is built for the
-     * architecture's own features, sm_90 -> sm_90a: its cubin loads on that
-     * architecture only, which is what the jit is for. The directive is in
-     * the source, so the fingerprint already tells the two builds apart. */
+     * architecture's own features from sm_90 on, sm_90 -> sm_90a: its cubin
+     * loads on that architecture only, which is what the jit is for (before
+     * sm_90 there is no such target, and the template guards its body). The
+     * directive is in the source, so the fingerprint already tells the two
+     * builds apart. */
     const size_t alen = strlen(arch);
-    const int add_a = t->arch_specific && alen && isdigit((unsigned char)arch[alen - 1]);
+    const int add_a = t->arch_specific && alen && isdigit((unsigned char)arch[alen - 1]) && atoi(arch + 3) >= 90;
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s%s", arch, add_a ? "a" : "");
     argv[argc++] = arch_opt;
     int no_cache = 0;

@@ -36,7 +36,7 @@ static const kiln__op_row rows[] = {
     {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, F16, PACKED, "gated_delta", "kiln_op_gated_delta_workspace",
      kiln__gated_delta_specs, NULL},
     {"paged_attention", KILN__VERSION_PAGED_ATTENTION, KERNELS | KILN_CAP_PAGED_KV, F16, PACKED,
-     "paged_attention paged_decode", "kiln_op_paged_attention_workspace", NULL, kiln__paged_attention_arch_specs},
+     "paged_attention paged_decode paged_prefill paged_prefill_mma", "kiln_op_paged_attention_workspace", NULL, kiln__paged_attention_arch_specs},
     {"dense_linear", KILN__VERSION_DENSE_LINEAR, BLAS, F16, PACKED, "skinny_linear", "kiln_op_dense_linear_workspace",
      kiln__skinny_linear_specs, NULL},
     {"dense_linear_norm", KILN__VERSION_DENSE_LINEAR_NORM, BLAS, F16, PACKED, "tma_linear skinny_linear rms_norm",

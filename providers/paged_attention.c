@@ -37,14 +37,14 @@ void kiln__paged_attention_set_split_target(uint32_t blocks)
 }
 
 static _Atomic int two_kernel_decode; /* 1: decode as where the one-kernel decode does not fit */
-static _Atomic int cuda_core_prefill; /* 1: prefill as before sm_90, on the CUDA cores */
+static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test asks for */
 
-/* For the GPU tests and benchmarks: prefill on the CUDA-core kernel that
- * devices without wgmma take, on a device that would take the wgmma one.
- * Read at encode; process-wide. */
-void kiln__paged_attention_set_cuda_core_prefill(int on)
+/* For the GPU tests and benchmarks: prefill on the kernel another device
+ * would take (KILN__PREFILL_MMA: sm_80 on without wgmma; KILN__PREFILL_CUDA_CORE:
+ * before sm_80), where the device allows it. Read at encode; process-wide. */
+void kiln__paged_attention_set_prefill_kernel(int which)
 {
-    atomic_store(&cuda_core_prefill, on);
+    atomic_store(&prefill_forced, which == KILN__PREFILL_MMA || which == KILN__PREFILL_CUDA_CORE ? which : 0);
 }
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
@@ -81,13 +81,23 @@ static unsigned prefill_smem(int64_t head_dim)
     return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * 128 * head_dim * 2 + 1024);
 }
 
-/* The wgmma prefill kernel's spec: sm_90 only (wgmma is sm_90a's). */
-static kiln_status prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
+/* The mma.sync prefill kernel's (templates/paged_prefill_mma.cu): 128 threads,
+ * q for 64 rows, two stages of K and V tiles of 64 keys, the slack. */
+#define PREFILL_MMA_THREADS 128
+#define PREFILL_MMA_BM 64
+static unsigned prefill_mma_smem(int64_t head_dim)
+{
+    return (unsigned)(PREFILL_MMA_BM * head_dim * 2 + 2 * 2 * 64 * head_dim * 2 + 1024);
+}
+
+/* A prefill kernel's spec: template paged_prefill (wgmma: sm_90 only, wgmma
+ * is sm_90a's) or paged_prefill_mma (mma.sync: sm_80 on). */
+static kiln_status prefill_spec(const char *tmpl, int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
 {
     uint32_t pt;
     kiln_status st;
     if ((st = kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt)) ||
-        (st = kiln_spec_init(out, "paged_prefill")) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
+        (st = kiln_spec_init(out, tmpl)) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
         (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
         (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
         return st;
@@ -219,7 +229,8 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (sm == 90 && ((st = prefill_spec(d, h, kvh, &spec)) || (st = sink(user, &spec))))
+    if (sm >= 80 && ((st = prefill_spec(sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
+                     (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
         ((st = kiln_op_paged_attention_spec(d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
@@ -590,24 +601,30 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
          (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
          (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
         return kiln__propagate(err, st);
-    /* Prefill on sm_90: the wgmma kernel for the attention (the append stays),
-     * where the device gives a block its shared memory. */
+    /* Prefill from sm_80 on: the attention on the tensor cores (the append
+     * stays), wgmma on sm_90 and mma.sync elsewhere, where the device gives
+     * a block its shared memory; the CUDA-core kernel before. */
     unsigned attention_threads = THREADS, attention_smem = 0;
-    if (!in.decode && sm == 90 && !atomic_load(&cuda_core_prefill)) {
+    const int forced = atomic_load(&prefill_forced);
+    if (!in.decode && sm >= 80 && forced != KILN__PREFILL_CUDA_CORE) {
+        const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
-        if ((st = prefill_spec(in.head_dim, in.heads, in.kv_heads, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kp)) ||
-            (st = kiln_kernel_function(kp, "kiln_paged_prefill", &fp)) || (st = kiln__runtime_enter(rt)))
+        if ((st = prefill_spec(wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
+                               &spec)) ||
+            (st = kiln_jit_acquire(jit, &spec, &kp)) ||
+            (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
+            (st = kiln__runtime_enter(rt)))
             return kiln__propagate(err, st);
-        const unsigned want = prefill_smem(in.head_dim);
+        const unsigned want = wgmma ? prefill_smem(in.head_dim) : prefill_mma_smem(in.head_dim);
+        const uint64_t bm = wgmma ? PREFILL_BM : PREFILL_MMA_BM;
         CUresult r =
             kiln__function_set_attribute(rt, (CUfunction)fp, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)want);
         if (r == CUDA_SUCCESS) {
             k = kp;
             fb = fp;
-            tiles = (uint32_t)(((uint64_t)in.max_query * (uint64_t)(in.heads / in.kv_heads) + PREFILL_BM - 1) /
-                               PREFILL_BM);
-            attention_threads = PREFILL_THREADS;
+            tiles = (uint32_t)(((uint64_t)in.max_query * (uint64_t)(in.heads / in.kv_heads) + bm - 1) / bm);
+            attention_threads = wgmma ? PREFILL_THREADS : PREFILL_MMA_THREADS;
             attention_smem = want;
         } else if (r != CUDA_ERROR_INVALID_VALUE) {
             return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");

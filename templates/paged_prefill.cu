@@ -44,7 +44,6 @@
 #define BM 128                  // query rows a block: 64 a warpgroup
 #define BN 128                  // keys a tile
 #define STAGES (D == 128 ? 3 : 4)
-#define CH (D / 8)              // 16-byte chunks a row
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
@@ -57,16 +56,11 @@
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product
 
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
+#include "kiln_prefill.cuh"
 #include "kiln_tma.cuh"   // saddr, bar_wait
 #include "kiln_wgmma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
-__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ void named_sync(kiln_u32 id)
 {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
@@ -75,32 +69,6 @@ __device__ __forceinline__ void named_sync(kiln_u32 id)
 __device__ __forceinline__ void named_arrive(kiln_u32 id)
 {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
-}
-
-// Byte offset of (row r, column c, c % 8 == 0) in a swizzled tile whose
-// 64-column panels are panel bytes apart.
-__device__ __forceinline__ kiln_u32 swz_at(kiln_u32 r, kiln_u32 c, kiln_u32 panel)
-{
-    return (c / 64) * panel + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4);
-}
-
-// The producer warp: K and V of keys [c0, c0 + BN) into the stage at shared
-// address dst (K, then V TILE_BYTES on), zeros from key end on; lane l
-// copies chunk l % CH of key 32 / CH keys a step apart.
-__device__ __forceinline__ void load_kv(const unsigned char *__restrict__ pages, const kiln_u32 *__restrict__ trow,
-                                        kiln_u32 h, kiln_u32 c0, kiln_u32 end, kiln_u32 dst, kiln_u32 lane)
-{
-#pragma unroll 4
-    for (kiln_u32 key = lane / CH; key < BN; key += 128 / CH) {
-        const kiln_u32 ch = lane % CH, c = c0 + key;
-        const bool ok = c < end;
-        const unsigned char *src = pages;
-        if (ok)
-            src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
-        const kiln_u32 off = swz_at(key, ch * 8, KV_PANEL);
-        cp_async16(dst + off, src, ok ? 16 : 0);
-        cp_async16(dst + TILE_BYTES + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
-    }
 }
 
 // Waits for tile n's stage to be full, then makes the producer's copies
@@ -137,77 +105,6 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
     wgmma_commit();
 }
 
-// Masks tile n's scores past each row's last key, updates the rows' running
-// max and sum, turns sc into the probabilities (f32, in place) and says the
-// factor the output must be rescaled by. Score j of a row block: rows a
-// (sc[4j], sc[4j + 1]) and b (sc[4j + 2], sc[4j + 3]), keys c0 + 8j + 2 (lane
-// % 4) and one more. Finite maxima: every row's first tile holds key 0.
-__device__ __forceinline__ void softmax(float *sc, kiln_u32 n, kiln_u32 lane, kiln_u32 last_a, kiln_u32 last_b,
-                                        kiln_u32 last_min, float *m_a, float *m_b, float *l_a, float *l_b,
-                                        float *scale_a, float *scale_b)
-{
-    const kiln_u32 c0 = n * BN;
-    if (c0 + BN - 1 > last_min) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
-                if (c > last_a)
-                    sc[4 * j + e] = neg_inf();
-                if (c > last_b)
-                    sc[4 * j + 2 + e] = neg_inf();
-            }
-    }
-    float mx_a = *m_a, mx_b = *m_b;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        mx_a = fmaxf(mx_a, fmaxf(sc[4 * j], sc[4 * j + 1]));
-        mx_b = fmaxf(mx_b, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
-    }
-    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 1));
-    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
-    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
-    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
-    *scale_a = fast_exp2(*m_a - mx_a);
-    *scale_b = fast_exp2(*m_b - mx_b);
-    *m_a = mx_a;
-    *m_b = mx_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        sc[4 * j] = fast_exp2(sc[4 * j] - mx_a);
-        sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - mx_a);
-        sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - mx_b);
-        sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - mx_b);
-        sum_a += sc[4 * j] + sc[4 * j + 1];
-        sum_b += sc[4 * j + 2] + sc[4 * j + 3];
-    }
-    *l_a = *l_a * *scale_a + sum_a;
-    *l_b = *l_b * *scale_b + sum_b;
-}
-
-// The probabilities in f16, as P V's A operand: key block kk's registers are
-// the score blocks 2 kk and 2 kk + 1, rows a and b.
-__device__ __forceinline__ void pack(const float *sc, kiln_u32 (*p)[4])
-{
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(sc[4 * j], sc[4 * j + 1]);
-        p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(sc[4 * j + 2], sc[4 * j + 3]);
-    }
-}
-
-__device__ __forceinline__ void rescale(float *o, float scale_a, float scale_b)
-{
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-        o[4 * j] *= scale_a;
-        o[4 * j + 1] *= scale_a;
-        o[4 * j + 2] *= scale_b;
-        o[4 * j + 3] *= scale_b;
-    }
-}
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -256,69 +153,22 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
             const kiln_u32 st = n % STAGES;
             if (n >= STAGES)
                 bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
-            load_kv(pages, trow, h, n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS);
+            prefill_load_kv<BN>(pages, trow, h, n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS, THREADS - CONSUMERS);
             asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-    // The consumers. Rotated, scaled queries in f16, eight pairs of one token
-    // a step, their angles shared by the token's heads in the block (rows
-    // past the sequence's: zero, attending every key, never written).
-    const kiln_u32 tok0 = r0 / G, ntok = (r0 + BM - 1) / G + 1 - tok0;
-    for (kiln_u32 idx = tid; idx < ntok * (HALF / 8); idx += CONSUMERS) {
-        const kiln_u32 tl = tok0 + idx / (HALF / 8), i0 = idx % (HALF / 8) * 8;
-        const bool live = tl < q.count;
-        const kiln_u32 t = q.start + (live ? tl : 0);
-        float sn[8], cs[8];
-        if (live) {
-            const float pos = (float)positions[t];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                sincosf(pos * freqs.inv[i0 + j], &sn[j], &cs[j]);
-                sn[j] *= qscale;
-                cs[j] *= qscale;
-            }
-        }
-        for (kiln_u32 g = 0; g < G; g++) {
-            const kiln_u32 row = tl * G + g;
-            if (row < r0 || row >= r0 + BM)
-                continue;
-            float y0[8], y1[8];
-            if (live) {
-                const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
-                kiln_f16 x[16];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    x[j] = src[i0 + j];
-                    x[j + 8] = src[i0 + j + HALF];
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const float x0 = kiln_f16_to_f32(x[j]), x1 = kiln_f16_to_f32(x[j + 8]);
-                    y0[j] = x0 * cs[j] - x1 * sn[j];
-                    y1[j] = x1 * cs[j] + x0 * sn[j];
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    y0[j] = y1[j] = 0.0f;
-            }
-            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0, Q_PANEL)) = kiln_f32_to_h8(y0);
-            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0 + HALF, Q_PANEL)) = kiln_f32_to_h8(y1);
-        }
-    }
+    // The consumers: q in shared memory first.
+    prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
     fence_proxy_async();
     named_sync(BAR_Q);
 
-    // This thread's two rows (of its warp's 16) and the last key each attends.
-    const kiln_u32 wg = tid / 128, warp = tid % 128 / 32;
-    const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4, rb = ra + 8;
-    const kiln_u32 last_a = r0 + ra < nrows ? base + (r0 + ra) / G : ke - 1;
-    const kiln_u32 last_b = r0 + rb < nrows ? base + (r0 + rb) / G : ke - 1;
-    const kiln_u32 last_min = last_a < last_b ? last_a : last_b;
-    float o[D / 2], m_a = neg_inf(), m_b = neg_inf(), l_a = 0.0f, l_b = 0.0f;
+    // This thread's two rows (of its warp's 16).
+    const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, ra = wg * 64 + warp * 16 + lane / 4;
+    prefill_rows rows = prefill_rows_init(r0, ra, nrows, base, ke);
+    float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
         o[i] = 0.0f;
@@ -340,8 +190,8 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
     scores(sc, sq, skv, wg, 0);
     named_arrive(other_turn);
     wgmma_wait<0>();
-    softmax(sc, 0, lane, last_a, last_b, last_min, &m_a, &m_b, &l_a, &l_b, &scale_a, &scale_b);
-    pack(sc, p);
+    prefill_softmax<BN>(sc, 0, lane, &rows, &scale_a, &scale_b);
+    prefill_pack<BN>(sc, p);
     for (kiln_u32 n = 1; n < ntiles; n++) {
         const kiln_u32 pst = (n - 1) % STAGES;
         wait_tile(full, n);
@@ -351,11 +201,11 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
         product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
         named_arrive(other_turn);
         wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
-        softmax(sc, n, lane, last_a, last_b, last_min, &m_a, &m_b, &l_a, &l_b, &scale_a, &scale_b);
+        prefill_softmax<BN>(sc, n * BN, lane, &rows, &scale_a, &scale_b);
         wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
         asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
-        rescale(o, scale_a, scale_b);
-        pack(sc, p);
+        prefill_rescale(o, scale_a, scale_b);
+        prefill_pack<BN>(sc, p);
     }
     {
         const kiln_u32 pst = (ntiles - 1) % STAGES;
@@ -368,23 +218,7 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
         asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
     }
 
-    // The rows' sums over their quad, then out.
-    l_a += kiln_shfl_xor_f32(l_a, 1);
-    l_a += kiln_shfl_xor_f32(l_a, 2);
-    l_b += kiln_shfl_xor_f32(l_b, 1);
-    l_b += kiln_shfl_xor_f32(l_b, 2);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const kiln_u32 row = r0 + (half ? rb : ra);
-        if (row >= nrows)
-            continue;
-        const float inv = 1.0f / (half ? l_b : l_a);
-        const kiln_u32 t = q.start + row / G, head = h * G + row % G;
-        kiln_f16 *dst = out + ((kiln_u64)t * NH + head) * D + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_h2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
-    }
+    prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
 #else
     __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there
 #endif

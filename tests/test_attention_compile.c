@@ -79,6 +79,21 @@ static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads
     return s;
 }
 
+/* The tensor-core prefill an architecture takes: wgmma on sm_90, mma.sync
+ * elsewhere from sm_80 on. */
+static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
+{
+    kiln_spec s;
+    uint32_t pt;
+    KILN_CHECK(kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt));
+    KILN_CHECK(kiln_spec_init(&s, wgmma ? "paged_prefill" : "paged_prefill_mma"));
+    KILN_CHECK(kiln_spec_set(&s, "HEAD_DIM", head_dim));
+    KILN_CHECK(kiln_spec_set(&s, "HEADS", heads));
+    KILN_CHECK(kiln_spec_set(&s, "KV_HEADS", kv_heads));
+    KILN_CHECK(kiln_spec_set(&s, "PAGE_TOKENS", pt));
+    return s;
+}
+
 /* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
  * (several row tiles per group); prefill, decode, and the two-kernel decode's
  * 4 and 8 rows (16 are the prefill's kernel). */
@@ -100,6 +115,13 @@ static void test_every_path_compiles_for_sm90(void **state)
                 if (st)
                     fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
                 total++;
+                if (!decode) { /* and the wgmma prefill, sm_90's */
+                    s = tc_prefill_spec(d, layouts[i].heads, layouts[i].kv_heads, 1);
+                    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+                    if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
+                        fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
+                    total++;
+                }
                 const int64_t g = layouts[i].heads / layouts[i].kv_heads, rows = g <= 4 ? 4 : g <= 8 ? 8 : 16;
                 if (decode && rows != 16) {
                     s = fallback_spec(d, layouts[i].heads, layouts[i].kv_heads, rows);
@@ -127,20 +149,26 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
     kiln_spec prefill, decode, fb = fallback_spec(128, 32, 8, 4);
     KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 0, &prefill));
     KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 1, &decode));
-    static const char *const fits[] = {NULL, "sm_80", "sm_87", "sm_90", "sm_90a", "sm_100", "sm_103", "bogus"};
+    /* Unknown: the CUDA-core prefill and the decode; from sm_80 on also the
+     * tensor-core prefill (wgmma on sm_90). */
+    static const char *const fits[] = {NULL, "bogus", "sm_80", "sm_87", "sm_90", "sm_90a", "sm_100", "sm_103"};
     for (size_t i = 0; i < sizeof fits / sizeof fits[0]; i++) {
         spec_set l = arch_specs(128, 32, 8, fits[i]);
-        assert_int_equal(l.n, 2);
+        const kiln_spec tc = tc_prefill_spec(128, 32, 8, fits[i] && !strncmp(fits[i], "sm_90", 5));
+        assert_int_equal(l.n, i < 2 ? 2 : 3);
         assert_true(has_spec(l.items, l.n, &prefill));
         assert_true(has_spec(l.items, l.n, &decode));
+        assert_true(i < 2 || has_spec(l.items, l.n, &tc));
     }
     static const char *const short_smem[] = {"sm_86", "sm_89", "sm_120", "sm_121", "sm_120f"};
+    const kiln_spec mma = tc_prefill_spec(128, 32, 8, 0);
     for (size_t i = 0; i < sizeof short_smem / sizeof short_smem[0]; i++) {
         spec_set l = arch_specs(128, 32, 8, short_smem[i]);
-        assert_int_equal(l.n, 3);
+        assert_int_equal(l.n, 4);
         assert_true(has_spec(l.items, l.n, &prefill));
         assert_true(has_spec(l.items, l.n, &decode));
         assert_true(has_spec(l.items, l.n, &fb));
+        assert_true(has_spec(l.items, l.n, &mma));
     }
     spec_set l = arch_specs(128, 32, 8, "sm_75");
     assert_int_equal(l.n, 2);
@@ -149,18 +177,19 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
     /* head_dim 64: the one-kernel decode's 64 KiB fit 99 KiB; before sm_80 a
      * group of 7 takes 8 rows. */
     l = arch_specs(64, 14, 2, "sm_86");
-    assert_int_equal(l.n, 2);
+    assert_int_equal(l.n, 3);
     kiln_spec fb64 = fallback_spec(64, 14, 2, 8);
     l = arch_specs(64, 14, 2, "sm_75");
     assert_int_equal(l.n, 2);
     assert_true(has_spec(l.items, l.n, &fb64));
     /* A group of 16 decodes with the prefill's 16 rows: the same kernel, listed once. */
     l = arch_specs(128, 32, 2, "sm_89");
-    assert_int_equal(l.n, 2);
+    assert_int_equal(l.n, 3);
 
     /* Through the public list (what kiln prewarm --arch asks): the default
-     * model for sm_86 holds the fallback beside everything it lists without an
-     * architecture; NULL lists the same as kiln_model_specializations. */
+     * model for sm_86 holds the fallback and the mma.sync prefill beside
+     * everything it lists without an architecture; NULL lists the same as
+     * kiln_model_specializations. */
     {
         kiln_model_config c;
         kiln_model_config_default(&c);
@@ -170,8 +199,11 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
         KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_86", &for86, &n86));
         KILN_CHECK(kiln_model_specializations_for_arch(&c, NULL, &for_null, &n_null));
         kiln_spec dfb = fallback_spec(c.head_dim, c.num_attention_heads, c.num_key_value_heads, 4);
-        assert_int_equal(n86, n_plain + 1);
+        const kiln_spec dmma =
+            tc_prefill_spec(c.head_dim, c.num_attention_heads, c.num_key_value_heads, 0);
+        assert_int_equal(n86, n_plain + 2);
         assert_true(has_spec(for86, n86, &dfb));
+        assert_true(has_spec(for86, n86, &dmma));
         assert_false(has_spec(plain, n_plain, &dfb));
         for (size_t i = 0; i < n_plain; i++)
             assert_true(has_spec(for86, n86, &plain[i]));
@@ -188,13 +220,13 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
     }
 
     /* (Before sm_80 the templates do not build yet: README, Architectures.) */
-    static const char *const archs[] = {"sm_86", "sm_120"};
+    static const char *const archs[] = {"sm_80", "sm_86", "sm_89", "sm_120"};
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
         kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
         kiln_jit *jit;
         KILN_CHECK(kiln_jit_create(&jo, &jit));
         l = arch_specs(128, 32, 8, archs[a]);
-        assert_true(has_spec(l.items, l.n, &fb));
+        assert_true(has_spec(l.items, l.n, &mma));
         for (size_t i = 0; i < l.n; i++) {
             char text[256];
             KILN_CHECK(kiln_spec_constants_text(&l.items[i], text, sizeof text));
@@ -322,7 +354,7 @@ static void test_validation_names_binding_and_values(void **state)
     assert_int_equal(in.max_query, 100);
     assert_int_equal(in.decode, 0);
     assert_int_equal(in.attention_tiles, (100 * 4 + 15) / 16);
-    assert_int_equal(in.append_tiles, 7);
+    assert_int_equal(in.append_tiles, 25); /* tiles of 4 tokens */
     c.d.max_query_tokens = 1;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
     assert_int_equal(in.decode, 1);

@@ -550,19 +550,22 @@ static void test_prefill_single_sequence(void **state)
 
 static void prefill_packed(gpu_fixture *f);
 
-/* The CUDA-core prefill, which devices without wgmma take, on a device that
- * takes the wgmma one (the same kernel elsewhere). */
-static void test_prefill_cuda_core(void **state)
+/* The prefill kernels other devices take, where this one takes another:
+ * mma.sync (sm_80 on without wgmma) and the CUDA cores (before sm_80). */
+static void prefill_forced(gpu_fixture *f, int which)
 {
-    gpu_fixture *f = *state;
-    kiln__paged_attention_set_cuda_core_prefill(1);
-    static const uint32_t lens[] = {1, 37, 300};
+    kiln__paged_attention_set_prefill_kernel(which);
+    static const uint32_t lens[] = {1, 37, 300, 1000};
     for (size_t l = 0; l < N_LAYOUTS; l++)
-        for (size_t i = 0; i < 3; i++)
+        for (size_t i = 0; i < (quick() ? 2 : 4); i++)
             prefill_one(f, layouts[l], lens[i], 1e6f);
     prefill_packed(f);
-    kiln__paged_attention_set_cuda_core_prefill(0);
+    kiln__paged_attention_set_prefill_kernel(0);
 }
+
+static void test_prefill_mma(void **state) { prefill_forced(*state, KILN__PREFILL_MMA); }
+
+static void test_prefill_cuda_core(void **state) { prefill_forced(*state, KILN__PREFILL_CUDA_CORE); }
 
 /* Several sequences packed, each with a cached prefix (chunked prefill). */
 static void test_prefill_packed_with_prefixes(void **state) { prefill_packed(*state); }
@@ -988,7 +991,7 @@ static void test_contract_errors_at_encode(void **state)
 static int teardown_hooks(void **state)
 {
     kiln__paged_attention_set_two_kernel_decode(0);
-    kiln__paged_attention_set_cuda_core_prefill(0);
+    kiln__paged_attention_set_prefill_kernel(0);
     kiln__paged_attention_set_split_target(0);
     kiln__paged_attention_set_decode_stages(0);
     return gpu_fixture_teardown(state);
@@ -1003,6 +1006,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_prefill_single_sequence),
         T(test_prefill_packed_with_prefixes),
+        T(test_prefill_mma),
         T(test_prefill_cuda_core),
         T(test_decode),
         T(test_decode_split_lengths),

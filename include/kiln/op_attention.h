@@ -75,12 +75,24 @@
  * value and the limit; the stream goes on. The kernels never read or write
  * out of bounds whatever the device data holds.
  *
- * Kernels. Prefill (templates/paged_attention.cu, specialized on head_dim,
- * heads, kv_heads and 16 query rows per block): an append kernel (one block
- * per sequence, kv head and 16 new tokens) then an attention kernel (one
- * block per sequence, kv head and tile of 16 query rows; 128 threads, keys in
- * tiles of 64 through shared memory, f32 arithmetic on CUDA cores); two
- * dispatches. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
+ * Kernels. Prefill, max_query_tokens > 1: two dispatches, an append
+ * kernel (templates/paged_attention.cu: one block per sequence and 4 new
+ * tokens, every kv head) then an attention kernel, one block per sequence,
+ * kv head and tile of query rows (a GQA group's heads share a tile, so each
+ * K and V tile is read once per kv head), specialized on head_dim, heads,
+ * kv_heads and the page's tokens:
+ *   sm_90: templates/paged_prefill.cu, 128 rows a block on warpgroup MMA
+ *     (wgmma, built for sm_90a): a producer warpgroup streams K and V tiles
+ *     of 128 keys through three stages, two consumer warpgroups take turns
+ *     on the tensor cores;
+ *   sm_80 on otherwise: templates/paged_prefill_mma.cu, 64 rows a block on
+ *     mma.sync m16n8k16 (FlashAttention-2's design);
+ *   before sm_80, or where a block cannot have the shared memory: the
+ *     CUDA-core kernel of templates/paged_attention.cu (16 rows a block, f32
+ *     arithmetic).
+ * On the tensor cores q (rotated, scaled) and the softmax's p are rounded to
+ * f16 for their products, as FlashAttention does: an output may differ from
+ * the f32 result by about 2^-11 of sum p |v| / sum p beyond its rounding. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
  * specialized on head_dim, heads and kv_heads; sm_80 on where a block may
  * have its shared memory (about 101 KiB at head_dim 128: not on sm_86, sm_89,
  * sm_12x), else the prefill kernels with 4, 8 or 16 rows a block, two

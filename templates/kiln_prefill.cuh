@@ -1,0 +1,219 @@
+// What kiln's prefill attention kernels share (templates/paged_prefill.cu on
+// wgmma, templates/paged_prefill_mma.cu on mma.sync): the 128-byte-swizzled
+// tiles in shared memory, q rotated and scaled into them, the online softmax
+// over a thread's two rows of the accumulator layout (a warp's 16 rows: a =
+// lane / 4, b = a + 8; n8 block j holds columns 8j + 2 (lane % 4) and one
+// more, in registers 4j, 4j + 1 (row a) and 4j + 2, 4j + 3 (row b): both
+// mma.sync m16n8 and wgmma m64nN lay a warp's accumulators so), and the
+// output. Include after kiln_paged.cuh, with D, HALF, NH, G defined.
+#ifndef KILN_PREFILL_CUH
+#define KILN_PREFILL_CUH
+
+// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
+__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// Byte offset of (row r, column c, c % 8 == 0) in a swizzled tile whose
+// 64-column panels are panel bytes apart: row r of a panel is its 128 bytes
+// at r * 128, 16-byte chunk k at chunk k ^ (r % 8).
+__device__ __forceinline__ kiln_u32 swz_at(kiln_u32 r, kiln_u32 c, kiln_u32 panel)
+{
+    return (c / 64) * panel + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4);
+}
+
+// K and V of keys [c0, c0 + NB) into the stage at shared address dst (K,
+// then V NB * D * 2 bytes on), zeros from key end on; thread `me` of `n`
+// copies chunk me % (D / 8) of every n / (D / 8)-th key.
+template <int NB>
+__device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict__ pages,
+                                                const kiln_u32 *__restrict__ trow, kiln_u32 h, kiln_u32 c0,
+                                                kiln_u32 end, kiln_u32 dst, kiln_u32 me, kiln_u32 n)
+{
+    const kiln_u32 ch = me % (D / 8);
+#pragma unroll 4
+    for (kiln_u32 key = me / (D / 8); key < NB; key += n / (D / 8)) {
+        const kiln_u32 c = c0 + key;
+        const bool ok = c < end;
+        const unsigned char *src = pages;
+        if (ok)
+            src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
+        const kiln_u32 off = swz_at(key, ch * 8, NB * 128);
+        cp_async16(dst + off, src, ok ? 16 : 0);
+        cp_async16(dst + NB * D * 2 + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
+    }
+}
+
+// Rows [r0, r0 + BMR) of the block's (row = token * G + head in the group),
+// rotated, scaled by qscale and rounded to f16, into the swizzled tile at sm
+// (panels BMR * 128 bytes apart), by threads me of n. Eight pairs of one
+// token a step, their angles shared by the token's heads in the block; rows
+// past the sequence's are zero (attending every key, never written).
+template <int BMR>
+__device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_f16 *__restrict__ qin, kiln_u32 q_stride,
+                                               const kiln_u32 *__restrict__ positions, const rope_freqs &freqs,
+                                               float qscale, const seq_info &q, kiln_u32 h, kiln_u32 r0,
+                                               kiln_u32 me, kiln_u32 n)
+{
+    const kiln_u32 tok0 = r0 / G, ntok = (r0 + BMR - 1) / G + 1 - tok0;
+    for (kiln_u32 idx = me; idx < ntok * (HALF / 8); idx += n) {
+        const kiln_u32 tl = tok0 + idx / (HALF / 8), i0 = idx % (HALF / 8) * 8;
+        const bool live = tl < q.count;
+        const kiln_u32 t = q.start + (live ? tl : 0);
+        float sn[8], cs[8];
+        if (live) {
+            const float pos = (float)positions[t];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                sincosf(pos * freqs.inv[i0 + j], &sn[j], &cs[j]);
+                sn[j] *= qscale;
+                cs[j] *= qscale;
+            }
+        }
+        for (kiln_u32 g = 0; g < G; g++) {
+            const kiln_u32 row = tl * G + g;
+            if (row < r0 || row >= r0 + BMR)
+                continue;
+            float y0[8], y1[8];
+            if (live) {
+                const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
+                kiln_f16 x[16];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    x[j] = src[i0 + j];
+                    x[j + 8] = src[i0 + j + HALF];
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float x0 = kiln_f16_to_f32(x[j]), x1 = kiln_f16_to_f32(x[j + 8]);
+                    y0[j] = x0 * cs[j] - x1 * sn[j];
+                    y1[j] = x1 * cs[j] + x0 * sn[j];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    y0[j] = y1[j] = 0.0f;
+            }
+            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0, BMR * 128)) = kiln_f32_to_h8(y0);
+            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0 + HALF, BMR * 128)) = kiln_f32_to_h8(y1);
+        }
+    }
+}
+
+// A thread's two rows: the last key each attends (and the lesser), and
+// their running max (log2 domain) and sum.
+struct prefill_rows {
+    kiln_u32 last_a, last_b, last_min;
+    float m_a, m_b, l_a, l_b;
+};
+
+// Masks the scores of keys [c0, c0 + NB) past each row's last key, updates the
+// rows' running max and sum, turns sc into the probabilities (f32, in place)
+// and says the factors the output must be rescaled by. Finite maxima: every
+// row's first tile holds key 0.
+template <int NB>
+__device__ __forceinline__ void prefill_softmax(float *sc, kiln_u32 c0, kiln_u32 lane, prefill_rows *r,
+                                                float *scale_a, float *scale_b)
+{
+    if (c0 + NB - 1 > r->last_min) {
+#pragma unroll
+        for (int j = 0; j < NB / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
+                if (c > r->last_a)
+                    sc[4 * j + e] = neg_inf();
+                if (c > r->last_b)
+                    sc[4 * j + 2 + e] = neg_inf();
+            }
+    }
+    float mx_a = r->m_a, mx_b = r->m_b;
+#pragma unroll
+    for (int j = 0; j < NB / 8; j++) {
+        mx_a = fmaxf(mx_a, fmaxf(sc[4 * j], sc[4 * j + 1]));
+        mx_b = fmaxf(mx_b, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    }
+    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 1));
+    mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
+    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
+    mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
+    *scale_a = fast_exp2(r->m_a - mx_a);
+    *scale_b = fast_exp2(r->m_b - mx_b);
+    r->m_a = mx_a;
+    r->m_b = mx_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NB / 8; j++) {
+        sc[4 * j] = fast_exp2(sc[4 * j] - mx_a);
+        sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - mx_a);
+        sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - mx_b);
+        sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - mx_b);
+        sum_a += sc[4 * j] + sc[4 * j + 1];
+        sum_b += sc[4 * j + 2] + sc[4 * j + 3];
+    }
+    r->l_a = r->l_a * *scale_a + sum_a;
+    r->l_b = r->l_b * *scale_b + sum_b;
+}
+
+// The probabilities in f16 as P V's A operand: key block kk's registers are
+// the score blocks 2 kk and 2 kk + 1, rows a and b.
+template <int NB>
+__device__ __forceinline__ void prefill_pack(const float *sc, kiln_u32 (*p)[4])
+{
+#pragma unroll
+    for (int j = 0; j < NB / 8; j++) {
+        p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(sc[4 * j], sc[4 * j + 1]);
+        p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(sc[4 * j + 2], sc[4 * j + 3]);
+    }
+}
+
+__device__ __forceinline__ void prefill_rescale(float *o, float scale_a, float scale_b)
+{
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) {
+        o[4 * j] *= scale_a;
+        o[4 * j + 1] *= scale_a;
+        o[4 * j + 2] *= scale_b;
+        o[4 * j + 3] *= scale_b;
+    }
+}
+
+// The rows' sums over their quad, then rows r0 + ra and r0 + rb of out (those
+// below nrows).
+__device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, kiln_u32 r0, kiln_u32 ra,
+                                              kiln_u32 nrows, const seq_info &q, kiln_u32 h, kiln_f16 *out,
+                                              kiln_u32 lane)
+{
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 2);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 1);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const kiln_u32 row = r0 + ra + 8 * half;
+        if (row >= nrows)
+            continue;
+        const float inv = 1.0f / (half ? r->l_b : r->l_a);
+        const kiln_u32 t = q.start + row / G, head = h * G + row % G;
+        kiln_f16 *dst = out + ((kiln_u64)t * NH + head) * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_h2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    }
+}
+
+// The row state of a thread whose rows are ra and ra + 8 of the block's.
+__device__ __forceinline__ prefill_rows prefill_rows_init(kiln_u32 r0, kiln_u32 ra, kiln_u32 nrows, kiln_u32 base,
+                                                          kiln_u32 ke)
+{
+    prefill_rows r;
+    r.last_a = r0 + ra < nrows ? base + (r0 + ra) / G : ke - 1;
+    r.last_b = r0 + ra + 8 < nrows ? base + (r0 + ra + 8) / G : ke - 1;
+    r.last_min = r.last_a < r.last_b ? r.last_a : r.last_b;
+    r.m_a = r.m_b = neg_inf();
+    r.l_a = r.l_b = 0.0f;
+    return r;
+}
+
+#endif
