@@ -23,7 +23,8 @@
 /* The first layout of the desc: everything before workspace and qkv. */
 #define DESC_V1_SIZE offsetof(kiln_paged_attention_desc, workspace)
 #define DECODE_ROWS 8      /* query rows per decode block (the decode template's) */
-#define DECODE_MAX_CLUSTER 8 /* blocks a decode's keys split over at most: a portable cluster */
+#define DECODE_MAX_CLUSTER 16 /* blocks a decode's keys split over at most: sm_90's non-portable cluster */
+#define PORTABLE_CLUSTER 8
 /* Decode blocks a split aims at per SM. One, though an SM may hold two (the
  * template's launch bounds and shared memory): splitting less costs less
  * combining, as bench/bench_attention --sweep shows. */
@@ -501,7 +502,8 @@ static int clusters_resident(kiln_runtime *rt, CUfunction fn, uint32_t n, unsign
 }
 
 /* Prepares the decode kernel (its shared memory) and picks its split: the
- * largest of 1, 2, 4, 8 that keeps seqs x kv_heads x tiles x splits within the
+ * largest of 1, 2, 4, 8, 16 (past 8 where the function may have a non-portable
+ * cluster) that keeps seqs x kv_heads x tiles x splits within the
  * blocks the device holds at once (the split target), and that the device
  * can launch as a cluster; then its stages (*deep: where the grid holds at
  * most one block an SM, sm_90 on, where measured). *fits = 0 (and KILN_OK)
@@ -538,8 +540,13 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
         return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention decode shared memory)");
     const uint32_t target_set = atomic_load(&split_target);
     const uint64_t target = target_set ? target_set : (uint64_t)(sms > 0 ? sms : 1) * DECODE_BLOCKS_PER_SM;
+    /* Clusters past 8 blocks are non-portable: the function must allow them. */
+    const uint32_t most = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                                                       1) == CUDA_SUCCESS
+                              ? DECODE_MAX_CLUSTER
+                              : PORTABLE_CLUSTER;
     uint32_t n = 1;
-    while (sm >= 90 && n < DECODE_MAX_CLUSTER && pairs * n * 2 <= target)
+    while (sm >= 90 && n < most && pairs * n * 2 <= target)
         n *= 2;
     while (n > 1 && clusters_resident(rt, fn, n, smem) < 1)
         n /= 2;

@@ -22,7 +22,7 @@
 // and, in row tile 0, writes k and v to the page; it puts them into its
 // shared tile itself, so that no block reads that slot of the page.
 // Split-KV: the grid's x holds row tiles times n, n blocks of a row tile form
-// a thread block cluster (n = 1, 2, 4 or 8, a launch attribute; 1 without
+// a thread block cluster (n = 1, 2, 4, 8 or 16, a launch attribute; 1 without
 // one); the keys of a sequence are cut in at most n chunks of whole 64-key
 // tiles, one block each, on the device from its length; each block sends
 // each slice of its partial (unnormalized output, max, sum) into the shared
@@ -66,7 +66,7 @@
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define OPAD (D + 4)       // f32 row stride of the warps' outputs in the epilogue
 #define QI (ROWS * HALF / THREADS) // q's rotated pairs a thread makes
-#define MAX_SPLIT 8        // blocks of a cluster at most (providers/paged_attention.c's DECODE_MAX_CLUSTER)
+#define MAX_SPLIT 16       // blocks of a cluster at most (providers/paged_attention.c's DECODE_MAX_CLUSTER)
 
 #if WARPS * ROWS * OPAD * 4 > MIN_STAGES * STAGE_BYTES
 #error "the epilogue does not fit the tiles' shared memory"

@@ -13,7 +13,7 @@
  * decode (one kernel, the splits of a sequence one thread block cluster) at
  * the lengths where its chunking changes (1, 2, a page, a tile and one past
  * each, 1024 at 8 and 32 sequences, 16384 at one), at every cluster size
- * (1, 2, 4, 8: short sequences leave blocks of a cluster without keys), and
+ * (1, 2, 4, 8, 16: short sequences leave blocks of a cluster without keys), and
  * unsplit decode (the split target at 1), and the two-kernel decode of
  * devices short of shared memory; q, k and v
  * fused in one tensor, prefill and decode; one decode command replayed from
@@ -682,7 +682,7 @@ static void test_decode_every_cluster_size(void **state)
     enum { S = 5 };
     const uint32_t lens[S] = {0, 1, 64, 700, 3000};
     for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++)
-        for (uint32_t n = 1; n <= 8; n *= 2) {
+        for (uint32_t n = 1; n <= 16; n *= 2) {
             if (quick() && l == 1)
                 continue;
             const uint32_t pairs = S * (uint32_t)ls[l].KVH * (uint32_t)((ls[l].H / ls[l].KVH + 7) / 8);

@@ -103,7 +103,7 @@
  * cp.async, scores and P.V on the tensor cores with f32 accumulation and q
  * and p each as two f16 terms (as exact as f32); the block whose chunk holds
  * the new token rotates its k, writes k and v to the page and uses them from
- * shared memory. Split-KV: the command's split count n (1, 2, 4 or 8) is
+ * shared memory. Split-KV: the command's split count n (1, 2, 4, 8 or 16) is
  * fixed at encode, the largest that keeps S x kv_heads x row tiles x n
  * within the device's SMs and that the device launches as a thread
  * block cluster, so one graph serves every step; on the device each
