@@ -101,6 +101,43 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_f16
     }
 }
 
+// What a block knows of its sequence and rows.
+struct prefill_block {
+    seq_info q;
+    kiln_u32 tile, h, s;    // the row tile, kv head and sequence
+    kiln_u32 nrows, r0;     // the sequence's rows and the block's first
+    kiln_u32 base, ke;      // the cache index of the first new token; keys [0, ke) are read
+};
+
+// The block of BMR rows at (x, y, z) = (row tiles from the last, kv head,
+// sequence): false when it has no row or its sequence is bad (checked and
+// reported by the block of tile 0 and kv head 0; every thread calls this,
+// it synchronizes).
+template <int BMR>
+__device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__ table,
+                                                    const kiln_u32 *__restrict__ seq_lens,
+                                                    const kiln_u32 *__restrict__ spans, kiln_u32 n_pages,
+                                                    kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query,
+                                                    kiln_fault *fault, prefill_block *b)
+{
+    b->tile = gridDim.x - 1 - blockIdx.x;
+    b->h = blockIdx.y;
+    b->s = blockIdx.z;
+    if ((kiln_u64)b->tile * BMR >= (kiln_u64)spans[2 * b->s + 1] * G)
+        return false; // no row here (a bad count is checked below, by tile 0)
+    if (!load_sequence(b->s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
+                       b->tile == 0 && b->h == 0, &b->q))
+        return false;
+    b->nrows = b->q.count * G;
+    b->r0 = b->tile * BMR;
+    if (b->r0 >= b->nrows)
+        return false;
+    b->base = b->q.len - b->q.count;
+    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
+    b->ke = b->base + rlast / G + 1;
+    return true;
+}
+
 // A thread's two rows: the last key each attends (and the lesser), and
 // their running max (log2 domain) and sum.
 struct prefill_rows {

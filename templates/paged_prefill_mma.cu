@@ -84,19 +84,11 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     extern __shared__ unsigned char smem_raw[];
     const kiln_u32 tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const kiln_u32 tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, s = blockIdx.z;
-    if ((kiln_u64)tile * BM >= (kiln_u64)spans[2 * s + 1] * G)
-        return; // no row here (a bad count is checked below, by tile 0)
-    seq_info q;
-    if (!load_sequence(s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
-                       tile == 0 && h == 0, &q))
+    prefill_block blk;
+    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, &blk))
         return;
-    const kiln_u32 nrows = q.count * G, r0 = tile * BM;
-    if (r0 >= nrows)
-        return;
-    const kiln_u32 base = q.len - q.count; // the cache index of the first new token
-    const kiln_u32 rlast = (r0 + BM < nrows ? r0 + BM : nrows) - 1;
-    const kiln_u32 ke = base + rlast / G + 1; // keys [0, ke) are read
+    const seq_info q = blk.q;
+    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, base = blk.base, ke = blk.ke;
     const kiln_u32 ntiles = (ke + BN - 1) / BN;
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
     unsigned char *sm = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
