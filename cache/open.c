@@ -301,11 +301,12 @@ static kiln_status check_path(kiln_cache *c, const char *path, int read_only, co
         char target[4096];
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = 0;
-        if (!read_only && !o->follow_symlinks)
+        /* Read-only too: a shipped layer's link can be repointed by whoever owns its folder. */
+        if (!o->follow_symlinks)
             return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
-                              "cache database %s is a symbolic link to %s: refused for writing (name the target, "
-                              "or set kiln_cache_options.follow_symlinks)",
-                              path, target);
+                              "cache database %s is a symbolic link to %s: refused%s (name the target, or set "
+                              "KILN_CACHE_FOLLOW_SYMLINKS=1 or kiln_cache_options.follow_symlinks)",
+                              path, target, read_only ? "" : " for writing");
         if (stat(path, &sb) != 0)
             return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
                               "cache database %s is a symbolic link to %s: %s (kiln creates no file through a link)",
@@ -526,6 +527,11 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     *out = NULL;
     if ((st = KILN__READ_SIZED(NULL, "kiln_cache_open", kiln_cache_options, o, caller)))
         return st;
+    if (!o.ignore_env) {
+        const char *follow = getenv("KILN_CACHE_FOLLOW_SYMLINKS");
+        if (follow && !strcmp(follow, "1"))
+            o.follow_symlinks = 1;
+    }
     const kiln_cache_options *opts = &o;
     if (opts->path && *opts->path) {
         if (strlen(opts->path) >= sizeof path)

@@ -506,6 +506,19 @@ KILN_CACHE_READONLY="$O/a-folder:/dev/null:$O/notes.txt:$O/missing.db" expect 0 
 for l in "$O/a-folder" /dev/null "$O/notes.txt" "$O/missing.db"; do
     grep -q "^kiln: read-only layer $l skipped: .*$l" "$ERR" || fail "prewarm: no reason for the skipped layer $l"
 done
+# A read-only layer or a --db that is a symbolic link is refused, naming the
+# link and its target, unless KILN_CACHE_FOLLOW_SYMLINKS=1.
+cp "$DB" "$O/layer-target.db"
+ln -s "$O/layer-target.db" "$O/layer-link.db"
+KILN_CACHE_READONLY="$O/layer-link.db" expect 0 "$KILN" prewarm --db "$DB"
+grep -q "^kiln: read-only layer $O/layer-link.db skipped: .*symbolic link to $O/layer-target.db" "$ERR" ||
+    fail "prewarm: a layer that is a link is not reported as refused"
+KILN_CACHE_FOLLOW_SYMLINKS=1 KILN_CACHE_READONLY="$O/layer-link.db" expect 0 "$KILN" prewarm --db "$DB"
+! grep -q 'read-only layer' "$ERR" || fail "prewarm: KILN_CACHE_FOLLOW_SYMLINKS=1 does not let a layer be a link"
+expect 1 "$KILN" ls --db "$O/layer-link.db"
+grep -q "$O/layer-link.db is a symbolic link to $O/layer-target.db" "$ERR" ||
+    fail "ls of a link: the message does not name the link and its target"
+KILN_CACHE_FOLLOW_SYMLINKS=1 expect 0 "$KILN" ls --db "$O/layer-link.db"
 # ---- a killed export leaves nothing that looks like its output ----
 # The export is killed once it has started writing (a file of its own with
 # bytes in it, polled for, at most 60 s); the path asked for must not exist,

@@ -550,13 +550,46 @@ static void test_symbolic_links(void **state)
     KILN_CHECK(kiln_cache_open(&o, &c));
     KILN_CHECK(kiln_cache_put(c, &x.r));
     kiln_cache_close(c);
-    /* Read-only, the link is followed. */
+    /* Read-only, the link is refused too, naming it and its target, unless allowed. */
     kiln_cache_options r = {.path = link_path, .read_only = 1, .ignore_env = 1};
+    c = (kiln_cache *)1;
+    KILN_EXPECT(kiln_cache_open(&r, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), link_path, target);
+    assert_null(c);
+    r.follow_symlinks = 1;
     KILN_CHECK(kiln_cache_open(&r, &c));
     assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a read through a link"), 1);
     kiln_cache_close(c);
     assert_int_equal(lstat(link_path, &sb), 0);
     assert_true(S_ISLNK(sb.st_mode));
+    /* A read-only layer that is a link is skipped, its reason naming the link
+     * and its target; allowed, by the option or the environment, it is searched. */
+    char main_db[700];
+    snprintf(main_db, sizeof main_db, "%s/main.db", f->dir);
+    const char *layers[] = {link_path};
+    for (int how = 0; how < 3; how++) {
+        kiln_cache_options l = {.path = main_db,
+                                .readonly_paths = layers,
+                                .n_readonly_paths = 1,
+                                .ignore_env = how != 2,
+                                .follow_symlinks = how == 1};
+        if (how == 2)
+            assert_int_equal(setenv("KILN_CACHE_FOLLOW_SYMLINKS", "1", 1), 0);
+        KILN_CHECK(kiln_cache_open(&l, &c));
+        unsetenv("KILN_CACHE_FOLLOW_SYMLINKS");
+        kiln_cache_layer_info info;
+        assert_int_equal(kiln_cache_layer_count(c), 1);
+        KILN_CHECK(kiln_cache_layer(c, 0, &info));
+        if (how == 0) {
+            assert_false(info.active);
+            kiln_test_expect(KILN_ERR_CACHE_IO, KILN_ERR_CACHE_IO, info.reason, link_path, target);
+            assert_non_null(strstr(info.reason, "symbolic link"));
+            assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a layer that is a link"), 0);
+        } else {
+            assert_true(info.active);
+            assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a layer through an allowed link"), 1);
+        }
+        kiln_cache_close(c);
+    }
     /* A folder reached through a link is no link of the database's own. */
     char real_dir[700], dir_link[700], in_link[800];
     snprintf(real_dir, sizeof real_dir, "%s/real-folder", f->dir);

@@ -58,6 +58,7 @@ typedef struct kiln_cache_options {
      * reason (kiln_cache_layer). */
     const char *const *readonly_paths;
     size_t n_readonly_paths;
+    /* Read neither $KILN_CACHE_READONLY nor $KILN_CACHE_FOLLOW_SYMLINKS. */
     int ignore_env;
     /* When arch is set: the architecture and NVRTC version this process
      * compiles for, so that layers built for others are skipped. */
@@ -66,9 +67,10 @@ typedef struct kiln_cache_options {
     /* Open only a kiln database that exists: a missing or empty file is
      * refused (KILN_ERR_CACHE_IO, KILN_ERR_CACHE_SCHEMA), never created. */
     int existing_only;
-    /* A writable path whose last component is a symbolic link is refused
-     * unless this is set; a link to nothing is refused even then (kiln never
-     * creates a file through a link). Read-only paths are followed. */
+    /* A path (writable, read-only or a layer) whose last component is a
+     * symbolic link is refused unless this is set, or $KILN_CACHE_FOLLOW_SYMLINKS
+     * is 1 (unless ignore_env); a link to nothing is refused even then (kiln
+     * never creates a file through a link). A refused layer is skipped. */
     int follow_symlinks;
 } kiln_cache_options;
 
@@ -121,8 +123,8 @@ KILN_API kiln_status kiln_cache_default_path(char *buf, size_t cap);
  * NULL: every default. KILN_ERR_INVALID_ARGUMENT: opts->size nonzero and
  * smaller than the size field, a path too long, read-only paths counted but
  * not given; KILN_ERR_CACHE_IO: the file cannot be opened or created, is not
- * a regular file, is a symbolic link opened for writing without
- * follow_symlinks, or is missing under existing_only; KILN_ERR_CACHE_BUSY:
+ * a regular file, is a symbolic link without follow_symlinks, or is missing
+ * under existing_only; KILN_ERR_CACHE_BUSY:
  * locked past busy_timeout_ms (one deadline for the whole open);
  * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema (or
  * is empty under existing_only), and is left byte for byte as it was;
