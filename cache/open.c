@@ -215,8 +215,13 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
     if (app_id == 0 && version == 0 && n_tables == 0) {
         if (d->read_only)
             return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA, "cache %s: empty database opened read-only", d->path);
-        char sql[sizeof schema_sql + 128];
-        snprintf(sql, sizeof sql, "BEGIN IMMEDIATE;%sPRAGMA application_id = %d;PRAGMA user_version = %d;COMMIT;",
+        char sql[sizeof schema_sql + 256];
+        /* auto_vacuum takes only before the first table: it lets gc give freed
+         * pages back to the filesystem (incremental_vacuum) without a VACUUM,
+         * which needs room for a copy of the file. */
+        snprintf(sql, sizeof sql,
+                 "PRAGMA auto_vacuum = INCREMENTAL;BEGIN IMMEDIATE;%sPRAGMA application_id = %d;"
+                 "PRAGMA user_version = %d;COMMIT;",
                  schema_sql, KILN_APPLICATION_ID, KILN_CACHE_SCHEMA_VERSION);
         kiln_status st = exec_tx(c, d, sql, "creating the schema");
         /* Another process may have created it at the same moment. */

@@ -36,8 +36,9 @@ static const char gc_help[] =
     "first (then the oldest created): with --older-than, every kernel not used for\n"
     "DAYS days; with --max-bytes, as many more as it takes for the stored (zstd)\n"
     "bytes to fit in N. Both may be given. A dropped kernel is compiled again\n"
-    "when next needed. Freed pages are reused by later kernels (the file itself\n"
-    "does not shrink).\n"
+    "when next needed. The freed pages are then given back to the filesystem: the\n"
+    "file shrinks (in a database made by an older kiln, only when the disk has\n"
+    "room for a copy of it; else gc says so and exits 1, the rows deleted).\n"
     "\n"
     "options:\n"
     "  -d, --db PATH        the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
@@ -51,8 +52,8 @@ static const char gc_help[] =
     "output: one line,\n"
     "  gc <path>: removed <R> rows (<B> bytes), kept <K> rows (<S> bytes)\n"
     "\n"
-    "exit status: 0 success; 1 a missing, read-only or unusable database; 2 a\n"
-    "usage error (no limit, a bad number).\n";
+    "exit status: 0 success; 1 a missing, read-only or unusable database, or a\n"
+    "file that could not shrink; 2 a usage error (no limit, a bad number).\n";
 
 static void print_bad(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], const char *detail)
 {
@@ -194,7 +195,14 @@ int cli_gc(int argc, char **argv)
         return rc;
     uint64_t rows = 0, bytes = 0;
     kiln_cache_stats left;
-    if (kiln_cache_gc(cache, &opts, &rows, &bytes) != KILN_OK || kiln_cache_get_stats(cache, &left) != KILN_OK) {
+    char *gc_failure = NULL;
+    /* Rows deleted but a file that could not shrink: the rows line, then why. */
+    if (kiln_cache_gc(cache, &opts, &rows, &bytes) != KILN_OK &&
+        !(rows && (gc_failure = strdup(kiln_errmsg())))) {
+        rc = cli_fail(cmd, "%s", kiln_errmsg());
+        goto out_close;
+    }
+    if (kiln_cache_get_stats(cache, &left) != KILN_OK) {
         rc = cli_fail(cmd, "%s", kiln_errmsg());
         goto out_close;
     }
@@ -202,7 +210,10 @@ int cli_gc(int argc, char **argv)
            kiln_cache_path(cache), rows, bytes, left.entries, left.stored_bytes);
     if (fflush(stdout) != 0 || ferror(stdout))
         rc = cli_fail(cmd, "cannot write the output");
+    else if (gc_failure)
+        rc = cli_fail(cmd, "%s", gc_failure);
 out_close:
+    free(gc_failure);
     kiln_cache_close(cache);
     return rc;
 }

@@ -371,6 +371,33 @@ for fp in $OLD; do
 done
 [[ $(ls_fps "$GC" | wc -l) -eq $((N - 3)) ]] || fail "gc --older-than removed recent rows"
 expect 0 "$KILN" verify --db "$GC"
+# gc on a full disk (a small tmpfs: root only, skipped without): a database
+# made without auto_vacuum keeps its size and gc says so, the rows deleted,
+# with the remedy (exit 1); one kiln made shrinks.
+FULL="$S/full-disk"
+mkdir -p "$FULL"
+if mount -t tmpfs -o size=1m tmpfs "$FULL" 2>/dev/null; then
+    trap 'umount -l "$FULL" 2>/dev/null || true' EXIT
+    cp "$EXP" "$FULL/legacy.db"
+    cp "$EXP" "$FULL/new.db"
+    py 'db = sqlite3.connect(sys.argv[1]); db.execute("PRAGMA auto_vacuum=NONE"); db.execute("VACUUM")' "$FULL/legacy.db"
+    dd if=/dev/zero of="$FULL/filler" bs=4k 2>/dev/null || true
+    truncate -s -40K "$FULL/filler"
+    SIZE0=$(stat -c %s "$FULL/legacy.db")
+    expect 1 "$KILN" gc --db "$FULL/legacy.db" --max-bytes 1K
+    grep -q "^gc $FULL/legacy.db: removed [1-9][0-9]* rows" "$OUT" || fail "gc on a full disk: no line of the rows removed"
+    grep -q "could not shrink" "$ERR" && grep -q "kiln merge $FULL/legacy.db" "$ERR" ||
+        fail "gc on a full disk does not say that the file could not shrink, with the remedy"
+    [[ $(stat -c %s "$FULL/legacy.db") -eq $SIZE0 ]] || fail "gc on a full disk: the file changed size"
+    SIZE0=$(stat -c %s "$FULL/new.db")
+    expect 0 "$KILN" gc --db "$FULL/new.db" --max-bytes 1K
+    [[ $(stat -c %s "$FULL/new.db") -lt $((SIZE0 / 2)) ]] || fail "gc on a full disk did not shrink the file"
+    expect 0 "$KILN" verify --db "$FULL/new.db"
+    umount "$FULL"
+    trap - EXIT
+else
+    echo "cli: gc on a full disk skipped: cannot mount a tmpfs"
+fi
 
 # ---- explain: why a lookup would miss ----
 expect 2 "$KILN" explain --db "$EXP"

@@ -1148,14 +1148,20 @@ static void test_gc_on_a_full_disk(void **state)
     printf("put on a disk with %d KiB free: %s: %s\n", LEAVE >> 10, kiln_status_code(st), kiln_cache_errmsg(c));
     assert_int_equal(st, KILN_ERR_CACHE_IO);
 
-    /* gc, the documented remedy, frees room for it. */
+    /* gc, the documented remedy, frees room for it, and the file shrinks. */
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    off_t before = sb.st_size;
     kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
     uint64_t rows = 0, bytes = 0;
     st = kiln_cache_gc(c, &go, &rows, &bytes);
-    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st), st ? kiln_cache_errmsg(c) : "",
-           (unsigned long long)rows, (unsigned long long)bytes);
+    assert_int_equal(stat(path, &sb), 0);
+    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes; the file %lld -> %lld bytes\n", kiln_status_code(st),
+           st ? kiln_cache_errmsg(c) : "", (unsigned long long)rows, (unsigned long long)bytes, (long long)before,
+           (long long)sb.st_size);
     KILN_CHECK(st);
     assert_true(rows >= N / 2);
+    assert_true(sb.st_size < before / 2);
     KILN_CHECK(kiln_cache_put(c, &again.r));
     assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc on a full disk"), 1);
     for (int i = 0; i < N; i++)
@@ -1181,6 +1187,55 @@ static void test_gc_on_a_full_disk(void **state)
     f->mounted = 0;
 }
 
+/* A database made without auto_vacuum on a full disk: gc deletes the rows,
+ * and says that the file could not shrink (VACUUM needs room) and what to do. */
+static void test_gc_on_a_full_disk_without_auto_vacuum(void **state)
+{
+    fixture *f = *state;
+    enum { SIZE = 30000, N = 20, LEAVE = 40 << 10 };
+    if (!mount_small_disk(f, 2048))
+        skip();
+    char path[700];
+    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[N], again;
+    for (int i = 0; i < N; i++) {
+        make_rec(&f->rng, &recs[i], SIZE);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    kiln_cache_close(c);
+    sql(path, "PRAGMA journal_mode=DELETE;PRAGMA auto_vacuum=NONE;VACUUM");
+    fill_disk(f->mnt, LEAVE);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    off_t before = sb.st_size;
+    c = open_ok(path, 0);
+    kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
+    uint64_t rows = 0, bytes = 0;
+    kiln_status st = kiln_cache_gc(c, &go, &rows, &bytes);
+    printf("gc on a full disk, no auto_vacuum: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st),
+           kiln_cache_errmsg(c), (unsigned long long)rows, (unsigned long long)bytes);
+    kiln_test_expect(st, KILN_ERR_CACHE_IO, kiln_cache_errmsg(c), path, "could not shrink");
+    kiln_test_expect(st, KILN_ERR_CACHE_IO, kiln_cache_errmsg(c), "gc removed", "kiln merge");
+    assert_true(rows >= N / 2);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, before);
+    /* The rows are gone, and their pages take new ones. */
+    kiln_cache_verify_report vr;
+    KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+    assert_true(vr.integrity_ok);
+    assert_int_equal(vr.rows, N - rows);
+    make_rec(&f->rng, &again, SIZE);
+    KILN_CHECK(kiln_cache_put(c, &again.r));
+    assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc"), 1);
+    kiln_cache_close(c);
+    free(again.cubin);
+    for (int i = 0; i < N; i++)
+        free(recs[i].cubin);
+    assert_int_equal(umount2(f->mnt, MNT_DETACH), 0);
+    f->mounted = 0;
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1199,6 +1254,7 @@ int main(void)
         T(test_one_deadline_for_the_whole_open),
         T(test_put_over_a_corrupt_row_that_cannot_be_dropped),
         T(test_gc_on_a_full_disk),
+        T(test_gc_on_a_full_disk_without_auto_vacuum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -239,6 +239,79 @@ static void test_gc_max_bytes_drops_least_recently_used_first(void **state)
     kiln_cache_close(c);
 }
 
+/* One integer a pragma or query gives, read through a connection of its own. */
+static int64_t query_int(const char *path, const char *text)
+{
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    int64_t v = -1;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, text, -1, &q, NULL), SQLITE_OK);
+    if (sqlite3_step(q) == SQLITE_ROW)
+        v = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return v;
+}
+
+static int64_t size_of(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (int64_t)sb.st_size;
+}
+
+/* gc gives the freed pages back: a new database (auto_vacuum incremental)
+ * truncates them off, one made without auto_vacuum is vacuumed (the disk
+ * has room) and has auto_vacuum from then on. */
+static void test_gc_shrinks_the_file(void **state)
+{
+    fixture *f = *state;
+    enum { N = 40, SIZE = 20000, KEEP = 4 };
+    static uint8_t cubins[N][SIZE];
+    for (int legacy = 0; legacy < 2; legacy++) {
+        const char *path = legacy ? f->src : f->path;
+        kiln_cache *c = open_db(path, 0);
+        kiln_cache_record rec = {.template_id = "rms_norm", .constants = "HIDDEN=4096", .arch = "sm_90",
+                                 .nvrtc_major = 12, .nvrtc_minor = 8, .entries = "kiln_rms_norm",
+                                 .cubin_size = SIZE};
+        for (int i = 0; i < N; i++) {
+            kiln_rng_fill(&f->rng, rec.fingerprint, KILN_FINGERPRINT_SIZE);
+            kiln_rng_fill(&f->rng, cubins[i], SIZE);
+            rec.cubin = cubins[i];
+            KILN_CHECK(kiln_cache_put(c, &rec));
+        }
+        kiln_cache_close(c);
+        if (legacy)
+            sql(path, "PRAGMA journal_mode=DELETE;PRAGMA auto_vacuum=NONE;VACUUM");
+        assert_int_equal(query_int(path, "PRAGMA auto_vacuum"), legacy ? 0 : 2);
+        int64_t pages = query_int(path, "PRAGMA page_count"), bytes_before = size_of(path);
+        c = open_db(path, 0);
+        kiln_cache_gc_options o = {.size = sizeof o, .max_bytes = (uint64_t)KEEP * SIZE + SIZE / 2};
+        uint64_t removed = 0, bytes = 0;
+        KILN_CHECK(kiln_cache_gc(c, &o, &removed, &bytes));
+        assert_int_equal(removed, N - KEEP);
+        kiln_cache_close(c);
+        int64_t pages_after = query_int(path, "PRAGMA page_count"), bytes_after = size_of(path);
+        printf("gc of %d of %d rows (%s): %lld pages (%lld bytes) -> %lld pages (%lld bytes), %lld free\n",
+               N - KEEP, N, legacy ? "made without auto_vacuum" : "auto_vacuum incremental", (long long)pages,
+               (long long)bytes_before, (long long)pages_after, (long long)bytes_after,
+               (long long)query_int(path, "PRAGMA freelist_count"));
+        assert_true(pages_after * 4 < pages);
+        assert_true(bytes_after * 4 < bytes_before);
+        assert_true(query_int(path, "PRAGMA freelist_count") < 8);
+        assert_int_equal(query_int(path, "PRAGMA auto_vacuum"), 2);
+        assert_int_equal(query_int(path, "SELECT count(*) FROM kernels"), KEEP);
+        c = open_db(path, 1);
+        kiln_cache_verify_report vr;
+        KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+        assert_true(vr.integrity_ok);
+        assert_int_equal(vr.rows, KEEP);
+        assert_int_equal(vr.bad_rows, 0);
+        kiln_cache_close(c);
+    }
+}
+
 static void test_gc_older_than_counts_uses_still_in_memory(void **state)
 {
     fixture *f = *state;
@@ -465,6 +538,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_gc_refuses_read_only_and_no_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_max_bytes_drops_least_recently_used_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_older_than_counts_uses_still_in_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gc_shrinks_the_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_copies_new_rows_with_their_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_skips_a_corrupt_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_refuses_what_is_not_a_kiln_database, setup, teardown),

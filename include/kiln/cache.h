@@ -182,9 +182,15 @@ typedef struct kiln_cache_gc_options {
     int64_t older_than_seconds; /* drop rows unused for longer; 0: no limit */
 } kiln_cache_gc_options;
 
-/* Drops rows, least recently used first, in one transaction.
+/* Drops rows, least recently used first, in one transaction (on a full disk,
+ * one per transaction in the rollback journal), then gives the freed pages
+ * back to the filesystem: incremental_vacuum in a database made with
+ * auto_vacuum (every one this library creates), else a VACUUM (which turns
+ * it on) when the filesystem has room for twice the pages in use.
  * KILN_ERR_INVALID_ARGUMENT for a read-only cache, no limit, a negative age,
- * or opts->size nonzero and smaller than the size field. */
+ * or opts->size nonzero and smaller than the size field; KILN_ERR_CACHE_IO
+ * with *removed_rows nonzero: the rows were deleted but the file could not
+ * shrink (the message says why and what to do); the other KILN_ERR_CACHE_*. */
 KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                                    uint64_t *removed_bytes);
 
