@@ -401,7 +401,11 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
                      NULL, NULL, NULL);
         sqlite3_exec(d->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
     }
-    if ((st = prepare(c, d, &d->st_get, "SELECT cubin, raw_size, checksum FROM kernels WHERE fingerprint = ?1")) ||
+    if ((st = prepare(c, d, &d->st_get,
+                      d->schema >= 2 ? "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
+                                       " nvrtc_minor, parts FROM kernels WHERE fingerprint = ?1"
+                                     : "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
+                                       " nvrtc_minor, '' FROM kernels WHERE fingerprint = ?1")) ||
         (st = prepare(c, d, &d->st_contains, "SELECT 1 FROM kernels WHERE fingerprint = ?1")))
         return st;
     if (!read_only &&

@@ -6,7 +6,7 @@
  * the architecture, the NVRTC version, the kernel entry names, created and
  * last-used times and a hit count. Every load verifies size and checksum; a
  * row that fails (flipped bytes, a truncated blob, a wrong size, a blob zstd
- * cannot decode) is reported as a miss, dropped from the database and counted
+ * cannot decode, for the jit a row of another kernel) is reported as a miss, dropped from the database and counted
  * (kiln_cache_counters.corrupt_dropped, and the on_event callback).
  *
  * Threading: one kiln_cache may be used from several threads at once (the
@@ -137,7 +137,11 @@ KILN_API const char *kiln_cache_errmsg(const kiln_cache *cache);
 
 /* Looks a fingerprint up. On a verified hit *found = 1 and *cubin (freed with
  * kiln_free) holds the raw cubin of *size bytes; on a miss or a dropped
- * corrupt row *found = 0. KILN_ERR_CACHE_IO / KILN_ERR_CACHE_BUSY when SQLite fails. */
+ * corrupt row *found = 0. KILN_ERR_CACHE_IO / KILN_ERR_CACHE_BUSY when SQLite
+ * fails. Given a fingerprint alone, it verifies the cubin alone; the jit's
+ * loads also check that the row is of the kernel the key was computed from
+ * (template, constants, arch, NVRTC, parts), so that a key swapped onto
+ * another kernel's row is a corrupt row, not that kernel. */
 KILN_API kiln_status kiln_cache_get(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                     void **cubin, size_t *size, int *found);
 /* Whether a row exists for the fingerprint (no verification, no hit counted). */
@@ -167,8 +171,9 @@ typedef struct kiln_cache_verify_report {
     int integrity_ok;        /* SQLite's integrity_check said "ok" */
 } kiln_cache_verify_report;
 
-/* Decodes every row and checks its checksum, and runs SQLite's integrity
- * check; on_bad (may be NULL) is called for each bad row, under the cache's
+/* Decodes every row and checks its checksum and that its template_id,
+ * constants, arch and NVRTC version are those its parts name (when it has
+ * parts), and runs SQLite's integrity check; on_bad (may be NULL) is called for each bad row, under the cache's
  * lock (it must not call into the cache). Removes nothing. When
  * integrity_ok is 0, kiln_cache_errmsg holds SQLite's report. */
 KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
