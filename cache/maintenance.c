@@ -48,6 +48,37 @@ static kiln_status check_row(sqlite3_stmt *q, int first, uint8_t fp[KILN_FINGERP
 
 /* ---- verify ---- */
 
+/* Whether a row's parts (when it has them) say what its columns say: the
+ * template, constants, arch and NVRTC version of columns first..first+5
+ * (template_id, constants, arch, nvrtc_major, nvrtc_minor, parts). */
+static int parts_agree(sqlite3_stmt *q, int first, char *detail, size_t cap)
+{
+    const char *parts = is_text(q, first + 5) ? (const char *)sqlite3_column_text(q, first + 5) : NULL;
+    if (!parts || !*parts)
+        return 1;
+    char nvrtc[48];
+    snprintf(nvrtc, sizeof nvrtc, "%lld.%lld", (long long)sqlite3_column_int64(q, first + 3),
+             (long long)sqlite3_column_int64(q, first + 4));
+    static const char *const names[] = {"template", "constants", "arch", "nvrtc"};
+    static const char *const columns[] = {"template_id", "constants", "arch", "NVRTC"};
+    const char *have[4];
+    for (int i = 0; i < 3; i++)
+        have[i] = is_text(q, first + i) ? (const char *)sqlite3_column_text(q, first + i) : NULL;
+    have[3] = nvrtc;
+    for (int i = 0; i < 4; i++) {
+        const char *v;
+        size_t n;
+        if (!kiln__parts_field(parts, names[i], &v, &n))
+            continue;
+        if (have[i] && strlen(have[i]) == n && !memcmp(have[i], v, n))
+            continue;
+        snprintf(detail, cap, "its fingerprint parts say %s=%.*s, its %s is %.80s", names[i], (int)(n < 80 ? n : 80),
+                 v, columns[i], have[i] ? have[i] : "not text");
+        return 0;
+    }
+    return 1;
+}
+
 kiln_status kiln_cache_verify(kiln_cache *c,
                               void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                              const char *detail),
@@ -66,7 +97,13 @@ kiln_status kiln_cache_verify(kiln_cache *c,
         st = main_fail(c, rc, "verifying");
         goto out_unlock;
     }
-    rc = sqlite3_prepare_v2(c->main.db, "SELECT fingerprint, cubin, raw_size, checksum FROM kernels", -1, &q, NULL);
+    rc = sqlite3_prepare_v2(c->main.db,
+                            c->main.schema >= 2
+                                ? "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants, arch,"
+                                  " nvrtc_major, nvrtc_minor, parts FROM kernels"
+                                : "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants, arch,"
+                                  " nvrtc_major, nvrtc_minor, '' FROM kernels",
+                            -1, &q, NULL);
     if (rc != SQLITE_OK) {
         st = main_fail(c, rc, "verifying");
         goto out_rollback;
@@ -80,6 +117,8 @@ kiln_status kiln_cache_verify(kiln_cache *c,
             st = kiln__fail(&c->err, row, "cache %s: out of memory verifying a row", c->main.path);
             goto out_finalize;
         }
+        if (row == KILN_OK && !parts_agree(q, 4, detail, sizeof detail))
+            row = KILN_ERR_CACHE_CORRUPT;
         if (row != KILN_OK) {
             out->bad_rows++;
             if (on_bad)

@@ -296,6 +296,28 @@ grep -q "^bad $BAD1 .*checksum" "$OUT" || fail "verify does not list the row wit
 grep -q "^bad $BAD2 " "$OUT" || fail "verify does not list the row with a flipped byte ($BAD2)"
 grep -q "^verified $BAD: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verify: no summary of the bad database"
 grep -q '2 of' "$ERR" || fail "verify: stderr does not count the bad rows"
+grep -q "^keys $EXP: $N of $N recomputed" <("$KILN" verify --db "$EXP") || fail "verify does not recompute every key"
+# Two rows' keys swapped: each passes its checksum under the other's key.
+# verify names both; prewarm (the jit checks a row is of its key's kernel)
+# drops and compiles them again.
+SWAPK="$S/ship/swapped-keys.db"
+cp "$EXP" "$SWAPK"
+read -r KEY1 KEY2 < <(py '
+db = sqlite3.connect(sys.argv[1])
+a, b = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint LIMIT 2")]
+for old, new in ((a, bytes(32)), (b, a), (bytes(32), b)):
+    db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (new, old))
+db.commit()
+print(a.hex(), b.hex())' "$SWAPK")
+expect 1 "$KILN" verify --db "$SWAPK"
+for k in "$KEY1" "$KEY2"; do
+    grep -q "^bad $k the key is not the fingerprint of the row's kernel" "$OUT" ||
+        fail "verify does not see the swapped key $k"
+done
+grep -q "^verified $SWAPK: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verify: swapped keys not counted"
+expect 0 "$KILN" prewarm --db "$SWAPK"
+[[ $(grep -c ' compiled ' "$OUT") -eq 2 ]] || fail "prewarm over two swapped keys did not compile exactly those two"
+expect 0 "$KILN" verify --db "$SWAPK"
 
 # ---- merge ----
 MERGED="$S/ship/merged.db"

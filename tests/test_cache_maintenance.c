@@ -162,6 +162,43 @@ static void test_verify_reports_bad_rows_and_removes_none(void **state)
     KILN_EXPECT(kiln_cache_verify(NULL, NULL, NULL, &rep), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
 }
 
+/* A row whose columns disagree with its fingerprint parts (an edited
+ * template_id, constants, arch or NVRTC version) is bad. */
+static void test_verify_checks_columns_against_parts(void **state)
+{
+    fixture *f = *state;
+    static const struct {
+        const char *sql, *detail;
+    } cases[] = {
+        {"UPDATE kernels SET template_id = 'rms_norm_fused' WHERE fingerprint = ?1 AND ?2", "template=rms_norm"},
+        {"UPDATE kernels SET constants = 'HIDDEN=8192' WHERE fingerprint = ?1 AND ?2", "constants=HIDDEN=4096"},
+        {"UPDATE kernels SET arch = 'sm_100' WHERE fingerprint = ?1 AND ?2", "arch=sm_90"},
+        {"UPDATE kernels SET nvrtc_minor = ?2 WHERE fingerprint = ?1", "nvrtc=12.8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rows r = {0};
+        unlink(f->path);
+        put_rows(f, f->path, &r, 2,
+                 "schema=kiln-fingerprint-1;template=rms_norm;source=0123456789abcdef;headers=0123456789abcdef;"
+                 "options=0123456789abcdef;arch=sm_90;nvrtc=12.8;constants=HIDDEN=4096");
+        kiln_cache *c = open_db(f->path, 1);
+        kiln_cache_verify_report rep;
+        bad_rows b = {0};
+        KILN_CHECK(kiln_cache_verify(c, on_bad, &b, &rep));
+        assert_int_equal(rep.bad_rows, 0);
+        kiln_cache_close(c);
+        sql_row(f->path, cases[i].sql, r.rec[0].fingerprint, 9);
+        c = open_db(f->path, 1);
+        KILN_CHECK(kiln_cache_verify(c, on_bad, &b, &rep));
+        assert_int_equal(rep.rows, 2);
+        assert_int_equal(rep.bad_rows, 1);
+        assert_memory_equal(b.fp, r.rec[0].fingerprint, KILN_FINGERPRINT_SIZE);
+        if (!strstr(b.detail, cases[i].detail) || !strstr(b.detail, "parts say"))
+            fail_msg("%s: detail \"%s\" lacks \"%s\"", cases[i].sql, b.detail, cases[i].detail);
+        kiln_cache_close(c);
+    }
+}
+
 /* ---- gc ---- */
 
 static void test_gc_refuses_read_only_and_no_limit(void **state)
@@ -535,6 +572,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_verify_reports_bad_rows_and_removes_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_checks_columns_against_parts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_refuses_read_only_and_no_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_max_bytes_drops_least_recently_used_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_older_than_counts_uses_still_in_memory, setup, teardown),
