@@ -91,7 +91,7 @@ static void record_hit_locked(kiln_cache *c, const uint8_t *fp)
  * writable. KILN_OK, or the delete's failure (the message says so). */
 static kiln_status drop_corrupt_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const char *detail)
 {
-    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 200];
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 600];
     kiln_status st = KILN_OK;
     kiln_fingerprint_hex(fp, hex);
     kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT, "cache %s: entry %s %s: %s", d->path, hex,

@@ -380,7 +380,7 @@ static kiln_status shrink_locked(kiln_cache *c, uint64_t rows, uint64_t bytes)
         *slash = 0;
     struct statvfs vfs;
     uint64_t live = (uint64_t)(pages - free_pages) * (uint64_t)page_size;
-    uint64_t need = 2 * live + (1u << 20);
+    uint64_t need = 2 * live + (64u << 10); /* a temporary copy, and the journal or WAL of one */
     if (statvfs(dir, &vfs) != 0) {
         snprintf(why, sizeof why, "it was made without auto_vacuum, and VACUUM needs about %llu bytes free"
                  " beside it, but statvfs of its folder failed: %s", (unsigned long long)need, strerror(errno));
@@ -457,8 +457,10 @@ out_rollback:
     if ((st = gc_on_full_disk_locked(c, cutoff, o.older_than_seconds > 0, o.max_bytes, &rows, &bytes)))
         goto out_report;
 out_shrink:
-    if (rows)
-        st = shrink_locked(c, rows, bytes);
+    /* Also when nothing was removed: a gc after one that could not shrink
+     * the file (no room then) gives the pages back once there is room. */
+    if ((st = shrink_locked(c, rows, bytes)) && !rows)
+        st = KILN_OK;
 out_report:
     if (removed_rows)
         *removed_rows = rows;
