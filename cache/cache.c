@@ -91,7 +91,7 @@ static void record_hit_locked(kiln_cache *c, const uint8_t *fp)
  * writable. KILN_OK, or the delete's failure (the message says so). */
 static kiln_status drop_corrupt_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const char *detail)
 {
-    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 200];
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 600];
     kiln_status st = KILN_OK;
     kiln_fingerprint_hex(fp, hex);
     kiln__fail(&c->err, KILN_ERR_CACHE_CORRUPT, "cache %s: entry %s %s: %s", d->path, hex,
@@ -156,22 +156,90 @@ kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 r
     return KILN_OK;
 }
 
+int kiln__parts_field(const char *parts, const char *name, const char **value, size_t *len)
+{
+    size_t n = strlen(name);
+    for (const char *p = parts; p && *p;) {
+        if (!strncmp(p, name, n) && p[n] == '=') {
+            *value = p + n + 1;
+            *len = !strcmp(name, "constants") ? strlen(*value) : strcspn(*value, ";");
+            return 1;
+        }
+        const char *semi = strchr(p, ';');
+        p = semi ? semi + 1 : NULL;
+    }
+    return 0;
+}
+
+/* A text column, or NULL when the row holds something else there. */
+static const char *text_or_null(sqlite3_stmt *q, int i)
+{
+    return sqlite3_column_type(q, i) == SQLITE_TEXT ? (const char *)sqlite3_column_text(q, i) : NULL;
+}
+
+/* Whether the row of st_get (columns 3 to 8: template_id, constants, arch,
+ * nvrtc_major, nvrtc_minor, parts) is the kernel x describes: a checksum
+ * covers a cubin, not the key it is filed under. When not, detail names the
+ * first column that differs, with both values. */
+static int row_is(sqlite3_stmt *q, const kiln_cache_record *x, char *detail, size_t cap)
+{
+    static const char *const names[] = {"template_id", "constants", "arch"};
+    const char *want[] = {x->template_id, x->constants, x->arch};
+    for (int i = 0; i < 3; i++) {
+        const char *got = text_or_null(q, 3 + i);
+        if (!want[i] || (got && !strcmp(got, want[i])))
+            continue;
+        snprintf(detail, cap, "the row is of another kernel than its key: its %s is %s%.100s%s, the key's %.100s",
+                 names[i], got ? "\"" : "", got ? got : "not text", got ? "\"" : "", want[i]);
+        return 0;
+    }
+    if (sqlite3_column_type(q, 6) != SQLITE_INTEGER || sqlite3_column_type(q, 7) != SQLITE_INTEGER ||
+        sqlite3_column_int64(q, 6) != x->nvrtc_major || sqlite3_column_int64(q, 7) != x->nvrtc_minor) {
+        snprintf(detail, cap, "the row is of another kernel than its key: its NVRTC is %s.%s, the key's %d.%d",
+                 (const char *)sqlite3_column_text(q, 6) ? (const char *)sqlite3_column_text(q, 6) : "NULL",
+                 (const char *)sqlite3_column_text(q, 7) ? (const char *)sqlite3_column_text(q, 7) : "NULL",
+                 x->nvrtc_major, x->nvrtc_minor);
+        return 0;
+    }
+    /* Part by part, each one both texts have: a kiln that writes more parts
+     * (or fewer) still agrees on the ones they share. */
+    static const char *const parts[] = {"schema", "template", "source", "headers",
+                                        "options", "arch", "nvrtc", "constants"};
+    const char *row = text_or_null(q, 8);
+    for (size_t i = 0; row && *row && x->parts && *x->parts && i < sizeof parts / sizeof parts[0]; i++) {
+        const char *a, *b;
+        size_t na, nb;
+        if (!kiln__parts_field(row, parts[i], &a, &na) || !kiln__parts_field(x->parts, parts[i], &b, &nb))
+            continue;
+        if (na == nb && !memcmp(a, b, na))
+            continue;
+        snprintf(detail, cap,
+                 "the row is of another kernel than its key: its fingerprint part %s is %.*s, the key's %.*s",
+                 parts[i], (int)(na < 100 ? na : 100), a, (int)(nb < 100 ? nb : 100), b);
+        return 0;
+    }
+    return 1;
+}
+
 /* Looks fp up in one database: 1 with *raw on a verified hit, 0 on a miss or
  * a corrupt row (reported and added to *dropped; *drop_st, when not NULL,
- * says whether its delete failed), -1 on an SQLite failure (*st set). */
-static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **raw, sqlite3_int64 *size,
-                         unsigned *dropped, kiln_status *st, kiln_status *drop_st)
+ * says whether its delete failed), -1 on an SQLite failure (*st set). With
+ * expect, a row of another kernel than expect is corrupt too. */
+static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const kiln_cache_record *expect, void **raw,
+                         sqlite3_int64 *size, unsigned *dropped, kiln_status *st, kiln_status *drop_st)
 {
-    char detail[160];
+    char detail[512];
     sqlite3_stmt *q = d->st_get;
     int result = 0;
     sqlite3_bind_blob(q, 1, fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
     int rc = sqlite3_step(q);
     if (rc == SQLITE_ROW) {
         *size = sqlite3_column_int64(q, 1);
-        kiln_status dst = kiln__row_decode(sqlite3_column_blob(q, 0), (size_t)sqlite3_column_bytes(q, 0), *size,
-                                           sqlite3_column_type(q, 1) == SQLITE_INTEGER, sqlite3_column_blob(q, 2),
-                                           (size_t)sqlite3_column_bytes(q, 2), raw, detail, sizeof detail);
+        kiln_status dst = KILN_ERR_CACHE_CORRUPT;
+        if (!expect || row_is(q, expect, detail, sizeof detail))
+            dst = kiln__row_decode(sqlite3_column_blob(q, 0), (size_t)sqlite3_column_bytes(q, 0), *size,
+                                   sqlite3_column_type(q, 1) == SQLITE_INTEGER, sqlite3_column_blob(q, 2),
+                                   (size_t)sqlite3_column_bytes(q, 2), raw, detail, sizeof detail);
         if (dst == KILN_OK) {
             result = 1;
         } else if (dst == KILN_ERR_CACHE_CORRUPT) {
@@ -197,11 +265,11 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, void **r
 kiln_status kiln_cache_get(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], void **cubin, size_t *size,
                            int *found)
 {
-    return kiln__cache_load(c, fp, 1, cubin, size, found, NULL);
+    return kiln__cache_load(c, fp, NULL, 1, cubin, size, found, NULL);
 }
 
-kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], int count_hit, void **cubin,
-                             size_t *size, int *found, unsigned *corrupt_dropped)
+kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], const kiln_cache_record *expect,
+                             int count_hit, void **cubin, size_t *size, int *found, unsigned *corrupt_dropped)
 {
     unsigned dropped = 0;
     if (corrupt_dropped)
@@ -219,9 +287,9 @@ kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SI
     int r = 0;
     kiln__db *where = NULL;
     for (size_t i = 0; i < c->n_layers && r == 0; i++)
-        if ((r = lookup_locked(c, &c->layers[i], fp, &raw, &raw_size, &dropped, &st, NULL)) == 1)
+        if ((r = lookup_locked(c, &c->layers[i], fp, expect, &raw, &raw_size, &dropped, &st, NULL)) == 1)
             where = &c->layers[i];
-    if (r == 0 && (r = lookup_locked(c, &c->main, fp, &raw, &raw_size, &dropped, &st, NULL)) == 1)
+    if (r == 0 && (r = lookup_locked(c, &c->main, fp, expect, &raw, &raw_size, &dropped, &st, NULL)) == 1)
         where = &c->main;
     if (r == 1) {
         if (count_hit) {
@@ -261,17 +329,19 @@ kiln_status kiln_cache_contains(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT
     return st;
 }
 
-/* After an insert q (still bound) that changed nothing: another writer's
- * row that verifies is kept; a corrupt one is dropped and q run again; a
- * store that still stored nothing is an error, never taken for success. */
-static kiln_status keep_or_replace_locked(kiln_cache *c, kiln__db *d, sqlite3_stmt *q, const uint8_t *fp)
+/* After an insert q (still bound) of r that changed nothing: another
+ * writer's row that verifies and is r's kernel is kept; a corrupt one, or
+ * one of another kernel, is dropped and q run again; a store that still
+ * stored nothing is an error, never taken for success. */
+static kiln_status keep_or_replace_locked(kiln_cache *c, kiln__db *d, sqlite3_stmt *q, const kiln_cache_record *rec)
 {
+    const uint8_t *fp = rec->fingerprint;
     char hex[2 * KILN_FINGERPRINT_SIZE + 1], what[2 * KILN_FINGERPRINT_SIZE + 120];
     void *raw = NULL;
     sqlite3_int64 size = 0;
     unsigned dropped = 0;
     kiln_status st = KILN_OK, drop_st = KILN_OK;
-    int r = lookup_locked(c, d, fp, &raw, &size, &dropped, &st, &drop_st);
+    int r = lookup_locked(c, d, fp, rec, &raw, &size, &dropped, &st, &drop_st);
     free(raw);
     if (r)
         return r == 1 ? KILN_OK : st;
@@ -343,7 +413,7 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
     else if (sqlite3_changes(d->db) > 0)
         c->counters.inserts++;
     else
-        st = keep_or_replace_locked(c, d, q, r->fingerprint);
+        st = keep_or_replace_locked(c, d, q, r);
     sqlite3_clear_bindings(q);
     pthread_mutex_unlock(&c->lock);
     free(z);

@@ -9,10 +9,16 @@
 #include "kiln/cache.h"
 
 /* kiln_cache_get, with the hit counted (a use) or not (prepare verifying a
- * row it will not load). *corrupt_dropped (may be NULL) is set to the number
+ * row it will not load). When expect is not NULL, its template_id,
+ * constants, arch, NVRTC version and parts (when both it and the row have
+ * them; cubin and entries are not used) are what the caller computed the
+ * fingerprint from: a row that differs holds another kernel under this key
+ * (keys swapped or edited) and is corrupt, dropped or skipped as a row that
+ * fails its checksum is. *corrupt_dropped (may be NULL) is set to the number
  * of rows this call found corrupt and dropped or skipped, so that a caller
  * counts its own and not another thread's. */
-kiln_status kiln__cache_load(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], int count_hit,
-                             void **cubin, size_t *size, int *found, unsigned *corrupt_dropped);
+kiln_status kiln__cache_load(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                             const kiln_cache_record *expect, int count_hit, void **cubin, size_t *size, int *found,
+                             unsigned *corrupt_dropped);
 
 #endif

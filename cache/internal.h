@@ -57,6 +57,11 @@ struct kiln_cache {
 kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 raw_size, int raw_size_is_integer,
                              const void *checksum, size_t checksum_size, void **raw, char *detail, size_t cap);
 
+/* The value of part name ("template", "arch", "nvrtc", "constants", ...) in
+ * a row's parts text: 1 with *value and *len (constants runs to the end, its
+ * own ';' included), 0 when the text has no such part. */
+int kiln__parts_field(const char *parts, const char *name, const char **value, size_t *len);
+
 /* KILN_OK when path (a link followed) is a regular file, its stat in *sb;
  * else KILN_ERR_CACHE_IO naming what it is. Never opens it (a FIFO would block). */
 kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +48,37 @@ static kiln_status check_row(sqlite3_stmt *q, int first, uint8_t fp[KILN_FINGERP
 
 /* ---- verify ---- */
 
+/* Whether a row's parts (when it has them) say what its columns say: the
+ * template, constants, arch and NVRTC version of columns first..first+5
+ * (template_id, constants, arch, nvrtc_major, nvrtc_minor, parts). */
+static int parts_agree(sqlite3_stmt *q, int first, char *detail, size_t cap)
+{
+    const char *parts = is_text(q, first + 5) ? (const char *)sqlite3_column_text(q, first + 5) : NULL;
+    if (!parts || !*parts)
+        return 1;
+    char nvrtc[48];
+    snprintf(nvrtc, sizeof nvrtc, "%lld.%lld", (long long)sqlite3_column_int64(q, first + 3),
+             (long long)sqlite3_column_int64(q, first + 4));
+    static const char *const names[] = {"template", "constants", "arch", "nvrtc"};
+    static const char *const columns[] = {"template_id", "constants", "arch", "NVRTC"};
+    const char *have[4];
+    for (int i = 0; i < 3; i++)
+        have[i] = is_text(q, first + i) ? (const char *)sqlite3_column_text(q, first + i) : NULL;
+    have[3] = nvrtc;
+    for (int i = 0; i < 4; i++) {
+        const char *v;
+        size_t n;
+        if (!kiln__parts_field(parts, names[i], &v, &n))
+            continue;
+        if (have[i] && strlen(have[i]) == n && !memcmp(have[i], v, n))
+            continue;
+        snprintf(detail, cap, "its fingerprint parts say %s=%.*s, its %s is %.80s", names[i], (int)(n < 80 ? n : 80),
+                 v, columns[i], have[i] ? have[i] : "not text");
+        return 0;
+    }
+    return 1;
+}
+
 kiln_status kiln_cache_verify(kiln_cache *c,
                               void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                              const char *detail),
@@ -65,7 +97,13 @@ kiln_status kiln_cache_verify(kiln_cache *c,
         st = main_fail(c, rc, "verifying");
         goto out_unlock;
     }
-    rc = sqlite3_prepare_v2(c->main.db, "SELECT fingerprint, cubin, raw_size, checksum FROM kernels", -1, &q, NULL);
+    rc = sqlite3_prepare_v2(c->main.db,
+                            c->main.schema >= 2
+                                ? "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants, arch,"
+                                  " nvrtc_major, nvrtc_minor, parts FROM kernels"
+                                : "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants, arch,"
+                                  " nvrtc_major, nvrtc_minor, '' FROM kernels",
+                            -1, &q, NULL);
     if (rc != SQLITE_OK) {
         st = main_fail(c, rc, "verifying");
         goto out_rollback;
@@ -79,6 +117,8 @@ kiln_status kiln_cache_verify(kiln_cache *c,
             st = kiln__fail(&c->err, row, "cache %s: out of memory verifying a row", c->main.path);
             goto out_finalize;
         }
+        if (row == KILN_OK && !parts_agree(q, 4, detail, sizeof detail))
+            row = KILN_ERR_CACHE_CORRUPT;
         if (row != KILN_OK) {
             out->bad_rows++;
             if (on_bad)
@@ -134,6 +174,18 @@ out_unlock:
 }
 
 /* ---- gc ---- */
+
+static int pragma_int64(sqlite3 *db, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        *out = sqlite3_column_int64(q, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(q);
+    return rc;
+}
 
 typedef struct victim {
     uint8_t fp[KILN_FINGERPRINT_SIZE];
@@ -236,8 +288,7 @@ out_free:
 /* gc when the WAL cannot grow: the rollback journal of one row's delete
  * needs room for a few pages, and leaving WAL mode frees the WAL and its
  * index. Rows go one transaction each, least recently used first, so what
- * was deleted stays deleted; then a VACUUM shrinks the file if the disk has
- * room for it (it rolls back if not, and the freed pages are reused). The
+ * was deleted stays deleted; then shrink_locked gives the pages back. The
  * handle stays in the rollback journal, which stores into freed pages. */
 static kiln_status gc_on_full_disk_locked(kiln_cache *c, int64_t cutoff, int older, uint64_t max_bytes,
                                           uint64_t *rows, uint64_t *bytes)
@@ -255,9 +306,101 @@ static kiln_status gc_on_full_disk_locked(kiln_cache *c, int64_t cutoff, int old
     if (!st)
         st = delete_victims(c, v, n, rows, bytes);
     free(v);
-    if (!st)
-        sqlite3_exec(c->main.db, "VACUUM", NULL, NULL, NULL);
     return st;
+}
+
+/* The file could not shrink after gc deleted rows: says so, and what to do. */
+static kiln_status not_shrunk(kiln_cache *c, uint64_t rows, uint64_t bytes, int64_t free_pages, int64_t page_size,
+                              const char *why)
+{
+    return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
+                      "cache %s: gc removed %llu rows (%llu bytes), but the file could not shrink: %s; its %lld free"
+                      " pages (%lld bytes) take new kernels. To give the space back, free room on its filesystem and"
+                      " run `kiln gc` again, or `kiln merge %s -o NEW.db` onto a disk with room and replace the file"
+                      " with NEW.db",
+                      c->main.path, (unsigned long long)rows, (unsigned long long)bytes, why, (long long)free_pages,
+                      (long long)(free_pages * page_size), c->main.path);
+}
+
+/* Gives the pages gc freed back to the filesystem. A database made with
+ * auto_vacuum = INCREMENTAL moves its last pages into the free ones and
+ * truncates, a few pages per transaction so that on a full disk each
+ * journal is small and each step makes room for the next. One made
+ * without it needs a VACUUM, a copy of the live pages (a temporary file and
+ * the journal or WAL): only when the filesystem has room for it, and it
+ * turns auto_vacuum on for the gcs after. */
+static kiln_status shrink_locked(kiln_cache *c, uint64_t rows, uint64_t bytes)
+{
+    sqlite3 *db = c->main.db;
+    int64_t auto_vacuum = 0, free_pages = 0, pages = 0, page_size = 0;
+    int rc;
+    if ((rc = pragma_int64(db, "PRAGMA auto_vacuum", &auto_vacuum)) != SQLITE_OK ||
+        (rc = pragma_int64(db, "PRAGMA freelist_count", &free_pages)) != SQLITE_OK ||
+        (rc = pragma_int64(db, "PRAGMA page_count", &pages)) != SQLITE_OK ||
+        (rc = pragma_int64(db, "PRAGMA page_size", &page_size)) != SQLITE_OK)
+        return main_fail(c, rc, "shrinking the file after gc");
+    if (!free_pages || auto_vacuum == 1)
+        return KILN_OK; /* auto_vacuum FULL truncates at every commit */
+    char why[512];
+    if (auto_vacuum == 2) {
+        int64_t step = 256;
+        while (free_pages > 0) {
+            char sql[64];
+            snprintf(sql, sizeof sql, "PRAGMA incremental_vacuum(%lld)", (long long)step);
+            rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+            if ((rc & 0xff) == SQLITE_FULL && step > 1) {
+                step /= 2;
+                continue;
+            }
+            int64_t left = free_pages;
+            if (rc != SQLITE_OK || (rc = pragma_int64(db, "PRAGMA freelist_count", &left)) != SQLITE_OK) {
+                snprintf(why, sizeof why, "incremental_vacuum(%lld): %s (sqlite code %d)", (long long)step,
+                         sqlite3_errmsg(db), rc);
+                return not_shrunk(c, rows, bytes, free_pages, page_size, why);
+            }
+            if (left >= free_pages)
+                break; /* nothing moved: stop rather than spin */
+            free_pages = left;
+            if (step < 256)
+                step *= 2;
+        }
+        /* In WAL mode the file is truncated when the WAL is checkpointed;
+         * a reader still on the old pages only delays that to a later one. */
+        sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        return KILN_OK;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->main.path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = 0;
+    else
+        *slash = 0;
+    struct statvfs vfs;
+    uint64_t live = (uint64_t)(pages - free_pages) * (uint64_t)page_size;
+    uint64_t need = 2 * live + (64u << 10); /* a temporary copy, and the journal or WAL of one */
+    if (statvfs(dir, &vfs) != 0) {
+        snprintf(why, sizeof why, "it was made without auto_vacuum, and VACUUM needs about %llu bytes free"
+                 " beside it, but statvfs of its folder failed: %s", (unsigned long long)need, strerror(errno));
+        return not_shrunk(c, rows, bytes, free_pages, page_size, why);
+    }
+    uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+    if (avail < need) {
+        snprintf(why, sizeof why, "it was made without auto_vacuum, and VACUUM needs about %llu bytes free"
+                 " beside it (twice its %llu bytes in use), and its filesystem has %llu", (unsigned long long)need,
+                 (unsigned long long)live, (unsigned long long)avail);
+        return not_shrunk(c, rows, bytes, free_pages, page_size, why);
+    }
+    if ((rc = sqlite3_exec(db, "PRAGMA auto_vacuum = INCREMENTAL", NULL, NULL, NULL)) != SQLITE_OK ||
+        (rc = sqlite3_exec(db, "VACUUM", NULL, NULL, NULL)) != SQLITE_OK) {
+        snprintf(why, sizeof why, "it was made without auto_vacuum, and VACUUM failed: %s (sqlite code %d)",
+                 sqlite3_errmsg(db), rc);
+        return not_shrunk(c, rows, bytes, free_pages, page_size, why);
+    }
+    sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    return KILN_OK;
 }
 
 kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
@@ -304,14 +447,20 @@ kiln_status kiln_cache_gc(kiln_cache *c, const kiln_cache_gc_options *opts, uint
         st = main_fail(c, rc, "collecting");
         goto out_rollback;
     }
-    goto out_report;
+    goto out_shrink;
 out_rollback:
     full = (sqlite3_extended_errcode(c->main.db) & 0xff) == SQLITE_FULL;
     sqlite3_exec(c->main.db, "ROLLBACK", NULL, NULL, NULL);
     if (!full)
         goto out_unlock;
     rows = bytes = 0;
-    st = gc_on_full_disk_locked(c, cutoff, o.older_than_seconds > 0, o.max_bytes, &rows, &bytes);
+    if ((st = gc_on_full_disk_locked(c, cutoff, o.older_than_seconds > 0, o.max_bytes, &rows, &bytes)))
+        goto out_report;
+out_shrink:
+    /* Also when nothing was removed: a gc after one that could not shrink
+     * the file (no room then) gives the pages back once there is room. */
+    if ((st = shrink_locked(c, rows, bytes)) && !rows)
+        st = KILN_OK;
 out_report:
     if (removed_rows)
         *removed_rows = rows;
@@ -324,18 +473,6 @@ out_unlock:
 }
 
 /* ---- merge ---- */
-
-static int pragma_int64(sqlite3 *db, const char *sql, int64_t *out)
-{
-    sqlite3_stmt *q = NULL;
-    int rc = sqlite3_prepare_v2(db, sql, -1, &q, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-        *out = sqlite3_column_int64(q, 0);
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(q);
-    return rc;
-}
 
 /* "file:" URI of path, the characters a URI gives meaning to escaped. */
 static int uri_of(const char *path, const char *query, char *buf, size_t cap)

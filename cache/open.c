@@ -215,8 +215,13 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
     if (app_id == 0 && version == 0 && n_tables == 0) {
         if (d->read_only)
             return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA, "cache %s: empty database opened read-only", d->path);
-        char sql[sizeof schema_sql + 128];
-        snprintf(sql, sizeof sql, "BEGIN IMMEDIATE;%sPRAGMA application_id = %d;PRAGMA user_version = %d;COMMIT;",
+        char sql[sizeof schema_sql + 256];
+        /* auto_vacuum takes only before the first table: it lets gc give freed
+         * pages back to the filesystem (incremental_vacuum) without a VACUUM,
+         * which needs room for a copy of the file. */
+        snprintf(sql, sizeof sql,
+                 "PRAGMA auto_vacuum = INCREMENTAL;BEGIN IMMEDIATE;%sPRAGMA application_id = %d;"
+                 "PRAGMA user_version = %d;COMMIT;",
                  schema_sql, KILN_APPLICATION_ID, KILN_CACHE_SCHEMA_VERSION);
         kiln_status st = exec_tx(c, d, sql, "creating the schema");
         /* Another process may have created it at the same moment. */
@@ -301,11 +306,12 @@ static kiln_status check_path(kiln_cache *c, const char *path, int read_only, co
         char target[4096];
         ssize_t n = readlink(path, target, sizeof target - 1);
         target[n > 0 ? n : 0] = 0;
-        if (!read_only && !o->follow_symlinks)
+        /* Read-only too: a shipped layer's link can be repointed by whoever owns its folder. */
+        if (!o->follow_symlinks)
             return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
-                              "cache database %s is a symbolic link to %s: refused for writing (name the target, "
-                              "or set kiln_cache_options.follow_symlinks)",
-                              path, target);
+                              "cache database %s is a symbolic link to %s: refused%s (name the target, or set "
+                              "KILN_CACHE_FOLLOW_SYMLINKS=1 or kiln_cache_options.follow_symlinks)",
+                              path, target, read_only ? "" : " for writing");
         if (stat(path, &sb) != 0)
             return kiln__fail(&c->err, KILN_ERR_CACHE_IO,
                               "cache database %s is a symbolic link to %s: %s (kiln creates no file through a link)",
@@ -395,7 +401,11 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
                      NULL, NULL, NULL);
         sqlite3_exec(d->db, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
     }
-    if ((st = prepare(c, d, &d->st_get, "SELECT cubin, raw_size, checksum FROM kernels WHERE fingerprint = ?1")) ||
+    if ((st = prepare(c, d, &d->st_get,
+                      d->schema >= 2 ? "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
+                                       " nvrtc_minor, parts FROM kernels WHERE fingerprint = ?1"
+                                     : "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
+                                       " nvrtc_minor, '' FROM kernels WHERE fingerprint = ?1")) ||
         (st = prepare(c, d, &d->st_contains, "SELECT 1 FROM kernels WHERE fingerprint = ?1")))
         return st;
     if (!read_only &&
@@ -526,6 +536,11 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     *out = NULL;
     if ((st = KILN__READ_SIZED(NULL, "kiln_cache_open", kiln_cache_options, o, caller)))
         return st;
+    if (!o.ignore_env) {
+        const char *follow = getenv("KILN_CACHE_FOLLOW_SYMLINKS");
+        if (follow && !strcmp(follow, "1"))
+            o.follow_symlinks = 1;
+    }
     const kiln_cache_options *opts = &o;
     if (opts->path && *opts->path) {
         if (strlen(opts->path) >= sizeof path)

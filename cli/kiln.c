@@ -116,8 +116,13 @@ static int open_existing(const char *cmd, const char *db, int read_only, kiln_ca
         return cli_fail(cmd, "cache database %s is not a regular file", path);
     /* The commands work on this one file, an existing kiln database: no
      * shipped layers from the environment, and never a new database. */
-    kiln_cache_options opts = {
-        .size = sizeof opts, .path = path, .read_only = read_only, .ignore_env = 1, .existing_only = 1};
+    const char *follow = getenv("KILN_CACHE_FOLLOW_SYMLINKS");
+    kiln_cache_options opts = {.size = sizeof opts,
+                               .path = path,
+                               .read_only = read_only,
+                               .ignore_env = 1,
+                               .existing_only = 1,
+                               .follow_symlinks = follow && !strcmp(follow, "1")};
     if (kiln_cache_open(&opts, out) != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
     return CLI_EXIT_OK;

@@ -13,8 +13,10 @@ static const char verify_help[] =
     "usage: kiln verify [--db PATH]\n"
     "\n"
     "Decodes every kernel of a cache database and checks its size and SHA-256\n"
-    "checksum, then runs SQLite's integrity check. Nothing is changed: a bad row\n"
-    "is reported, not removed (the next load of it drops it).\n"
+    "checksum and that its columns agree with its fingerprint parts; recomputes\n"
+    "the key of every row this kiln can (same templates, options and NVRTC) and\n"
+    "checks it is the row's own; then runs SQLite's integrity check. Nothing is\n"
+    "changed: a bad row is reported, not removed (the next load of it drops it).\n"
     "\n"
     "options:\n"
     "  -d, --db PATH   the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
@@ -23,7 +25,9 @@ static const char verify_help[] =
     "\n"
     "output: one line per bad row,\n"
     "  bad <fingerprint> <what failed>\n"
-    "then one line,\n"
+    "then, when the integrity check passed,\n"
+    "  keys <path>: <K> of <N> recomputed from their rows (...)\n"
+    "and one line,\n"
     "  verified <path>: <N> rows, <B> bad, integrity ok|failed\n"
     "\n"
     "exit status: 0 every row is whole and the integrity check passed; 1 a bad\n"
@@ -36,8 +40,9 @@ static const char gc_help[] =
     "first (then the oldest created): with --older-than, every kernel not used for\n"
     "DAYS days; with --max-bytes, as many more as it takes for the stored (zstd)\n"
     "bytes to fit in N. Both may be given. A dropped kernel is compiled again\n"
-    "when next needed. Freed pages are reused by later kernels (the file itself\n"
-    "does not shrink).\n"
+    "when next needed. The freed pages are then given back to the filesystem: the\n"
+    "file shrinks (in a database made by an older kiln, only when the disk has\n"
+    "room for a copy of it; else gc says so and exits 1, the rows deleted).\n"
     "\n"
     "options:\n"
     "  -d, --db PATH        the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
@@ -51,15 +56,110 @@ static const char gc_help[] =
     "output: one line,\n"
     "  gc <path>: removed <R> rows (<B> bytes), kept <K> rows (<S> bytes)\n"
     "\n"
-    "exit status: 0 success; 1 a missing, read-only or unusable database; 2 a\n"
-    "usage error (no limit, a bad number).\n";
+    "exit status: 0 success; 1 a missing, read-only or unusable database, or a\n"
+    "file that could not shrink; 2 a usage error (no limit, a bad number).\n";
+
+/* The key check: each row's fingerprint recomputed from its columns, with
+ * one offline jit per architecture (no cache: nothing is compiled). */
+#define KEY_JITS 8
+typedef struct key_check {
+    kiln_jit *jits[KEY_JITS];
+    char arch[KEY_JITS][16];
+    size_t n_jits;
+    uint64_t rows, checked, bad;
+    uint8_t (*found_bad)[KILN_FINGERPRINT_SIZE]; /* rows kiln_cache_verify reported, not counted twice */
+    size_t n_found_bad, cap_found_bad;
+} key_check;
 
 static void print_bad(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE], const char *detail)
 {
-    (void)user;
+    key_check *k = user;
+    if (k->n_found_bad == k->cap_found_bad) {
+        size_t cap = k->cap_found_bad ? 2 * k->cap_found_bad : 16;
+        void *p = realloc(k->found_bad, cap * sizeof *k->found_bad);
+        if (p) {
+            k->found_bad = p;
+            k->cap_found_bad = cap;
+        }
+    }
+    if (k->n_found_bad < k->cap_found_bad)
+        memcpy(k->found_bad[k->n_found_bad++], fingerprint, KILN_FINGERPRINT_SIZE);
     char hex[2 * KILN_FINGERPRINT_SIZE + 1];
     kiln_fingerprint_hex(fingerprint, hex);
-    printf("bad %s %s\n", hex, detail ? detail : "");
+    char *shown = cli_escape(detail ? detail : ""); /* it may quote the row's text */
+    printf("bad %s %s\n", hex, shown ? shown : "(out of memory)");
+    free(shown);
+}
+
+static kiln_jit *jit_for(key_check *k, const char *arch)
+{
+    for (size_t i = 0; i < k->n_jits; i++)
+        if (!strcmp(k->arch[i], arch))
+            return k->jits[i];
+    kiln_jit *j = NULL;
+    kiln_jit_options o = {.size = sizeof o, .arch = arch};
+    if (k->n_jits == KEY_JITS || strlen(arch) >= sizeof k->arch[0] || kiln_jit_create(&o, &j) != KILN_OK)
+        return NULL;
+    snprintf(k->arch[k->n_jits], sizeof k->arch[0], "%s", arch);
+    k->jits[k->n_jits++] = j;
+    return j;
+}
+
+/* A spec from a row's template_id and "NAME=value;..." constants: 0, or -1
+ * when they make none. */
+static int spec_of(const kiln_cache_entry_info *info, kiln_spec *spec)
+{
+    char text[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)];
+    if (kiln_spec_init(spec, info->template_id) != KILN_OK || strlen(info->constants) >= sizeof text)
+        return -1;
+    strcpy(text, info->constants);
+    for (char *save = NULL, *item = strtok_r(text, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(item, '='), *end = NULL;
+        if (!eq)
+            return -1;
+        *eq = 0;
+        errno = 0;
+        long long v = strtoll(eq + 1, &end, 10);
+        if (errno || end == eq + 1 || *end || kiln_spec_set(spec, item, v) != KILN_OK)
+            return -1;
+    }
+    return 0;
+}
+
+/* A row whose parts are the ones this kiln computes from its columns (same
+ * templates, options and NVRTC) has a key that can be recomputed: it must
+ * be the row's own. Other rows (another kiln's, schema 1's) are counted as
+ * not checked. */
+static int check_key(void *user, const kiln_cache_entry_info *info)
+{
+    key_check *k = user;
+    kiln_spec spec;
+    char parts[2048], hex[2 * KILN_FINGERPRINT_SIZE + 1], want[2 * KILN_FINGERPRINT_SIZE + 1];
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    k->rows++;
+    for (size_t i = 0; i < k->n_found_bad; i++)
+        if (!memcmp(k->found_bad[i], info->fingerprint, KILN_FINGERPRINT_SIZE))
+            return 0;
+    kiln_jit *j = *info->parts && !spec_of(info, &spec) ? jit_for(k, info->arch) : NULL;
+    if (!j || kiln_jit_fingerprint_parts(j, &spec, parts, sizeof parts) != KILN_OK || strcmp(parts, info->parts) ||
+        kiln_jit_fingerprint(j, &spec, fp) != KILN_OK)
+        return 0;
+    k->checked++;
+    if (!memcmp(fp, info->fingerprint, KILN_FINGERPRINT_SIZE))
+        return 0;
+    k->bad++;
+    kiln_fingerprint_hex(info->fingerprint, hex);
+    kiln_fingerprint_hex(fp, want);
+    /* The row's text, escaped for a terminal. */
+    char *id = cli_escape(info->template_id), *consts = cli_escape(info->constants), *arch = cli_escape(info->arch);
+    printf("bad %s the key is not the fingerprint of the row's kernel, %s %s for %s with NVRTC %d.%d, which is %s:"
+           " the key was edited or swapped with another row's; no load takes this row (a prewarm that needs the"
+           " kernel stores it again; gc drops the row in time)\n",
+           hex, id ? id : "?", consts ? consts : "?", arch ? arch : "?", info->nvrtc_major, info->nvrtc_minor, want);
+    free(id);
+    free(consts);
+    free(arch);
+    return 0;
 }
 
 int cli_verify_cache(const char *cmd, kiln_cache *cache) { return cli_verify_cache_as(cmd, cache, NULL); }
@@ -67,8 +167,20 @@ int cli_verify_cache(const char *cmd, kiln_cache *cache) { return cli_verify_cac
 int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown)
 {
     kiln_cache_verify_report report;
-    if (kiln_cache_verify(cache, print_bad, NULL, &report) != KILN_OK)
+    key_check keys = {0};
+    kiln_status st = kiln_cache_verify(cache, print_bad, &keys, &report);
+    if (st == KILN_OK && report.integrity_ok)
+        st = kiln_cache_foreach(cache, check_key, &keys);
+    for (size_t i = 0; i < keys.n_jits; i++)
+        kiln_jit_destroy(keys.jits[i]);
+    free(keys.found_bad);
+    if (st != KILN_OK)
         return cli_fail(cmd, "%s", kiln_errmsg());
+    report.bad_rows += keys.bad;
+    if (report.integrity_ok)
+        printf("keys %s: %" PRIu64 " of %" PRIu64 " recomputed from their rows (the others were made by another"
+               " kiln, NVRTC or options)\n",
+               shown ? shown : kiln_cache_path(cache), keys.checked, keys.rows);
     printf("verified %s: %" PRIu64 " rows, %" PRIu64 " bad, integrity %s\n", shown ? shown : kiln_cache_path(cache),
            report.rows, report.bad_rows, report.integrity_ok ? "ok" : "failed");
     if (fflush(stdout) != 0 || ferror(stdout))
@@ -194,7 +306,14 @@ int cli_gc(int argc, char **argv)
         return rc;
     uint64_t rows = 0, bytes = 0;
     kiln_cache_stats left;
-    if (kiln_cache_gc(cache, &opts, &rows, &bytes) != KILN_OK || kiln_cache_get_stats(cache, &left) != KILN_OK) {
+    char *gc_failure = NULL;
+    /* Rows deleted but a file that could not shrink: the rows line, then why. */
+    if (kiln_cache_gc(cache, &opts, &rows, &bytes) != KILN_OK &&
+        !(rows && (gc_failure = strdup(kiln_errmsg())))) {
+        rc = cli_fail(cmd, "%s", kiln_errmsg());
+        goto out_close;
+    }
+    if (kiln_cache_get_stats(cache, &left) != KILN_OK) {
         rc = cli_fail(cmd, "%s", kiln_errmsg());
         goto out_close;
     }
@@ -202,7 +321,10 @@ int cli_gc(int argc, char **argv)
            kiln_cache_path(cache), rows, bytes, left.entries, left.stored_bytes);
     if (fflush(stdout) != 0 || ferror(stdout))
         rc = cli_fail(cmd, "cannot write the output");
+    else if (gc_failure)
+        rc = cli_fail(cmd, "%s", gc_failure);
 out_close:
+    free(gc_failure);
     kiln_cache_close(cache);
     return rc;
 }

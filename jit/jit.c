@@ -301,11 +301,27 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
             return st;
         e->fingerprinted = 1;
     }
+    /* What the fingerprint was computed from: a row under it must be of this
+     * kernel (a key moved onto another kernel's row passes its checksum). */
+    char consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)], parts[2048];
+    kiln_cache_record rec = {.template_id = e->tmpl->id,
+                             .constants = consts,
+                             .arch = j->arch,
+                             .nvrtc_major = j->nvrtc_major,
+                             .nvrtc_minor = j->nvrtc_minor,
+                             .entries = e->tmpl->entries_text,
+                             .parts = parts};
+    memcpy(rec.fingerprint, e->fingerprint, KILN_FINGERPRINT_SIZE);
+    if ((st = kiln_spec_constants_text(&e->spec, consts, sizeof consts)))
+        return st;
+    if (kiln__fingerprint_parts(e->tmpl, &e->spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, parts,
+                                sizeof parts))
+        parts[0] = 0; /* advisory: a row without parts still loads */
     if (j->cache && !e->persisted) {
         int found = 0;
         unsigned dropped = 0;
         /* Verified even when only preparing: prewarm must not count a corrupt row as cached. */
-        st = kiln__cache_load(j->cache, e->fingerprint, load, &cubin, &size, &found, &dropped);
+        st = kiln__cache_load(j->cache, e->fingerprint, &rec, load, &cubin, &size, &found, &dropped);
         if (!st && found && !load) {
             free(cubin);
             cubin = NULL;
@@ -346,21 +362,8 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         if (compiled)
             *compiled = 1;
         if (j->cache && !e->persisted) {
-            char consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)], parts[2048];
-            kiln_spec_constants_text(&e->spec, consts, sizeof consts);
-            if (kiln__fingerprint_parts(e->tmpl, &e->spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, parts,
-                                        sizeof parts))
-                parts[0] = 0; /* advisory: a row without parts still loads */
-            kiln_cache_record rec = {.template_id = e->tmpl->id,
-                                     .constants = consts,
-                                     .arch = j->arch,
-                                     .nvrtc_major = j->nvrtc_major,
-                                     .nvrtc_minor = j->nvrtc_minor,
-                                     .entries = e->tmpl->entries_text,
-                                     .parts = parts,
-                                     .cubin = cubin,
-                                     .cubin_size = size};
-            memcpy(rec.fingerprint, e->fingerprint, KILN_FINGERPRINT_SIZE);
+            rec.cubin = cubin;
+            rec.cubin_size = size;
             if ((st = kiln_cache_put(j->cache, &rec))) {
                 pthread_mutex_lock(&j->lock);
                 j->counters.cache_errors++;

@@ -296,6 +296,28 @@ grep -q "^bad $BAD1 .*checksum" "$OUT" || fail "verify does not list the row wit
 grep -q "^bad $BAD2 " "$OUT" || fail "verify does not list the row with a flipped byte ($BAD2)"
 grep -q "^verified $BAD: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verify: no summary of the bad database"
 grep -q '2 of' "$ERR" || fail "verify: stderr does not count the bad rows"
+grep -q "^keys $EXP: $N of $N recomputed" <("$KILN" verify --db "$EXP") || fail "verify does not recompute every key"
+# Two rows' keys swapped: each passes its checksum under the other's key.
+# verify names both; prewarm (the jit checks a row is of its key's kernel)
+# drops and compiles them again.
+SWAPK="$S/ship/swapped-keys.db"
+cp "$EXP" "$SWAPK"
+read -r KEY1 KEY2 < <(py '
+db = sqlite3.connect(sys.argv[1])
+a, b = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint LIMIT 2")]
+for old, new in ((a, bytes(32)), (b, a), (bytes(32), b)):
+    db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (new, old))
+db.commit()
+print(a.hex(), b.hex())' "$SWAPK")
+expect 1 "$KILN" verify --db "$SWAPK"
+for k in "$KEY1" "$KEY2"; do
+    grep -q "^bad $k the key is not the fingerprint of the row's kernel" "$OUT" ||
+        fail "verify does not see the swapped key $k"
+done
+grep -q "^verified $SWAPK: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verify: swapped keys not counted"
+expect 0 "$KILN" prewarm --db "$SWAPK"
+[[ $(grep -c ' compiled ' "$OUT") -eq 2 ]] || fail "prewarm over two swapped keys did not compile exactly those two"
+expect 0 "$KILN" verify --db "$SWAPK"
 
 # ---- merge ----
 MERGED="$S/ship/merged.db"
@@ -371,6 +393,33 @@ for fp in $OLD; do
 done
 [[ $(ls_fps "$GC" | wc -l) -eq $((N - 3)) ]] || fail "gc --older-than removed recent rows"
 expect 0 "$KILN" verify --db "$GC"
+# gc on a full disk (a small tmpfs: root only, skipped without): a database
+# made without auto_vacuum keeps its size and gc says so, the rows deleted,
+# with the remedy (exit 1); one kiln made shrinks.
+FULL="$S/full-disk"
+mkdir -p "$FULL"
+if mount -t tmpfs -o size=1m tmpfs "$FULL" 2>/dev/null; then
+    trap 'umount -l "$FULL" 2>/dev/null || true' EXIT
+    cp "$EXP" "$FULL/legacy.db"
+    cp "$EXP" "$FULL/new.db"
+    py 'db = sqlite3.connect(sys.argv[1]); db.execute("PRAGMA auto_vacuum=NONE"); db.execute("VACUUM")' "$FULL/legacy.db"
+    dd if=/dev/zero of="$FULL/filler" bs=4k 2>/dev/null || true
+    truncate -s -40K "$FULL/filler"
+    SIZE0=$(stat -c %s "$FULL/legacy.db")
+    expect 1 "$KILN" gc --db "$FULL/legacy.db" --max-bytes 1K
+    grep -q "^gc $FULL/legacy.db: removed [1-9][0-9]* rows" "$OUT" || fail "gc on a full disk: no line of the rows removed"
+    grep -q "could not shrink" "$ERR" && grep -q "kiln merge $FULL/legacy.db" "$ERR" ||
+        fail "gc on a full disk does not say that the file could not shrink, with the remedy"
+    [[ $(stat -c %s "$FULL/legacy.db") -eq $SIZE0 ]] || fail "gc on a full disk: the file changed size"
+    SIZE0=$(stat -c %s "$FULL/new.db")
+    expect 0 "$KILN" gc --db "$FULL/new.db" --max-bytes 1K
+    [[ $(stat -c %s "$FULL/new.db") -lt $((SIZE0 / 2)) ]] || fail "gc on a full disk did not shrink the file"
+    expect 0 "$KILN" verify --db "$FULL/new.db"
+    umount "$FULL"
+    trap - EXIT
+else
+    echo "cli: gc on a full disk skipped: cannot mount a tmpfs"
+fi
 
 # ---- explain: why a lookup would miss ----
 expect 2 "$KILN" explain --db "$EXP"
@@ -506,6 +555,19 @@ KILN_CACHE_READONLY="$O/a-folder:/dev/null:$O/notes.txt:$O/missing.db" expect 0 
 for l in "$O/a-folder" /dev/null "$O/notes.txt" "$O/missing.db"; do
     grep -q "^kiln: read-only layer $l skipped: .*$l" "$ERR" || fail "prewarm: no reason for the skipped layer $l"
 done
+# A read-only layer or a --db that is a symbolic link is refused, naming the
+# link and its target, unless KILN_CACHE_FOLLOW_SYMLINKS=1.
+cp "$DB" "$O/layer-target.db"
+ln -s "$O/layer-target.db" "$O/layer-link.db"
+KILN_CACHE_READONLY="$O/layer-link.db" expect 0 "$KILN" prewarm --db "$DB"
+grep -q "^kiln: read-only layer $O/layer-link.db skipped: .*symbolic link to $O/layer-target.db" "$ERR" ||
+    fail "prewarm: a layer that is a link is not reported as refused"
+KILN_CACHE_FOLLOW_SYMLINKS=1 KILN_CACHE_READONLY="$O/layer-link.db" expect 0 "$KILN" prewarm --db "$DB"
+! grep -q 'read-only layer' "$ERR" || fail "prewarm: KILN_CACHE_FOLLOW_SYMLINKS=1 does not let a layer be a link"
+expect 1 "$KILN" ls --db "$O/layer-link.db"
+grep -q "$O/layer-link.db is a symbolic link to $O/layer-target.db" "$ERR" ||
+    fail "ls of a link: the message does not name the link and its target"
+KILN_CACHE_FOLLOW_SYMLINKS=1 expect 0 "$KILN" ls --db "$O/layer-link.db"
 # ---- a killed export leaves nothing that looks like its output ----
 # The export is killed once it has started writing (a file of its own with
 # bytes in it, polled for, at most 60 s); the path asked for must not exist,

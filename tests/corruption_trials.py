@@ -7,8 +7,11 @@ The model's kernels are prewarmed once (offline, sm_90) into a clean database
 in journal mode DELETE, the template of every trial. Each trial damages a
 fresh copy in one way (the kinds below, in turn), then runs `kiln verify`,
 `kiln prewarm` and `kiln verify` again, and looks every clean key up with
-cache_lookup (kiln_cache_get, as a loading process does) before and after the
-prewarm. It prints, per kind, how many trials verify caught, how many prewarm
+cache_lookup before and after the prewarm, as a loading process (the jit)
+does: the row's checksum checked, and its columns checked against what the
+key was computed from (the clean database's row). Of the kinds, swap_keys
+swaps two rows' fingerprints: each row then passes its checksum under the
+other kernel's key. It prints, per kind, how many trials verify caught, how many prewarm
 healed (verify passes after and every key loads its own cubin) and how many
 it did not. A trial fails the run only if a key loads a cubin other than the
 one compiled for it (the safety property), or a command crashes (an exit
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import time
 
-KINDS = ["flip", "truncate", "zero_page", "swap_pages", "blob", "key", "raw_size", "checksum"]
+KINDS = ["flip", "truncate", "zero_page", "swap_pages", "blob", "key", "swap_keys", "raw_size", "checksum"]
 SANITIZER = re.compile(r"ERROR: (Address|Leak|UndefinedBehavior)Sanitizer|runtime error:")
 
 
@@ -43,7 +46,7 @@ def page_size(data):
 
 def mutate(kind, path, rng):
     """Damages the database at path in one way of kind; returns a description."""
-    if kind in ("blob", "key", "raw_size", "checksum"):
+    if kind in ("blob", "key", "swap_keys", "raw_size", "checksum"):
         return mutate_row(kind, path, rng)
     data = bytearray(open(path, "rb").read())
     ps = page_size(data)
@@ -90,6 +93,10 @@ def mutate_row(kind, path, rng):
         k[rng.randrange(len(k))] ^= 1 << rng.randrange(8)
         how = "flip"
         db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (bytes(k), fp))
+    elif kind == "swap_keys":
+        other = rng.choice([r[0] for r in db.execute("SELECT fingerprint FROM kernels WHERE fingerprint != ?", (fp,))])
+        swap_keys(db, fp, other)
+        how = "swap with row %s" % other.hex()[:16]
     elif kind == "raw_size":
         how = rng.choice(["zero", "minus_one", "off_by_one", "huge"])
         value = {"zero": 0, "minus_one": -1, "off_by_one": raw_size + rng.choice([-1, 1]), "huge": 1 << 40}[how]
@@ -109,10 +116,18 @@ def mutate_row(kind, path, rng):
     return "%s of row %s" % (how, fp.hex()[:16])
 
 
-def lookup(lookup_bin, path, clean, env):
+def swap_keys(db, a, b):
+    """Swaps the fingerprints of rows a and b (through a key no row has)."""
+    for old, new in ((a, bytes(32)), (b, a), (bytes(32), b)):
+        db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (new, old))
+
+
+def lookup(lookup_bin, path, clean, env, expect=None):
     """What each clean key loads: {fp: sha256 hex, "miss" or "error"}; None
-    when the database cannot be opened at all (nothing loads)."""
-    rc, out, err = run([lookup_bin, path] + sorted(clean), env)
+    when the database cannot be opened at all (nothing loads). With expect
+    (the clean database), the row must be of the kernel the key is for, as
+    the jit checks; without it, the checksum alone (kiln_cache_get)."""
+    rc, out, err = run([lookup_bin] + (["--expect", expect] if expect else []) + [path] + sorted(clean), env)
     if SANITIZER.search(err) or rc not in (0, 1):
         raise RuntimeError("cache_lookup exited %d: %s" % (rc, err.strip()[-2000:]))
     if rc == 1:
@@ -152,27 +167,36 @@ def main():
     db.execute("VACUUM")
     clean = {fp.hex(): sum_.hex() for fp, sum_ in db.execute("SELECT fingerprint, checksum FROM kernels")}
     db.close()
-    if lookup(lookup_bin, clean_db, clean, env) != clean:
+    if lookup(lookup_bin, clean_db, clean, env, clean_db) != clean:
         print("FAIL: the clean database does not load its own cubins", file=sys.stderr)
         return 1
     print("clean database: %d kernels in %.1f s" % (len(clean), time.time() - start), flush=True)
 
-    # A control: two rows' keys swapped on purpose. The safety check must see it.
+    # A control: two rows' keys swapped on purpose. By the checksum alone
+    # each key loads the other's cubin, and the safety check must see that;
+    # a loading process (the row checked against its key) must miss both,
+    # and verify must fail.
     control = os.path.join(scratch, "control.db")
     shutil.copyfile(clean_db, control)
     db = sqlite3.connect(control)
     a, b = sorted(clean)[:2]
-    for old, new in ((a, "00" * 32), (b, a), ("00" * 32, b)):
-        db.execute("UPDATE kernels SET fingerprint = ? WHERE fingerprint = ?", (bytes.fromhex(new), bytes.fromhex(old)))
+    swap_keys(db, bytes.fromhex(a), bytes.fromhex(b))
     db.commit()
     db.close()
     got = lookup(lookup_bin, control, clean, env)
     if not got or got[a] != clean[b] or got[b] != clean[a]:
         print("FAIL: the safety check does not see two swapped keys: %s" % got, file=sys.stderr)
         return 1
+    got = lookup(lookup_bin, control, clean, env, clean_db)
+    if not got or got[a] != "miss" or got[b] != "miss":
+        print("FAIL: a loading process takes a row under a swapped key: %s" % got, file=sys.stderr)
+        return 1
     rc, _, _ = run([kiln, "verify", "--db", control], env)
-    print("control, two keys swapped on purpose: seen by the safety check; verify exits %d%s"
-          % (rc, " (the checksum covers the cubin, not its key)" if rc == 0 else ""), flush=True)
+    if rc != 1:
+        print("FAIL: verify exits %d on two swapped keys" % rc, file=sys.stderr)
+        return 1
+    print("control, two keys swapped on purpose: the checksum alone loads the other cubins (the safety check"
+          " sees it); checked against their keys both miss; verify exits 1", flush=True)
 
     cols = ["trials", "caught", "healed", "not_healed", "pw_exit_0", "unsafe", "crash"]
     table = {k: dict.fromkeys(cols, 0) for k in KINDS}
@@ -187,7 +211,7 @@ def main():
         what = "trial %d (%s: %s)" % (t, kind, desc)
         statuses, errors, unsafe = [], [], []
         try:
-            loaded = [lookup(lookup_bin, path, clean, env)]
+            loaded = [lookup(lookup_bin, path, clean, env, clean_db)]
             for argv in (["verify", "--db", path],
                          ["prewarm", "--model", model, "--arch", "sm_90", "--db", path, "-j", "2"],
                          ["verify", "--db", path]):
@@ -196,7 +220,7 @@ def main():
                     raise RuntimeError("kiln %s exited %d: %s" % (argv[0], rc, err.strip()[-2000:]))
                 statuses.append(rc)
                 errors.append(err.strip().splitlines()[-1] if err.strip() else "")
-            loaded.append(lookup(lookup_bin, path, clean, env))
+            loaded.append(lookup(lookup_bin, path, clean, env, clean_db))
         except RuntimeError as e:
             row["crash"] += 1
             failures.append("%s: %s" % (what, e))

@@ -550,13 +550,46 @@ static void test_symbolic_links(void **state)
     KILN_CHECK(kiln_cache_open(&o, &c));
     KILN_CHECK(kiln_cache_put(c, &x.r));
     kiln_cache_close(c);
-    /* Read-only, the link is followed. */
+    /* Read-only, the link is refused too, naming it and its target, unless allowed. */
     kiln_cache_options r = {.path = link_path, .read_only = 1, .ignore_env = 1};
+    c = (kiln_cache *)1;
+    KILN_EXPECT(kiln_cache_open(&r, &c), KILN_ERR_CACHE_IO, kiln_errmsg(), link_path, target);
+    assert_null(c);
+    r.follow_symlinks = 1;
     KILN_CHECK(kiln_cache_open(&r, &c));
     assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a read through a link"), 1);
     kiln_cache_close(c);
     assert_int_equal(lstat(link_path, &sb), 0);
     assert_true(S_ISLNK(sb.st_mode));
+    /* A read-only layer that is a link is skipped, its reason naming the link
+     * and its target; allowed, by the option or the environment, it is searched. */
+    char main_db[700];
+    snprintf(main_db, sizeof main_db, "%s/main.db", f->dir);
+    const char *layers[] = {link_path};
+    for (int how = 0; how < 3; how++) {
+        kiln_cache_options l = {.path = main_db,
+                                .readonly_paths = layers,
+                                .n_readonly_paths = 1,
+                                .ignore_env = how != 2,
+                                .follow_symlinks = how == 1};
+        if (how == 2)
+            assert_int_equal(setenv("KILN_CACHE_FOLLOW_SYMLINKS", "1", 1), 0);
+        KILN_CHECK(kiln_cache_open(&l, &c));
+        unsetenv("KILN_CACHE_FOLLOW_SYMLINKS");
+        kiln_cache_layer_info info;
+        assert_int_equal(kiln_cache_layer_count(c), 1);
+        KILN_CHECK(kiln_cache_layer(c, 0, &info));
+        if (how == 0) {
+            assert_false(info.active);
+            kiln_test_expect(KILN_ERR_CACHE_IO, KILN_ERR_CACHE_IO, info.reason, link_path, target);
+            assert_non_null(strstr(info.reason, "symbolic link"));
+            assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a layer that is a link"), 0);
+        } else {
+            assert_true(info.active);
+            assert_int_equal(lookup(c, x.r.fingerprint, x.cubin, 1000, "a layer through an allowed link"), 1);
+        }
+        kiln_cache_close(c);
+    }
     /* A folder reached through a link is no link of the database's own. */
     char real_dir[700], dir_link[700], in_link[800];
     snprintf(real_dir, sizeof real_dir, "%s/real-folder", f->dir);
@@ -1056,6 +1089,130 @@ static void test_put_over_a_corrupt_row_that_cannot_be_dropped(void **state)
     free_reals(reals, 1);
 }
 
+/* ---- keys swapped between two rows ---- */
+
+typedef struct seen_events {
+    int n;
+    char detail[512];
+} seen_events;
+
+static void on_corrupt(void *user, const kiln_cache_event *ev)
+{
+    seen_events *s = user;
+    s->n++;
+    snprintf(s->detail, sizeof s->detail, "%s", ev->detail);
+}
+
+/* The NVRTC version of the first row, into the record user. */
+static int first_nvrtc(void *user, const kiln_cache_entry_info *info)
+{
+    kiln_cache_record *r = user;
+    r->nvrtc_major = info->nvrtc_major;
+    r->nvrtc_minor = info->nvrtc_minor;
+    return 1;
+}
+
+/* Swaps the fingerprints of rows a and b, as a careless tool could. */
+static void swap_keys(const char *path, const uint8_t *a, const uint8_t *b)
+{
+    sqlite3 *db;
+    static const uint8_t spare[KILN_FINGERPRINT_SIZE];
+    const uint8_t *steps[3][2] = {{a, spare}, {b, a}, {spare, b}};
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    for (int i = 0; i < 3; i++) {
+        sqlite3_stmt *q;
+        assert_int_equal(sqlite3_prepare_v2(db, "UPDATE kernels SET fingerprint = ?2 WHERE fingerprint = ?1", -1, &q,
+                                            NULL),
+                         SQLITE_OK);
+        sqlite3_bind_blob(q, 1, steps[i][0], KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
+        sqlite3_bind_blob(q, 2, steps[i][1], KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(q), SQLITE_DONE);
+        assert_int_equal(sqlite3_changes(db), 1);
+        sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+}
+
+/* A row's checksum covers its cubin, not the key it is filed under: a key
+ * moved onto another kernel's row must not load that kernel. The jit checks
+ * the row is of the kernel it asked for, drops it as corrupt (a read-only
+ * layer's is skipped), compiles and stores the right one; a put replaces it. */
+static void test_swapped_keys_are_corrupt(void **state)
+{
+    fixture *f = *state;
+    real reals[2];
+    make_reals(reals, 2, 1000);
+    char path[700], layer[700], main_db[700];
+    snprintf(path, sizeof path, "%s/swapped.db", f->dir);
+    snprintf(layer, sizeof layer, "%s/swapped-layer.db", f->dir);
+    snprintf(main_db, sizeof main_db, "%s/main.db", f->dir);
+    kiln_cache *c = open_ok(path, 0);
+    for (int i = 0; i < 2; i++)
+        KILN_CHECK(prepare_real(c, &reals[i], "building the database"));
+    kiln_cache_close(c);
+    swap_keys(path, reals[0].fp, reals[1].fp);
+    sql(path, "PRAGMA journal_mode=DELETE");
+    size_t n = 0;
+    uint8_t *bytes = read_bytes(path, &n);
+    write_bytes(layer, bytes, n);
+    free(bytes);
+
+    /* The writable database: each row is dropped, and the kernel compiled and stored. */
+    seen_events ev = {0};
+    kiln_cache_options o = {.path = path, .ignore_env = 1, .on_event = on_corrupt, .user = &ev};
+    KILN_CHECK(kiln_cache_open(&o, &c));
+    kiln_jit *j = new_jit(c);
+    for (int i = 0; i < 2; i++) {
+        int compiled = 0;
+        KILN_CHECK(kiln_jit_prepare(j, &reals[i].spec, &compiled));
+        if (!compiled || ev.n != i + 1)
+            fail_msg("kernel %d under a swapped key: compiled %d, %d events: the other kernel's row was taken", i,
+                     compiled, ev.n);
+        kiln_test_expect(KILN_ERR_CACHE_CORRUPT, KILN_ERR_CACHE_CORRUPT, ev.detail, "another kernel", "constants");
+        assert_int_equal(lookup(c, reals[i].fp, reals[i].cubin, reals[i].size, "a row stored over a swapped key"), 1);
+    }
+    kiln_jit_counters jc;
+    kiln_jit_get_counters(j, &jc);
+    assert_int_equal(jc.corrupt_dropped, 2);
+    assert_int_equal(jc.compiles, 2);
+    kiln_jit_destroy(j);
+    kiln_cache_counters cc;
+    kiln_cache_get_counters(c, &cc);
+    assert_int_equal(cc.corrupt_dropped, 2);
+    kiln_cache_close(c);
+
+    /* A read-only layer: the rows are skipped and left, the kernels stored in the writable one. */
+    const char *layers[] = {layer};
+    ev.n = 0;
+    kiln_cache_options lo = {.path = main_db, .readonly_paths = layers, .n_readonly_paths = 1, .ignore_env = 1,
+                             .on_event = on_corrupt, .user = &ev};
+    KILN_CHECK(kiln_cache_open(&lo, &c));
+    j = new_jit(c);
+    for (int i = 0; i < 2; i++) {
+        int compiled = 0;
+        KILN_CHECK(kiln_jit_prepare(j, &reals[i].spec, &compiled));
+        assert_int_equal(compiled, 1);
+    }
+    assert_int_equal(ev.n, 2);
+    kiln_test_expect(KILN_ERR_CACHE_CORRUPT, KILN_ERR_CACHE_CORRUPT, kiln_cache_errmsg(c), layer, "read-only layer");
+    kiln_jit_destroy(j);
+    kiln_cache_close(c);
+
+    /* A put over a swapped key replaces the row it finds there. */
+    swap_keys(path, reals[0].fp, reals[1].fp);
+    c = open_ok(path, 0);
+    char consts[256];
+    KILN_CHECK(kiln_spec_constants_text(&reals[0].spec, consts, sizeof consts));
+    kiln_cache_record r = {.template_id = reals[0].spec.template_id, .constants = consts, .arch = "sm_90",
+                           .entries = "kiln_token_embedding", .cubin = reals[0].cubin, .cubin_size = reals[0].size};
+    memcpy(r.fingerprint, reals[0].fp, KILN_FINGERPRINT_SIZE);
+    KILN_CHECK(kiln_cache_foreach(c, first_nvrtc, &r));
+    KILN_CHECK(kiln_cache_put(c, &r));
+    assert_int_equal(lookup(c, reals[0].fp, reals[0].cubin, reals[0].size, "a put over a swapped key"), 1);
+    kiln_cache_close(c);
+    free_reals(reals, 2);
+}
+
 /* ---- gc on a full disk ---- */
 
 /* Mounts a tmpfs of kib KiB on f->mnt; 0 when this process may not mount. */
@@ -1115,14 +1272,20 @@ static void test_gc_on_a_full_disk(void **state)
     printf("put on a disk with %d KiB free: %s: %s\n", LEAVE >> 10, kiln_status_code(st), kiln_cache_errmsg(c));
     assert_int_equal(st, KILN_ERR_CACHE_IO);
 
-    /* gc, the documented remedy, frees room for it. */
+    /* gc, the documented remedy, frees room for it, and the file shrinks. */
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    off_t before = sb.st_size;
     kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
     uint64_t rows = 0, bytes = 0;
     st = kiln_cache_gc(c, &go, &rows, &bytes);
-    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st), st ? kiln_cache_errmsg(c) : "",
-           (unsigned long long)rows, (unsigned long long)bytes);
+    assert_int_equal(stat(path, &sb), 0);
+    printf("gc on a full disk: %s: %s; %llu rows, %llu bytes; the file %lld -> %lld bytes\n", kiln_status_code(st),
+           st ? kiln_cache_errmsg(c) : "", (unsigned long long)rows, (unsigned long long)bytes, (long long)before,
+           (long long)sb.st_size);
     KILN_CHECK(st);
     assert_true(rows >= N / 2);
+    assert_true(sb.st_size < before / 2);
     KILN_CHECK(kiln_cache_put(c, &again.r));
     assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc on a full disk"), 1);
     for (int i = 0; i < N; i++)
@@ -1148,6 +1311,65 @@ static void test_gc_on_a_full_disk(void **state)
     f->mounted = 0;
 }
 
+/* A database made without auto_vacuum on a full disk: gc deletes the rows,
+ * and says that the file could not shrink (VACUUM needs room) and what to do. */
+static void test_gc_on_a_full_disk_without_auto_vacuum(void **state)
+{
+    fixture *f = *state;
+    enum { SIZE = 30000, N = 20, LEAVE = 40 << 10 };
+    if (!mount_small_disk(f, 2048))
+        skip();
+    char path[700];
+    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
+    kiln_cache *c = open_ok(path, 0);
+    rec recs[N], again;
+    for (int i = 0; i < N; i++) {
+        make_rec(&f->rng, &recs[i], SIZE);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    kiln_cache_close(c);
+    sql(path, "PRAGMA journal_mode=DELETE;PRAGMA auto_vacuum=NONE;VACUUM");
+    fill_disk(f->mnt, LEAVE);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    off_t before = sb.st_size;
+    c = open_ok(path, 0);
+    kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
+    uint64_t rows = 0, bytes = 0;
+    kiln_status st = kiln_cache_gc(c, &go, &rows, &bytes);
+    printf("gc on a full disk, no auto_vacuum: %s: %s; %llu rows, %llu bytes\n", kiln_status_code(st),
+           kiln_cache_errmsg(c), (unsigned long long)rows, (unsigned long long)bytes);
+    kiln_test_expect(st, KILN_ERR_CACHE_IO, kiln_cache_errmsg(c), path, "could not shrink");
+    kiln_test_expect(st, KILN_ERR_CACHE_IO, kiln_cache_errmsg(c), "gc removed", "kiln merge");
+    assert_true(rows >= N / 2);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_size, before);
+    /* The rows are gone, and their pages take new ones. */
+    kiln_cache_verify_report vr;
+    KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+    assert_true(vr.integrity_ok);
+    assert_int_equal(vr.rows, N - rows);
+    make_rec(&f->rng, &again, SIZE);
+    KILN_CHECK(kiln_cache_put(c, &again.r));
+    assert_int_equal(lookup(c, again.r.fingerprint, again.cubin, SIZE, "a row stored after gc"), 1);
+    /* The remedy: with room again, a gc that removes nothing shrinks the file. */
+    char filler[800];
+    snprintf(filler, sizeof filler, "%s/filler", f->mnt);
+    assert_int_equal(unlink(filler), 0);
+    go.max_bytes = (uint64_t)N * SIZE;
+    KILN_CHECK(kiln_cache_gc(c, &go, &rows, &bytes));
+    assert_int_equal(rows, 0);
+    assert_int_equal(stat(path, &sb), 0);
+    printf("gc again with room: the file %lld -> %lld bytes\n", (long long)before, (long long)sb.st_size);
+    assert_true(sb.st_size < before * 3 / 4);
+    kiln_cache_close(c);
+    free(again.cubin);
+    for (int i = 0; i < N; i++)
+        free(recs[i].cubin);
+    assert_int_equal(umount2(f->mnt, MNT_DETACH), 0);
+    f->mounted = 0;
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1165,7 +1387,9 @@ int main(void)
         T(test_symbolic_links),
         T(test_one_deadline_for_the_whole_open),
         T(test_put_over_a_corrupt_row_that_cannot_be_dropped),
+        T(test_swapped_keys_are_corrupt),
         T(test_gc_on_a_full_disk),
+        T(test_gc_on_a_full_disk_without_auto_vacuum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -162,6 +162,43 @@ static void test_verify_reports_bad_rows_and_removes_none(void **state)
     KILN_EXPECT(kiln_cache_verify(NULL, NULL, NULL, &rep), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
 }
 
+/* A row whose columns disagree with its fingerprint parts (an edited
+ * template_id, constants, arch or NVRTC version) is bad. */
+static void test_verify_checks_columns_against_parts(void **state)
+{
+    fixture *f = *state;
+    static const struct {
+        const char *sql, *detail;
+    } cases[] = {
+        {"UPDATE kernels SET template_id = 'rms_norm_fused' WHERE fingerprint = ?1 AND ?2", "template=rms_norm"},
+        {"UPDATE kernels SET constants = 'HIDDEN=8192' WHERE fingerprint = ?1 AND ?2", "constants=HIDDEN=4096"},
+        {"UPDATE kernels SET arch = 'sm_100' WHERE fingerprint = ?1 AND ?2", "arch=sm_90"},
+        {"UPDATE kernels SET nvrtc_minor = ?2 WHERE fingerprint = ?1", "nvrtc=12.8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rows r = {0};
+        unlink(f->path);
+        put_rows(f, f->path, &r, 2,
+                 "schema=kiln-fingerprint-1;template=rms_norm;source=0123456789abcdef;headers=0123456789abcdef;"
+                 "options=0123456789abcdef;arch=sm_90;nvrtc=12.8;constants=HIDDEN=4096");
+        kiln_cache *c = open_db(f->path, 1);
+        kiln_cache_verify_report rep;
+        bad_rows b = {0};
+        KILN_CHECK(kiln_cache_verify(c, on_bad, &b, &rep));
+        assert_int_equal(rep.bad_rows, 0);
+        kiln_cache_close(c);
+        sql_row(f->path, cases[i].sql, r.rec[0].fingerprint, 9);
+        c = open_db(f->path, 1);
+        KILN_CHECK(kiln_cache_verify(c, on_bad, &b, &rep));
+        assert_int_equal(rep.rows, 2);
+        assert_int_equal(rep.bad_rows, 1);
+        assert_memory_equal(b.fp, r.rec[0].fingerprint, KILN_FINGERPRINT_SIZE);
+        if (!strstr(b.detail, cases[i].detail) || !strstr(b.detail, "parts say"))
+            fail_msg("%s: detail \"%s\" lacks \"%s\"", cases[i].sql, b.detail, cases[i].detail);
+        kiln_cache_close(c);
+    }
+}
+
 /* ---- gc ---- */
 
 static void test_gc_refuses_read_only_and_no_limit(void **state)
@@ -237,6 +274,79 @@ static void test_gc_max_bytes_drops_least_recently_used_first(void **state)
     KILN_CHECK(kiln_cache_gc(c, &tiny, &removed, NULL));
     assert_int_equal(removed, 3);
     kiln_cache_close(c);
+}
+
+/* One integer a pragma or query gives, read through a connection of its own. */
+static int64_t query_int(const char *path, const char *text)
+{
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    int64_t v = -1;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, text, -1, &q, NULL), SQLITE_OK);
+    if (sqlite3_step(q) == SQLITE_ROW)
+        v = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return v;
+}
+
+static int64_t size_of(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (int64_t)sb.st_size;
+}
+
+/* gc gives the freed pages back: a new database (auto_vacuum incremental)
+ * truncates them off, one made without auto_vacuum is vacuumed (the disk
+ * has room) and has auto_vacuum from then on. */
+static void test_gc_shrinks_the_file(void **state)
+{
+    fixture *f = *state;
+    enum { N = 40, SIZE = 20000, KEEP = 4 };
+    static uint8_t cubins[N][SIZE];
+    for (int legacy = 0; legacy < 2; legacy++) {
+        const char *path = legacy ? f->src : f->path;
+        kiln_cache *c = open_db(path, 0);
+        kiln_cache_record rec = {.template_id = "rms_norm", .constants = "HIDDEN=4096", .arch = "sm_90",
+                                 .nvrtc_major = 12, .nvrtc_minor = 8, .entries = "kiln_rms_norm",
+                                 .cubin_size = SIZE};
+        for (int i = 0; i < N; i++) {
+            kiln_rng_fill(&f->rng, rec.fingerprint, KILN_FINGERPRINT_SIZE);
+            kiln_rng_fill(&f->rng, cubins[i], SIZE);
+            rec.cubin = cubins[i];
+            KILN_CHECK(kiln_cache_put(c, &rec));
+        }
+        kiln_cache_close(c);
+        if (legacy)
+            sql(path, "PRAGMA journal_mode=DELETE;PRAGMA auto_vacuum=NONE;VACUUM");
+        assert_int_equal(query_int(path, "PRAGMA auto_vacuum"), legacy ? 0 : 2);
+        int64_t pages = query_int(path, "PRAGMA page_count"), bytes_before = size_of(path);
+        c = open_db(path, 0);
+        kiln_cache_gc_options o = {.size = sizeof o, .max_bytes = (uint64_t)KEEP * SIZE + SIZE / 2};
+        uint64_t removed = 0, bytes = 0;
+        KILN_CHECK(kiln_cache_gc(c, &o, &removed, &bytes));
+        assert_int_equal(removed, N - KEEP);
+        kiln_cache_close(c);
+        int64_t pages_after = query_int(path, "PRAGMA page_count"), bytes_after = size_of(path);
+        printf("gc of %d of %d rows (%s): %lld pages (%lld bytes) -> %lld pages (%lld bytes), %lld free\n",
+               N - KEEP, N, legacy ? "made without auto_vacuum" : "auto_vacuum incremental", (long long)pages,
+               (long long)bytes_before, (long long)pages_after, (long long)bytes_after,
+               (long long)query_int(path, "PRAGMA freelist_count"));
+        assert_true(pages_after * 4 < pages);
+        assert_true(bytes_after * 4 < bytes_before);
+        assert_true(query_int(path, "PRAGMA freelist_count") < 8);
+        assert_int_equal(query_int(path, "PRAGMA auto_vacuum"), 2);
+        assert_int_equal(query_int(path, "SELECT count(*) FROM kernels"), KEEP);
+        c = open_db(path, 1);
+        kiln_cache_verify_report vr;
+        KILN_CHECK(kiln_cache_verify(c, NULL, NULL, &vr));
+        assert_true(vr.integrity_ok);
+        assert_int_equal(vr.rows, KEEP);
+        assert_int_equal(vr.bad_rows, 0);
+        kiln_cache_close(c);
+    }
 }
 
 static void test_gc_older_than_counts_uses_still_in_memory(void **state)
@@ -462,9 +572,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_verify_reports_bad_rows_and_removes_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_checks_columns_against_parts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_refuses_read_only_and_no_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_max_bytes_drops_least_recently_used_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gc_older_than_counts_uses_still_in_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gc_shrinks_the_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_copies_new_rows_with_their_columns, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_skips_a_corrupt_row, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_refuses_what_is_not_a_kiln_database, setup, teardown),

@@ -247,12 +247,19 @@ static void test_corrupt_row_is_recompiled(void **state)
 }
 
 /* Rows the test writes itself: prepare verifies a row but never loads its
- * cubin, so any bytes do. */
+ * cubin, so any bytes do; the other columns are the spec's, as the jit
+ * checks a row is of the kernel its key is for. */
 static void put_fake_row(kiln_cache *cache, kiln_jit *jit, const kiln_spec *spec)
 {
     static const char cubin[] = "not a cubin: prepare only verifies it";
-    kiln_cache_record r = {.template_id = spec->template_id, .constants = "", .arch = "sm_90", .entries = "k",
-                           .cubin = cubin, .cubin_size = sizeof cubin};
+    char consts[512], parts[2048];
+    KILN_CHECK(kiln_spec_constants_text(spec, consts, sizeof consts));
+    KILN_CHECK(kiln_jit_fingerprint_parts(jit, spec, parts, sizeof parts));
+    kiln_cache_record r = {.template_id = spec->template_id, .constants = consts, .arch = "sm_90", .entries = "k",
+                           .parts = parts, .cubin = cubin, .cubin_size = sizeof cubin};
+    const char *nvrtc = strstr(parts, ";nvrtc=");
+    assert_non_null(nvrtc);
+    assert_int_equal(sscanf(nvrtc, ";nvrtc=%d.%d", &r.nvrtc_major, &r.nvrtc_minor), 2);
     KILN_CHECK(kiln_jit_fingerprint(jit, spec, r.fingerprint));
     KILN_CHECK(kiln_cache_put(cache, &r));
 }

@@ -6,7 +6,7 @@
  * the architecture, the NVRTC version, the kernel entry names, created and
  * last-used times and a hit count. Every load verifies size and checksum; a
  * row that fails (flipped bytes, a truncated blob, a wrong size, a blob zstd
- * cannot decode) is reported as a miss, dropped from the database and counted
+ * cannot decode, for the jit a row of another kernel) is reported as a miss, dropped from the database and counted
  * (kiln_cache_counters.corrupt_dropped, and the on_event callback).
  *
  * Threading: one kiln_cache may be used from several threads at once (the
@@ -58,6 +58,7 @@ typedef struct kiln_cache_options {
      * reason (kiln_cache_layer). */
     const char *const *readonly_paths;
     size_t n_readonly_paths;
+    /* Read neither $KILN_CACHE_READONLY nor $KILN_CACHE_FOLLOW_SYMLINKS. */
     int ignore_env;
     /* When arch is set: the architecture and NVRTC version this process
      * compiles for, so that layers built for others are skipped. */
@@ -66,9 +67,10 @@ typedef struct kiln_cache_options {
     /* Open only a kiln database that exists: a missing or empty file is
      * refused (KILN_ERR_CACHE_IO, KILN_ERR_CACHE_SCHEMA), never created. */
     int existing_only;
-    /* A writable path whose last component is a symbolic link is refused
-     * unless this is set; a link to nothing is refused even then (kiln never
-     * creates a file through a link). Read-only paths are followed. */
+    /* A path (writable, read-only or a layer) whose last component is a
+     * symbolic link is refused unless this is set, or $KILN_CACHE_FOLLOW_SYMLINKS
+     * is 1 (unless ignore_env); a link to nothing is refused even then (kiln
+     * never creates a file through a link). A refused layer is skipped. */
     int follow_symlinks;
 } kiln_cache_options;
 
@@ -121,8 +123,8 @@ KILN_API kiln_status kiln_cache_default_path(char *buf, size_t cap);
  * NULL: every default. KILN_ERR_INVALID_ARGUMENT: opts->size nonzero and
  * smaller than the size field, a path too long, read-only paths counted but
  * not given; KILN_ERR_CACHE_IO: the file cannot be opened or created, is not
- * a regular file, is a symbolic link opened for writing without
- * follow_symlinks, or is missing under existing_only; KILN_ERR_CACHE_BUSY:
+ * a regular file, is a symbolic link without follow_symlinks, or is missing
+ * under existing_only; KILN_ERR_CACHE_BUSY:
  * locked past busy_timeout_ms (one deadline for the whole open);
  * KILN_ERR_CACHE_SCHEMA: the file is not a kiln database of this schema (or
  * is empty under existing_only), and is left byte for byte as it was;
@@ -135,7 +137,11 @@ KILN_API const char *kiln_cache_errmsg(const kiln_cache *cache);
 
 /* Looks a fingerprint up. On a verified hit *found = 1 and *cubin (freed with
  * kiln_free) holds the raw cubin of *size bytes; on a miss or a dropped
- * corrupt row *found = 0. KILN_ERR_CACHE_IO / KILN_ERR_CACHE_BUSY when SQLite fails. */
+ * corrupt row *found = 0. KILN_ERR_CACHE_IO / KILN_ERR_CACHE_BUSY when SQLite
+ * fails. Given a fingerprint alone, it verifies the cubin alone; the jit's
+ * loads also check that the row is of the kernel the key was computed from
+ * (template, constants, arch, NVRTC, parts), so that a key swapped onto
+ * another kernel's row is a corrupt row, not that kernel. */
 KILN_API kiln_status kiln_cache_get(kiln_cache *cache, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                     void **cubin, size_t *size, int *found);
 /* Whether a row exists for the fingerprint (no verification, no hit counted). */
@@ -165,8 +171,9 @@ typedef struct kiln_cache_verify_report {
     int integrity_ok;        /* SQLite's integrity_check said "ok" */
 } kiln_cache_verify_report;
 
-/* Decodes every row and checks its checksum, and runs SQLite's integrity
- * check; on_bad (may be NULL) is called for each bad row, under the cache's
+/* Decodes every row and checks its checksum and that its template_id,
+ * constants, arch and NVRTC version are those its parts name (when it has
+ * parts), and runs SQLite's integrity check; on_bad (may be NULL) is called for each bad row, under the cache's
  * lock (it must not call into the cache). Removes nothing. When
  * integrity_ok is 0, kiln_cache_errmsg holds SQLite's report. */
 KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
@@ -180,9 +187,15 @@ typedef struct kiln_cache_gc_options {
     int64_t older_than_seconds; /* drop rows unused for longer; 0: no limit */
 } kiln_cache_gc_options;
 
-/* Drops rows, least recently used first, in one transaction.
+/* Drops rows, least recently used first, in one transaction (on a full disk,
+ * one per transaction in the rollback journal), then gives the freed pages
+ * back to the filesystem: incremental_vacuum in a database made with
+ * auto_vacuum (every one this library creates), else a VACUUM (which turns
+ * it on) when the filesystem has room for twice the pages in use.
  * KILN_ERR_INVALID_ARGUMENT for a read-only cache, no limit, a negative age,
- * or opts->size nonzero and smaller than the size field. */
+ * or opts->size nonzero and smaller than the size field; KILN_ERR_CACHE_IO
+ * with *removed_rows nonzero: the rows were deleted but the file could not
+ * shrink (the message says why and what to do); the other KILN_ERR_CACHE_*. */
 KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_options *opts, uint64_t *removed_rows,
                                    uint64_t *removed_bytes);
 
