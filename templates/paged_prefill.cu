@@ -114,8 +114,8 @@ kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const ki
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                    rope_freqs freqs, kiln_fault *fault)
 {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;

@@ -80,8 +80,8 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
                        kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                        rope_freqs freqs, kiln_fault *fault)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ unsigned char smem_raw[];
     const kiln_u32 tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     prefill_block blk;
