@@ -103,6 +103,8 @@ struct chunk_smem {
     } x;
     float m[3][16][16]; // T's partial sums, by distance
     float gam[C], rk[C], rq[C];
+    float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
+    float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
 };
 
 __device__ __forceinline__ kiln_u32 sh_addr(const void *p)
@@ -174,6 +176,34 @@ __device__ __forceinline__ float shfl_up(float v, int d)
 {
     float r;
     asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=f"(r) : "f"(v), "r"(d));
+    return r;
+}
+
+__device__ __forceinline__ kiln_u32 f32_bits(float x)
+{
+    kiln_u32 r;
+    asm("mov.b32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ float bits_f32(kiln_u32 x)
+{
+    float r;
+    asm("mov.b32 %0, %1;" : "=f"(r) : "r"(x));
+    return r;
+}
+
+__device__ __forceinline__ float max_f32(float a, float b)
+{
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float abs_f32(float x)
+{
+    float r;
+    asm("abs.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 
@@ -339,7 +369,9 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
         // Norms of the raw k and q rows (a half-warp a row) and γ (warp 0).
         {
             const int hw = tid / 16, hl = tid % 16;
-            for (int r = hw; r < 2 * C; r += THREADS / 16) {
+#pragma unroll
+            for (int i = 0; i < 2 * C / (THREADS / 16); i++) { // independent rows: their loads overlap
+                const int r = hw + i * (THREADS / 16);
                 const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
                 float ss = 0.0f;
                 for (int p = hl; p < DKP / 8; p += 16) {
@@ -546,7 +578,9 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                             mma16816(u[2 * np + j], tl[ks], bh[2 * j], bh[2 * j + 1]);
                         }
                     }
+            // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
             const float gl = sm.gam[C - 1];
+            float up[NTV / 2][4];
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = mb * 16 + g4 + e2 * 8;
@@ -558,7 +592,46 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     split2(u[n][2 * e2], u[n][2 * e2 + 1], hi, lo);
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.hi[i][col]) = hi;
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.lo[i][col]) = lo;
-                    split2(u[n][2 * e2] * el, u[n][2 * e2 + 1] * el, hi, lo);
+                    up[n][2 * e2] = u[n][2 * e2] * el;
+                    up[n][2 * e2 + 1] = u[n][2 * e2 + 1] * el;
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    float m = max_f32(abs_f32(up[n][e1]), abs_f32(up[n][2 + e1]));
+#pragma unroll
+                    for (int o = 4; o < 32; o <<= 1)
+                        m = max_f32(m, shfl_xor(m, o));
+                    if (g4 == 0)
+                        sm.ucmax[mb][nh * (NTV / 2) * 8 + n * 8 + 2 * t4 + e1] = m;
+                }
+            __syncthreads();
+            // U' enters the state's update as hi and lo terms of U' 2^s, s per
+            // column (a row of S) putting its maximum in [2^13, 2^14): the
+            // terms keep 22 bits however small a row of S is.
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++) {
+                const int col = nh * (NTV / 2) * 8 + n * 8 + 2 * t4;
+                float sc[2];
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    const float m = max_f32(max_f32(sm.ucmax[0][col + e1], sm.ucmax[1][col + e1]),
+                                            max_f32(sm.ucmax[2][col + e1], sm.ucmax[3][col + e1]));
+                    int f = 267 - (int)((f32_bits(m) >> 23) & 0xffu); // 2^(13 - floor(log2 m)), biased
+                    f = f < 63 ? 63 : f > 191 ? 191 : f;                 // within 2^-64 .. 2^64
+                    sc[e1] = bits_f32((kiln_u32)f << 23);
+                    if (mb == 0 && g4 == 0) {
+                        sm.usc[col + e1] = sc[e1];
+                        sm.usci[col + e1] = bits_f32((kiln_u32)(254 - f) << 23);
+                    }
+                }
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = mb * 16 + g4 + e2 * 8;
+                    kiln_u32 hi, lo;
+                    split2(up[n][2 * e2] * sc[0], up[n][2 * e2 + 1] * sc[1], hi, lo);
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.phi[i][col]) = hi;
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.plo[i][col]) = lo;
                 }
@@ -606,16 +679,19 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                 }
             }
         }
-        // S = e^γ_L S + U'ᵀ K (all warps, each on its own rows and columns).
+        // S = e^γ_L S + U'ᵀ K (all warps, each on its own rows and columns),
+        // in the scaled rows of U': S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K.
         {
             const float al = exp_approx(sm.gam[C - 1]);
+            const int r0 = mbs * 16 + g4;
+            const float pre[2] = {al * sm.usc[r0], al * sm.usc[r0 + 8]};
 #pragma unroll
             for (int i = 0; i < NPW; i++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        s[i][j][e] *= al;
+                        s[i][j][e] *= pre[e >> 1];
             const int am = (lane >> 3 & 1) * 8, ak = (lane >> 4) * 8; // trans A: m offset, k offset
 #pragma unroll
             for (int ks = 0; ks < 4; ks++) {
@@ -636,6 +712,14 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     }
                 }
             }
+            const float post[2] = {sm.usci[r0], sm.usci[r0 + 8]};
+#pragma unroll
+            for (int i = 0; i < NPW; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[i][j][e] *= post[e >> 1];
         }
         // The barrier at the next chunk's start orders these reads of shared
         // memory before its writes.

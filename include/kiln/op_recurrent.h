@@ -104,10 +104,10 @@ typedef struct kiln_gated_delta_bindings {
      * reads max_span_tokens as 0; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
     uint32_t size;
     const struct kiln_tensor *q, *k, *v, *g, *beta, *state, *spans, *out;
-    /* Appended: the most tokens the caller expects in one span, a hint that
-     * picks the kernel and never limits the spans (every span is computed
-     * whatever it says): 1 for decode, the chunk's length for prefill.
-     * 0: T / S rounded up. Part of the command (a new value is a new one). */
+    /* Appended: the most tokens the caller expects in one span, a hint read
+     * at encode that picks the command's kernel and never limits the spans
+     * (every span is computed, whatever it says): 1 for decode, the longest
+     * prompt part for prefill. 0: T / S rounded up. */
     uint32_t max_span_tokens;
 } kiln_gated_delta_bindings;
 
