@@ -264,9 +264,10 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 }
 
 /* Whether the chunked kernel serves these bindings (see kiln/op_recurrent.h),
- * and then its rows a block and vector width: 64 rows where the device
- * gives a block their shared memory and the grid still fills every SM, else
- * 32. */
+ * and then its rows a block and vector width. Rows: the fewer waves of
+ * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
+ * (the products with k and q and T do not shrink with the rows); 32 where
+ * the value dim fits in 32 or the device has no room for 64. */
 static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], uint32_t max_span, int *rows,
                       int *vec)
 {
@@ -283,10 +284,11 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     int sm = 0;
     if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 80)
         return 0;
-    const uint64_t heads = (uint64_t)S * (uint64_t)VH, blocks64 = heads * (uint64_t)((DV + 63) / 64);
-    *rows = chunk_smem(DK, 64) <= optin_kib(sm) * 1024u && blocks64 >= (uint64_t)(info.multiprocessors > 0 ? info.multiprocessors : 1)
-                ? 64
-                : 32;
+    const uint64_t heads = (uint64_t)S * (uint64_t)VH,
+                   sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;
+    const uint64_t waves64 = (heads * (uint64_t)((DV + 63) / 64) + sms - 1) / sms,
+                   waves32 = (heads * (uint64_t)((DV + 31) / 32) + sms - 1) / sms;
+    *rows = DV > 32 && chunk_smem(DK, 64) <= optin_kib(sm) * 1024u && waves64 * 7 <= waves32 * 5 ? 64 : 32;
     if (chunk_smem(DK, *rows) > optin_kib(sm) * 1024u || heads * (uint64_t)((DV + *rows - 1) / *rows) > MAX_GRID)
         return 0;
     uint64_t align = 0;

@@ -253,13 +253,15 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
         const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
         const bool ok = base + r < count && p * 8 < KILN_DK;
         const kiln_f16 *src = which ? q : k;
-        const kiln_f16 *at = ok ? src + ((kiln_u64)start + base + r) * (KILN_KH * KILN_DK) + kh * KILN_DK + p * 8 : src;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
         cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
     }
     for (int e = tid; e < C * VP; e += THREADS) {
         const int r = e / VP, p = e % VP;
         const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
-        const kiln_f16 *at = ok ? v + ((kiln_u64)start + base + r) * (KILN_VH * KILN_DV) + h * KILN_DV + row0 + p * 8 : v;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
         cp16(&sm.v[st][r][p * 8], at, ok);
     }
     for (int e = tid; e < 2 * C; e += THREADS) {
@@ -275,13 +277,15 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
         const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
         const bool ok = base + r < count && col < KILN_DK;
         const kiln_f16 *src = which ? q : k;
-        const kiln_f16 x = ok ? ld_f16(src + ((kiln_u64)start + base + r) * (KILN_KH * KILN_DK) + kh * KILN_DK + col) : 0;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 x = ok ? ld_f16(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
         (which ? sm.q[st][r] : sm.k[st][r])[col] = x;
     }
     for (int e = tid; e < C * KILN_ROWS; e += THREADS) {
         const int r = e / KILN_ROWS, col = e % KILN_ROWS;
         const bool ok = base + r < count && row0 + col < KILN_DV;
-        sm.v[st][r][col] = ok ? ld_f16(v + ((kiln_u64)start + base + r) * (KILN_VH * KILN_DV) + h * KILN_DV + row0 + col) : 0;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        sm.v[st][r][col] = ok ? ld_f16(v + (t * KILN_VH + h) * KILN_DV + row0 + col) : 0;
     }
     for (int e = tid; e < 2 * C; e += THREADS) {
         const int r = e % C;

@@ -359,6 +359,14 @@ static void test_validation_names_binding_and_values(void **state)
     } newer = {b, UINT64_MAX};
     newer.b.size = sizeof newer;
     KILN_CHECK(kiln__gated_delta_check(rt, &newer.b, bytes, &vec));
+    /* The first layout, which ends at out, is still taken (max_span_tokens 0);
+     * one a byte short of it is not. */
+    c = b;
+    c.size = (uint32_t)offsetof(kiln_gated_delta_bindings, max_span_tokens);
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    c.size -= 1;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "an earlier layout", NULL);
     KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
 #undef EXPECT_BAD
