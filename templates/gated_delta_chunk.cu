@@ -26,9 +26,9 @@
 // P U take hi·hi + hi·lo + lo·hi. The absolute error of a split is about
 // 2^-25 (f16's subnormal step): values are expected no smaller than about
 // 2^-10 of their rows' scale, as v, the state and the scores of a model are.
-// T is found in f32 on the CUDA cores: the four 16 x 16 diagonal blocks by
-// forward substitution (a lane a column), then the blocks below them by
-// distance (T_ij = −T_ii Σ_k A_ik T_kj).
+// T is found in f32: the four 16 x 16 diagonal blocks by forward
+// substitution on the CUDA cores (a lane a column), then the blocks below
+// them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
 //
 // Per chunk: the next chunk's k, q, v, g, beta load (cp.async, two stages)
 // while this one computes; norms and γ; K Kᵀ and K Sᵀ (warps 0-3) beside
@@ -101,7 +101,7 @@ struct chunk_smem {
         chunk_at at; // A and T live until U is computed
         chunk_u u;   // then U and U' take their place
     } x;
-    float m[3][16][16]; // T's partial sums, by distance
+    float m[3][16][16]; // T's partial sums, a warp's each
     float gam[C], rk[C], rq[C];
     float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
     float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
@@ -207,6 +207,8 @@ __device__ __forceinline__ float abs_f32(float x)
     return r;
 }
 
+__device__ __forceinline__ void syncwarp() { asm volatile("bar.warp.sync 0xffffffff;" ::: "memory"); }
+
 __device__ __forceinline__ float f16_lo(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x & 0xffffu)); }
 __device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x >> 16)); }
 
@@ -294,6 +296,25 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
         (e < C ? sm.g[st] : sm.beta[st])[r] = x;
     }
 #endif
+}
+
+// The A fragment (16 x 16) at p of a row-major f32 matrix (row stride ld)
+// as hi and lo terms.
+__device__ __forceinline__ void afrag_f32(const float *p, int ld, int g4, int t4, kiln_u32 *hi, kiln_u32 *lo)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float *x = p + (g4 + (e & 1) * 8) * ld + (e >> 1) * 8 + 2 * t4;
+        split2(x[0], x[1], hi[e], lo[e]);
+    }
+}
+
+// The B fragment (16 x 8, k down the rows) at p of a row-major f32 matrix.
+__device__ __forceinline__ void bfrag_f32(const float *p, int ld, int g4, int t4, kiln_u32 *hi, kiln_u32 *lo)
+{
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+        split2(p[(2 * t4 + 8 * e) * ld + g4], p[(2 * t4 + 8 * e + 1) * ld + g4], hi[e], lo[e]);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -519,31 +540,52 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                 sm.x.at.t[o + r][o + cc] = t[r];
         }
         __syncthreads();
-        // The blocks below, by distance: T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj.
-        {
-            const int r = tid / 16, cc = tid % 16;
+        // The blocks below, by distance d: block (j + d, j) is warp j's,
+        // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj as two products on the tensor
+        // cores (hi and lo terms), the sum through the warp's own scratch.
 #pragma unroll 1
-            for (int dist = 1; dist < 4; dist++) {
-                for (int bj = 0; bj + dist < 4; bj++) {
-                    const int bi = bj + dist;
-                    float x = 0.0f;
-                    for (int bk = bj; bk < bi; bk++)
+        for (int dist = 1; dist < 4; dist++) {
+            if (w + dist < 4) {
+                const int bj = w, bi = w + dist;
+                float m[2][4], o[2][4];
 #pragma unroll
-                        for (int m = 0; m < 16; m++)
-                            x += sm.x.at.a[16 * bi + r][16 * bk + m] * sm.x.at.t[16 * bk + m][16 * bj + cc];
-                    sm.m[bj][r][cc] = x;
-                }
-                __syncthreads();
-                for (int bj = 0; bj + dist < 4; bj++) {
-                    const int bi = bj + dist;
-                    float x = 0.0f;
+                for (int j = 0; j < 2; j++)
 #pragma unroll
-                    for (int m = 0; m < 16; m++)
-                        x += sm.x.at.t[16 * bi + r][16 * bi + m] * sm.m[bj][m][cc];
-                    sm.x.at.t[16 * bi + r][16 * bj + cc] = -x;
+                    for (int e = 0; e < 4; e++)
+                        m[j][e] = o[j][e] = 0.0f;
+                kiln_u32 ah[4], al[4], bh[2], bl[2];
+                for (int bk = bj; bk < bi; bk++) {
+                    afrag_f32(&sm.x.at.a[16 * bi][16 * bk], LDF, g4, t4, ah, al);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        bfrag_f32(&sm.x.at.t[16 * bk][16 * bj + 8 * j], LDF, g4, t4, bh, bl);
+                        mma16816(m[j], ah, bh[0], bh[1]);
+                        mma16816(m[j], ah, bl[0], bl[1]);
+                        mma16816(m[j], al, bh[0], bh[1]);
+                    }
                 }
-                __syncthreads();
+                float *scr = &sm.m[w][0][0]; // 16 x 16
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        scr[(g4 + (e >> 1) * 8) * 16 + 8 * j + 2 * t4 + (e & 1)] = m[j][e];
+                syncwarp();
+                afrag_f32(&sm.x.at.t[16 * bi][16 * bi], LDF, g4, t4, ah, al);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    bfrag_f32(scr + 8 * j, 16, g4, t4, bh, bl);
+                    mma16816(o[j], ah, bh[0], bh[1]);
+                    mma16816(o[j], ah, bl[0], bl[1]);
+                    mma16816(o[j], al, bh[0], bh[1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sm.x.at.t[16 * bi + g4 + (e >> 1) * 8][16 * bj + 8 * j + 2 * t4 + (e & 1)] = -o[j][e];
             }
+            __syncthreads();
         }
 
         // U = T R: warp w takes rows mb * 16 .. and half nh of the columns.
@@ -553,11 +595,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
                 if (ks <= mb)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float *x = &sm.x.at.t[mb * 16 + g4 + (e & 1) * 8][ks * 16 + (e >> 1) * 8 + 2 * t4];
-                        split2(x[0], x[1], th[ks][e], tl[ks][e]);
-                    }
+                    afrag_f32(&sm.x.at.t[mb * 16][ks * 16], LDF, g4, t4, th[ks], tl[ks]);
             __syncthreads(); // every read of T before U takes its place
             float u[NTV / 2][4];
 #pragma unroll
