@@ -23,9 +23,11 @@
 // raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
 // U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
 // about 22 bits: S k and S q take hi and lo against exact k and q, T R and
-// P U take hi·hi + hi·lo + lo·hi. The absolute error of a split is about
-// 2^-25 (f16's subnormal step): values are expected no smaller than about
-// 2^-10 of their rows' scale, as v, the state and the scores of a model are.
+// P U take hi·hi + hi·lo + lo·hi. U' (U scaled for the state's update)
+// enters scaled by a power of two for each row of S, so every row of the
+// state keeps about 22 bits however small it is; elsewhere a split's
+// absolute error is about 2^-25 (f16's subnormal step), far below the scale
+// of the rows of v, R, U and the scores that it touches.
 // T is found in f32: the four 16 x 16 diagonal blocks by forward
 // substitution on the CUDA cores (a lane a column), then the blocks below
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
