@@ -250,7 +250,7 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
                                            const kiln_f16 *v, const float *g, const float *beta, kiln_u32 start,
                                            kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
 {
-    const kiln_u32 base = c * C;
+    const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
 #if KILN_VEC == 8
     constexpr int KP = DKP / 8, VP = KILN_ROWS / 8;
     for (int e = tid; e < 2 * C * KP; e += THREADS) {
@@ -710,8 +710,8 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = mb * 16 + g4 + e2 * 8;
-                if (c * C + i < count) {
-                    kiln_f16 *orow = out + ((kiln_u64)start + c * C + i) * (KILN_VH * KILN_DV) + h * KILN_DV;
+                if ((kiln_u64)c * C + i < count) {
+                    kiln_f16 *orow = out + ((kiln_u64)start + (kiln_u64)c * C + i) * (KILN_VH * KILN_DV) + h * KILN_DV;
 #pragma unroll
                     for (int n = 0; n < NTV; n++) {
                         const int col = row0 + n * 8 + 2 * t4;
