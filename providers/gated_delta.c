@@ -274,6 +274,7 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     const char *env = getenv("KILN_GATED_DELTA_CHUNK");
     if (env && !strcmp(env, "0"))
         return 0;
+    const int forced = env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
     const int64_t T = t[B_Q]->dims[0], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2],
                   S = t[B_SPANS]->dims[0];
     const uint64_t hint = max_span ? max_span : ((uint64_t)T + (uint64_t)S - 1) / (uint64_t)S;
@@ -289,6 +290,8 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     const uint64_t waves64 = (heads * (uint64_t)((DV + 63) / 64) + sms - 1) / sms,
                    waves32 = (heads * (uint64_t)((DV + 31) / 32) + sms - 1) / sms;
     *rows = DV > 32 && chunk_smem(DK, 64) <= optin_kib(sm) * 1024u && waves64 * 7 <= waves32 * 5 ? 64 : 32;
+    if (forced)
+        *rows = forced;
     if (chunk_smem(DK, *rows) > optin_kib(sm) * 1024u || heads * (uint64_t)((DV + *rows - 1) / *rows) > MAX_GRID)
         return 0;
     uint64_t align = 0;

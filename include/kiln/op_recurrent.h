@@ -69,7 +69,9 @@
  * memory it needs (sm_80, sm_90 and later datacenter parts; not sm_86,
  * sm_89, sm_120), DK <= 128, and the spans are long: max_span_tokens (or,
  * where it is 0, T / S rounded up) at least KILN_GATED_DELTA_CHUNK_MIN_TOKENS.
- * $KILN_GATED_DELTA_CHUNK=0 keeps the scan everywhere. Both agree with a
+ * $KILN_GATED_DELTA_CHUNK=0 keeps the scan everywhere; 32 or 64 sets the
+ * chunked kernel's rows a block (where the device has the room), which is
+ * otherwise chosen by the waves of blocks over the SMs. Both agree with a
  * float64 recurrence to about 1e-3 of each row's scale (tests/
  * test_recurrent_gpu.c). Workspace: none.
  *
