@@ -466,10 +466,9 @@ static void test_odd_shapes(void **state)
 }
 
 /* A span past the end: a device fault naming the sequence; that sequence's
- * state is untouched; the others are computed. */
-static void test_span_past_end_faults(void **state)
+ * state is untouched; the others are computed. max_span picks the kernel. */
+static void span_past_end(gpu_fixture *f, uint32_t max_span)
 {
-    gpu_fixture *f = *state;
     const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
     const size_t nqk = (size_t)(T * KH * DK), nv = (size_t)(T * VH * DV), ng = (size_t)(T * VH),
                  ns = (size_t)(S * VH * DV * DK);
@@ -501,8 +500,9 @@ static void test_span_past_end_faults(void **state)
     KILN_CHECK(kiln_buffer_upload(b, tb.offset, half, ng * 4));
     const uint32_t spans[6] = {0, 4, 5, 6, 4, 1}; /* sequence 1 ends at 11 > 10 */
     KILN_CHECK(kiln_buffer_upload(b, tsp.offset, spans, sizeof spans));
-    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0};
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, max_span};
     KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
     kiln_status s = kiln_runtime_synchronize(f->rt);
     KILN_EXPECT(s, KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt), "sequence 1's span ends at token 11",
                 "past the 10 tokens");
@@ -529,6 +529,13 @@ static void test_span_past_end_faults(void **state)
     free(got);
     free(x);
     kiln_buffer_destroy(b);
+}
+
+static void test_span_past_end_faults(void **state)
+{
+    gpu_fixture *f = *state;
+    span_past_end(f, 1);  /* the scan */
+    span_past_end(f, 64); /* the chunked kernel */
 }
 
 /* Prewarm a Qwen3-Next config offline, then encode on a fresh jit: nothing compiles. */
