@@ -23,11 +23,11 @@
 // raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
 // U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
 // about 22 bits: S k and S q take hi and lo against exact k and q, T R and
-// P U take hi·hi + hi·lo + lo·hi. U' (U scaled for the state's update)
-// enters scaled by a power of two for each row of S, so every row of the
-// state keeps about 22 bits however small it is; elsewhere a split's
-// absolute error is about 2^-25 (f16's subnormal step), far below the scale
-// of the rows of v, R, U and the scores that it touches.
+// P U take hi·hi + hi·lo + lo·hi. U' (U scaled for the state's update) and
+// the scores P enter scaled by a power of two for each row of S and of P,
+// so that every row keeps about 22 bits however small it is; elsewhere a
+// split's absolute error is about 2^-25 (f16's subnormal step), far below
+// the scale of the rows of v, R, U and T that it touches.
 // T is found in f32: the four 16 x 16 diagonal blocks by forward
 // substitution on the CUDA cores (a lane a column), then the blocks below
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
@@ -298,6 +298,16 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
         (e < C ? sm.g[st] : sm.beta[st])[r] = x;
     }
 #endif
+}
+
+// The power of two sc = 2^(13 - floor(log2 m)) that puts m in [2^13, 2^14),
+// within 2^-64 .. 2^64 (2^64 for m = 0), and its inverse: both exact.
+__device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
+{
+    int f = 267 - (int)((f32_bits(m) >> 23) & 0xffu); // sc's biased exponent
+    f = f < 63 ? 63 : f > 191 ? 191 : f;
+    sc = bits_f32((kiln_u32)f << 23);
+    inv = bits_f32((kiln_u32)(254 - f) << 23);
 }
 
 // The A fragment (16 x 16) at p of a row-major f32 matrix (row stride ld)
@@ -663,12 +673,11 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                 for (int e1 = 0; e1 < 2; e1++) {
                     const float m = max_f32(max_f32(sm.ucmax[0][col + e1], sm.ucmax[1][col + e1]),
                                             max_f32(sm.ucmax[2][col + e1], sm.ucmax[3][col + e1]));
-                    int f = 267 - (int)((f32_bits(m) >> 23) & 0xffu); // 2^(13 - floor(log2 m)), biased
-                    f = f < 63 ? 63 : f > 191 ? 191 : f;                 // within 2^-64 .. 2^64
-                    sc[e1] = bits_f32((kiln_u32)f << 23);
+                    float inv;
+                    pow2_scale(m, sc[e1], inv);
                     if (mb == 0 && g4 == 0) {
                         sm.usc[col + e1] = sc[e1];
-                        sm.usci[col + e1] = bits_f32((kiln_u32)(254 - f) << 23);
+                        sm.usci[col + e1] = inv;
                     }
                 }
 #pragma unroll
@@ -684,16 +693,35 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
         __syncthreads();
 
         const int tk = ((lane >> 3) & 1) * 8 + (lane & 7), tn = (lane >> 4) * 8;
-        // out = its state part + P U (warps 4-7; P's accumulators are the A fragments).
+        // out = its state part + P U (warps 4-7; P's accumulators are the A
+        // fragments), each row of P scaled by a power of two putting its
+        // maximum in [2^13, 2^14), so that small scores keep 22 bits: out 2^s
+        // = (state part) 2^s + (P 2^s) U.
         if (isq) {
+            float psc[2], psci[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                float m = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
+                    m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
+                m = max_f32(m, shfl_xor(m, 1));
+                m = max_f32(m, shfl_xor(m, 2));
+                pow2_scale(m, psc[e2], psci[e2]);
+#pragma unroll
+                for (int n = 0; n < NTV; n++) {
+                    xs[n][2 * e2] *= psc[e2];
+                    xs[n][2 * e2 + 1] *= psc[e2];
+                }
+            }
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
                 if (ks <= mb) {
                     kiln_u32 ph[4], pl[4];
-                    split2(acc[2 * ks][0], acc[2 * ks][1], ph[0], pl[0]);
-                    split2(acc[2 * ks][2], acc[2 * ks][3], ph[1], pl[1]);
-                    split2(acc[2 * ks + 1][0], acc[2 * ks + 1][1], ph[2], pl[2]);
-                    split2(acc[2 * ks + 1][2], acc[2 * ks + 1][3], ph[3], pl[3]);
+                    split2(acc[2 * ks][0] * psc[0], acc[2 * ks][1] * psc[0], ph[0], pl[0]);
+                    split2(acc[2 * ks][2] * psc[1], acc[2 * ks][3] * psc[1], ph[1], pl[1]);
+                    split2(acc[2 * ks + 1][0] * psc[0], acc[2 * ks + 1][1] * psc[0], ph[2], pl[2]);
+                    split2(acc[2 * ks + 1][2] * psc[1], acc[2 * ks + 1][3] * psc[1], ph[3], pl[3]);
 #pragma unroll
                     for (int np = 0; np < NTV / 2; np++) {
                         kiln_u32 bh[4], bl[4];
@@ -716,9 +744,9 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     for (int n = 0; n < NTV; n++) {
                         const int col = row0 + n * 8 + 2 * t4;
                         if (col < KILN_DV)
-                            orow[col] = kiln_f32_to_f16(xs[n][2 * e2]);
+                            orow[col] = kiln_f32_to_f16(xs[n][2 * e2] * psci[e2]);
                         if (col + 1 < KILN_DV)
-                            orow[col + 1] = kiln_f32_to_f16(xs[n][2 * e2 + 1]);
+                            orow[col + 1] = kiln_f32_to_f16(xs[n][2 * e2 + 1] * psci[e2]);
                     }
                 }
             }
