@@ -104,7 +104,7 @@ struct chunk_smem {
         chunk_u u;   // then U and U' take their place
     } x;
     float m[3][16][16]; // T's partial sums, a warp's each
-    float gam[C], rk[C], rq[C];
+    float gam[C], gaml[C], rk[C], rq[C]; // γ as two floats: gam + gaml
     float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
     float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
 };
@@ -174,13 +174,6 @@ __device__ __forceinline__ float shfl_xor(float v, int m)
     return r;
 }
 
-__device__ __forceinline__ float shfl_up(float v, int d)
-{
-    float r;
-    asm volatile("shfl.sync.up.b32 %0, %1, %2, 0, 0xffffffff;" : "=f"(r) : "f"(v), "r"(d));
-    return r;
-}
-
 __device__ __forceinline__ kiln_u32 f32_bits(float x)
 {
     kiln_u32 r;
@@ -210,6 +203,17 @@ __device__ __forceinline__ float abs_f32(float x)
 }
 
 __device__ __forceinline__ void syncwarp() { asm volatile("bar.warp.sync 0xffffffff;" ::: "memory"); }
+
+__device__ __forceinline__ double shfl_up_f64(double v, int d)
+{
+    kiln_u32 lo, hi;
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "d"(v));
+    asm volatile("shfl.sync.up.b32 %0, %0, %1, 0, 0xffffffff;" : "+r"(lo) : "r"(d));
+    asm volatile("shfl.sync.up.b32 %0, %0, %1, 0, 0xffffffff;" : "+r"(hi) : "r"(d));
+    double r;
+    asm("mov.b64 %0, {%1, %2};" : "=d"(r) : "r"(lo), "r"(hi));
+    return r;
+}
 
 __device__ __forceinline__ float f16_lo(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x & 0xffffu)); }
 __device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x >> 16)); }
@@ -430,17 +434,23 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                         sm.rq[r - C] = rsqrt_approx(ss + QK_EPS) * scale;
                 }
             }
+            // γ summed in f64 and kept as two floats, so that the difference
+            // of two close sums deep into a chunk of strong gates keeps f32's
+            // relative accuracy (one float's sum of -1000 would lose 1e-4).
             if (w == 0) {
-                const float g0 = sm.g[st][2 * lane], g1 = sm.g[st][2 * lane + 1];
-                float x = g0 + g1;
+                const double g0 = sm.g[st][2 * lane], g1 = sm.g[st][2 * lane + 1];
+                double x = g0 + g1;
 #pragma unroll
                 for (int o = 1; o < 32; o <<= 1) {
-                    const float y = shfl_up(x, o);
+                    const double y = shfl_up_f64(x, o);
                     if (lane >= o)
                         x += y;
                 }
-                sm.gam[2 * lane] = x - g1;
-                sm.gam[2 * lane + 1] = x;
+                const double a0 = x - g1;
+                sm.gam[2 * lane] = (float)a0;
+                sm.gaml[2 * lane] = (float)(a0 - (double)(float)a0);
+                sm.gam[2 * lane + 1] = (float)x;
+                sm.gaml[2 * lane + 1] = (float)(x - (double)(float)x);
             }
         }
         __syncthreads();
@@ -487,7 +497,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
         }
         {
             const int i0 = mb * 16 + g4;
-            const float gi[2] = {sm.gam[i0], sm.gam[i0 + 8]};
+            const float gi[2] = {sm.gam[i0], sm.gam[i0 + 8]}, gil[2] = {sm.gaml[i0], sm.gaml[i0 + 8]};
             const float ri[2] = {isq ? sm.rq[i0] : sm.rk[i0], isq ? sm.rq[i0 + 8] : sm.rk[i0 + 8]};
             const float bi[2] = {sm.beta[st][i0], sm.beta[st][i0 + 8]};
 #pragma unroll
@@ -497,7 +507,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     for (int e = 0; e < 4; e++) {
                         const int i = i0 + (e >> 1) * 8, j = n * 8 + 2 * t4 + (e & 1);
                         const float f = ri[e >> 1] * sm.rk[j] * acc[n][e];
-                        const float d = exp_approx(gi[e >> 1] - sm.gam[j]);
+                        const float d = exp_approx((gi[e >> 1] - sm.gam[j]) + (gil[e >> 1] - sm.gaml[j]));
                         // A strictly below the diagonal; P on and below it.
                         acc[n][e] = (isq ? j <= i : j < i) ? (isq ? f : bi[e >> 1] * f) * d : 0.0f;
                     }
@@ -633,12 +643,12 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                         }
                     }
             // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
-            const float gl = sm.gam[C - 1];
+            const float gl = sm.gam[C - 1], gll = sm.gaml[C - 1];
             float up[NTV / 2][4];
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = mb * 16 + g4 + e2 * 8;
-                const float el = exp_approx(gl - sm.gam[i]) * sm.rk[i];
+                const float el = exp_approx((gl - sm.gam[i]) + (gll - sm.gaml[i])) * sm.rk[i];
 #pragma unroll
                 for (int n = 0; n < NTV / 2; n++) {
                     const int col = nh * (NTV / 2) * 8 + n * 8 + 2 * t4;
