@@ -89,15 +89,16 @@ kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *
 /* The chunked kernel's dynamic shared memory: sizeof(chunk_smem) of
  * templates/gated_delta_chunk.cu, member by member (every member a multiple
  * of 16 bytes, so there is no padding): k, q, v in two stages, g and beta,
- * the state's hi and lo terms, R's, the union of A and T with U and U', T's
- * partial sums, γ (two floats), rk, rq, and the column maxima and scales
- * of U'. */
+ * the state's hi and lo terms, R (f32), the union of A and T with U and U',
+ * T's partial sums, γ (two floats), rk, rq, and the maxima and scales of
+ * the columns of U' and R and the rows of S. */
 static unsigned chunk_smem(int64_t dk, int64_t rows)
 {
     const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8, ldf = C + 4;
     const uint64_t at = 2 * C * ldf * 4, u = 4 * C * ldv * 2;
     return (unsigned)(2 * (2 * C * ldk * 2) + 2 * C * ldv * 2 + 2 * 2 * C * 4 + 2 * (uint64_t)rows * ldk * 2 +
-                      2 * C * ldv * 2 + (at > u ? at : u) + 3 * 16 * 16 * 4 + 4 * C * 4 + 6 * (uint64_t)rows * 4);
+                      C * ((uint64_t)rows + 4) * 4 + (at > u ? at : u) + 3 * 16 * 16 * 4 + 4 * C * 4 +
+                      15 * (uint64_t)rows * 4);
 }
 
 /* The opt-in shared memory a block may have on sm, in KiB (0: unknown arch). */

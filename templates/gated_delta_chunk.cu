@@ -78,6 +78,7 @@
 #define LDK (DKP + 8)               // halves a row of k, q and the state's terms (+8: no ldmatrix conflicts)
 #define LDV (KILN_ROWS + 8)         // halves a row of v, R and U
 #define LDF (C + 4)                 // floats a row of A and T
+#define LDR (KILN_ROWS + 4)         // floats a row of R
 #define ROW_BLOCKS ((KILN_DV + KILN_ROWS - 1) / KILN_ROWS)
 #define NTV (KILN_ROWS / 8)         // n-tiles across a block's rows (X, Y, R, U, out)
 #define WM (KILN_ROWS / 16)         // m-blocks of the state
@@ -98,7 +99,7 @@ struct chunk_smem {
     kiln_f16 k[2][C][LDK], q[2][C][LDK], v[2][C][LDV]; // raw inputs, two stages
     float g[2][C], beta[2][C];
     kiln_f16 shi[KILN_ROWS][LDK], slo[KILN_ROWS][LDK]; // the state's rows at the chunk's start
-    kiln_f16 rhi[C][LDV], rlo[C][LDV];                 // R
+    float rf[C][LDR];                                  // R
     union {
         chunk_at at; // A and T live until U is computed
         chunk_u u;   // then U and U' take their place
@@ -107,6 +108,9 @@ struct chunk_smem {
     float gam[C], gaml[C], rk[C], rq[C]; // γ as two floats: gam + gaml
     float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
     float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
+    float rcmax[4][KILN_ROWS];             // max |R| of a column over 16 tokens
+    float srmax[4][KILN_ROWS];             // max |S| of a row over a warp's columns
+    float srinv[KILN_ROWS];                // the inverse of a row's scale of S
 };
 
 __device__ __forceinline__ kiln_u32 sh_addr(const void *p)
@@ -385,27 +389,62 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll 1
     for (kiln_u32 c = 0; c < chunks; c++) {
         const int st = c & 1;
-        // The state's terms for this chunk's products (the previous chunk's
-        // readers of shared memory are past the barrier below).
+        // Each row of S enters this chunk's products as hi and lo terms of
+        // S 2^s, s putting the row's maximum in [2^13, 2^14) (so that a small
+        // row keeps 22 bits), and the products are unscaled. The warp's part
+        // of each row's maximum first (the previous chunk's readers of these
+        // are past several barriers).
+        {
+            float m[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < NPW; i++) {
-            const int p = wr + i * WPM;
-            if (p < NPK)
+            for (int i = 0; i < NPW; i++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        kiln_u32 hi, lo;
-                        split2(s[i][j][2 * e2], s[i][j][2 * e2 + 1], hi, lo);
-                        const int r = mbs * 16 + g4 + e2 * 8, col = p * 16 + j * 8 + 2 * t4;
-                        *reinterpret_cast<kiln_u32 *>(&sm.shi[r][col]) = hi;
-                        *reinterpret_cast<kiln_u32 *>(&sm.slo[r][col]) = lo;
-                    }
+                    for (int e = 0; e < 4; e++)
+                        m[e >> 1] = max_f32(m[e >> 1], abs_f32(s[i][j][e])); // zeros past the key dim
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 1));
+                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 2));
+                if (t4 == 0)
+                    sm.srmax[wr][mbs * 16 + g4 + e2 * 8] = m[e2];
+            }
         }
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
         if (c + 1 < chunks)
             load_chunk(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, row0, tid);
+        // The state's terms (read after the barrier that ends the norms).
+        {
+            float sc[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int r = mbs * 16 + g4 + e2 * 8;
+                float m = sm.srmax[0][r], inv;
+#pragma unroll
+                for (int o = 1; o < WPM; o++)
+                    m = max_f32(m, sm.srmax[o][r]);
+                pow2_scale(m, sc[e2], inv);
+                if (wr == 0 && t4 == 0)
+                    sm.srinv[r] = inv;
+            }
+#pragma unroll
+            for (int i = 0; i < NPW; i++) {
+                const int p = wr + i * WPM;
+                if (p < NPK)
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            kiln_u32 hi, lo;
+                            split2(s[i][j][2 * e2] * sc[e2], s[i][j][2 * e2 + 1] * sc[e2], hi, lo);
+                            const int r = mbs * 16 + g4 + e2 * 8, col = p * 16 + j * 8 + 2 * t4;
+                            *reinterpret_cast<kiln_u32 *>(&sm.shi[r][col]) = hi;
+                            *reinterpret_cast<kiln_u32 *>(&sm.slo[r][col]) = lo;
+                        }
+            }
+        }
 
         // Norms of the raw k and q rows (a half-warp a row) and γ (warp 0).
         {
@@ -527,21 +566,33 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
             for (int n = 0; n < NTV; n++)
 #pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = i0 + e2 * 8, col = n * 8 + 2 * t4;
-                    if (isq) {
-                        // out's state part e^γ_i rq_i (q_i Sᵀ), kept for the P U below.
-                        xs[n][2 * e2] *= eg[e2];
-                        xs[n][2 * e2 + 1] *= eg[e2];
-                    } else {
+                for (int e = 0; e < 4; e++)
+                    xs[n][e] *= sm.srinv[n * 8 + 2 * t4 + (e & 1)] * eg[e >> 1]; // S's row scale undone
+            if (!isq) {
+                // R, f32, and each column's maximum over the warp's 16 tokens.
+#pragma unroll
+                for (int n = 0; n < NTV; n++) {
+                    const int col = n * 8 + 2 * t4;
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int i = i0 + e2 * 8;
                         const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
-                        kiln_u32 hi, lo;
-                        split2(bi[e2] * (f16_lo(vv) - eg[e2] * xs[n][2 * e2]),
-                               bi[e2] * (f16_hi(vv) - eg[e2] * xs[n][2 * e2 + 1]), hi, lo);
-                        *reinterpret_cast<kiln_u32 *>(&sm.rhi[i][col]) = hi;
-                        *reinterpret_cast<kiln_u32 *>(&sm.rlo[i][col]) = lo;
+                        xs[n][2 * e2] = bi[e2] * (f16_lo(vv) - xs[n][2 * e2]);
+                        xs[n][2 * e2 + 1] = bi[e2] * (f16_hi(vv) - xs[n][2 * e2 + 1]);
+                        sm.rf[i][col] = xs[n][2 * e2];
+                        sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
+                    }
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; e1++) {
+                        float m = max_f32(abs_f32(xs[n][e1]), abs_f32(xs[n][2 + e1]));
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1)
+                            m = max_f32(m, shfl_xor(m, o));
+                        if (g4 == 0)
+                            sm.rcmax[mb][col + e1] = m;
                     }
                 }
+            }
         }
         __syncthreads();
 
@@ -625,23 +676,43 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     u[n][e] = 0.0f;
-            const int tk = ((lane >> 3) & 1) * 8 + (lane & 7), tn = (lane >> 4) * 8; // trans B: k row, n offset
+            // R's columns enter scaled as S's rows do (column n0 + g4 of an
+            // n-tile is this lane's in B; 2 t4, 2 t4 + 1 in the accumulator).
+            const int c0 = nh * (NTV / 2) * 8;
+            float bsc[NTV / 2], usci_[NTV / 2][2];
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++) {
+                float inv;
+                const int cb = c0 + n * 8 + g4;
+                pow2_scale(max_f32(max_f32(sm.rcmax[0][cb], sm.rcmax[1][cb]), max_f32(sm.rcmax[2][cb], sm.rcmax[3][cb])),
+                           bsc[n], inv);
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    const int ca = c0 + n * 8 + 2 * t4 + e1;
+                    float sc;
+                    pow2_scale(max_f32(max_f32(sm.rcmax[0][ca], sm.rcmax[1][ca]), max_f32(sm.rcmax[2][ca], sm.rcmax[3][ca])),
+                               sc, usci_[n][e1]);
+                }
+            }
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
                 if (ks <= mb)
 #pragma unroll
-                    for (int np = 0; np < NTV / 4; np++) {
-                        kiln_u32 bh[4], bl[4];
-                        const int n0 = nh * (NTV / 2) * 8 + np * 16;
-                        ldsm4t(&sm.rhi[ks * 16 + tk][n0 + tn], bh);
-                        ldsm4t(&sm.rlo[ks * 16 + tk][n0 + tn], bl);
+                    for (int n = 0; n < NTV / 2; n++) {
+                        kiln_u32 bh[2], bl[2];
+                        const float *rp = &sm.rf[ks * 16 + 2 * t4][c0 + n * 8 + g4];
 #pragma unroll
-                        for (int j = 0; j < 2; j++) {
-                            mma16816(u[2 * np + j], th[ks], bh[2 * j], bh[2 * j + 1]);
-                            mma16816(u[2 * np + j], th[ks], bl[2 * j], bl[2 * j + 1]);
-                            mma16816(u[2 * np + j], tl[ks], bh[2 * j], bh[2 * j + 1]);
-                        }
+                        for (int e = 0; e < 2; e++)
+                            split2(rp[(8 * e) * LDR] * bsc[n], rp[(8 * e + 1) * LDR] * bsc[n], bh[e], bl[e]);
+                        mma16816(u[n], th[ks], bh[0], bh[1]);
+                        mma16816(u[n], th[ks], bl[0], bl[1]);
+                        mma16816(u[n], tl[ks], bh[0], bh[1]);
                     }
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    u[n][e] *= usci_[n][e & 1];
             // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
             const float gl = sm.gam[C - 1], gll = sm.gaml[C - 1];
             float up[NTV / 2][4];
