@@ -23,11 +23,15 @@
 // raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
 // U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
 // about 22 bits: S k and S q take hi and lo against exact k and q, T R and
-// P U take hi·hi + hi·lo + lo·hi. U' (U scaled for the state's update) and
-// the scores P enter scaled by a power of two for each row of S and of P,
-// so that every row keeps about 22 bits however small it is; elsewhere a
-// split's absolute error is about 2^-25 (f16's subnormal step), far below
-// the scale of the rows of v, R, U and T that it touches.
+// P U take hi·hi + hi·lo + lo·hi. A split's absolute error is about 2^-25
+// (f16's subnormal step), so the operands whose small rows or columns would
+// reach it enter scaled by a power of two that puts each row's (or
+// column's) maximum in [2^13, 2^14), and the products are unscaled by the
+// same exact factor: the rows of S, the columns of R, the rows of P and the
+// columns of U' (one for each row of S). A state row, an output row and
+// every value in them then keep about 22 bits however small they are. T
+// (unit diagonal) and U in P U (its output rows are as large as v's) are not
+// scaled.
 // T is found in f32: the four 16 x 16 diagonal blocks by forward
 // substitution on the CUDA cores (a lane a column), then the blocks below
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
@@ -76,7 +80,7 @@
 #define GROUP (KILN_VH / KILN_KH)
 #define DKP ((KILN_DK + 15) / 16 * 16) // the key dim padded with zeros to whole k-steps
 #define LDK (DKP + 8)               // halves a row of k, q and the state's terms (+8: no ldmatrix conflicts)
-#define LDV (KILN_ROWS + 8)         // halves a row of v, R and U
+#define LDV (KILN_ROWS + 8)         // halves a row of v, U and U'
 #define LDF (C + 4)                 // floats a row of A and T
 #define LDR (KILN_ROWS + 4)         // floats a row of R
 #define ROW_BLOCKS ((KILN_DV + KILN_ROWS - 1) / KILN_ROWS)
