@@ -322,6 +322,12 @@ __device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
     inv = bits_f32((kiln_u32)(254 - f) << 23);
 }
 
+// The largest of the four partial maxima of column c.
+__device__ __forceinline__ float max4(const float (*m)[KILN_ROWS], int c)
+{
+    return max_f32(max_f32(m[0][c], m[1][c]), max_f32(m[2][c], m[3][c]));
+}
+
 // The A fragment (16 x 16) at p of a row-major f32 matrix (row stride ld)
 // as hi and lo terms.
 __device__ __forceinline__ void afrag_f32(const float *p, int ld, int g4, int t4, kiln_u32 *hi, kiln_u32 *lo)
@@ -683,20 +689,14 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
             // R's columns enter scaled as S's rows do (column n0 + g4 of an
             // n-tile is this lane's in B; 2 t4, 2 t4 + 1 in the accumulator).
             const int c0 = nh * (NTV / 2) * 8;
-            float bsc[NTV / 2], usci_[NTV / 2][2];
+            float bsc[NTV / 2], uinv[NTV / 2][2];
 #pragma unroll
             for (int n = 0; n < NTV / 2; n++) {
-                float inv;
-                const int cb = c0 + n * 8 + g4;
-                pow2_scale(max_f32(max_f32(sm.rcmax[0][cb], sm.rcmax[1][cb]), max_f32(sm.rcmax[2][cb], sm.rcmax[3][cb])),
-                           bsc[n], inv);
+                float unused;
+                pow2_scale(max4(sm.rcmax, c0 + n * 8 + g4), bsc[n], unused);
 #pragma unroll
-                for (int e1 = 0; e1 < 2; e1++) {
-                    const int ca = c0 + n * 8 + 2 * t4 + e1;
-                    float sc;
-                    pow2_scale(max_f32(max_f32(sm.rcmax[0][ca], sm.rcmax[1][ca]), max_f32(sm.rcmax[2][ca], sm.rcmax[3][ca])),
-                               sc, usci_[n][e1]);
-                }
+                for (int e1 = 0; e1 < 2; e1++)
+                    pow2_scale(max4(sm.rcmax, c0 + n * 8 + 2 * t4 + e1), unused, uinv[n][e1]);
             }
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
@@ -716,7 +716,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
             for (int n = 0; n < NTV / 2; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    u[n][e] *= usci_[n][e & 1];
+                    u[n][e] *= uinv[n][e & 1];
             // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
             const float gl = sm.gam[C - 1], gll = sm.gaml[C - 1];
             float up[NTV / 2][4];
@@ -756,10 +756,8 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                 float sc[2];
 #pragma unroll
                 for (int e1 = 0; e1 < 2; e1++) {
-                    const float m = max_f32(max_f32(sm.ucmax[0][col + e1], sm.ucmax[1][col + e1]),
-                                            max_f32(sm.ucmax[2][col + e1], sm.ucmax[3][col + e1]));
                     float inv;
-                    pow2_scale(m, sc[e1], inv);
+                    pow2_scale(max4(sm.ucmax, col + e1), sc[e1], inv);
                     if (mb == 0 && g4 == 0) {
                         sm.usc[col + e1] = sc[e1];
                         sm.usci[col + e1] = inv;
