@@ -2,10 +2,15 @@
  * heads, 32 value heads, dims 128): GPU time per call through kiln, from one
  * submission of iters pre-encoded commands timed by its fence
  * (KILN_TIMING_COMPLETION), the median of reps such submissions.
- *   decode: S sequences of one token; the state (S x 32 x 128 x 128 f32) is
- *           read and written once per call: state_tbps counts those bytes;
- *   prefill: S sequences of L tokens each (the sequential scan): tokens_per_s.
- * No peer: torch has no fused kernel for this recurrence on that machine.
+ *   decode: S sequences of one token (the sequential scan); the state
+ *           (S x 32 x 128 x 128 f32) is read and written once per call:
+ *           state_tbps counts those bytes;
+ *   prefill: S sequences of L tokens each, the chunked kernel (the encode's
+ *           choice) and the scan (max_span_tokens 1): tokens_per_s.
+ * "kernel" names the kernel the encode took ("chunk32"/"chunk64": the chunked
+ * kernel with that many rows of the state a block). The peer is
+ * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
+ * prefill shapes.
  *
  * Usage: bench_recurrent [--iters 20] [--reps 5]
  */
@@ -15,6 +20,7 @@
 
 #include "bench_common.h"
 #include "kiln/kiln.h"
+#include "providers/internal.h"
 
 #define BENCH "recurrent"
 #define KH 16
@@ -25,11 +31,13 @@
 typedef struct shape {
     const char *phase;
     int64_t seqs, span;
+    uint32_t max_span; /* the bindings' max_span_tokens: 1 keeps the scan */
 } shape;
 
 static const shape g_shapes[] = {
-    {"decode", 1, 1},     {"decode", 8, 1},      {"decode", 64, 1},    {"decode", 256, 1},
-    {"prefill", 1, 4096}, {"prefill", 4, 1024}, {"prefill", 16, 256},
+    {"decode", 1, 1, 1},        {"decode", 8, 1, 1},       {"decode", 64, 1, 1},     {"decode", 256, 1, 1},
+    {"prefill", 1, 4096, 0},    {"prefill", 4, 1024, 0},   {"prefill", 16, 256, 0},  {"prefill", 1, 16384, 0},
+    {"prefill", 1, 4096, 1},    {"prefill", 4, 1024, 1},   {"prefill", 16, 256, 1},
 };
 
 static void fail(const char *what, kiln_status st)
@@ -113,9 +121,10 @@ int main(int argc, char **argv)
         tk.buffer = bk;
         to.buffer = bo;
         tb.buffer = bb;
-        kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+        kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span};
         kiln_command *cmd;
         CHECK("encode", kiln_op_gated_delta_encode(jit, &b, &cmd));
+        const int rows = kiln__gated_delta_last_rows();
         for (long k = 0; k < iters; k++)
             cmds[k] = cmd;
         kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
@@ -135,6 +144,7 @@ int main(int argc, char **argv)
         bench_json_begin(&j, BENCH);
         bench_json_bool(&j, "peer", 0);
         bench_json_str(&j, "phase", sh->phase);
+        bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
         bench_json_int(&j, "seqs", S);
         bench_json_int(&j, "span", sh->span);
         bench_json_int(&j, "dk", DK);

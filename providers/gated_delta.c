@@ -1,4 +1,5 @@
 /* Gated delta recurrent attention (templates/gated_delta.cu). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,10 @@
 #define OP "gated_delta"
 #define BLOCK_THREADS 128
 #define MAX_GRID 0x7fffffffu
+#define CHUNK "gated_delta_chunk"
+#define CHUNK_THREADS 256
+#define CHUNK_MAX_DK 128
+#define CHUNK_TOKENS 64
 
 /* Lanes per row of the state: a power of two giving each lane about 8 columns. */
 static int64_t lanes_for(int64_t dk)
@@ -81,16 +86,86 @@ kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *
     return KILN_OK;
 }
 
-/* A Qwen3-Next model's linear-attention layers, when its config has them. */
-kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+/* The chunked kernel's dynamic shared memory: sizeof(chunk_smem) of
+ * templates/gated_delta_chunk.cu, member by member (every member a multiple
+ * of 16 bytes, so there is no padding): k, q, v in two stages, g and beta,
+ * the state's hi and lo terms, R (f32), the union of A and T with U and U',
+ * T's partial sums, γ (two floats), rk, rq, and the maxima and scales of
+ * the columns of U' and R and the rows of S. */
+static unsigned chunk_smem(int64_t dk, int64_t rows)
+{
+    const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8, ldf = C + 4;
+    const uint64_t at = 2 * C * ldf * 4, u = 4 * C * ldv * 2;
+    return (unsigned)(2 * (2 * C * ldk * 2) + 2 * C * ldv * 2 + 2 * 2 * C * 4 + 2 * (uint64_t)rows * ldk * 2 +
+                      C * ((uint64_t)rows + 4) * 4 + (at > u ? at : u) + 3 * 16 * 16 * 4 + 4 * C * 4 +
+                      15 * (uint64_t)rows * 4);
+}
+
+/* The opt-in shared memory a block may have on sm, in KiB (0: unknown arch). */
+static unsigned optin_kib(int sm)
+{
+    if (sm == 80 || sm == 87)
+        return 163;
+    if (sm == 86 || sm == 89 || sm >= 120)
+        return 99;
+    if (sm >= 90)
+        return 227;
+    return 0;
+}
+
+kiln_status kiln_op_gated_delta_chunk_spec(int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
+                                           kiln_spec *out)
+{
+    if (!out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, CHUNK ": out is NULL");
+    if (!sizes_ok(dk, dv, kh, vh) || dk > CHUNK_MAX_DK || (rows != 32 && rows != 64) || (vec != 1 && vec != 8) ||
+        (vec == 8 && (dk % 8 || dv % 8)))
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          CHUNK ": dk %lld (1..%d), dv %lld (1..%d), key heads %lld, value heads %lld (1..%d, key "
+                          "heads dividing value heads), rows %d (32 or 64), vector width %d (1, or 8 dividing dk and "
+                          "dv)",
+                          (long long)dk, CHUNK_MAX_DK, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh,
+                          (long long)vh, KILN_MODEL_MAX_HEADS, rows, vec);
+    kiln_status st;
+    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln_spec_set(out, "DK", dk)) ||
+        (st = kiln_spec_set(out, "DV", dv)) || (st = kiln_spec_set(out, "KH", kh)) ||
+        (st = kiln_spec_set(out, "VH", vh)) || (st = kiln_spec_set(out, "ROWS", rows)) ||
+        (st = kiln_spec_set(out, "VEC", vec)))
+        return st;
+    return KILN_OK;
+}
+
+/* A Qwen3-Next model's linear-attention layers, when its config has them:
+ * the scan, and the chunked kernel's row counts that the encode may take on
+ * arch (NULL or unreadable: both; none before sm_80 or where a block cannot
+ * have its shared memory). */
+kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user)
 {
     if (!cfg->linear_num_key_heads)
         return KILN_OK;
-    const int64_t dk = cfg->linear_key_head_dim;
+    const int64_t dk = cfg->linear_key_head_dim, dv = cfg->linear_value_head_dim, kh = cfg->linear_num_key_heads,
+                  vh = cfg->linear_num_value_heads;
     kiln_spec spec;
-    kiln_status st = kiln_op_gated_delta_spec(dk, cfg->linear_value_head_dim, cfg->linear_num_key_heads,
-                                              cfg->linear_num_value_heads, dk % 4 ? 1 : 4, &spec);
-    return st ? st : sink(user, &spec);
+    kiln_status st = kiln_op_gated_delta_spec(dk, dv, kh, vh, dk % 4 ? 1 : 4, &spec);
+    if (st || (st = sink(user, &spec)))
+        return st;
+    if (dk > CHUNK_MAX_DK)
+        return KILN_OK;
+    int sm = 0;
+    if (!arch || sscanf(arch, "sm_%d", &sm) != 1 || sm < 1)
+        sm = 0;
+    if (sm && sm < 80)
+        return KILN_OK;
+    const int vec = dk % 8 || dv % 8 ? 1 : 8;
+    static const int rows[2] = {64, 32};
+    for (int i = 0; i < 2; i++) {
+        if (sm && chunk_smem(dk, rows[i]) > optin_kib(sm) * 1024u)
+            continue;
+        if ((st = kiln_op_gated_delta_chunk_spec(dk, dv, kh, vh, rows[i], vec, &spec)) || (st = sink(user, &spec)))
+            return st;
+    }
+    return KILN_OK;
 }
 
 enum { B_Q, B_K, B_V, B_G, B_BETA, B_STATE, B_SPANS, B_OUT, N_BINDINGS };
@@ -113,7 +188,7 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
     kiln__errslot *err = kiln__runtime_errslot(rt);
     kiln_gated_delta_bindings local;
     kiln_status st = kiln__copy_bindings(err, OP, "bindings", "kiln_gated_delta_bindings", &local, sizeof local,
-                                         sizeof local, b);
+                                         offsetof(kiln_gated_delta_bindings, max_span_tokens), b);
     if (st)
         return st;
     const kiln_tensor *t[N_BINDINGS];
@@ -170,8 +245,16 @@ typedef struct delta_launch {
     CUfunction fn;
     CUdeviceptr ptr[N_BINDINGS];
     uint32_t tokens, grid;
-    unsigned threads;
+    unsigned threads, smem;
 } delta_launch;
+
+enum { LAST_NONE, LAST_SCAN, LAST_CHUNK32, LAST_CHUNK64 };
+static _Thread_local int last_kernel = LAST_NONE;
+
+int kiln__gated_delta_last_rows(void)
+{
+    return last_kernel == LAST_CHUNK64 ? 64 : last_kernel == LAST_CHUNK32 ? 32 : last_kernel == LAST_SCAN ? 0 : -1;
+}
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
@@ -179,7 +262,60 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
     void *args[] = {&l->ptr[B_Q],     &l->ptr[B_K],     &l->ptr[B_V],   &l->ptr[B_G], &l->ptr[B_BETA],
                     &l->ptr[B_STATE], &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens,   &fault};
-    return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, 0, args);
+    return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, l->smem, args);
+}
+
+/* Whether the chunked kernel serves these bindings (see kiln/op_recurrent.h),
+ * and then its rows a block and vector width. Rows: the fewer waves of
+ * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
+ * (the products with k and q and T do not shrink with the rows); 32 where
+ * the value dim fits in 32 or the device has no room for 64. */
+static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], uint32_t max_span, int *rows,
+                      int *vec)
+{
+    const char *env = getenv("KILN_GATED_DELTA_CHUNK");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    const int forced = env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
+    const int64_t T = t[B_Q]->dims[0], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2],
+                  S = t[B_SPANS]->dims[0];
+    const uint64_t hint = max_span ? max_span : ((uint64_t)T + (uint64_t)S - 1) / (uint64_t)S;
+    if (DK > CHUNK_MAX_DK || hint < KILN_GATED_DELTA_CHUNK_MIN_TOKENS)
+        return 0;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int sm = 0;
+    if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 80)
+        return 0;
+    const uint64_t heads = (uint64_t)S * (uint64_t)VH,
+                   sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;
+    const uint64_t waves64 = (heads * (uint64_t)((DV + 63) / 64) + sms - 1) / sms,
+                   waves32 = (heads * (uint64_t)((DV + 31) / 32) + sms - 1) / sms;
+    *rows = DV > 32 && chunk_smem(DK, 64) <= optin_kib(sm) * 1024u && waves64 * 7 <= waves32 * 5 ? 64 : 32;
+    if (forced)
+        *rows = forced;
+    if (chunk_smem(DK, *rows) > optin_kib(sm) * 1024u || heads * (uint64_t)((DV + *rows - 1) / *rows) > MAX_GRID)
+        return 0;
+    uint64_t align = 0;
+    for (int i = B_Q; i <= B_V; i++)
+        align |= kiln__buffer_ptr(t[i]->buffer) + t[i]->offset;
+    const uint64_t sp = kiln__buffer_ptr(t[B_STATE]->buffer) + t[B_STATE]->offset;
+    *vec = DK % 8 == 0 && DV % 8 == 0 && align % 16 == 0 && sp % 8 == 0 ? 8 : 1;
+    return 1;
+}
+
+/* Raises fn's dynamic shared memory limit to smem; *fits = 0 (and KILN_OK)
+ * where the device refuses it. */
+static kiln_status chunk_setup(kiln_runtime *rt, CUfunction fn, unsigned smem, int *fits)
+{
+    kiln_status st = kiln__runtime_enter(rt);
+    if (st)
+        return st;
+    CUresult r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+    *fits = r == CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE)
+        return KILN_OK;
+    return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (gated_delta_chunk shared memory)");
 }
 
 kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b, kiln_command **cmd)
@@ -191,27 +327,46 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     kiln_status st;
     if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__gated_delta_check(rt, b, bytes, &vec)))
         return st;
-    kiln_gated_delta_bindings local; /* checked: its size is 0 or at least ours */
+    kiln_gated_delta_bindings local; /* checked: its size is 0 or at least the first layout's */
     (void)KILN__COPY_SIZED(local, b);
     const kiln_tensor *t[N_BINDINGS];
     views(&local, t);
     const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1],
                   DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
     kiln_spec spec;
-    if ((st = kiln_op_gated_delta_spec(DK, DV, KH, VH, vec, &spec)))
-        return kiln__propagate(err, st);
-    kiln_kernel *k;
-    void *fn;
-    if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
-        return kiln__propagate(err, st);
+    kiln_kernel *k = NULL;
+    void *fn = NULL;
+    int rows = 0, cvec = 1, fits = 0;
+    unsigned smem = 0;
+    if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
+        smem = chunk_smem(DK, rows);
+        if ((st = kiln_op_gated_delta_chunk_spec(DK, DV, KH, VH, rows, cvec, &spec)) ||
+            (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)) ||
+            (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
+            return kiln__propagate(err, st);
+    }
+    if (!fits) {
+        rows = 0;
+        smem = 0;
+        if ((st = kiln_op_gated_delta_spec(DK, DV, KH, VH, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+            (st = kiln_kernel_function(k, NULL, &fn)))
+            return kiln__propagate(err, st);
+    }
     delta_launch *l = malloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     l->rt = rt;
     l->fn = (CUfunction)fn;
     l->tokens = (uint32_t)T;
-    l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
-    l->threads = (unsigned)threads_for(DK, DV);
+    l->smem = smem;
+    if (rows) {
+        l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
+        l->threads = CHUNK_THREADS;
+    } else {
+        l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
+        l->threads = (unsigned)threads_for(DK, DV);
+    }
+    last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
     /* The replay key: the kernel and every binding (address, bytes); T and S travel in the bytes too. */
     uint64_t params[2 * N_BINDINGS + 2];
     kiln_region regions[N_BINDINGS];

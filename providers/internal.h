@@ -105,9 +105,14 @@ kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
-kiln_status kiln__gated_delta_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+/* The scan's and the chunked kernel's specializations for a model on arch (NULL: not known). */
+kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user);
 /* bytes[8]: each binding's bytes, in the order of kiln_gated_delta_bindings. */
 kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bindings *b, size_t bytes[8], int *vec);
+/* Test hook: the rows a block of the chunked kernel the calling thread's last
+ * gated delta encode took, 0 for the scan, -1 before any. */
+int kiln__gated_delta_last_rows(void);
 
 /* Paged attention: what the host knows of an invocation once it is checked.
  * bytes: each binding's bytes, in the order q, k, v, qkv, positions,

@@ -1,9 +1,10 @@
 /* Gated delta recurrent attention without a GPU: the specializations a
  * Qwen3-Next config lists (and none for a model without linear attention),
- * every code path of the template compiled offline by NVRTC for sm_90, the
- * spec and size arguments, and the validation of bindings against fake
- * buffers (a fake runtime has no driver table: a check that let a bad call
- * through to the driver would crash here). */
+ * per architecture for the chunked kernel, every code path of both templates
+ * compiled offline by NVRTC (the chunked one for sm_80 and sm_90), the spec
+ * and size arguments, and the validation of bindings against fake buffers (a
+ * fake runtime has no driver table: a check that let a bad call through to
+ * the driver would crash here). */
 #include <stdatomic.h>
 
 #include "providers/internal.h"
@@ -43,6 +44,7 @@ static void test_model_lists_the_spec_only_with_linear_attention(void **state)
     kiln_model_config_default(&c);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_int_equal(count_template(specs, n, "gated_delta", NULL), 0);
+    assert_int_equal(count_template(specs, n, "gated_delta_chunk", NULL), 0);
     kiln_free(specs);
     qwen3_next(&c);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
@@ -55,6 +57,50 @@ static void test_model_lists_the_spec_only_with_linear_attention(void **state)
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
     KILN_CHECK(kiln_op_gated_delta_spec(63, 128, 16, 32, 1, &want));
+    assert_memory_equal(&got, &want, sizeof want);
+    kiln_free(specs);
+}
+
+/* The chunked kernel per architecture: both row counts where a block may have
+ * their shared memory (sm_90, sm_100; an unknown arch), 32 rows on sm_80,
+ * none where it has 99 KiB (sm_86, sm_89, sm_120), before sm_80, or past 128
+ * key dims. */
+static void test_arch_lists_the_chunked_kernel(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    qwen3_next(&c);
+    static const struct { const char *arch; size_t chunks; int rows; } cases[] = {
+        {"sm_90", 2, 32}, {"sm_90a", 2, 32}, {"sm_100", 2, 32}, {NULL, 2, 32}, {"sm_80", 1, 32},
+        {"sm_86", 0, 0},  {"sm_89", 0, 0},   {"sm_120", 0, 0},  {"sm_75", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kiln_spec *specs = NULL, got, want;
+        size_t n = 0;
+        KILN_CHECK(kiln_model_specializations_for_arch(&c, cases[i].arch, &specs, &n));
+        assert_int_equal(count_template(specs, n, "gated_delta", NULL), 1);
+        if (count_template(specs, n, "gated_delta_chunk", &got) != cases[i].chunks)
+            fail_msg("%s: %zu chunked kernels, want %zu", cases[i].arch ? cases[i].arch : "(no arch)",
+                     count_template(specs, n, "gated_delta_chunk", NULL), cases[i].chunks);
+        if (cases[i].chunks) {
+            KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, cases[i].rows, 8, &want));
+            assert_memory_equal(&got, &want, sizeof want); /* the last listed */
+        }
+        kiln_free(specs);
+    }
+    c.linear_key_head_dim = 256;
+    kiln_spec *specs = NULL;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta_chunk", NULL), 0);
+    kiln_free(specs);
+    /* An odd value dim takes the chunked kernel's scalar loads. */
+    c.linear_key_head_dim = 128;
+    c.linear_value_head_dim = 100;
+    kiln_spec got, want;
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta_chunk", &got), 2);
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 100, 16, 32, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
 }
@@ -85,6 +131,41 @@ static void test_every_code_path_compiles(void **state)
     kiln_jit_counters k;
     kiln_jit_get_counters(f->jit, &k);
     assert_int_equal(k.compile_errors, 0);
+}
+
+/* The chunked kernel for sm_80 and sm_90: Qwen3-Next at both row counts and
+ * both vector widths, the small odd shape, a key dim that is not a whole
+ * k-step (63: scalar, 72: 8-wide with a padded k-step), a value dim that
+ * leaves a block partly empty, and the extremes of one key dim and 128. */
+static void test_chunked_kernel_compiles(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t dk, dv, kh, vh; int rows, vec; } cases[] = {
+        {128, 128, 16, 32, 64, 8}, {128, 128, 16, 32, 32, 8}, {128, 128, 16, 32, 64, 1}, {64, 96, 3, 6, 32, 8},
+        {64, 96, 3, 6, 64, 8},     {63, 17, 1, 2, 32, 1},     {72, 40, 2, 2, 64, 8},     {1, 1, 1, 1, 32, 1},
+        {128, 1024, 1, 4, 64, 8}};
+    static const char *const arches[] = {"sm_90", "sm_80"};
+    for (size_t a = 0; a < sizeof arches / sizeof arches[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = arches[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            kiln_spec s;
+            char text[256];
+            int compiled = 0;
+            KILN_CHECK(kiln_op_gated_delta_chunk_spec(cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh,
+                                                      cases[i].rows, cases[i].vec, &s));
+            KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+            kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
+            if (st)
+                fail_msg("gated_delta_chunk %s %s: %s: %s", arches[a], text, kiln_status_code(st), kiln_errmsg());
+            assert_int_equal(compiled, 1);
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
+    }
 }
 
 static void test_spec_and_size_arguments(void **state)
@@ -125,6 +206,22 @@ static void test_spec_and_size_arguments(void **state)
     b = 1;
     KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, &b));
     assert_int_equal(b, 0);
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 64, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
+    assert_string_equal(s.template_id, "gated_delta_chunk");
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(129, 128, 16, 32, 64, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dk 129 (1..128)", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 16, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "rows 16", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 100, 16, 32, 32, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 8", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 4", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 3, 32, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "key heads 3", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 32, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
+                kiln_errmsg(), NULL, NULL);
 }
 
 static void test_offline_encode_needs_a_device(void **state)
@@ -164,7 +261,7 @@ static void test_validation_names_binding_and_values(void **state)
                 st = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, VH, DV, DK),
                 spans = view(buf, 5 * MB, KILN_DTYPE_U32, 2, S, 2, 0, 0),
                 out = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, VH, DV, 0);
-    const kiln_gated_delta_bindings b = {sizeof b, &q, &k, &v, &g, &beta, &st, &spans, &out};
+    const kiln_gated_delta_bindings b = {sizeof b, &q, &k, &v, &g, &beta, &st, &spans, &out, 0};
     size_t bytes[8];
     int vec = 0;
     KILN_CHECK(kiln__gated_delta_check(rt, &b, bytes, &vec));
@@ -262,6 +359,14 @@ static void test_validation_names_binding_and_values(void **state)
     } newer = {b, UINT64_MAX};
     newer.b.size = sizeof newer;
     KILN_CHECK(kiln__gated_delta_check(rt, &newer.b, bytes, &vec));
+    /* The first layout, which ends at out, is still taken (max_span_tokens 0);
+     * one a byte short of it is not. */
+    c = b;
+    c.size = (uint32_t)offsetof(kiln_gated_delta_bindings, max_span_tokens);
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    c.size -= 1;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "an earlier layout", NULL);
     KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
 #undef EXPECT_BAD
@@ -283,7 +388,7 @@ static void test_validation_names_binding_and_values(void **state)
                 b3 = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 s3 = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, 6, 96, 66),
                 o3 = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0);
-    c = (kiln_gated_delta_bindings){0, &q3, &k3, &v3, &g3, &b3, &s3, &spans, &o3};
+    c = (kiln_gated_delta_bindings){0, &q3, &k3, &v3, &g3, &b3, &s3, &spans, &o3, 0};
     KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
     free(buf);
@@ -296,7 +401,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_the_spec_only_with_linear_attention),
+        cmocka_unit_test(test_arch_lists_the_chunked_kernel),
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_kernel_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_size_arguments),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_validation_names_binding_and_values),

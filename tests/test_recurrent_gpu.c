@@ -1,24 +1,30 @@
-/* Gated delta recurrent attention on the GPU: fresh random data each run,
- * outputs poisoned first, every output element and every state element
- * checked against a float64 host reference of the recurrence (from the same
- * f16 inputs and f32 initial state). Error of an element: |got - ref| /
- * max(|ref|, rms, floor), where rms is the root mean square of the
- * reference's row (the DV outputs of one token and head, or the DK columns of
- * one state row): an element that cancels to near zero carries the rounding
- * error of terms of the row's size; floor is 2^-14 for the f16 outputs (below
- * it f16 is subnormal, with a fixed step of 2^-24, as in test_norm_argmax_gpu) and
- * 0 for the f32 state. At most 2e-3. Shapes of Qwen3-Next-80B-A3B (16 key
- * heads, 32 value heads, dims 128) and odd ones (64 x 96 with 3 key heads
- * shared by 6 value heads; 63 x 17 scalar; 200 x 40 with a partial vector
- * per lane); decode (one token per sequence) and prefill spans, packed in any
- * order with gaps (whose outputs stay untouched), empty spans (state left
- * alone), spans continued over several replayed submissions, a span past the
- * end (a device fault, nothing of that sequence touched), and a prewarmed
- * database that leaves nothing to compile. */
+/* Gated delta recurrent attention on the GPU, both kernels (the sequential
+ * scan and the chunked form): fresh random data each run, outputs poisoned
+ * first, every output element and every state element checked against a
+ * float64 host reference of the recurrence (from the same f16 inputs and f32
+ * initial state). Error of an element: |got - ref| / max(|ref|, rms, floor),
+ * where rms is the root mean square of the reference's row (the DV outputs of
+ * one token and head, or the DK columns of one state row): an element that
+ * cancels to near zero carries the rounding error of terms of the row's size;
+ * floor is 2^-14 for the f16 outputs (below it f16 is subnormal, with a fixed
+ * step of 2^-24, as in test_norm_argmax_gpu) and 0 for the f32 state. At most
+ * 2e-3 for both kernels. Shapes of Qwen3-Next-80B-A3B (16 key heads, 32 value
+ * heads, dims 128) and odd ones (64 x 96 with 3 key heads shared by 6 value
+ * heads; 63 x 17 scalar; 200 x 40 with a partial vector per lane; 72 x 40, a
+ * padded k-step); decode (one token per sequence) and prefill spans, packed
+ * in any order with gaps (whose outputs stay untouched), empty spans (state
+ * left alone), spans continued over several replayed submissions (chunked
+ * prefill after a prefix), lengths that are not multiples of the chunk
+ * (1, 63, 64, 65, 300, 1000, 4096), gates near 0 and near 1, decode and
+ * prefill spans in one chunked launch, a span past the end (a device fault,
+ * nothing of that sequence touched), and a prewarmed database that leaves
+ * nothing to compile. Each case says which kernel it takes, and the test
+ * checks the encode took it. */
 #include <math.h>
 
 #include "f16_host.h"
 #include "gpu_fixture.h"
+#include "providers/internal.h"
 
 #define TOL 2e-3
 #define POISON 0xffffu /* f16 NaN */
@@ -58,10 +64,33 @@ static void problem_free(problem *p)
     free(p->covered);
 }
 
+/* The gates g of a case: */
+enum {
+    GATES_MOSTLY_OPEN, /* -2 u^3: mostly near 0, some decay */
+    GATES_NEAR_1,      /* exp(g) within 1e-4 of 1: errors last longest */
+    GATES_NEAR_0,      /* g in [-60, -20]: every token all but forgets the past */
+    GATES_MIXED,       /* each token one of the above, at random */
+};
+
+static double gate(kiln_rng *r, int gates)
+{
+    if (gates == GATES_MIXED)
+        gates = (int)kiln_rng_below(r, 3);
+    const double u = uniform(r, 0, 1);
+    switch (gates) {
+    case GATES_NEAR_1:
+        return -1e-4 * u;
+    case GATES_NEAR_0:
+        return -20 - 40 * u;
+    default:
+        return -2.0 * u * u * u;
+    }
+}
+
 /* Random inputs: q and k rows of random scale (the normalization matters),
- * g mostly near 0 (little decay, the case where errors last longest), beta in
- * (0.02, 0.98), the state either zeros or a carried one in [-1, 1]. */
-static void problem_fill(problem *p, kiln_rng *r, int zero_state)
+ * g as the case says, beta in (0.02, 0.98), the state either zeros or a
+ * carried one in [-1, 1]. */
+static void problem_fill(problem *p, kiln_rng *r, int zero_state, int gates)
 {
     const size_t T = (size_t)p->tokens, nqk = T * (size_t)(p->kh * p->dk), nv = T * (size_t)(p->vh * p->dv),
                  ng = T * (size_t)p->vh, ns = (size_t)(p->seqs * p->vh * p->dv * p->dk);
@@ -82,8 +111,7 @@ static void problem_fill(problem *p, kiln_rng *r, int zero_state)
     for (size_t i = 0; i < nv; i++)
         p->v[i] = f2h(uniform(r, -1, 1));
     for (size_t i = 0; i < ng; i++) {
-        double u = uniform(r, 0, 1);
-        p->g[i] = (float)(-2.0 * u * u * u);
+        p->g[i] = (float)gate(r, gates);
         p->beta[i] = (float)uniform(r, 0.02, 0.98);
     }
     for (size_t i = 0; i < ns; i++)
@@ -189,7 +217,23 @@ typedef struct delta_case {
     size_t state_skew;       /* bytes added to the state's offset: 8 takes the scalar path */
     int zero_state;
     int calls;               /* each span split over this many submissions of one command */
+    int gates;               /* GATES_* */
+    uint32_t max_span;       /* the bindings' max_span_tokens */
+    int kernel;              /* SCAN or CHUNK: the kernel the encode must take */
 } delta_case;
+
+enum { SCAN = 1, CHUNK };
+
+/* Whether the device runs the chunked kernel at all (kiln/op_recurrent.h). */
+static int chunk_device(gpu_fixture *f)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    int sm = 0;
+    if (sscanf(info.arch, "sm_%d", &sm) != 1)
+        return 0;
+    return sm == 80 || sm == 87 || (sm >= 90 && sm < 120);
+}
 
 static void run_case(gpu_fixture *f, const delta_case *c)
 {
@@ -212,7 +256,7 @@ static void run_case(gpu_fixture *f, const delta_case *c)
     p.covered = calloc(T, 1);
     for (int64_t s = 0; s < c->seqs; s++)
         memset(p.covered + p.spans[2 * s], 1, counts[s]);
-    problem_fill(&p, &f->rng, c->zero_state);
+    problem_fill(&p, &f->rng, c->zero_state, c->gates);
     /* The spans of each submission: consecutive parts of each span. */
     uint32_t *call_spans[8];
     assert_true(calls <= 8);
@@ -247,10 +291,15 @@ static void run_case(gpu_fixture *f, const delta_case *c)
     tk.buffer = bk;
     tb.buffer = bb;
     to.buffer = bo;
-    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, c->max_span};
     kiln_command *cmd;
     KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
     assert_true(kiln_command_replayable(cmd));
+    const int rows = kiln__gated_delta_last_rows();
+    const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
+    if (want_chunk ? rows <= 0 : rows != 0)
+        fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
+                 want_chunk ? "the chunked kernel" : "the scan");
     for (int k = 0; k < calls; k++) {
         KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
         kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
@@ -292,9 +341,10 @@ static void run_case(gpu_fixture *f, const delta_case *c)
     for (int64_t s = 0; s < c->seqs; s++)
         if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
             fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
-    fprintf(stderr, "%s: dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d: max err out %.3g state %.3g\n",
+    fprintf(stderr,
+            "%s: dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g state %.3g\n",
             c->name, (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs,
-            (unsigned long long)T, calls, worst_o, worst_s);
+            (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
     if (touched)
         fail_msg("%s: %zu output elements of uncovered tokens were written", c->name, touched);
     if (wrong)
@@ -325,10 +375,10 @@ static void test_decode_qwen3_next(void **state)
 {
     gpu_fixture *f = *state;
     static const delta_case cases[] = {
-        {"decode q3n 1", QWEN, 1, 1, NULL, 0, 0, 0, 0, 0},
-        {"decode q3n 8 reversed, gaps", QWEN, 8, 1, NULL, 2, 1, 0, 0, 0},
-        {"decode q3n 64", QWEN, 64, 1, NULL, 0, 0, 0, 0, 0},
-        {"decode q3n fresh state", QWEN, 4, 1, NULL, 0, 0, 0, 1, 0},
+        {"decode q3n 1", QWEN, 1, 1, NULL, 0, 0, 0, 0, 0, 0, 0, SCAN},
+        {"decode q3n 8 reversed, gaps", QWEN, 8, 1, NULL, 2, 1, 0, 0, 0, 0, 0, SCAN},
+        {"decode q3n 64", QWEN, 64, 1, NULL, 0, 0, 0, 0, 0, 0, 0, SCAN},
+        {"decode q3n fresh state", QWEN, 4, 1, NULL, 0, 0, 0, 1, 0, 0, 0, SCAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(f, &cases[i]);
@@ -340,10 +390,58 @@ static void test_prefill_qwen3_next(void **state)
     static const uint32_t mixed[] = {1, 300, 0, 77};
     static const uint32_t cont[] = {200, 5};
     static const delta_case cases[] = {
-        {"prefill q3n 1x1024 fresh", QWEN, 1, 1024, NULL, 0, 0, 0, 1, 0},
-        {"prefill q3n mixed spans", QWEN, 4, 0, mixed, 3, 1, 0, 0, 0},
+        {"prefill q3n 1x1024 fresh", QWEN, 1, 1024, NULL, 0, 0, 0, 1, 0, 0, 0, CHUNK},
+        {"prefill q3n mixed spans", QWEN, 4, 0, mixed, 3, 1, 0, 0, 0, 0, 0, CHUNK},
         /* A prefill continued by two more submissions of one replayed command. */
-        {"prefill q3n continued", QWEN, 2, 0, cont, 1, 0, 0, 0, 3},
+        {"prefill q3n continued", QWEN, 2, 0, cont, 1, 0, 0, 0, 3, 0, 0, CHUNK},
+        /* The scan's prefill, where the caller says spans are short. */
+        {"prefill q3n scan", QWEN, 4, 0, mixed, 3, 1, 0, 0, 0, 0, 1, SCAN},
+        {"prefill q3n scan, gates near 1", QWEN, 1, 300, NULL, 0, 0, 0, 0, 0, GATES_NEAR_1, 8, SCAN},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(f, &cases[i]);
+}
+
+/* The chunked form: long spans, packed lengths that are not multiples of the
+ * chunk, gates at both ends, a prefill continued from a carried state,
+ * decode spans beside a prefill in one launch. */
+static void test_chunked_prefill_qwen3_next(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t packed[] = {1, 63, 64, 65, 300, 1000};
+    static const uint32_t pair[] = {700, 129};
+    static const uint32_t prefix[] = {1000, 64, 1};
+    static const uint32_t mixed[] = {1, 1, 200, 0, 1, 17};
+    static const delta_case cases[] = {
+        {"chunk q3n 1x4096", QWEN, 1, 4096, NULL, 0, 0, 0, 0, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
+        {"chunk q3n packed 1..1000", QWEN, 6, 0, packed, 3, 1, 0, 0, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
+        {"chunk q3n gates near 1", QWEN, 2, 0, pair, 1, 0, 0, 0, 0, GATES_NEAR_1, 0, CHUNK},
+        {"chunk q3n gates near 0", QWEN, 2, 0, pair, 0, 1, 0, 0, 0, GATES_NEAR_0, 0, CHUNK},
+        {"chunk q3n gates mixed", QWEN, 6, 0, packed, 0, 0, 0, 0, 0, GATES_MIXED, 0, CHUNK},
+        /* Chunked prefill after a prefix: the state carried over 4 submissions. */
+        {"chunk q3n after a prefix", QWEN, 3, 0, prefix, 2, 0, 0, 0, 4, GATES_MOSTLY_OPEN, 300, CHUNK},
+        {"chunk q3n fresh, many heads' blocks", QWEN, 8, 130, NULL, 0, 1, 0, 1, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
+        {"chunk q3n decode beside prefill", QWEN, 6, 0, mixed, 1, 0, 0, 0, 0, GATES_MIXED, 200, CHUNK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(f, &cases[i]);
+}
+
+/* The chunked form at small and odd shapes: a block partly past the value
+ * dim, a key dim padded to a whole k-step, scalar loads (odd dims, a state 4
+ * bytes off), gates at both ends. */
+static void test_chunked_odd_shapes(void **state)
+{
+    gpu_fixture *f = *state;
+    static const uint32_t three[] = {65, 0, 200};
+    static const uint32_t two[] = {130, 63};
+    static const delta_case cases[] = {
+        {"chunk odd", ODD, 3, 0, three, 1, 1, 0, 0, 0, GATES_MIXED, 0, CHUNK},
+        {"chunk odd, state 4 bytes off (scalar)", ODD, 3, 0, three, 0, 0, 4, 0, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
+        {"chunk odd gates near 0", ODD, 2, 0, two, 2, 0, 0, 1, 0, GATES_NEAR_0, 0, CHUNK},
+        {"chunk dk 63 dv 17 (scalar)", 63, 17, 1, 2, 2, 0, two, 1, 0, 0, 0, 2, GATES_NEAR_1, 0, CHUNK},
+        {"chunk dk 72 dv 40 (padded k-step)", 72, 40, 2, 4, 2, 0, two, 0, 1, 0, 0, 0, GATES_MIXED, 0, CHUNK},
+        {"chunk dk 16 dv 8", 16, 8, 1, 1, 2, 0, two, 0, 0, 0, 0, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(f, &cases[i]);
@@ -356,22 +454,21 @@ static void test_odd_shapes(void **state)
     static const uint32_t some[] = {17, 0, 40};
     static const uint32_t two[] = {9, 50};
     static const delta_case cases[] = {
-        {"decode odd", ODD, 5, 1, NULL, 1, 0, 0, 0, 0},
-        {"prefill odd mixed", ODD, 4, 0, mixed, 2, 1, 0, 0, 0},
-        {"prefill odd scalar (state misaligned)", ODD, 3, 0, some, 0, 0, 8, 0, 0},
-        {"odd decode steps (4 replays)", ODD, 3, 4, NULL, 0, 0, 0, 1, 4},
-        {"dk 63 dv 17 (scalar, partial)", 63, 17, 1, 2, 2, 0, two, 1, 0, 0, 0, 0},
-        {"dk 200 dv 40 (partial vectors)", 200, 40, 2, 2, 2, 0, two, 0, 1, 0, 0, 0},
+        {"decode odd", ODD, 5, 1, NULL, 1, 0, 0, 0, 0, 0, 0, SCAN},
+        {"prefill odd mixed", ODD, 4, 0, mixed, 2, 1, 0, 0, 0, 0, 0, CHUNK},
+        {"prefill odd scalar (state misaligned)", ODD, 3, 0, some, 0, 0, 8, 0, 0, 0, 0, CHUNK},
+        {"odd decode steps (4 replays)", ODD, 3, 4, NULL, 0, 0, 0, 1, 4, 0, 0, SCAN},
+        {"dk 63 dv 17 (scalar, partial)", 63, 17, 1, 2, 2, 0, two, 1, 0, 0, 0, 0, 0, 0, CHUNK},
+        {"dk 200 dv 40 (partial vectors)", 200, 40, 2, 2, 2, 0, two, 0, 1, 0, 0, 0, 0, 0, SCAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(f, &cases[i]);
 }
 
 /* A span past the end: a device fault naming the sequence; that sequence's
- * state is untouched; the others are computed. */
-static void test_span_past_end_faults(void **state)
+ * state is untouched; the others are computed. max_span picks the kernel. */
+static void span_past_end(gpu_fixture *f, uint32_t max_span)
 {
-    gpu_fixture *f = *state;
     const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
     const size_t nqk = (size_t)(T * KH * DK), nv = (size_t)(T * VH * DV), ng = (size_t)(T * VH),
                  ns = (size_t)(S * VH * DV * DK);
@@ -403,8 +500,9 @@ static void test_span_past_end_faults(void **state)
     KILN_CHECK(kiln_buffer_upload(b, tb.offset, half, ng * 4));
     const uint32_t spans[6] = {0, 4, 5, 6, 4, 1}; /* sequence 1 ends at 11 > 10 */
     KILN_CHECK(kiln_buffer_upload(b, tsp.offset, spans, sizeof spans));
-    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, max_span};
     KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
     kiln_status s = kiln_runtime_synchronize(f->rt);
     KILN_EXPECT(s, KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt), "sequence 1's span ends at token 11",
                 "past the 10 tokens");
@@ -433,6 +531,13 @@ static void test_span_past_end_faults(void **state)
     kiln_buffer_destroy(b);
 }
 
+static void test_span_past_end_faults(void **state)
+{
+    gpu_fixture *f = *state;
+    span_past_end(f, 1);  /* the scan */
+    span_past_end(f, 64); /* the chunked kernel */
+}
+
 /* Prewarm a Qwen3-Next config offline, then encode on a fresh jit: nothing compiles. */
 static void test_prewarmed_model_compiles_nothing(void **state)
 {
@@ -451,15 +556,18 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     kiln_spec *specs;
     size_t n, ours = 0;
     KILN_CHECK(kiln_model_specializations(&cfg, &specs, &n));
+    size_t chunked = 0;
     for (size_t i = 0; i < n; i++)
-        if (!strcmp(specs[i].template_id, "gated_delta")) {
+        if (!strcmp(specs[i].template_id, "gated_delta") || !strcmp(specs[i].template_id, "gated_delta_chunk")) {
             int compiled;
             KILN_CHECK(kiln_jit_prepare(pre, &specs[i], &compiled));
             ours++;
+            chunked += !strcmp(specs[i].template_id, "gated_delta_chunk");
         }
     kiln_free(specs);
     kiln_jit_destroy(pre);
-    assert_int_equal(ours, 1);
+    assert_int_equal(ours - chunked, 1);
+    assert_int_equal(chunked, 2);
     kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
     kiln_jit *jit;
     KILN_CHECK(kiln_jit_create(&jo, &jit));
@@ -474,14 +582,23 @@ static void test_prewarmed_model_compiles_nothing(void **state)
                 to = {.buffer = b, .offset = 6 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 32, 128}};
     tk.offset = MB;
     tb.offset = 4 * MB;
-    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to};
+    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0};
     kiln_command *c;
     KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
     kiln_command_release(c);
+    assert_int_equal(kiln__gated_delta_last_rows(), 0);
+    /* A prefill of 2 x 64 tokens takes the chunked kernel, also prewarmed. */
+    kiln_tensor *const longer[] = {&tq, &tk, &tv, &tg, &tb, &to};
+    for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
+        longer[i]->dims[0] = 128;
+    KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
+    kiln_command_release(c);
+    const int want = chunk_device(f);
+    assert_int_equal(kiln__gated_delta_last_rows() > 0, want);
     kiln_jit_counters k;
     kiln_jit_get_counters(jit, &k);
     assert_int_equal(k.compiles, 0);
-    assert_int_equal(k.database_hits, 1);
+    assert_int_equal(k.database_hits, 1 + want);
     kiln_buffer_destroy(b);
     kiln_jit_destroy(jit);
 }
@@ -493,6 +610,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_decode_qwen3_next),
         T(test_prefill_qwen3_next),
+        T(test_chunked_prefill_qwen3_next),
+        T(test_chunked_odd_shapes),
         T(test_odd_shapes),
         T(test_span_past_end_faults),
         T(test_prewarmed_model_compiles_nothing),

@@ -14,7 +14,9 @@
  * What the operation does and what it expects done:
  *   does:    the L2 normalization of q and k per head (eps 1e-6 inside the
  *            square root, Qwen3-Next's use_qk_l2norm_in_kernel) and the
- *            1/sqrt(DK) scale of q; exp of g; f32 arithmetic throughout;
+ *            1/sqrt(DK) scale of q; exp of g; f32 arithmetic throughout
+ *            (the chunked kernel's tensor-core products take their f32
+ *            operands as two f16 terms, about 22 bits);
  *   expects: q, k, v after the causal conv1d and SiLU; g the log decay
  *            (Qwen3-Next: -exp(A_log) · softplus(a + dt_bias)), finite and
  *            <= 0 for a decay; beta already through the sigmoid, in (0, 1);
@@ -51,13 +53,27 @@
  * Overlaps: state and out overlap nothing (each other included); q, k, v, g,
  * beta and spans are read only and may share bytes.
  *
- * The kernel is a sequential scan over each span: one block per (sequence,
- * value head, group of rows of S), each row kept in registers across the
- * span. Prefill costs O(count) dependent steps per sequence; the chunked
- * (WY / UT-transform) form that turns prefill into matrix products is not
- * implemented yet. Specialized on DK, DV, KH, VH and a vector width (4 when
- * DK % 4 == 0, q and k start 8-byte and state 16-byte aligned, which buffers
- * from kiln_buffer_create give; else 1). Workspace: none.
+ * Two kernels compute it, chosen at encode; both serve any spans:
+ *   the sequential scan (templates/gated_delta.cu), for decode: one block
+ *   per (sequence, value head, group of rows of S), each row kept in
+ *   registers across the span. Specialized on DK, DV, KH, VH and a vector
+ *   width (4 when DK % 4 == 0, q and k start 8-byte and state 16-byte
+ *   aligned, which buffers from kiln_buffer_create give; else 1);
+ *   the chunked form (templates/gated_delta_chunk.cu), for prefill: chunks
+ *   of 64 tokens in the WY / UT representation, tensor-core products within
+ *   a chunk and the f32 state carried across chunks, one block per
+ *   (sequence, value head, 32 or 64 rows of S). Specialized on DK, DV, KH,
+ *   VH, the rows a block and a vector width (8 when DK and DV are multiples
+ *   of 8, q, k, v 16-byte and state 8-byte aligned; else 1).
+ * The chunked kernel runs where the device is sm_80 or later with the shared
+ * memory it needs (sm_80, sm_90 and later datacenter parts; not sm_86,
+ * sm_89, sm_120), DK <= 128, and the spans are long: max_span_tokens (or,
+ * where it is 0, T / S rounded up) at least KILN_GATED_DELTA_CHUNK_MIN_TOKENS.
+ * $KILN_GATED_DELTA_CHUNK=0 keeps the scan everywhere; 32 or 64 sets the
+ * chunked kernel's rows a block (where the device has the room), which is
+ * otherwise chosen by the waves of blocks over the SMs. Both agree with a
+ * float64 recurrence to about 1e-3 of each row's scale (tests/
+ * test_recurrent_gpu.c). Workspace: none.
  *
  * Validation and errors as in kiln/op_norm.h: KILN_ERR_RUNTIME_CONTRACT names
  * the binding, the expected and the actual value; KILN_ERR_NO_DEVICE offline;
@@ -84,12 +100,21 @@ extern "C" {
 
 struct kiln_tensor;
 
+/* The span length from which the chunked kernel is chosen (see above). */
+#define KILN_GATED_DELTA_CHUNK_MIN_TOKENS 16u
+
 /* The bindings, by reference (borrowed for the call). */
 typedef struct kiln_gated_delta_bindings {
     /* sizeof(kiln_gated_delta_bindings), or 0 (the same). A larger one is
-     * read as far as this header's; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
+     * read as far as this header's; one that ends at out (the first layout)
+     * reads max_span_tokens as 0; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
     uint32_t size;
     const struct kiln_tensor *q, *k, *v, *g, *beta, *state, *spans, *out;
+    /* Appended: the most tokens the caller expects in one span, a hint read
+     * at encode that picks the command's kernel and never limits the spans
+     * (every span is computed, whatever it says): 1 for decode, the longest
+     * prompt part for prefill. 0: T / S rounded up. */
+    uint32_t max_span_tokens;
 } kiln_gated_delta_bindings;
 
 KILN_API kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b,
@@ -108,6 +133,11 @@ KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs,
 /* The specialization for these sizes and a vector width (4: dk % 4 == 0; or 1). */
 KILN_API kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
                                               int vector_width, kiln_spec *out);
+/* The chunked kernel's specialization: dk 1..128, rows a block 32 or 64, a
+ * vector width 8 (dk and dv multiples of 8) or 1. KILN_ERR_RUNTIME_CONTRACT
+ * for sizes out of range, KILN_ERR_INVALID_ARGUMENT for a NULL out. */
+KILN_API kiln_status kiln_op_gated_delta_chunk_spec(int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
+                                                    int rows, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,894 @@
+// Gated delta rule, the chunked form for prefill (the recurrence of
+// templates/gated_delta.cu, whose header states it; the scan there serves
+// decode). Within a chunk of C = 64 tokens of a span, with γ_i the inclusive
+// sum of g over the chunk's tokens up to i, k̂ and q̂ normalized as the
+// contract says, S the state at the chunk's start and b = beta:
+//   A_ij = b_i e^(γ_i − γ_j) k̂_i·k̂_j  (j < i),  T = (I + A)^-1   (the UT form)
+//   R_i  = b_i (v_i − e^γ_i S k̂_i)                 (values less the state's part)
+//   U    = T R                                      (the corrected values)
+//   out_i = e^γ_i S q̂_i + Σ_{j<=i} e^(γ_i − γ_j) (q̂_i·k̂_j) U_j
+//   S    ← e^γ_L S + Σ_j e^(γ_L − γ_j) U_j k̂_jᵀ     (L the chunk's last token)
+// which is the sequential recurrence exactly (U_i is its b_i (v_i − a_i S_{i−1} k̂_i)).
+// R folds fla's W = T (b e^γ k̂) into one product: U = T R needs no W.
+//
+// One block per (sequence, value head, ROWS rows of the state), 8 warps,
+// looping over the span's chunks in order; the block's rows of S stay in
+// registers (mma accumulators, f32) for the whole span, so there is no
+// workspace and a span of any length is one launch. Every exponent is a
+// difference γ_i − γ_j with i >= j (or γ_i alone), never positive for a
+// decay, and masked entries are selected away, never multiplied: strong
+// gates underflow to 0 and weak ones keep f32 accuracy.
+//
+// Products run on mma.sync m16n8k16 (f16 in, f32 accumulate). k and q enter
+// raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
+// U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
+// about 22 bits: S k and S q take hi and lo against exact k and q, T R and
+// P U take hi·hi + hi·lo + lo·hi. A split's absolute error is about 2^-25
+// (f16's subnormal step), so the operands whose small rows or columns would
+// reach it enter scaled by a power of two that puts each row's (or
+// column's) maximum in [2^13, 2^14), and the products are unscaled by the
+// same exact factor: the rows of S, the columns of R, the rows of P and the
+// columns of U' (one for each row of S). A state row, an output row and
+// every value in them then keep about 22 bits however small they are. T
+// (unit diagonal) and U in P U (its output rows are as large as v's) are not
+// scaled.
+// T is found in f32: the four 16 x 16 diagonal blocks by forward
+// substitution on the CUDA cores (a lane a column), then the blocks below
+// them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
+//
+// Per chunk: the next chunk's k, q, v, g, beta load (cp.async, two stages)
+// while this one computes; norms and γ; K Kᵀ and K Sᵀ (warps 0-3) beside
+// Q Kᵀ and Q Sᵀ (warps 4-7); T; U = T R; out (warps 4-7, their scores kept
+// in registers) and the state's update (all warps).
+//
+// A span that ends past `tokens` is never read: the sequence's state and
+// outputs are left alone and the fault record names the lowest such sequence
+// (KILN_FAULT_GATED_DELTA_SPAN), as the scan does. An empty span leaves the
+// state alone. Tokens past a span's end within its last chunk load as zeros
+// with beta 0 and g 0: they add nothing and are not stored.
+//
+// Constants: KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH (KH dividing VH),
+// KILN_ROWS (32 or 64: rows of the state a block), KILN_VEC (8: 16-byte
+// loads of k, q, v with DK and DV multiples of 8, 16-byte aligned k, q, v
+// and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
+// sizeof(chunk_smem), which the provider computes by the same layout (a
+// launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
+#include "kiln_prelude.cuh"
+
+//! kiln:entry kiln_gated_delta_chunk
+
+#define KILN_FAULT_GATED_DELTA_SPAN 8u
+
+#if KILN_VH % KILN_KH != 0
+#error "KILN_KH must divide KILN_VH"
+#endif
+#if KILN_DK < 1 || KILN_DK > 128
+#error "KILN_DK must be 1..128"
+#endif
+#if KILN_ROWS != 32 && KILN_ROWS != 64
+#error "KILN_ROWS must be 32 or 64"
+#endif
+#if KILN_VEC != 1 && KILN_VEC != 8
+#error "KILN_VEC must be 8 or 1"
+#endif
+#if KILN_VEC == 8 && (KILN_DK % 8 != 0 || KILN_DV % 8 != 0)
+#error "KILN_VEC 8 needs DK and DV multiples of 8"
+#endif
+
+#define C 64                        // tokens a chunk
+#define THREADS 256
+#define GROUP (KILN_VH / KILN_KH)
+#define DKP ((KILN_DK + 15) / 16 * 16) // the key dim padded with zeros to whole k-steps
+#define LDK (DKP + 8)               // halves a row of k, q and the state's terms (+8: no ldmatrix conflicts)
+#define LDV (KILN_ROWS + 8)         // halves a row of v, U and U'
+#define LDF (C + 4)                 // floats a row of A and T
+#define LDR (KILN_ROWS + 4)         // floats a row of R
+#define ROW_BLOCKS ((KILN_DV + KILN_ROWS - 1) / KILN_ROWS)
+#define NTV (KILN_ROWS / 8)         // n-tiles across a block's rows (X, Y, R, U, out)
+#define WM (KILN_ROWS / 16)         // m-blocks of the state
+#define WPM (8 / WM)                // warps per m-block of the state
+#define NPK (DKP / 16)              // pairs of n-tiles across the key dim
+#define NPW ((NPK + WPM - 1) / WPM) // of them a warp
+#define QK_EPS 1e-6f
+
+struct chunk_at {
+    float a[C][LDF]; // A, strictly lower (block rows' lower blocks only)
+    float t[C][LDF]; // T, lower block-triangular
+};
+struct chunk_u {
+    kiln_f16 hi[C][LDV], lo[C][LDV];   // U
+    kiln_f16 phi[C][LDV], plo[C][LDV]; // U' = e^(γ_L − γ_j) rk_j U_j
+};
+struct chunk_smem {
+    kiln_f16 k[2][C][LDK], q[2][C][LDK], v[2][C][LDV]; // raw inputs, two stages
+    float g[2][C], beta[2][C];
+    kiln_f16 shi[KILN_ROWS][LDK], slo[KILN_ROWS][LDK]; // the state's rows at the chunk's start
+    float rf[C][LDR];                                  // R
+    union {
+        chunk_at at; // A and T live until U is computed
+        chunk_u u;   // then U and U' take their place
+    } x;
+    float m[3][16][16]; // T's partial sums, a warp's each
+    float gam[C], gaml[C], rk[C], rq[C]; // γ as two floats: gam + gaml
+    float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
+    float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
+    float rcmax[4][KILN_ROWS];             // max |R| of a column over 16 tokens
+    float srmax[4][KILN_ROWS];             // max |S| of a row over a warp's columns
+    float srinv[KILN_ROWS];                // the inverse of a row's scale of S
+};
+
+__device__ __forceinline__ kiln_u32 sh_addr(const void *p)
+{
+    kiln_u32 a;
+    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void ldsm4(const void *p, kiln_u32 *r)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sh_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(const void *p, kiln_u32 *r)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sh_addr(p)));
+}
+
+__device__ __forceinline__ void mma16816(float *c, const kiln_u32 *a, kiln_u32 b0, kiln_u32 b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as f16x2 (x0 in the low half: the lower column).
+__device__ __forceinline__ kiln_u32 pack2(float x0, float x1)
+{
+    kiln_u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+
+// x0, x1 as hi + lo f16x2 terms.
+__device__ __forceinline__ void split2(float x0, float x1, kiln_u32 &hi, kiln_u32 &lo)
+{
+    hi = pack2(x0, x1);
+    lo = pack2(x0 - kiln_f16_to_f32((kiln_f16)(hi & 0xffffu)), x1 - kiln_f16_to_f32((kiln_f16)(hi >> 16)));
+}
+
+__device__ __forceinline__ float exp_approx(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+}
+
+__device__ __forceinline__ float rsqrt_approx(float x)
+{
+    float r;
+    asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ float shfl_xor(float v, int m)
+{
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+
+__device__ __forceinline__ kiln_u32 f32_bits(float x)
+{
+    kiln_u32 r;
+    asm("mov.b32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ float bits_f32(kiln_u32 x)
+{
+    float r;
+    asm("mov.b32 %0, %1;" : "=f"(r) : "r"(x));
+    return r;
+}
+
+__device__ __forceinline__ float max_f32(float a, float b)
+{
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+__device__ __forceinline__ float abs_f32(float x)
+{
+    float r;
+    asm("abs.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void syncwarp() { asm volatile("bar.warp.sync 0xffffffff;" ::: "memory"); }
+
+__device__ __forceinline__ double shfl_up_f64(double v, int d)
+{
+    kiln_u32 lo, hi;
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "d"(v));
+    asm volatile("shfl.sync.up.b32 %0, %0, %1, 0, 0xffffffff;" : "+r"(lo) : "r"(d));
+    asm volatile("shfl.sync.up.b32 %0, %0, %1, 0, 0xffffffff;" : "+r"(hi) : "r"(d));
+    double r;
+    asm("mov.b64 %0, {%1, %2};" : "=d"(r) : "r"(lo), "r"(hi));
+    return r;
+}
+
+__device__ __forceinline__ float f16_lo(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x & 0xffffu)); }
+__device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x >> 16)); }
+
+#if KILN_VEC == 8
+// 16 bytes global -> shared, or 16 zero bytes when !ok (src is then not read).
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sh_addr(dst)), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp4(void *dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(sh_addr(dst)), "l"(src), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+#else
+__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+{
+    kiln_f16 v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+#endif
+
+__device__ __forceinline__ float ld_f32(const float *p)
+{
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// Chunk c of the span (tokens start + c·C ...) into stage st: k, q rows
+// [C][DKP] and the block's columns of v [C][ROWS], zeros past the span, the
+// key dim and the value dim; g and beta 0 past the span.
+__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f16 *q, const kiln_f16 *k,
+                                           const kiln_f16 *v, const float *g, const float *beta, kiln_u32 start,
+                                           kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
+{
+    const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
+#if KILN_VEC == 8
+    constexpr int KP = DKP / 8, VP = KILN_ROWS / 8;
+    for (int e = tid; e < 2 * C * KP; e += THREADS) {
+        const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
+        const bool ok = base + r < count && p * 8 < KILN_DK;
+        const kiln_f16 *src = which ? q : k;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
+        cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
+    }
+    for (int e = tid; e < C * VP; e += THREADS) {
+        const int r = e / VP, p = e % VP;
+        const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
+        cp16(&sm.v[st][r][p * 8], at, ok);
+    }
+    for (int e = tid; e < 2 * C; e += THREADS) {
+        const int r = e % C;
+        const bool ok = base + r < count;
+        const float *src = e < C ? g : beta;
+        const float *at = ok ? src + ((kiln_u64)start + base + r) * KILN_VH + h : src;
+        cp4(e < C ? &sm.g[st][r] : &sm.beta[st][r], at, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+    for (int e = tid; e < 2 * C * DKP; e += THREADS) {
+        const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
+        const bool ok = base + r < count && col < KILN_DK;
+        const kiln_f16 *src = which ? q : k;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_f16 x = ok ? ld_f16(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
+        (which ? sm.q[st][r] : sm.k[st][r])[col] = x;
+    }
+    for (int e = tid; e < C * KILN_ROWS; e += THREADS) {
+        const int r = e / KILN_ROWS, col = e % KILN_ROWS;
+        const bool ok = base + r < count && row0 + col < KILN_DV;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        sm.v[st][r][col] = ok ? ld_f16(v + (t * KILN_VH + h) * KILN_DV + row0 + col) : 0;
+    }
+    for (int e = tid; e < 2 * C; e += THREADS) {
+        const int r = e % C;
+        const bool ok = base + r < count;
+        const float x = ok ? ld_f32((e < C ? g : beta) + ((kiln_u64)start + base + r) * KILN_VH + h) : 0.0f;
+        (e < C ? sm.g[st] : sm.beta[st])[r] = x;
+    }
+#endif
+}
+
+// The power of two sc = 2^(13 - floor(log2 m)) that puts m in [2^13, 2^14),
+// within 2^-64 .. 2^64 (2^64 for m = 0), and its inverse: both exact.
+__device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
+{
+    int f = 267 - (int)((f32_bits(m) >> 23) & 0xffu); // sc's biased exponent
+    f = f < 63 ? 63 : f > 191 ? 191 : f;
+    sc = bits_f32((kiln_u32)f << 23);
+    inv = bits_f32((kiln_u32)(254 - f) << 23);
+}
+
+// The largest of the four partial maxima of column c.
+__device__ __forceinline__ float max4(const float (*m)[KILN_ROWS], int c)
+{
+    return max_f32(max_f32(m[0][c], m[1][c]), max_f32(m[2][c], m[3][c]));
+}
+
+// The A fragment (16 x 16) at p of a row-major f32 matrix (row stride ld)
+// as hi and lo terms.
+__device__ __forceinline__ void afrag_f32(const float *p, int ld, int g4, int t4, kiln_u32 *hi, kiln_u32 *lo)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float *x = p + (g4 + (e & 1) * 8) * ld + (e >> 1) * 8 + 2 * t4;
+        split2(x[0], x[1], hi[e], lo[e]);
+    }
+}
+
+// The B fragment (16 x 8, k down the rows) at p of a row-major f32 matrix.
+__device__ __forceinline__ void bfrag_f32(const float *p, int ld, int g4, int t4, kiln_u32 *hi, kiln_u32 *lo)
+{
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+        split2(p[(2 * t4 + 8 * e) * ld + g4], p[(2 * t4 + 8 * e + 1) * ld + g4], hi[e], lo[e]);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
+                       const kiln_f16 *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
+                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ out,
+                       kiln_u32 tokens, kiln_fault *fault)
+{
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    chunk_smem &sm = *reinterpret_cast<chunk_smem *>(smem_raw);
+    kiln_u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < sizeof(chunk_smem))
+        return; // a launch with too little shared memory: nothing is touched
+
+    const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS; // sh = seq * VH + h
+    const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
+    const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
+    const int row0 = rb * KILN_ROWS;
+    const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
+    const kiln_u64 end = (kiln_u64)start + count;
+    if (end > tokens) {
+        if (h == 0 && rb == 0 && tid == 0)
+            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SPAN, seq,
+                              end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end, tokens);
+        return;
+    }
+    if (count == 0)
+        return;
+    const kiln_u32 chunks = count / C + (count % C != 0);
+    load_chunk(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, row0, tid);
+
+    // The block's rows of S: warp w holds rows (w % WM) * 16 .. + 15 and the
+    // n-tile pairs p = w / WM + i * WPM of the key dim, in the mma
+    // accumulator layout (row g4 / g4 + 8, columns 2 t4, 2 t4 + 1 of an n-tile).
+    const int mbs = w % WM, wr = w / WM;
+    float s[NPW][2][4];
+    float *srow = state + (kiln_u64)sh * KILN_DV * KILN_DK;
+#pragma unroll
+    for (int i = 0; i < NPW; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int p = wr + i * WPM, r = row0 + mbs * 16 + g4 + (e >> 1) * 8,
+                          col = p * 16 + j * 8 + 2 * t4 + (e & 1);
+                s[i][j][e] = p < NPK && r < KILN_DV && col < KILN_DK ? srow[(kiln_u64)r * KILN_DK + col] : 0.0f;
+            }
+
+    const float scale = rsqrt_approx((float)KILN_DK);
+#pragma unroll 1
+    for (kiln_u32 c = 0; c < chunks; c++) {
+        const int st = c & 1;
+        // Each row of S enters this chunk's products as hi and lo terms of
+        // S 2^s, s putting the row's maximum in [2^13, 2^14) (so that a small
+        // row keeps 22 bits), and the products are unscaled. The warp's part
+        // of each row's maximum first (the previous chunk's readers of these
+        // are past several barriers).
+        {
+            float m[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < NPW; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        m[e >> 1] = max_f32(m[e >> 1], abs_f32(s[i][j][e])); // zeros past the key dim
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 1));
+                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 2));
+                if (t4 == 0)
+                    sm.srmax[wr][mbs * 16 + g4 + e2 * 8] = m[e2];
+            }
+        }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        if (c + 1 < chunks)
+            load_chunk(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, row0, tid);
+        // The state's terms (read after the barrier that ends the norms).
+        {
+            float sc[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int r = mbs * 16 + g4 + e2 * 8;
+                float m = sm.srmax[0][r], inv;
+#pragma unroll
+                for (int o = 1; o < WPM; o++)
+                    m = max_f32(m, sm.srmax[o][r]);
+                pow2_scale(m, sc[e2], inv);
+                if (wr == 0 && t4 == 0)
+                    sm.srinv[r] = inv;
+            }
+#pragma unroll
+            for (int i = 0; i < NPW; i++) {
+                const int p = wr + i * WPM;
+                if (p < NPK)
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            kiln_u32 hi, lo;
+                            split2(s[i][j][2 * e2] * sc[e2], s[i][j][2 * e2 + 1] * sc[e2], hi, lo);
+                            const int r = mbs * 16 + g4 + e2 * 8, col = p * 16 + j * 8 + 2 * t4;
+                            *reinterpret_cast<kiln_u32 *>(&sm.shi[r][col]) = hi;
+                            *reinterpret_cast<kiln_u32 *>(&sm.slo[r][col]) = lo;
+                        }
+            }
+        }
+
+        // Norms of the raw k and q rows (a half-warp a row) and γ (warp 0).
+        {
+            const int hw = tid / 16, hl = tid % 16;
+#pragma unroll
+            for (int i = 0; i < 2 * C / (THREADS / 16); i++) { // independent rows: their loads overlap
+                const int r = hw + i * (THREADS / 16);
+                const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
+                float ss = 0.0f;
+                for (int p = hl; p < DKP / 8; p += 16) {
+                    const kiln_u32x4 x = *reinterpret_cast<const kiln_u32x4 *>(row + p * 8);
+                    const kiln_u32 words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float a = f16_lo(words[e]), b = f16_hi(words[e]);
+                        ss += a * a + b * b;
+                    }
+                }
+#pragma unroll
+                for (int m = 8; m; m >>= 1)
+                    ss += shfl_xor(ss, m);
+                if (hl == 0) {
+                    if (r < C)
+                        sm.rk[r] = rsqrt_approx(ss + QK_EPS);
+                    else
+                        sm.rq[r - C] = rsqrt_approx(ss + QK_EPS) * scale;
+                }
+            }
+            // γ summed in f64 and kept as two floats, so that the difference
+            // of two close sums deep into a chunk of strong gates keeps f32's
+            // relative accuracy (one float's sum of -1000 would lose 1e-4).
+            if (w == 0) {
+                const double g0 = sm.g[st][2 * lane], g1 = sm.g[st][2 * lane + 1];
+                double x = g0 + g1;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double y = shfl_up_f64(x, o);
+                    if (lane >= o)
+                        x += y;
+                }
+                const double a0 = x - g1;
+                sm.gam[2 * lane] = (float)a0;
+                sm.gaml[2 * lane] = (float)(a0 - (double)(float)a0);
+                sm.gam[2 * lane + 1] = (float)x;
+                sm.gaml[2 * lane + 1] = (float)(x - (double)(float)x);
+            }
+        }
+        __syncthreads();
+
+        // Warps 0-3: K Kᵀ -> A and K Sᵀ -> R for rows mb * 16 ..; warps 4-7:
+        // Q Kᵀ -> the scores P (kept in registers) and Q Sᵀ -> out's state part.
+        const int mb = w & 3;
+        const bool isq = w >= 4;
+        float acc[8][4], xs[NTV][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[n][e] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NTV; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                xs[n][e] = 0.0f;
+        {
+            const kiln_f16(*src)[LDK] = isq ? sm.q[st] : sm.k[st];
+            const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
+#pragma unroll
+            for (int ks = 0; ks < DKP / 16; ks++) {
+                kiln_u32 a[4], b[4];
+                ldsm4(&src[mb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8], a);
+#pragma unroll
+                for (int np = 0; np < 4; np++)
+                    if (np <= mb) {
+                        ldsm4(&sm.k[st][np * 16 + bn][ks * 16 + bk], b);
+                        mma16816(acc[2 * np], a, b[0], b[1]);
+                        mma16816(acc[2 * np + 1], a, b[2], b[3]);
+                    }
+#pragma unroll
+                for (int np = 0; np < NTV / 2; np++) {
+                    ldsm4(&sm.shi[np * 16 + bn][ks * 16 + bk], b);
+                    mma16816(xs[2 * np], a, b[0], b[1]);
+                    mma16816(xs[2 * np + 1], a, b[2], b[3]);
+                    ldsm4(&sm.slo[np * 16 + bn][ks * 16 + bk], b);
+                    mma16816(xs[2 * np], a, b[0], b[1]);
+                    mma16816(xs[2 * np + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        {
+            const int i0 = mb * 16 + g4;
+            const float gi[2] = {sm.gam[i0], sm.gam[i0 + 8]}, gil[2] = {sm.gaml[i0], sm.gaml[i0 + 8]};
+            const float ri[2] = {isq ? sm.rq[i0] : sm.rk[i0], isq ? sm.rq[i0 + 8] : sm.rk[i0 + 8]};
+            const float bi[2] = {sm.beta[st][i0], sm.beta[st][i0 + 8]};
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                if (n / 2 <= mb)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = i0 + (e >> 1) * 8, j = n * 8 + 2 * t4 + (e & 1);
+                        const float f = ri[e >> 1] * sm.rk[j] * acc[n][e];
+                        const float d = exp_approx((gi[e >> 1] - sm.gam[j]) + (gil[e >> 1] - sm.gaml[j]));
+                        // A strictly below the diagonal; P on and below it.
+                        acc[n][e] = (isq ? j <= i : j < i) ? (isq ? f : bi[e >> 1] * f) * d : 0.0f;
+                    }
+            if (!isq) {
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+                    if (n / 2 <= mb)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++)
+                        {
+                            float *d = &sm.x.at.a[i0 + e2 * 8][n * 8 + 2 * t4];
+                            d[0] = acc[n][2 * e2];
+                            d[1] = acc[n][2 * e2 + 1];
+                        }
+            }
+            const float eg[2] = {exp_approx(gi[0]) * ri[0], exp_approx(gi[1]) * ri[1]};
+#pragma unroll
+            for (int n = 0; n < NTV; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    xs[n][e] *= sm.srinv[n * 8 + 2 * t4 + (e & 1)] * eg[e >> 1]; // S's row scale undone
+            if (!isq) {
+                // R, f32, and each column's maximum over the warp's 16 tokens.
+#pragma unroll
+                for (int n = 0; n < NTV; n++) {
+                    const int col = n * 8 + 2 * t4;
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int i = i0 + e2 * 8;
+                        const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
+                        xs[n][2 * e2] = bi[e2] * (f16_lo(vv) - xs[n][2 * e2]);
+                        xs[n][2 * e2 + 1] = bi[e2] * (f16_hi(vv) - xs[n][2 * e2 + 1]);
+                        sm.rf[i][col] = xs[n][2 * e2];
+                        sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
+                    }
+#pragma unroll
+                    for (int e1 = 0; e1 < 2; e1++) {
+                        float m = max_f32(abs_f32(xs[n][e1]), abs_f32(xs[n][2 + e1]));
+#pragma unroll
+                        for (int o = 4; o < 32; o <<= 1)
+                            m = max_f32(m, shfl_xor(m, o));
+                        if (g4 == 0)
+                            sm.rcmax[mb][col + e1] = m;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // T's diagonal blocks: lane 16 d + c finds column c of block d, top down.
+        if (w < 2) {
+            const int d = 2 * w + (lane >> 4), cc = lane & 15, o = d * 16;
+            float t[16];
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                float x = r == cc ? 1.0f : 0.0f;
+#pragma unroll
+                for (int m = 0; m < r; m++)
+                    x -= sm.x.at.a[o + r][o + m] * t[m];
+                t[r] = x;
+            }
+#pragma unroll
+            for (int r = 0; r < 16; r++)
+                sm.x.at.t[o + r][o + cc] = t[r];
+        }
+        __syncthreads();
+        // The blocks below, by distance d: block (j + d, j) is warp j's,
+        // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj as two products on the tensor
+        // cores (hi and lo terms), the sum through the warp's own scratch.
+#pragma unroll 1
+        for (int dist = 1; dist < 4; dist++) {
+            if (w + dist < 4) {
+                const int bj = w, bi = w + dist;
+                float m[2][4], o[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        m[j][e] = o[j][e] = 0.0f;
+                kiln_u32 ah[4], al[4], bh[2], bl[2];
+                for (int bk = bj; bk < bi; bk++) {
+                    afrag_f32(&sm.x.at.a[16 * bi][16 * bk], LDF, g4, t4, ah, al);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        bfrag_f32(&sm.x.at.t[16 * bk][16 * bj + 8 * j], LDF, g4, t4, bh, bl);
+                        mma16816(m[j], ah, bh[0], bh[1]);
+                        mma16816(m[j], ah, bl[0], bl[1]);
+                        mma16816(m[j], al, bh[0], bh[1]);
+                    }
+                }
+                float *scr = &sm.m[w][0][0]; // 16 x 16
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        scr[(g4 + (e >> 1) * 8) * 16 + 8 * j + 2 * t4 + (e & 1)] = m[j][e];
+                syncwarp();
+                afrag_f32(&sm.x.at.t[16 * bi][16 * bi], LDF, g4, t4, ah, al);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    bfrag_f32(scr + 8 * j, 16, g4, t4, bh, bl);
+                    mma16816(o[j], ah, bh[0], bh[1]);
+                    mma16816(o[j], ah, bl[0], bl[1]);
+                    mma16816(o[j], al, bh[0], bh[1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sm.x.at.t[16 * bi + g4 + (e >> 1) * 8][16 * bj + 8 * j + 2 * t4 + (e & 1)] = -o[j][e];
+            }
+            __syncthreads();
+        }
+
+        // U = T R: warp w takes rows mb * 16 .. and half nh of the columns.
+        {
+            const int nh = w >> 2;
+            kiln_u32 th[4][4], tl[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                if (ks <= mb)
+                    afrag_f32(&sm.x.at.t[mb * 16][ks * 16], LDF, g4, t4, th[ks], tl[ks]);
+            __syncthreads(); // every read of T before U takes its place
+            float u[NTV / 2][4];
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    u[n][e] = 0.0f;
+            // R's columns enter scaled as S's rows do (column n0 + g4 of an
+            // n-tile is this lane's in B; 2 t4, 2 t4 + 1 in the accumulator).
+            const int c0 = nh * (NTV / 2) * 8;
+            float bsc[NTV / 2], uinv[NTV / 2][2];
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++) {
+                float unused;
+                pow2_scale(max4(sm.rcmax, c0 + n * 8 + g4), bsc[n], unused);
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++)
+                    pow2_scale(max4(sm.rcmax, c0 + n * 8 + 2 * t4 + e1), unused, uinv[n][e1]);
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                if (ks <= mb)
+#pragma unroll
+                    for (int n = 0; n < NTV / 2; n++) {
+                        kiln_u32 bh[2], bl[2];
+                        const float *rp = &sm.rf[ks * 16 + 2 * t4][c0 + n * 8 + g4];
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            split2(rp[(8 * e) * LDR] * bsc[n], rp[(8 * e + 1) * LDR] * bsc[n], bh[e], bl[e]);
+                        mma16816(u[n], th[ks], bh[0], bh[1]);
+                        mma16816(u[n], th[ks], bl[0], bl[1]);
+                        mma16816(u[n], tl[ks], bh[0], bh[1]);
+                    }
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    u[n][e] *= uinv[n][e & 1];
+            // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
+            const float gl = sm.gam[C - 1], gll = sm.gaml[C - 1];
+            float up[NTV / 2][4];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int i = mb * 16 + g4 + e2 * 8;
+                const float el = exp_approx((gl - sm.gam[i]) + (gll - sm.gaml[i])) * sm.rk[i];
+#pragma unroll
+                for (int n = 0; n < NTV / 2; n++) {
+                    const int col = nh * (NTV / 2) * 8 + n * 8 + 2 * t4;
+                    kiln_u32 hi, lo;
+                    split2(u[n][2 * e2], u[n][2 * e2 + 1], hi, lo);
+                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.hi[i][col]) = hi;
+                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.lo[i][col]) = lo;
+                    up[n][2 * e2] = u[n][2 * e2] * el;
+                    up[n][2 * e2 + 1] = u[n][2 * e2 + 1] * el;
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    float m = max_f32(abs_f32(up[n][e1]), abs_f32(up[n][2 + e1]));
+#pragma unroll
+                    for (int o = 4; o < 32; o <<= 1)
+                        m = max_f32(m, shfl_xor(m, o));
+                    if (g4 == 0)
+                        sm.ucmax[mb][nh * (NTV / 2) * 8 + n * 8 + 2 * t4 + e1] = m;
+                }
+            __syncthreads();
+            // U' enters the state's update as hi and lo terms of U' 2^s, s per
+            // column (a row of S) putting its maximum in [2^13, 2^14): the
+            // terms keep 22 bits however small a row of S is.
+#pragma unroll
+            for (int n = 0; n < NTV / 2; n++) {
+                const int col = nh * (NTV / 2) * 8 + n * 8 + 2 * t4;
+                float sc[2];
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    float inv;
+                    pow2_scale(max4(sm.ucmax, col + e1), sc[e1], inv);
+                    if (mb == 0 && g4 == 0) {
+                        sm.usc[col + e1] = sc[e1];
+                        sm.usci[col + e1] = inv;
+                    }
+                }
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = mb * 16 + g4 + e2 * 8;
+                    kiln_u32 hi, lo;
+                    split2(up[n][2 * e2] * sc[0], up[n][2 * e2 + 1] * sc[1], hi, lo);
+                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.phi[i][col]) = hi;
+                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.plo[i][col]) = lo;
+                }
+            }
+        }
+        __syncthreads();
+
+        const int tk = ((lane >> 3) & 1) * 8 + (lane & 7), tn = (lane >> 4) * 8;
+        // out = its state part + P U (warps 4-7; P's accumulators are the A
+        // fragments), each row of P scaled by a power of two putting its
+        // maximum in [2^13, 2^14), so that small scores keep 22 bits: out 2^s
+        // = (state part) 2^s + (P 2^s) U.
+        if (isq) {
+            float psc[2], psci[2];
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                float m = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
+                    m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
+                m = max_f32(m, shfl_xor(m, 1));
+                m = max_f32(m, shfl_xor(m, 2));
+                pow2_scale(m, psc[e2], psci[e2]);
+#pragma unroll
+                for (int n = 0; n < NTV; n++) {
+                    xs[n][2 * e2] *= psc[e2];
+                    xs[n][2 * e2 + 1] *= psc[e2];
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                if (ks <= mb) {
+                    kiln_u32 ph[4], pl[4];
+                    split2(acc[2 * ks][0] * psc[0], acc[2 * ks][1] * psc[0], ph[0], pl[0]);
+                    split2(acc[2 * ks][2] * psc[1], acc[2 * ks][3] * psc[1], ph[1], pl[1]);
+                    split2(acc[2 * ks + 1][0] * psc[0], acc[2 * ks + 1][1] * psc[0], ph[2], pl[2]);
+                    split2(acc[2 * ks + 1][2] * psc[1], acc[2 * ks + 1][3] * psc[1], ph[3], pl[3]);
+#pragma unroll
+                    for (int np = 0; np < NTV / 2; np++) {
+                        kiln_u32 bh[4], bl[4];
+                        ldsm4t(&sm.x.u.hi[ks * 16 + tk][np * 16 + tn], bh);
+                        ldsm4t(&sm.x.u.lo[ks * 16 + tk][np * 16 + tn], bl);
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            mma16816(xs[2 * np + j], ph, bh[2 * j], bh[2 * j + 1]);
+                            mma16816(xs[2 * np + j], ph, bl[2 * j], bl[2 * j + 1]);
+                            mma16816(xs[2 * np + j], pl, bh[2 * j], bh[2 * j + 1]);
+                        }
+                    }
+                }
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int i = mb * 16 + g4 + e2 * 8;
+                if ((kiln_u64)c * C + i < count) {
+                    kiln_f16 *orow = out + ((kiln_u64)start + (kiln_u64)c * C + i) * (KILN_VH * KILN_DV) + h * KILN_DV;
+#pragma unroll
+                    for (int n = 0; n < NTV; n++) {
+                        const int col = row0 + n * 8 + 2 * t4;
+                        if (col < KILN_DV)
+                            orow[col] = kiln_f32_to_f16(xs[n][2 * e2] * psci[e2]);
+                        if (col + 1 < KILN_DV)
+                            orow[col + 1] = kiln_f32_to_f16(xs[n][2 * e2 + 1] * psci[e2]);
+                    }
+                }
+            }
+        }
+        // S = e^γ_L S + U'ᵀ K (all warps, each on its own rows and columns),
+        // in the scaled rows of U': S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K.
+        {
+            const float al = exp_approx(sm.gam[C - 1]);
+            const int r0 = mbs * 16 + g4;
+            const float pre[2] = {al * sm.usc[r0], al * sm.usc[r0 + 8]};
+#pragma unroll
+            for (int i = 0; i < NPW; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[i][j][e] *= pre[e >> 1];
+            const int am = (lane >> 3 & 1) * 8, ak = (lane >> 4) * 8; // trans A: m offset, k offset
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                kiln_u32 ah[4], alo[4];
+                ldsm4t(&sm.x.u.phi[ks * 16 + ak + (lane & 7)][mbs * 16 + am], ah);
+                ldsm4t(&sm.x.u.plo[ks * 16 + ak + (lane & 7)][mbs * 16 + am], alo);
+#pragma unroll
+                for (int i = 0; i < NPW; i++) {
+                    const int p = wr + i * WPM;
+                    if (p < NPK) {
+                        kiln_u32 b[4];
+                        ldsm4t(&sm.k[st][ks * 16 + tk][p * 16 + tn], b);
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            mma16816(s[i][j], ah, b[2 * j], b[2 * j + 1]);
+                            mma16816(s[i][j], alo, b[2 * j], b[2 * j + 1]);
+                        }
+                    }
+                }
+            }
+            const float post[2] = {sm.usci[r0], sm.usci[r0 + 8]};
+#pragma unroll
+            for (int i = 0; i < NPW; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[i][j][e] *= post[e >> 1];
+        }
+        // The barrier at the next chunk's start orders these reads of shared
+        // memory before its writes.
+    }
+
+#pragma unroll
+    for (int i = 0; i < NPW; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int p = wr + i * WPM, r = row0 + mbs * 16 + g4 + (e >> 1) * 8,
+                          col = p * 16 + j * 8 + 2 * t4 + (e & 1);
+                if (p < NPK && r < KILN_DV && col < KILN_DK)
+                    srow[(kiln_u64)r * KILN_DK + col] = s[i][j][e];
+            }
+}
