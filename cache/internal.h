@@ -66,6 +66,9 @@ int kiln__parts_field(const char *parts, const char *name, const char **value, s
  * else KILN_ERR_CACHE_IO naming what it is. Never opens it (a FIFO would block). */
 kiln_status kiln__check_regular_file(kiln_cache *c, const char *path, struct stat *sb);
 
+/* The folder of path ("." when it has none), in buf. */
+void kiln__parent_of(const char *path, char *buf, size_t cap);
+
 /* Leaves WAL mode for the rollback journal (on a full disk the WAL cannot
  * grow, and a rollback journal of a few pages fits): SQLITE_OK when the
  * database is in journal_mode=DELETE afterwards, else the failure. */

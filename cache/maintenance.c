@@ -370,14 +370,7 @@ static kiln_status shrink_locked(kiln_cache *c, uint64_t rows, uint64_t bytes)
         return KILN_OK;
     }
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", c->main.path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == dir)
-        dir[1] = 0;
-    else
-        *slash = 0;
+    kiln__parent_of(c->main.path, dir, sizeof dir);
     struct statvfs vfs;
     uint64_t live = (uint64_t)(pages - free_pages) * (uint64_t)page_size;
     uint64_t need = 2 * live + (64u << 10); /* a temporary copy, and the journal or WAL of one */
@@ -505,14 +498,7 @@ static kiln_status open_source(kiln_cache *c, const char *src_path, sqlite3 **ou
     kiln_status st = kiln__check_regular_file(c, src_path, &sb);
     if (st)
         return st;
-    snprintf(dir, sizeof dir, "%s", src_path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == dir)
-        dir[1] = 0;
-    else
-        *slash = 0;
+    kiln__parent_of(src_path, dir, sizeof dir);
     int immutable = access(src_path, W_OK) != 0 || access(dir, W_OK) != 0;
     if (uri_of(src_path, immutable ? "immutable=1" : "mode=ro", uri, sizeof uri))
         return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT, "merge: path too long: %s", src_path);

@@ -103,8 +103,7 @@ out:
     return st;
 }
 
-/* The folder of path ("." when it has none), in buf. */
-static void parent_of(const char *path, char *buf, size_t cap)
+void kiln__parent_of(const char *path, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s", path);
     char *slash = strrchr(buf, '/');
@@ -122,7 +121,7 @@ static int on_network_filesystem(const char *path)
 {
     char dir[4096];
     struct statfs fs;
-    parent_of(path, dir, sizeof dir);
+    kiln__parent_of(path, dir, sizeof dir);
     if (statfs(dir, &fs) != 0)
         return 0;
     switch ((unsigned long)fs.f_type) {
@@ -374,7 +373,7 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
         return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     if (read_only) {
         char dir[4096];
-        parent_of(path, dir, sizeof dir);
+        kiln__parent_of(path, dir, sizeof dir);
         if ((st = check_path(c, path, 1, o, &exists)))
             return st;
         d->immutable = access(path, W_OK) != 0 || access(dir, W_OK) != 0;
