@@ -128,19 +128,26 @@ out:
     return st;
 }
 
+/* Without a driver: prints bench's "skipped" line and says so. */
+static int skipped_without_driver(const char *bench)
+{
+    const char *why = NULL;
+    if (kiln_driver_available(&why))
+        return 0;
+    char text[512];
+    snprintf(text, sizeof text, "no driver: %s", why ? why : "?");
+    printf("{\"bench\":\"%s\",\"skipped\":", bench);
+    json_string(text);
+    printf("}\n");
+    return 1;
+}
+
 /* ---- the decode step ---- */
 
 int dec_run_bench_decode(const dec_bench_args *a)
 {
-    const char *why = NULL;
-    if (!kiln_driver_available(&why)) {
-        char text[512];
-        snprintf(text, sizeof text, "no driver: %s", why ? why : "?");
-        printf("{\"bench\":\"decode_step\",\"skipped\":");
-        json_string(text);
-        printf("}\n");
+    if (skipped_without_driver("decode_step"))
         return 0;
-    }
     dec_config c;
     if (!load_config(a, &c))
         return 1;
@@ -299,15 +306,8 @@ out:
 
 int dec_run_bench_prefill(const dec_bench_args *a)
 {
-    const char *why = NULL;
-    if (!kiln_driver_available(&why)) {
-        char text[512];
-        snprintf(text, sizeof text, "no driver: %s", why ? why : "?");
-        printf("{\"bench\":\"prefill\",\"skipped\":");
-        json_string(text);
-        printf("}\n");
+    if (skipped_without_driver("prefill"))
         return 0;
-    }
     dec_config c;
     if (!load_config(a, &c))
         return 1;
