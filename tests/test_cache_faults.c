@@ -1248,6 +1248,19 @@ static void fill_disk(const char *dir, size_t leave)
     assert_int_equal(truncate(filler, (off_t)(written - leave)), 0);
 }
 
+/* The database f->mnt/kernels.db (its path in path) with n random rows of
+ * size bytes, closed: the last connection checkpoints the rows into the file. */
+static void small_db(fixture *f, char *path, size_t cap, rec *recs, int n, size_t size)
+{
+    snprintf(path, cap, "%s/kernels.db", f->mnt);
+    kiln_cache *c = open_ok(path, 0);
+    for (int i = 0; i < n; i++) {
+        make_rec(&f->rng, &recs[i], size);
+        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
+    }
+    kiln_cache_close(c);
+}
+
 static void test_gc_on_a_full_disk(void **state)
 {
     fixture *f = *state;
@@ -1255,18 +1268,12 @@ static void test_gc_on_a_full_disk(void **state)
     if (!mount_small_disk(f, 2048))
         skip();
     char path[700];
-    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
-    kiln_cache *c = open_ok(path, 0);
     rec recs[N], again;
-    for (int i = 0; i < N; i++) {
-        make_rec(&f->rng, &recs[i], SIZE);
-        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
-    }
-    kiln_cache_close(c); /* the last connection: the rows are checkpointed into the file */
+    small_db(f, path, sizeof path, recs, N, SIZE);
     fill_disk(f->mnt, LEAVE);
 
     /* Full: a row does not fit. */
-    c = open_ok(path, 0);
+    kiln_cache *c = open_ok(path, 0);
     make_rec(&f->rng, &again, SIZE);
     kiln_status st = kiln_cache_put(c, &again.r);
     printf("put on a disk with %d KiB free: %s: %s\n", LEAVE >> 10, kiln_status_code(st), kiln_cache_errmsg(c));
@@ -1320,20 +1327,14 @@ static void test_gc_on_a_full_disk_without_auto_vacuum(void **state)
     if (!mount_small_disk(f, 2048))
         skip();
     char path[700];
-    snprintf(path, sizeof path, "%s/kernels.db", f->mnt);
-    kiln_cache *c = open_ok(path, 0);
     rec recs[N], again;
-    for (int i = 0; i < N; i++) {
-        make_rec(&f->rng, &recs[i], SIZE);
-        KILN_CHECK(kiln_cache_put(c, &recs[i].r));
-    }
-    kiln_cache_close(c);
+    small_db(f, path, sizeof path, recs, N, SIZE);
     sql(path, "PRAGMA journal_mode=DELETE;PRAGMA auto_vacuum=NONE;VACUUM");
     fill_disk(f->mnt, LEAVE);
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     off_t before = sb.st_size;
-    c = open_ok(path, 0);
+    kiln_cache *c = open_ok(path, 0);
     kiln_cache_gc_options go = {.size = sizeof go, .max_bytes = (uint64_t)N * SIZE / 3};
     uint64_t rows = 0, bytes = 0;
     kiln_status st = kiln_cache_gc(c, &go, &rows, &bytes);
