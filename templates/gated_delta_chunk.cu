@@ -53,7 +53,7 @@
 // and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
 // sizeof(chunk_smem), which the provider computes by the same layout (a
 // launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
-#include "kiln_prelude.cuh"
+#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits
 
 //! kiln:entry kiln_gated_delta_chunk
 
@@ -172,20 +172,6 @@ __device__ __forceinline__ float rsqrt_approx(float x)
 {
     float r;
     asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-}
-
-__device__ __forceinline__ float shfl_xor(float v, int m)
-{
-    float r;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
-    return r;
-}
-
-__device__ __forceinline__ kiln_u32 f32_bits(float x)
-{
-    kiln_u32 r;
-    asm("mov.b32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
 
@@ -316,7 +302,7 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
 // within 2^-64 .. 2^64 (2^64 for m = 0), and its inverse: both exact.
 __device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
 {
-    int f = 267 - (int)((f32_bits(m) >> 23) & 0xffu); // sc's biased exponent
+    int f = 267 - (int)((kiln_f32_bits(m) >> 23) & 0xffu); // sc's biased exponent
     f = f < 63 ? 63 : f > 191 ? 191 : f;
     sc = bits_f32((kiln_u32)f << 23);
     inv = bits_f32((kiln_u32)(254 - f) << 23);
@@ -415,8 +401,8 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                         m[e >> 1] = max_f32(m[e >> 1], abs_f32(s[i][j][e])); // zeros past the key dim
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
-                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 1));
-                m[e2] = max_f32(m[e2], shfl_xor(m[e2], 2));
+                m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 1));
+                m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 2));
                 if (t4 == 0)
                     sm.srmax[wr][mbs * 16 + g4 + e2 * 8] = m[e2];
             }
@@ -475,7 +461,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                 }
 #pragma unroll
                 for (int m = 8; m; m >>= 1)
-                    ss += shfl_xor(ss, m);
+                    ss += kiln_shfl_xor_f32(ss, m);
                 if (hl == 0) {
                     if (r < C)
                         sm.rk[r] = rsqrt_approx(ss + QK_EPS);
@@ -597,7 +583,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                         float m = max_f32(abs_f32(xs[n][e1]), abs_f32(xs[n][2 + e1]));
 #pragma unroll
                         for (int o = 4; o < 32; o <<= 1)
-                            m = max_f32(m, shfl_xor(m, o));
+                            m = max_f32(m, kiln_shfl_xor_f32(m, o));
                         if (g4 == 0)
                             sm.rcmax[mb][col + e1] = m;
                     }
@@ -742,7 +728,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     float m = max_f32(abs_f32(up[n][e1]), abs_f32(up[n][2 + e1]));
 #pragma unroll
                     for (int o = 4; o < 32; o <<= 1)
-                        m = max_f32(m, shfl_xor(m, o));
+                        m = max_f32(m, kiln_shfl_xor_f32(m, o));
                     if (g4 == 0)
                         sm.ucmax[mb][nh * (NTV / 2) * 8 + n * 8 + 2 * t4 + e1] = m;
                 }
@@ -788,8 +774,8 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
                 for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
                     m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
-                m = max_f32(m, shfl_xor(m, 1));
-                m = max_f32(m, shfl_xor(m, 2));
+                m = max_f32(m, kiln_shfl_xor_f32(m, 1));
+                m = max_f32(m, kiln_shfl_xor_f32(m, 2));
                 pow2_scale(m, psc[e2], psci[e2]);
 #pragma unroll
                 for (int n = 0; n < NTV; n++) {
