@@ -9,11 +9,7 @@
 #ifndef KILN_PREFILL_CUH
 #define KILN_PREFILL_CUH
 
-// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
-__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
+#include "kiln_mma.cuh" // saddr, cp_async16
 
 // Byte offset of (row r, column c, c % 8 == 0) in a swizzled tile whose
 // 64-column panels are panel bytes apart: row r of a panel is its 128 bytes

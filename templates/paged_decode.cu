@@ -45,6 +45,7 @@
 // SM), 4 there where the grid takes at most one block an SM (128 KiB: a
 // deeper pipeline for the SM's one block), 4 at head_dim 64 (64 KiB).
 // Needs sm_80 (sm_90 for n > 1).
+#include "kiln_mma.cuh" // saddr, cp.async, ldmatrix, mma
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_decode
@@ -85,43 +86,6 @@ __device__ __forceinline__ void st_h8(kiln_f16 *p, const float *y)
     d[3] = w.w;
 }
 
-__device__ __forceinline__ kiln_u32 smem_addr(const void *p)
-{
-    kiln_u32 a;
-    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared, L2 only; bytes 0 zero-fills (src then unread).
-__device__ __forceinline__ void cp_async16(kiln_u32 dst, const void *src, kiln_u32 bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(kiln_u32 addr, kiln_u32 *r)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(kiln_u32 addr, kiln_u32 *r)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
 __device__ __forceinline__ kiln_u32 movmatrix_trans(kiln_u32 a)
 {
     kiln_u32 r;
@@ -129,14 +93,6 @@ __device__ __forceinline__ kiln_u32 movmatrix_trans(kiln_u32 a)
     return r;
 }
 
-// c += a (16 x 16, row) . b (16 x 8, col), f16 in, f32 accumulate.
-__device__ __forceinline__ void mma(float *c, const kiln_u32 *a, kiln_u32 b0, kiln_u32 b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ kiln_u32 cluster_size()
@@ -151,7 +107,7 @@ __device__ __forceinline__ kiln_u32 cluster_size()
 __device__ __forceinline__ void st_cluster_f32x4(float *p, kiln_u32 rank, float v0, float v1, float v2, float v3)
 {
     kiln_u32 d;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(saddr(p)), "r"(rank));
     asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(d), "f"(v0), "f"(v1), "f"(v2), "f"(v3)
                  : "memory");
 }
@@ -242,7 +198,7 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     const kiln_u32 ntiles = (ke - kb + KT - 1) / KT;
     const bool has_new = kb <= cnew && cnew < ke;
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
-    const kiln_u32 sbase = smem_addr(smem);
+    const kiln_u32 sbase = saddr(smem);
 
     // Everything the prologue reads, in one round trip: the position, q, the
     // new token's k and v and its page, the pages of the first two tiles, and

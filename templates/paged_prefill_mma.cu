@@ -39,39 +39,8 @@
 #define SMEM_BYTES (Q_BYTES + 2 * STAGE_BYTES + 1024) // and the slack to align to 1024
 
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
-#include "kiln_prefill.cuh"
+#include "kiln_prefill.cuh" // and kiln_mma.cuh
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ kiln_u32 smem_u32(const void *p)
-{
-    kiln_u32 a;
-    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void ldsm_x4(kiln_u32 addr, kiln_u32 *r, bool trans)
-{
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr)
-                     : "memory");
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr)
-                     : "memory");
-}
-
-// c += a (16 x 16, row) . b (16 x 8, col), f16 in, f32 accumulate.
-__device__ __forceinline__ void mma(float *c, const kiln_u32 *a, kiln_u32 b0, kiln_u32 b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
@@ -91,12 +60,12 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
     const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, base = blk.base, ke = blk.ke;
     const kiln_u32 ntiles = (ke + BN - 1) / BN;
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
-    unsigned char *sm = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const kiln_u32 sq = smem_u32(sm), skv = sq + Q_BYTES;
+    unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
+    const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
 
     // The first tile in flight while the queries are rotated.
     prefill_load_kv<BN>(pages, trow, h, 0, ke, skv, tid, THREADS);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
     prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, THREADS);
     __syncthreads();
 
@@ -107,7 +76,7 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
     kiln_u32 qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        ldsm_x4(sq + swz_at(warp * 16 + i8 + 8 * (m8 % 2), kk * 16 + 8 * (m8 / 2), BM * 128), qf[kk], false);
+        ldsm_x4(sq + swz_at(warp * 16 + i8 + 8 * (m8 % 2), kk * 16 + 8 * (m8 / 2), BM * 128), qf[kk]);
 
     prefill_rows rows = prefill_rows_init(r0, warp * 16 + lane / 4, nrows, base, ke);
     float o[D / 2];
@@ -117,8 +86,8 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
     for (kiln_u32 n = 0; n < ntiles; n++) {
         if (n + 1 < ntiles)
             prefill_load_kv<BN>(pages, trow, h, (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES, tid, THREADS);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        asm volatile("cp.async.wait_group 1;" ::: "memory"); // this thread's copies of tile n have landed
+        cp_async_commit();
+        cp_async_wait<1>(); // this thread's copies of tile n have landed
         __syncthreads();                                      // and everyone's
         const kiln_u32 kst = skv + (n & 1) * STAGE_BYTES, vst = kst + TILE_BYTES;
 
@@ -133,7 +102,7 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
 #pragma unroll
             for (int j = 0; j < BN / 16; j++) {
                 kiln_u32 b[4];
-                ldsm_x4(kst + swz_at(16 * j + i8 + 8 * (m8 / 2), kk * 16 + 8 * (m8 % 2), BN * 128), b, false);
+                ldsm_x4(kst + swz_at(16 * j + i8 + 8 * (m8 / 2), kk * 16 + 8 * (m8 % 2), BN * 128), b);
                 mma(sc + 8 * j, qf[kk], b[0], b[1]);
                 mma(sc + 8 * j + 4, qf[kk], b[2], b[3]);
             }
@@ -149,7 +118,7 @@ kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, cons
 #pragma unroll
             for (int j = 0; j < D / 16; j++) {
                 kiln_u32 b[4];
-                ldsm_x4(vst + swz_at(16 * kk + i8 + 8 * (m8 % 2), 16 * j + 8 * (m8 / 2), BN * 128), b, true);
+                ldsm_x4_trans(vst + swz_at(16 * kk + i8 + 8 * (m8 % 2), 16 * j + 8 * (m8 / 2), BN * 128), b);
                 mma(o + 8 * j, p[kk], b[0], b[1]);
                 mma(o + 8 * j + 4, p[kk], b[2], b[3]);
             }

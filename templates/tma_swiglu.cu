@@ -104,9 +104,9 @@ kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
 #pragma unroll
         for (kiln_u32 kk = 0; kk < 4; kk++) {
             kiln_u32 a[4], b0[4], b1[4];
-            ldsm4(st + aup + swz(arow, 2 * kk + ach), a);
-            ldsm4(xt + swz(brow, 2 * kk + bch), b0);
-            ldsm4(xt + swz(brow + 16, 2 * kk + bch), b1);
+            ldsm_x4(st + aup + swz(arow, 2 * kk + ach), a);
+            ldsm_x4(xt + swz(brow, 2 * kk + bch), b0);
+            ldsm_x4(xt + swz(brow + 16, 2 * kk + bch), b1);
             mma(acc[0], a, b0[0], b0[1]);
             mma(acc[1], a, b0[2], b0[3]);
             mma(acc[2], a, b1[0], b1[1]);
