@@ -91,9 +91,10 @@ static unsigned prefill_mma_smem(int64_t head_dim)
     return (unsigned)(PREFILL_MMA_BM * head_dim * 2 + 2 * 2 * 64 * head_dim * 2 + 1024);
 }
 
-/* A prefill kernel's spec: template paged_prefill (wgmma: sm_90 only, wgmma
- * is sm_90a's) or paged_prefill_mma (mma.sync: sm_80 on). */
-static kiln_status prefill_spec(const char *tmpl, int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
+/* The spec of template tmpl specialized on the head layout alone: the
+ * decode (paged_decode) and the tensor-core prefills (paged_prefill, wgmma:
+ * sm_90 only, wgmma is sm_90a's; paged_prefill_mma, mma.sync: sm_80 on). */
+static kiln_status layout_spec(const char *tmpl, int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
 {
     uint32_t pt;
     kiln_status st;
@@ -164,13 +165,7 @@ kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_
     kiln_status st = attention_spec(head_dim, heads, kv_heads, PREFILL_ROWS, out);
     if (st || !decode)
         return st;
-    uint32_t pt;
-    if ((st = kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt)) ||
-        (st = kiln_spec_init(out, "paged_decode")) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
-        (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
-        (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
-        return st;
-    return KILN_OK;
+    return layout_spec("paged_decode", head_dim, heads, kv_heads, out);
 }
 
 kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -230,7 +225,7 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (sm >= 80 && ((st = prefill_spec(sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
+    if (sm >= 80 && ((st = layout_spec(sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
                      (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
@@ -617,7 +612,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
-        if ((st = prefill_spec(wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
+        if ((st = layout_spec(wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
                                &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
