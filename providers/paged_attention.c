@@ -426,7 +426,9 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
 typedef struct attn_launch {
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
-    unsigned attention_threads, attention_smem; /* the wgmma prefill's 256 and its shared memory, or 128, 0 */
+    /* The attention's block and shared memory: 384 (wgmma) or 128 (mma.sync)
+     * and theirs for a tensor-core prefill; 128 and 0 on the CUDA cores. */
+    unsigned attention_threads, attention_smem;
     CUdeviceptr q, k, v, pos, table, lens, spans, pages, out;
     uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
         attention_tiles;
