@@ -606,6 +606,7 @@ static void test_prewarmed_model_compiles_nothing(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
+    kiln_test_filter();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, gpu_fixture_teardown)
     const struct CMUnitTest tests[] = {
         T(test_decode_qwen3_next),
