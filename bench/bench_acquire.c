@@ -208,10 +208,10 @@ int main(int argc, char **argv)
         fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     kiln_status st;
     for (long i = 0; i < n; i++)
-        if ((st = kiln_op_token_embedding_spec(VOCAB, 1024 + 64 * i, 8, &specs[i])))
+        if ((st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, VOCAB, 1024 + 64 * i, 8, &specs[i])))
             fail("setup", st, NULL);
     kiln_spec warm;
-    if ((st = kiln_op_token_embedding_spec(1000, 64, 8, &warm)))
+    if ((st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, 1000, 64, 8, &warm)))
         fail("setup", st, NULL);
 
     const char *why = NULL;

@@ -260,7 +260,7 @@ int main(int argc, char **argv)
     kiln_spec spec;
     kiln_kernel *kernel;
     void *fn;
-    check(kiln_op_token_embedding_spec(VOCAB, HIDDEN, 8, &spec), "spec");
+    check(kiln_op_token_embedding_spec(KILN_DTYPE_F16, VOCAB, HIDDEN, 8, &spec), "spec");
     check(kiln_jit_acquire(jit, &spec, &kernel), "acquire");
     check(kiln_kernel_function(kernel, NULL, &fn), "function");
     su.fn = (CUfunction)fn;

@@ -296,7 +296,7 @@ int main(int argc, char **argv)
     void *fn = NULL;
     kiln_jit_counters c0, c1;
     kiln_jit_get_counters(jit, &c0);
-    if ((st = kiln_op_token_embedding_spec(VOCAB, HIDDEN, VEC, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kernel)) ||
+    if ((st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, VOCAB, HIDDEN, VEC, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kernel)) ||
         (st = kiln_kernel_function(kernel, NULL, &fn)))
         fail("setup", st, NULL);
     kiln_jit_get_counters(jit, &c1);

@@ -29,6 +29,7 @@ void kiln_model_config_default(kiln_model_config *c)
     c->rms_norm_eps = 1e-5;
     c->rope_theta = 500000.0;
     c->tie_word_embeddings = 0;
+    c->dtype = KILN_DTYPE_F16;
 }
 
 /* The item's JSON text, shortened, for messages. */
@@ -137,6 +138,7 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
     kiln_model_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.name, sizeof c.name, "config");
+    c.dtype = KILN_DTYPE_F16;
     const cJSON *root = doc;
     if (!cJSON_IsObject(root)) {
         st = kiln__fail(NULL, KILN_ERR_CONFIG, "config: the top level must be a JSON object");

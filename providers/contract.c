@@ -53,6 +53,33 @@ kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *b
     return KILN_OK;
 }
 
+kiln_status kiln__check_elt(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
+                            kiln_runtime *rt, kiln_dtype *elt)
+{
+    if (!t || !t->buffer)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s has no buffer", op, binding);
+    if (t->dtype != KILN_DTYPE_F16 && t->dtype != KILN_DTYPE_BF16)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s must be f16 or bf16, got %s", op, binding,
+                          kiln_dtype_name(t->dtype));
+    if (t->dtype == KILN_DTYPE_BF16 && rt) {
+        kiln_runtime_info info;
+        kiln_runtime_get_info(rt, &info);
+        if (strncmp(info.arch, "sm_", 3) || atoi(info.arch + 3) < 80)
+            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s is bf16, which %s (before sm_80) lacks",
+                              op, binding, info.arch);
+    }
+    *elt = t->dtype;
+    return KILN_OK;
+}
+
+kiln_status kiln__spec_set_elt(kiln_spec *spec, const char *op, kiln_dtype elt)
+{
+    if (elt != KILN_DTYPE_F16 && elt != KILN_DTYPE_BF16)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, "%s: element type must be f16 or bf16, got %s", op,
+                          kiln_dtype_name(elt));
+    return kiln_spec_set(spec, "BF16", elt == KILN_DTYPE_BF16);
+}
+
 int kiln__tensors_overlap(const kiln_tensor *a, size_t a_bytes, const kiln_tensor *b, size_t b_bytes)
 {
     return a->buffer == b->buffer && a->offset < b->offset + b_bytes && b->offset < a->offset + a_bytes;

@@ -43,7 +43,7 @@ static int sizes_ok(int64_t dk, int64_t dv, int64_t kh, int64_t vh)
            kh <= KILN_MODEL_MAX_HEADS && vh >= 1 && vh <= KILN_MODEL_MAX_HEADS && vh % kh == 0;
 }
 
-kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec, kiln_spec *out)
+kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -54,7 +54,7 @@ kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t kh, int64_t
                           (long long)dk, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh, (long long)vh,
                           KILN_MODEL_MAX_HEADS, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
         (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
         (st = kiln_spec_set(out, "G", lanes_for(dk))) || (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(dk, dv))))
@@ -113,7 +113,7 @@ static unsigned optin_kib(int sm)
     return 0;
 }
 
-kiln_status kiln_op_gated_delta_chunk_spec(int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
+kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
                                            kiln_spec *out)
 {
     if (!out)
@@ -127,7 +127,7 @@ kiln_status kiln_op_gated_delta_chunk_spec(int64_t dk, int64_t dv, int64_t kh, i
                           (long long)dk, CHUNK_MAX_DK, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh,
                           (long long)vh, KILN_MODEL_MAX_HEADS, rows, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln_spec_set(out, "DK", dk)) ||
+    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln__spec_set_elt(out, CHUNK, elt)) || (st = kiln_spec_set(out, "DK", dk)) ||
         (st = kiln_spec_set(out, "DV", dv)) || (st = kiln_spec_set(out, "KH", kh)) ||
         (st = kiln_spec_set(out, "VH", vh)) || (st = kiln_spec_set(out, "ROWS", rows)) ||
         (st = kiln_spec_set(out, "VEC", vec)))
@@ -147,7 +147,7 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     const int64_t dk = cfg->linear_key_head_dim, dv = cfg->linear_value_head_dim, kh = cfg->linear_num_key_heads,
                   vh = cfg->linear_num_value_heads;
     kiln_spec spec;
-    kiln_status st = kiln_op_gated_delta_spec(dk, dv, kh, vh, dk % 4 ? 1 : 4, &spec);
+    kiln_status st = kiln_op_gated_delta_spec(KILN_DTYPE_F16, dk, dv, kh, vh, dk % 4 ? 1 : 4, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
     if (dk > CHUNK_MAX_DK)
@@ -162,7 +162,7 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     for (int i = 0; i < 2; i++) {
         if (sm && chunk_smem(dk, rows[i]) > optin_kib(sm) * 1024u)
             continue;
-        if ((st = kiln_op_gated_delta_chunk_spec(dk, dv, kh, vh, rows[i], vec, &spec)) || (st = sink(user, &spec)))
+        if ((st = kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, dk, dv, kh, vh, rows[i], vec, &spec)) || (st = sink(user, &spec)))
             return st;
     }
     return KILN_OK;
@@ -340,7 +340,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     unsigned smem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         smem = chunk_smem(DK, rows);
-        if ((st = kiln_op_gated_delta_chunk_spec(DK, DV, KH, VH, rows, cvec, &spec)) ||
+        if ((st = kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, DK, DV, KH, VH, rows, cvec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)) ||
             (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
             return kiln__propagate(err, st);
@@ -348,7 +348,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (!fits) {
         rows = 0;
         smem = 0;
-        if ((st = kiln_op_gated_delta_spec(DK, DV, KH, VH, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        if ((st = kiln_op_gated_delta_spec(KILN_DTYPE_F16, DK, DV, KH, VH, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
             (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);
     }

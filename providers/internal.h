@@ -13,6 +13,16 @@
 kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
                                kiln_runtime *rt, kiln_dtype dtype, uint32_t rank, const int64_t *want,
                                size_t *bytes);
+/* The element type of an op's activations, weights and KV cache, from its
+ * binding named binding (present): f16, or bf16 on a device of sm_80 or
+ * later; any other dtype is refused naming op, binding and the dtype. The
+ * op's other 16-bit bindings are then checked against *elt. */
+kiln_status kiln__check_elt(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
+                            kiln_runtime *rt, kiln_dtype *elt);
+/* Sets a spec's element-type constant (BF16: 0 for f16, 1 for bf16; every
+ * template reads it through kiln_prelude.cuh's kiln_elt). Refuses, naming op,
+ * any other dtype. */
+kiln_status kiln__spec_set_elt(kiln_spec *spec, const char *op, kiln_dtype elt);
 /* The start of every encode: jit and cmd given (KILN_ERR_INVALID_ARGUMENT),
  * *cmd set to NULL, and a runtime (offline: KILN_ERR_NO_DEVICE); *rt and
  * *err are then the jit's runtime and its error slot. Names op. */

@@ -17,7 +17,7 @@ static int64_t threads_for(int64_t n, int vec)
     return t < 32 ? 32 : t > 256 ? 256 : t;
 }
 
-kiln_status kiln_op_last_token_linear_spec(int64_t in, int vec, kiln_spec *out)
+kiln_status kiln_op_last_token_linear_spec(kiln_dtype elt, int64_t in, int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -25,7 +25,7 @@ kiln_status kiln_op_last_token_linear_spec(int64_t in, int vec, kiln_spec *out)
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": in %lld (1..%d), vector width %d (1, or 8 dividing in)",
                           (long long)in, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, "gather_last")) || (st = kiln_spec_set(out, "IN", in)) ||
+    if ((st = kiln_spec_init(out, "gather_last")) || (st = kiln__spec_set_elt(out, "gather_last", elt)) || (st = kiln_spec_set(out, "IN", in)) ||
         (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(in, vec))))
         return st;
     return KILN_OK;
@@ -35,7 +35,7 @@ kiln_status kiln_op_last_token_linear_spec(int64_t in, int vec, kiln_spec *out)
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_last_token_linear_spec(cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_last_token_linear_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -136,7 +136,7 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     d.workspace = ws;
     kiln_spec spec;
     kiln_kernel *k;
-    if ((st = kiln_op_last_token_linear_spec(in, vec, &spec)) ||
+    if ((st = kiln_op_last_token_linear_spec(KILN_DTYPE_F16, in, vec, &spec)) ||
         (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
         return kiln__propagate(err, st);

@@ -324,7 +324,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     const int vec = hidden % 8 == 0 && bits % 16 == 0 ? 8 : 1;
     kiln_spec spec;
     void *fn;
-    if ((st = kiln_op_rms_norm_spec(hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
+    if ((st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
         (st = kiln_kernel_function(nk,
                                    l->mode == MODE_PARTS || l->mode == MODE_TMA ? "kiln_rms_norm_residual_parts"
                                                                                 : "kiln_rms_norm_residual",

@@ -42,7 +42,7 @@ void kiln__masked_argmax_set_max_cluster(int cluster)
     atomic_store(&max_cluster, cluster == PORTABLE_CLUSTER ? PORTABLE_CLUSTER : CLUSTER);
 }
 
-kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster, kiln_spec *out)
+kiln_status kiln__masked_argmax_spec_cluster(kiln_dtype elt, int64_t vocab, int vec, int cluster, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -54,7 +54,7 @@ kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": cluster %d (%d or %d)", cluster, CLUSTER,
                           PORTABLE_CLUSTER);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
         (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(vocab, vec, cluster))) ||
         (st = kiln_spec_set(out, "UNROLL", unroll_for(vocab, vec, cluster))) ||
@@ -63,9 +63,9 @@ kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster
     return KILN_OK;
 }
 
-kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vec, kiln_spec *out)
+kiln_status kiln_op_masked_argmax_spec(kiln_dtype elt, int64_t vocab, int vec, kiln_spec *out)
 {
-    return kiln__masked_argmax_spec_cluster(vocab, vec, CLUSTER, out);
+    return kiln__masked_argmax_spec_cluster(elt, vocab, vec, CLUSTER, out);
 }
 
 kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants, size_t *bytes)
@@ -83,7 +83,7 @@ kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants,
 kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_masked_argmax_spec(cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_masked_argmax_spec(KILN_DTYPE_F16, cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -199,7 +199,7 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
     void *fn;
     int cluster = atomic_load(&max_cluster);
     for (;;) {
-        if ((st = kiln__masked_argmax_spec_cluster(vocab, vec, cluster, &spec)))
+        if ((st = kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, vocab, vec, cluster, &spec)))
             return kiln__propagate(err, st);
         if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);

@@ -94,12 +94,13 @@ static unsigned prefill_mma_smem(int64_t head_dim)
 /* The spec of template tmpl specialized on the head layout alone: the
  * decode (paged_decode) and the tensor-core prefills (paged_prefill, wgmma:
  * sm_90 only, wgmma is sm_90a's; paged_prefill_mma, mma.sync: sm_80 on). */
-static kiln_status layout_spec(const char *tmpl, int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
+static kiln_status layout_spec(kiln_dtype elt, const char *tmpl, int64_t head_dim, int64_t heads, int64_t kv_heads, kiln_spec *out)
 {
     uint32_t pt;
     kiln_status st;
     if ((st = kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt)) ||
-        (st = kiln_spec_init(out, tmpl)) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
+        (st = kiln_spec_init(out, tmpl)) || (st = kiln__spec_set_elt(out, tmpl, elt)) ||
+        (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
         (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
         (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
         return st;
@@ -139,7 +140,7 @@ static int64_t rows_for(int64_t group, int decode)
 /* The paged_attention template's spec with rows query rows per block (16:
  * prefill; 4, 8 or 16: its decode, taken where the one-kernel decode does not
  * run: before sm_80, or short of shared memory). */
-static kiln_status attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows, kiln_spec *out)
+static kiln_status attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -151,7 +152,8 @@ static kiln_status attention_spec(int64_t head_dim, int64_t heads, int64_t kv_he
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": heads %lld must be in [1, %d] and a multiple of kv_heads %lld", (long long)heads,
                           KILN_MODEL_MAX_HEADS, (long long)kv_heads);
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "HEAD_DIM", head_dim)) ||
         (st = kiln_spec_set(out, "HEADS", heads)) || (st = kiln_spec_set(out, "KV_HEADS", kv_heads)) ||
         (st = kiln_spec_set(out, "PAGE_TOKENS", pt)) ||
         (st = kiln_spec_set(out, "ROWS", rows)))
@@ -159,13 +161,13 @@ static kiln_status attention_spec(int64_t head_dim, int64_t heads, int64_t kv_he
     return KILN_OK;
 }
 
-kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
+kiln_status kiln_op_paged_attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                          kiln_spec *out)
 {
-    kiln_status st = attention_spec(head_dim, heads, kv_heads, PREFILL_ROWS, out);
+    kiln_status st = attention_spec(elt, head_dim, heads, kv_heads, PREFILL_ROWS, out);
     if (st || !decode)
         return st;
-    return layout_spec("paged_decode", head_dim, heads, kv_heads, out);
+    return layout_spec(elt, "paged_decode", head_dim, heads, kv_heads, out);
 }
 
 kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
@@ -174,7 +176,7 @@ kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
     kiln_spec spec;
-    kiln_status st = kiln_op_paged_attention_spec(head_dim, heads, kv_heads, 1, &spec);
+    kiln_status st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, head_dim, heads, kv_heads, 1, &spec);
     if (st)
         return st;
     if (seqs < 1 || seqs > (int64_t)MAX_SEQS || max_query_tokens < 1)
@@ -223,17 +225,17 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
         sm = 0;
     kiln_spec spec;
     kiln_status st;
-    if ((st = kiln_op_paged_attention_spec(d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
+    if ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (sm >= 80 && ((st = layout_spec(sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
+    if (sm >= 80 && ((st = layout_spec(KILN_DTYPE_F16, sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
                      (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
-        ((st = kiln_op_paged_attention_spec(d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
+        ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
         return st;
     const int64_t rows = rows_for(h / kvh, 1);
     if (sm && decode_falls_back(sm, d) && rows != PREFILL_ROWS &&
-        ((st = attention_spec(d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
+        ((st = attention_spec(KILN_DTYPE_F16, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
         return st;
     return KILN_OK;
 }
@@ -584,7 +586,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     if (one_kernel) {
         const uint32_t decode_tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
         int fits = 0, deep = 0;
-        if ((st = kiln_op_paged_attention_spec(in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
+        if ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_decode", &fd)))
             return kiln__propagate(err, st);
         if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * decode_tiles,
@@ -600,7 +602,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         }
     }
     if (!one_kernel &&
-        ((st = attention_spec(in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
+        ((st = attention_spec(KILN_DTYPE_F16, in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
                               &spec)) ||
          (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
          (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
@@ -614,7 +616,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
-        if ((st = layout_spec(wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
+        if ((st = layout_spec(KILN_DTYPE_F16, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
                                &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||

@@ -23,7 +23,7 @@ static int64_t threads_for(int64_t hidden, int vec)
     return THREADS;
 }
 
-kiln_status kiln_op_residual_add_spec(int64_t hidden, int vec, kiln_spec *out)
+kiln_status kiln_op_residual_add_spec(kiln_dtype elt, int64_t hidden, int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -32,7 +32,7 @@ kiln_status kiln_op_residual_add_spec(int64_t hidden, int vec, kiln_spec *out)
                           OP ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)", (long long)hidden,
                           KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
         (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
     return KILN_OK;
@@ -51,7 +51,7 @@ kiln_status kiln_op_residual_add_workspace(int64_t tokens, int64_t hidden, size_
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_residual_add_spec(cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_residual_add_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -120,7 +120,7 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
         return st;
     const int64_t tokens = a->dims[0], hidden = a->dims[1];
     kiln_spec spec;
-    if ((st = kiln_op_residual_add_spec(hidden, vec, &spec)))
+    if ((st = kiln_op_residual_add_spec(KILN_DTYPE_F16, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     const size_t bytes = (size_t)tokens * (size_t)hidden * 2;
     const uint64_t n = (uint64_t)tokens * (uint64_t)hidden / (uint64_t)vec;

@@ -19,7 +19,7 @@ static int64_t threads_for(int64_t hidden, int vec)
 
 unsigned kiln__rms_norm_threads(int64_t hidden, int vec) { return (unsigned)threads_for(hidden, vec); }
 
-kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vec, kiln_spec *out)
+kiln_status kiln_op_rms_norm_spec(kiln_dtype elt, int64_t hidden, int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, TEMPLATE ": out is NULL");
@@ -28,7 +28,7 @@ kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vec, kiln_spec *out)
                           TEMPLATE ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
                           (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln__spec_set_elt(out, TEMPLATE, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
         (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
     return KILN_OK;
@@ -48,7 +48,7 @@ kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink s
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when hidden allows it. */
-    kiln_status st = kiln_op_rms_norm_spec(cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -153,7 +153,7 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     kiln_spec spec;
-    if ((st = kiln_op_rms_norm_spec(hidden, vec, &spec)))
+    if ((st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;

@@ -22,7 +22,7 @@ int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, ui
  * (glu 0) or gated (glu 1: out = silu(gate) * up of a [2 n_out, in] weight);
  * wide: the variant compiled for more blocks an SM (fewer registers), which
  * a product takes when that puts its grid in one wave instead of two. */
-kiln_status kiln__skinny_linear_spec(int64_t in, int glu, int wide, kiln_spec *out);
+kiln_status kiln__skinny_linear_spec(kiln_dtype elt, int64_t in, int glu, int wide, kiln_spec *out);
 
 /* A command of op (its attribution) for out = x weightᵀ (+ bias), or with glu
  * out = silu(x gateᵀ) * (x upᵀ) where weight is [gate; up] (no bias), through

@@ -35,7 +35,7 @@ static int64_t blocks_for(int64_t n, int vec)
     return (n / vec + per - 1) / per;
 }
 
-kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vec, kiln_spec *out)
+kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermediate, int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -45,7 +45,7 @@ kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vec, kiln_spec *
                           OP ": intermediate %lld (1..%d), vector width %d (1, or 8 dividing intermediate)",
                           (long long)intermediate, KILN_MODEL_MAX_INTERMEDIATE, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, "swiglu")) || (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)) ||
+    if ((st = kiln_spec_init(out, "swiglu")) || (st = kiln__spec_set_elt(out, "swiglu", elt)) || (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)) ||
         (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(intermediate, vec))))
         return st;
     return KILN_OK;
@@ -72,7 +72,7 @@ kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_si
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when the size allows. */
-    kiln_status st = kiln_op_dense_swiglu_spec(cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
     /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
@@ -239,7 +239,7 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     d.workspace = ws;
     kiln_spec spec;
     kiln_kernel *k;
-    if ((st = kiln_op_dense_swiglu_spec(inter, vec, &spec)) ||
+    if ((st = kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, inter, vec, &spec)) ||
         (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
         return kiln__propagate(err, st);

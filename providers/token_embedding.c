@@ -17,7 +17,7 @@ static int64_t threads_for(int64_t hidden, int vec)
     return t < 32 ? 32 : t > 256 ? 256 : t;
 }
 
-kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden, int vec, kiln_spec *out)
+kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab, int64_t hidden, int vec, kiln_spec *out)
 {
     if (vocab < 1 || vocab > KILN_MODEL_MAX_VOCAB || hidden < 1 || hidden > KILN_MODEL_MAX_HIDDEN ||
         (vec != 1 && vec != 8) || hidden % vec)
@@ -25,7 +25,7 @@ kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden, int vec,
                           OP ": vocab %lld (1..%d), hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
                           (long long)vocab, KILN_MODEL_MAX_VOCAB, (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
         (st = kiln_spec_set(out, "VOCAB", vocab)) || (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
@@ -36,7 +36,7 @@ kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned, so encode takes the vector path when hidden allows it. */
-    kiln_status st = kiln_op_token_embedding_spec(cfg->vocab_size, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8,
+    kiln_status st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, cfg->vocab_size, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8,
                                                   &spec);
     return st ? st : sink(user, &spec);
 }
@@ -98,7 +98,7 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
     int vec = (hidden % 8 == 0 && l.table % 16 == 0 && l.out % 16 == 0) ? 8 : 1;
     l.threads = (unsigned)threads_for(hidden, vec);
     kiln_spec spec;
-    if ((st = kiln_op_token_embedding_spec(vocab, hidden, vec, &spec)))
+    if ((st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, vocab, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;

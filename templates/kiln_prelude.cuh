@@ -23,6 +23,37 @@ __device__ __forceinline__ kiln_f16 kiln_f32_to_f16(float f)
     return h;
 }
 
+// The element type of activations, weights and the KV cache: f16, or bf16
+// when the spec sets BF16 = 1 (kiln__spec_set_elt). Both are stored as 16
+// bits; arithmetic is f32. bf16 needs sm_80 or later (cvt.rn.bf16.f32).
+#ifndef KILN_BF16
+#define KILN_BF16 0
+#endif
+#if KILN_BF16 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "bf16 needs sm_80 or later"
+#endif
+typedef unsigned short kiln_elt;
+
+__device__ __forceinline__ float kiln_elt_to_f32(kiln_elt h)
+{
+#if KILN_BF16
+    return __uint_as_float((kiln_u32)h << 16);
+#else
+    return kiln_f16_to_f32(h);
+#endif
+}
+
+__device__ __forceinline__ kiln_elt kiln_f32_to_elt(float f)
+{
+#if KILN_BF16
+    kiln_elt h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    return kiln_f32_to_f16(f);
+#endif
+}
+
 // 16-byte load through the read-only path; p must be 16-byte aligned.
 __device__ __forceinline__ kiln_u32x4 kiln_ldg16(const void *p)
 {

@@ -28,9 +28,9 @@ static void test_model_lists_prefill_and_decode(void **state)
     kiln_spec *specs = NULL, want;
     size_t n = 0;
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
-    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 0, &want));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 32, 8, 0, &want));
     assert_true(has_spec(specs, n, &want));
-    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 1, &want));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 32, 8, 1, &want));
     assert_true(has_spec(specs, n, &want));
     kiln_free(specs);
     /* A head layout the kernels do not serve adds nothing and fails nothing. */
@@ -74,7 +74,7 @@ static spec_set arch_specs(int64_t head_dim, int64_t heads, int64_t kv_heads, co
 static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows)
 {
     kiln_spec s;
-    KILN_CHECK(kiln_op_paged_attention_spec(head_dim, heads, kv_heads, 0, &s));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, head_dim, heads, kv_heads, 0, &s));
     KILN_CHECK(kiln_spec_set(&s, "ROWS", rows));
     return s;
 }
@@ -87,6 +87,7 @@ static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_hea
     uint32_t pt;
     KILN_CHECK(kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt));
     KILN_CHECK(kiln_spec_init(&s, wgmma ? "paged_prefill" : "paged_prefill_mma"));
+    KILN_CHECK(kiln_spec_set(&s, "BF16", 0));
     KILN_CHECK(kiln_spec_set(&s, "HEAD_DIM", head_dim));
     KILN_CHECK(kiln_spec_set(&s, "HEADS", heads));
     KILN_CHECK(kiln_spec_set(&s, "KV_HEADS", kv_heads));
@@ -108,7 +109,7 @@ static void test_every_path_compiles_for_sm90(void **state)
             for (int decode = 0; decode < 2; decode++) {
                 kiln_spec s;
                 char text[256];
-                KILN_CHECK(kiln_op_paged_attention_spec(d, layouts[i].heads, layouts[i].kv_heads, decode, &s));
+                KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, layouts[i].heads, layouts[i].kv_heads, decode, &s));
                 KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                 int compiled = 0;
                 kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
@@ -147,8 +148,8 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
 {
     fixture *f = *state;
     kiln_spec prefill, decode, fb = fallback_spec(128, 32, 8, 4);
-    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 0, &prefill));
-    KILN_CHECK(kiln_op_paged_attention_spec(128, 32, 8, 1, &decode));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 32, 8, 0, &prefill));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 32, 8, 1, &decode));
     /* Unknown: the CUDA-core prefill and the decode; from sm_80 on also the
      * tensor-core prefill (wgmma on sm_90). */
     static const char *const fits[] = {NULL, "bogus", "sm_80", "sm_87", "sm_90", "sm_90a", "sm_100", "sm_103"};
@@ -261,19 +262,19 @@ static void test_spec_and_page_arguments(void **state)
     KILN_EXPECT(kiln_op_paged_attention_page_tokens(64, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
     kiln_spec s;
-    KILN_EXPECT(kiln_op_paged_attention_spec(128, 30, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 30, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "heads 30", "kv_heads 8");
-    KILN_EXPECT(kiln_op_paged_attention_spec(80, 32, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 80, 32, 8, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "head_dim 80", NULL);
     char text[256];
-    KILN_CHECK(kiln_op_paged_attention_spec(128, 28, 4, 1, &s));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 28, 4, 1, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(s.template_id, "paged_decode");
-    assert_string_equal(text, "HEADS=28;HEAD_DIM=128;KV_HEADS=4;PAGE_TOKENS=32");
-    KILN_CHECK(kiln_op_paged_attention_spec(64, 14, 2, 0, &s));
+    assert_string_equal(text, "BF16=0;HEADS=28;HEAD_DIM=128;KV_HEADS=4;PAGE_TOKENS=32");
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 64, 14, 2, 0, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(s.template_id, "paged_attention");
-    assert_string_equal(text, "HEADS=14;HEAD_DIM=64;KV_HEADS=2;PAGE_TOKENS=128;ROWS=16");
+    assert_string_equal(text, "BF16=0;HEADS=14;HEAD_DIM=64;KV_HEADS=2;PAGE_TOKENS=128;ROWS=16");
     /* Workspace: no command needs one (decode splits over a cluster's shared memory). */
     size_t b = 1;
     static const int64_t ws_cases[][5] = {{100, 32, 8, 128, 100}, {1, 32, 8, 128, 2}, {1, 32, 8, 128, 1},

@@ -188,7 +188,7 @@ static void make_reals(real *out, int n, int vocab)
     kiln_cache *c = open_ok(path, 0);
     kiln_jit *j = new_jit(c);
     for (int i = 0; i < n; i++) {
-        KILN_CHECK(kiln_op_token_embedding_spec(vocab, 64 * (i + 1), 8, &out[i].spec));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, vocab, 64 * (i + 1), 8, &out[i].spec));
         int compiled;
         KILN_CHECK(kiln_jit_prepare(j, &out[i].spec, &compiled));
         KILN_CHECK(kiln_jit_fingerprint(j, &out[i].spec, out[i].fp));

@@ -71,7 +71,7 @@ static int setup(void **state)
     static const int64_t hidden[] = {64, 128, 192, 256};
     static const int64_t vocab[] = {1000, 2000, 3000};
     for (int i = 0; i < N_SPECS; i++)
-        KILN_CHECK(kiln_op_token_embedding_spec(vocab[i % 3], hidden[i / 3], 8, &f->specs[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, vocab[i % 3], hidden[i / 3], 8, &f->specs[i]));
     kiln_rng r = kiln_rng_new();
     f->seed = kiln_rng_next(&r);
     f->procs = env_int("KILN_STRESS_PROCS", 8, 1, MAX_PROCS);

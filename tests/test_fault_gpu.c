@@ -41,7 +41,7 @@ static void fault_in_child(const char *path)
     kiln_jit *jit;
     KILN_CHECK(kiln_jit_create(&jo, &jit));
     kiln_spec spec;
-    KILN_CHECK(kiln_op_token_embedding_spec(1000, 64, 8, &spec));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 1000, 64, 8, &spec));
     kiln_kernel *k;
     void *fn;
     KILN_CHECK(kiln_jit_acquire(jit, &spec, &k));

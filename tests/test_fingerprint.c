@@ -158,7 +158,7 @@ static void real_key(char hex[65])
     kiln_spec s;
     uint8_t fp[32];
     KILN_CHECK(kiln_jit_create(&jo, &jit));
-    KILN_CHECK(kiln_op_token_embedding_spec(128256, 4096, 8, &s));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 128256, 4096, 8, &s));
     KILN_CHECK(kiln_jit_fingerprint(jit, &s, fp));
     kiln_fingerprint_hex(fp, hex);
     kiln_jit_destroy(jit);

@@ -700,7 +700,7 @@ static void test_module_unload_drops_graphs(void **state)
     KILN_CHECK(kiln_jit_create(&jo, &other));
     kiln_spec spec;
     kiln_kernel *k;
-    KILN_CHECK(kiln_op_token_embedding_spec(64, 64, 8, &spec));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 64, 64, 8, &spec));
     KILN_CHECK(kiln_jit_acquire(other, &spec, &k)); /* loads a module of its own */
     kiln_jit_destroy(other);
     kiln_graph_stats g;

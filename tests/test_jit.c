@@ -56,7 +56,7 @@ static void test_compiles_once_then_memory_then_database(void **state)
     fixture *f = *state;
     kiln_spec s;
     int compiled = 0;
-    KILN_CHECK(kiln_op_token_embedding_spec(151936, 896, 8, &s));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 151936, 896, 8, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
     assert_int_equal(compiled, 1);
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
@@ -129,7 +129,7 @@ static void test_eight_threads_one_key_one_compile(void **state)
     fixture *f = *state;
     kiln_spec specs[8];
     for (int i = 0; i < 8; i++)
-        KILN_CHECK(kiln_op_token_embedding_spec(32000, 2048, 8, &specs[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 32000, 2048, 8, &specs[i]));
     run_racers(f->jit, specs, 8);
     kiln_jit_counters k = counters(f->jit);
     assert_int_equal(k.compiles, 1);
@@ -141,7 +141,7 @@ static void test_different_keys_compile_in_parallel(void **state)
     fixture *f = *state;
     kiln_spec specs[4];
     for (int i = 0; i < 4; i++)
-        KILN_CHECK(kiln_op_token_embedding_spec(32000, 1024 + 8 * i, 8, &specs[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 32000, 1024 + 8 * i, 8, &specs[i]));
     run_racers(f->jit, specs, 4);
     kiln_jit_counters k = counters(f->jit);
     assert_int_equal(k.compiles, 4);
@@ -158,7 +158,7 @@ static void test_compiles_are_bounded(void **state)
     KILN_CHECK(kiln_jit_create(&o, &j));
     kiln_spec specs[4];
     for (int i = 0; i < 4; i++)
-        KILN_CHECK(kiln_op_token_embedding_spec(4000, 512 + 8 * i, 8, &specs[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 4000, 512 + 8 * i, 8, &specs[i]));
     run_racers(j, specs, 4);
     assert_int_equal(counters(j).compiles, 4);
     assert_int_equal(kiln__jit_peak_compiles(j), 1);
@@ -223,7 +223,7 @@ static void test_corrupt_row_is_recompiled(void **state)
     fixture *f = *state;
     kiln_spec s;
     int compiled = 0;
-    KILN_CHECK(kiln_op_token_embedding_spec(50001, 1000, 1, &s));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 50001, 1000, 1, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
     assert_int_equal(compiled, 1);
     /* Another process corrupts the row behind our back. */
@@ -291,8 +291,8 @@ static void test_corrupt_rows_counted_once_across_threads(void **state)
     fixture *f = *state;
     kiln_spec corrupt[CORRUPT_RACE_KEYS], whole[CORRUPT_RACE_KEYS];
     for (int i = 0; i < CORRUPT_RACE_KEYS; i++) {
-        KILN_CHECK(kiln_op_token_embedding_spec(7000 + i, 256, 8, &corrupt[i]));
-        KILN_CHECK(kiln_op_token_embedding_spec(9000 + i, 256, 8, &whole[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 7000 + i, 256, 8, &corrupt[i]));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 9000 + i, 256, 8, &whole[i]));
     }
     char layer_path[640];
     snprintf(layer_path, sizeof layer_path, "%s/layer.db", f->dir);
@@ -345,7 +345,7 @@ static void test_without_a_database(void **state)
     kiln_jit *j = new_jit(NULL);
     kiln_spec s;
     int compiled = 0;
-    KILN_CHECK(kiln_op_token_embedding_spec(1000, 64, 8, &s));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 1000, 64, 8, &s));
     KILN_CHECK(kiln_jit_prepare(j, &s, &compiled));
     assert_int_equal(compiled, 1);
     KILN_CHECK(kiln_jit_prepare(j, &s, &compiled));

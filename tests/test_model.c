@@ -186,7 +186,7 @@ static void test_specializations(void **state)
         if (strcmp(specs[i].template_id, "token_embedding"))
             continue;
         kiln_spec want;
-        KILN_CHECK(kiln_op_token_embedding_spec(128256, 4096, 8, &want));
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 128256, 4096, 8, &want));
         assert_memory_equal(&specs[i], &want, sizeof want);
         found = 1;
     }
@@ -196,7 +196,7 @@ static void test_specializations(void **state)
     c.hidden_size = 1001;
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     kiln_spec want;
-    KILN_CHECK(kiln_op_token_embedding_spec(128256, 1001, 1, &want));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 128256, 1001, 1, &want));
     assert_memory_equal(&specs[0], &want, sizeof want);
     kiln_free(specs);
 }
@@ -284,7 +284,7 @@ static void test_linear_attention_specializations(void **state)
     size_t n = 0, found = 0;
     KILN_CHECK(parse(QWEN3_NEXT "}", &c));
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
-    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &want));
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &want));
     for (size_t i = 0; i < n; i++)
         if (!strcmp(specs[i].template_id, "gated_delta")) {
             assert_memory_equal(&specs[i], &want, sizeof want);

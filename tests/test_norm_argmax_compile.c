@@ -13,7 +13,7 @@
 #include "testutil.h"
 
 /* providers/masked_argmax.c: the spec for a cluster of 16 (the default) or 8 blocks. */
-kiln_status kiln__masked_argmax_spec_cluster(int64_t vocab, int vec, int cluster, kiln_spec *out);
+kiln_status kiln__masked_argmax_spec_cluster(kiln_dtype elt, int64_t vocab, int vec, int cluster, kiln_spec *out);
 
 /* ---- configs ---- */
 
@@ -57,11 +57,11 @@ static void test_model_lists_every_norm_argmax_spec(void **state)
         size_t n = 0;
         KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
         int hv = c.hidden_size % 8 ? 1 : 8, vv = c.vocab_size % 8 ? 1 : 8;
-        KILN_CHECK(kiln_op_rms_norm_spec(c.hidden_size, hv, &want));
+        KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, c.hidden_size, hv, &want));
         assert_true(has_spec(specs, n, &want));
-        KILN_CHECK(kiln_op_residual_add_spec(c.hidden_size, hv, &want));
+        KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_F16, c.hidden_size, hv, &want));
         assert_true(has_spec(specs, n, &want));
-        KILN_CHECK(kiln_op_masked_argmax_spec(c.vocab_size, vv, &want));
+        KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, c.vocab_size, vv, &want));
         assert_true(has_spec(specs, n, &want));
         kiln_free(specs);
     }
@@ -118,15 +118,15 @@ static void test_every_code_path_compiles(void **state)
         {7, 1}, {8, 8}, {50001, 1}, {151936, 1}, {2000000, 8}, {1999999, 1}, {16777216, 8}};
     kiln_spec s;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        KILN_CHECK(kiln_op_rms_norm_spec(rows[i].n, rows[i].vec, &s));
+        KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, rows[i].n, rows[i].vec, &s));
         prepare(f->jit, &s);
-        KILN_CHECK(kiln_op_residual_add_spec(rows[i].n, rows[i].vec, &s));
+        KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_F16, rows[i].n, rows[i].vec, &s));
         prepare(f->jit, &s);
     }
     for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
-        KILN_CHECK(kiln_op_masked_argmax_spec(vocabs[i].n, vocabs[i].vec, &s));
+        KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, vocabs[i].n, vocabs[i].vec, &s));
         prepare(f->jit, &s);
-        KILN_CHECK(kiln__masked_argmax_spec_cluster(vocabs[i].n, vocabs[i].vec, 8, &s));
+        KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, vocabs[i].n, vocabs[i].vec, 8, &s));
         prepare(f->jit, &s);
     }
 }
@@ -135,29 +135,29 @@ static void test_spec_arguments(void **state)
 {
     (void)state;
     kiln_spec s;
-    KILN_EXPECT(kiln_op_rms_norm_spec(0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden 0", NULL);
-    KILN_EXPECT(kiln_op_rms_norm_spec(1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 8", NULL);
-    KILN_EXPECT(kiln_op_rms_norm_spec(65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537", NULL);
-    KILN_EXPECT(kiln_op_rms_norm_spec(4096, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "width 4", NULL);
-    KILN_EXPECT(kiln_op_rms_norm_spec(4096, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
-    KILN_EXPECT(kiln_op_residual_add_spec(-1, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden -1", NULL);
-    KILN_EXPECT(kiln_op_masked_argmax_spec(50001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vocab 50001",
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden 0", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 8", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 4096, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "width 4", NULL);
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 4096, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln_op_residual_add_spec(KILN_DTYPE_F16, -1, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "hidden -1", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, 50001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vocab 50001",
                 NULL);
-    KILN_EXPECT(kiln_op_masked_argmax_spec(16777217, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "16777217",
+    KILN_EXPECT(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, 16777217, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "16777217",
                 NULL);
     /* The constants a kernel is specialized on. */
-    KILN_CHECK(kiln_op_rms_norm_spec(4096, 8, &s));
+    KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 4096, 8, &s));
     char text[256];
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "HIDDEN=4096;THREADS=128;VEC=8");
-    KILN_CHECK(kiln_op_masked_argmax_spec(151936, 8, &s));
+    assert_string_equal(text, "BF16=0;HIDDEN=4096;THREADS=128;VEC=8");
+    KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, 151936, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "CLUSTER=16;THREADS=608;UNROLL=2;VEC=8;VOCAB=151936");
+    assert_string_equal(text, "BF16=0;CLUSTER=16;THREADS=608;UNROLL=2;VEC=8;VOCAB=151936");
     /* The portable cluster, where 16 blocks cannot be scheduled together. */
-    KILN_CHECK(kiln__masked_argmax_spec_cluster(151936, 8, 8, &s));
+    KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
-    KILN_EXPECT(kiln__masked_argmax_spec_cluster(151936, 8, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    assert_string_equal(text, "BF16=0;CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
+    KILN_EXPECT(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "cluster 4", NULL);
 }
 

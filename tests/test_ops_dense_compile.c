@@ -22,8 +22,8 @@ static void expect_dense_specs(const kiln_model_config *c, int64_t inter, int sw
     kiln_spec *specs = NULL, want_swiglu, want_gather;
     size_t n = 0, found_swiglu = 0, found_gather = 0;
     KILN_CHECK(kiln_model_specializations(c, &specs, &n));
-    KILN_CHECK(kiln_op_dense_swiglu_spec(inter, swiglu_vec, &want_swiglu));
-    KILN_CHECK(kiln_op_last_token_linear_spec(hidden, gather_vec, &want_gather));
+    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, inter, swiglu_vec, &want_swiglu));
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, hidden, gather_vec, &want_gather));
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(specs[i].template_id, "swiglu")) {
             assert_memory_equal(&specs[i], &want_swiglu, sizeof want_swiglu);
@@ -78,14 +78,14 @@ static void test_specializations_compile_offline(void **state)
     /* The scalar variants encode falls back to (odd sizes, misaligned views). */
     kiln_spec s;
     int compiled = 0;
-    KILN_CHECK(kiln_op_dense_swiglu_spec(4864, 1, &s));
+    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 4864, 1, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
-    KILN_CHECK(kiln_op_last_token_linear_spec(1001, 1, &s));
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 1001, 1, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
     /* The largest sizes a config may hold still compile (chunked loops, no spills into failure). */
-    KILN_CHECK(kiln_op_dense_swiglu_spec(262144, 8, &s));
+    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 262144, 8, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
-    KILN_CHECK(kiln_op_last_token_linear_spec(65536, 8, &s));
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 65536, 8, &s));
     KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
 }
 
@@ -107,7 +107,7 @@ static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, 
         const int glu = which == n_ins - 1, wide = !glu && found % 2;
         assert_true(n_ins > 0 && (glu ? found == 2 * (n_ins - 1) : 1));
         kiln_spec want;
-        KILN_CHECK(kiln__skinny_linear_spec(ins[which], glu, wide, &want));
+        KILN_CHECK(kiln__skinny_linear_spec(KILN_DTYPE_F16, ins[which], glu, wide, &want));
         assert_memory_equal(&specs[i], &want, sizeof want);
         found++;
     }
@@ -131,33 +131,33 @@ static void test_skinny_linear_specs(void **state)
         for (int v = 0; v < 3; v++) {
             kiln_spec s;
             int compiled = 0;
-            KILN_CHECK(kiln__skinny_linear_spec(compile[i], v == 2, v == 1, &s));
+            KILN_CHECK(kiln__skinny_linear_spec(KILN_DTYPE_F16, compile[i], v == 2, v == 1, &s));
             KILN_CHECK(kiln_jit_prepare(f->jit, &s, &compiled));
         }
     kiln_spec s;
-    KILN_EXPECT(kiln__skinny_linear_spec(1000, 0, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
+    KILN_EXPECT(kiln__skinny_linear_spec(KILN_DTYPE_F16, 1000, 0, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 1000",
                 "multiple of 32");
-    KILN_EXPECT(kiln__skinny_linear_spec(0, 1, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
-    assert_int_equal(kiln__skinny_linear_spec(64, 0, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
+    KILN_EXPECT(kiln__skinny_linear_spec(KILN_DTYPE_F16, 0, 1, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
+    assert_int_equal(kiln__skinny_linear_spec(KILN_DTYPE_F16, 64, 0, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
 static void test_spec_sizes_out_of_contract(void **state)
 {
     (void)state;
     kiln_spec s;
-    KILN_EXPECT(kiln_op_dense_swiglu_spec(0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "intermediate 0",
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 0, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "intermediate 0",
                 NULL);
-    KILN_EXPECT(kiln_op_dense_swiglu_spec(2731, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "2731",
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 2731, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "2731",
                 "vector width 8");
-    KILN_EXPECT(kiln_op_dense_swiglu_spec(262145, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "262145",
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 262145, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "262145",
                 "262144");
-    KILN_EXPECT(kiln_op_dense_swiglu_spec(64, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 4",
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, 64, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "vector width 4",
                 NULL);
-    KILN_EXPECT(kiln_op_last_token_linear_spec(65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537",
+    KILN_EXPECT(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 65537, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "65537",
                 "65536");
-    KILN_EXPECT(kiln_op_last_token_linear_spec(1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in 1001",
+    KILN_EXPECT(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 1001, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in 1001",
                 NULL);
-    assert_int_equal(kiln_op_last_token_linear_spec(64, 8, NULL), KILN_ERR_INVALID_ARGUMENT);
+    assert_int_equal(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 64, 8, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
 static void test_workspace_estimates(void **state)

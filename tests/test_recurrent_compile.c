@@ -49,14 +49,14 @@ static void test_model_lists_the_spec_only_with_linear_attention(void **state)
     qwen3_next(&c);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
-    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &want));
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
     /* An odd key dim takes the scalar path. */
     c.linear_key_head_dim = 63;
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
-    KILN_CHECK(kiln_op_gated_delta_spec(63, 128, 16, 32, 1, &want));
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
 }
@@ -83,7 +83,7 @@ static void test_arch_lists_the_chunked_kernel(void **state)
             fail_msg("%s: %zu chunked kernels, want %zu", cases[i].arch ? cases[i].arch : "(no arch)",
                      count_template(specs, n, "gated_delta_chunk", NULL), cases[i].chunks);
         if (cases[i].chunks) {
-            KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, cases[i].rows, 8, &want));
+            KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, cases[i].rows, 8, &want));
             assert_memory_equal(&got, &want, sizeof want); /* the last listed */
         }
         kiln_free(specs);
@@ -100,7 +100,7 @@ static void test_arch_lists_the_chunked_kernel(void **state)
     kiln_spec got, want;
     KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
     assert_int_equal(count_template(specs, n, "gated_delta_chunk", &got), 2);
-    KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 100, 16, 32, 32, 1, &want));
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
 }
@@ -121,7 +121,7 @@ static void test_every_code_path_compiles(void **state)
         kiln_spec s;
         char text[256];
         int compiled = 0;
-        KILN_CHECK(kiln_op_gated_delta_spec(cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh, cases[i].vec, &s));
+        KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh, cases[i].vec, &s));
         KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
         kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
         if (st)
@@ -153,7 +153,7 @@ static void test_chunked_kernel_compiles(void **state)
             kiln_spec s;
             char text[256];
             int compiled = 0;
-            KILN_CHECK(kiln_op_gated_delta_chunk_spec(cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh,
+            KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh,
                                                       cases[i].rows, cases[i].vec, &s));
             KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
             kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
@@ -173,26 +173,26 @@ static void test_spec_and_size_arguments(void **state)
     (void)state;
     kiln_spec s;
     char text[256];
-    KILN_CHECK(kiln_op_gated_delta_spec(128, 128, 16, 32, 4, &s));
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "DK=128;DV=128;G=16;KH=16;THREADS=128;VEC=4;VH=32");
-    KILN_CHECK(kiln_op_gated_delta_spec(64, 96, 3, 6, 4, &s));
+    assert_string_equal(text, "BF16=0;DK=128;DV=128;G=16;KH=16;THREADS=128;VEC=4;VH=32");
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 96, 3, 6, 4, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "DK=64;DV=96;G=8;KH=3;THREADS=128;VEC=4;VH=6");
-    KILN_CHECK(kiln_op_gated_delta_spec(4, 3, 1, 1, 4, &s)); /* a block no larger than the head */
+    assert_string_equal(text, "BF16=0;DK=64;DV=96;G=8;KH=3;THREADS=128;VEC=4;VH=6");
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 4, 3, 1, 1, 4, &s)); /* a block no larger than the head */
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "DK=4;DV=3;G=1;KH=1;THREADS=32;VEC=4;VH=1");
-    KILN_EXPECT(kiln_op_gated_delta_spec(0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 0",
+    assert_string_equal(text, "BF16=0;DK=4;DV=3;G=1;KH=1;THREADS=32;VEC=4;VH=1");
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 0",
                 NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "dv 1025", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "key heads 3", "value heads 32");
-    KILN_EXPECT(kiln_op_gated_delta_spec(63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "vector width 4", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "vector width 2", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
     size_t b = 1;
     KILN_CHECK(kiln_op_gated_delta_state_bytes(8, 32, 128, 128, &b));
@@ -206,21 +206,21 @@ static void test_spec_and_size_arguments(void **state)
     b = 1;
     KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, &b));
     assert_int_equal(b, 0);
-    KILN_CHECK(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 64, 8, &s));
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 64, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-    assert_string_equal(text, "DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
+    assert_string_equal(text, "BF16=0;DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
     assert_string_equal(s.template_id, "gated_delta_chunk");
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(129, 128, 16, 32, 64, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 129, 128, 16, 32, 64, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "dk 129 (1..128)", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 16, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 16, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "rows 16", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 100, 16, 32, 32, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "vector width 8", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "vector width 4", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 3, 32, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "key heads 3", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(128, 128, 16, 32, 32, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
                 kiln_errmsg(), NULL, NULL);
 }
 

@@ -23,7 +23,7 @@ int main(int argc, char **argv)
     if (kiln_cache_open(&co, &cache))
         goto out;
     jo.cache = cache;
-    if (kiln_jit_create(&jo, &jit) || kiln_op_token_embedding_spec(151936, 896, 8, &spec) ||
+    if (kiln_jit_create(&jo, &jit) || kiln_op_token_embedding_spec(KILN_DTYPE_F16, 151936, 896, 8, &spec) ||
         kiln_jit_prepare(jit, &spec, &compiled))
         goto out;
     printf("kiln %s: token_embedding for sm_90 %s\n", kiln_version_string(), compiled ? "compiled" : "cached");

@@ -15,6 +15,7 @@
 
 #include "kiln/jit.h"
 #include "kiln/status.h"
+#include "kiln/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,6 +47,9 @@ typedef struct kiln_model_config {
     int64_t linear_num_value_heads;
     int64_t linear_key_head_dim;
     int64_t linear_value_head_dim;
+    /* The element type of activations, weights and the KV cache: F16 or
+     * BF16 (the config's dtype, or torch_dtype in older files). */
+    kiln_dtype dtype;
 } kiln_model_config;
 
 /* The built-in default shape: Llama-3-8B. */

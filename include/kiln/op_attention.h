@@ -173,7 +173,7 @@ KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64
  * sequence; template paged_decode) or prefill (0; template paged_attention). KILN_ERR_RUNTIME_CONTRACT for head_dim not in
  * {64, 128}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
  * page holding no token. */
-KILN_API kiln_status kiln_op_paged_attention_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
+KILN_API kiln_status kiln_op_paged_attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                                   kiln_spec *out);
 
 /* Workspace bytes a command needs (see the desc's workspace): 0, now that

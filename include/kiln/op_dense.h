@@ -143,7 +143,7 @@ KILN_API kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const struct kiln_tenso
 /* The elementwise kernel's specialization for an intermediate size; vector
  * width 8 (16-byte accesses: intermediate a multiple of 8 and out 16-byte
  * aligned, what encode takes for buffers from kiln_buffer_create) or 1. */
-KILN_API kiln_status kiln_op_dense_swiglu_spec(int64_t intermediate, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermediate, int vector_width, kiln_spec *out);
 
 /* ---- last-token dense linear ----
  * For each participant p, the last token of its span times weightᵀ:
@@ -179,7 +179,7 @@ KILN_API kiln_status kiln_op_last_token_linear(kiln_jit *jit, const struct kiln_
                                                const kiln_region *workspace);
 /* The gather kernel's specialization for a row length; vector width 8 (in a
  * multiple of 8 and x 16-byte aligned) or 1. */
-KILN_API kiln_status kiln_op_last_token_linear_spec(int64_t in, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_last_token_linear_spec(kiln_dtype elt, int64_t in, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus
 }

@@ -59,7 +59,7 @@ KILN_API kiln_status kiln_op_rms_norm_residual(kiln_jit *jit, const struct kiln_
 
 /* The specialization both RMSNorm forms use (one module, two entries), for a
  * vector width of 8 (hidden % 8 == 0, aligned bindings) or 1. */
-KILN_API kiln_status kiln_op_rms_norm_spec(int64_t hidden, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_rms_norm_spec(kiln_dtype elt, int64_t hidden, int vector_width, kiln_spec *out);
 
 /* Residual add: out = f16(a + b), all f16 [tokens, hidden]. out may be a or b
  * itself (the same bytes); a and b may overlap each other; any other overlap
@@ -69,7 +69,7 @@ KILN_API kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const struct kil
                                                  kiln_command **cmd);
 KILN_API kiln_status kiln_op_residual_add(kiln_jit *jit, const struct kiln_tensor *a, const struct kiln_tensor *b,
                                           const struct kiln_tensor *out);
-KILN_API kiln_status kiln_op_residual_add_spec(int64_t hidden, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_residual_add_spec(kiln_dtype elt, int64_t hidden, int vector_width, kiln_spec *out);
 
 /* Workspace the operations need, in bytes: always 0 (kept for the uniform
  * provider interface). KILN_ERR_INVALID_ARGUMENT for a NULL out. */

@@ -131,12 +131,12 @@ KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v
 KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes);
 
 /* The specialization for these sizes and a vector width (4: dk % 4 == 0; or 1). */
-KILN_API kiln_status kiln_op_gated_delta_spec(int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
+KILN_API kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
                                               int vector_width, kiln_spec *out);
 /* The chunked kernel's specialization: dk 1..128, rows a block 32 or 64, a
  * vector width 8 (dk and dv multiples of 8) or 1. KILN_ERR_RUNTIME_CONTRACT
  * for sizes out of range, KILN_ERR_INVALID_ARGUMENT for a NULL out. */
-KILN_API kiln_status kiln_op_gated_delta_chunk_spec(int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
+KILN_API kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
                                                     int rows, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus

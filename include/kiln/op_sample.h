@@ -67,7 +67,7 @@ KILN_API kiln_status kiln_op_masked_argmax(kiln_jit *jit, const kiln_masked_argm
 KILN_API kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants, size_t *bytes);
 
 /* The specialization for a vocabulary and a vector width (8: vocab % 8 == 0; or 1). */
-KILN_API kiln_status kiln_op_masked_argmax_spec(int64_t vocab, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_masked_argmax_spec(kiln_dtype elt, int64_t vocab, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus
 }

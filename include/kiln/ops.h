@@ -51,7 +51,7 @@ KILN_API kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_te
 
 /* The specialization kiln_op_token_embedding uses for these sizes when every
  * row is 16-byte aligned (the case buffers from kiln_buffer_create give). */
-KILN_API kiln_status kiln_op_token_embedding_spec(int64_t vocab, int64_t hidden, int vector_width, kiln_spec *out);
+KILN_API kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab, int64_t hidden, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus
 }
