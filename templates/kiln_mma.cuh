@@ -43,10 +43,12 @@ __device__ __forceinline__ void ldsm_x4_trans(kiln_u32 addr, kiln_u32 *r)
                  : "memory");
 }
 
-// c += a (16 x 16, row) . b (16 x 8, col), f16 in, f32 accumulate.
+// c += a (16 x 16, row) . b (16 x 8, col), kiln_elt in (f16 or bf16), f32
+// accumulate.
 __device__ __forceinline__ void mma(float *c, const kiln_u32 *a, kiln_u32 b0, kiln_u32 b1)
 {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." KILN_ELT_PTX "." KILN_ELT_PTX
+        ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

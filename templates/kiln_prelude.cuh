@@ -33,6 +33,12 @@ __device__ __forceinline__ kiln_f16 kiln_f32_to_f16(float f)
 #error "bf16 needs sm_80 or later"
 #endif
 typedef unsigned short kiln_elt;
+// Its name in PTX type suffixes (mma.sync, wgmma, cvt).
+#if KILN_BF16
+#define KILN_ELT_PTX "bf16"
+#else
+#define KILN_ELT_PTX "f16"
+#endif
 
 __device__ __forceinline__ float kiln_elt_to_f32(kiln_elt h)
 {

@@ -61,7 +61,7 @@ __device__ __forceinline__ kiln_u64 wgmma_desc(kiln_u32 a, kiln_u32 lbo, kiln_u3
 __device__ __forceinline__ void wgmma_ss_n128_first(float *d, kiln_u64 da, kiln_u64 db)
 {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_REGS64
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS64
                  "%64, %65, p, 1, 1, 0, 0;\n\t}"
                  : WGMMA_D64("=f")
                  : "l"(da), "l"(db), "r"(0u));
@@ -72,7 +72,7 @@ __device__ __forceinline__ void wgmma_ss_n128_first(float *d, kiln_u64 da, kiln_
 __device__ __forceinline__ void wgmma_ss_n128(float *d, kiln_u64 da, kiln_u64 db)
 {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %66, 0;\n\t"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_REGS64
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS64
                  "%64, %65, p, 1, 1, 0, 0;\n\t}"
                  : WGMMA_D64("+f")
                  : "l"(da), "l"(db), "r"(1u));
@@ -83,7 +83,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float *d, kiln_u64 da, kiln_u64 db
 __device__ __forceinline__ void wgmma_rs_n128(float *d, const kiln_u32 *a, kiln_u64 db)
 {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %69, 0;\n\t"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WGMMA_REGS64
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS64
                  "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n\t}"
                  : WGMMA_D64("+f")
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
@@ -94,7 +94,7 @@ __device__ __forceinline__ void wgmma_rs_n128(float *d, const kiln_u32 *a, kiln_
 __device__ __forceinline__ void wgmma_rs_n64(float *d, const kiln_u32 *a, kiln_u64 db)
 {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WGMMA_REGS32
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS32
                  "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n\t}"
                  : WGMMA_D32("+f")
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
