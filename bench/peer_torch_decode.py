@@ -5,8 +5,8 @@ holding `context` tokens, for each context of --context (a comma-separated
 list) and each batch size of --batch, contexts outer as in kiln's sweep,
 written as a plain torch decode loop (F.linear,
 F.rms_norm, RoPE, F.scaled_dot_product_attention over a static KV cache,
-SwiGLU, lm_head, argmax) and captured in a CUDA graph. Weights are f16 on the
-GPU; with --chunk-file (written by `decode --bench --chunk-file`) every tensor
+SwiGLU, lm_head, argmax) and captured in a CUDA graph. Weights are f16 (or
+bf16 with --dtype bf16) on the GPU; with --chunk-file (written by `decode --bench --chunk-file`) every tensor
 is that chunk tiled from its start, as kiln's bench fills its own: the same
 weights. Prints JSON lines: the device-to-device copy bandwidth, then per
 context and batch size the graph replay's median device time (CUDA events),
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 def tiler(chunk):
     def make(*shape):
-        t = torch.empty(shape, dtype=torch.float16, device="cuda")
+        t = torch.empty(shape, dtype=chunk.dtype, device="cuda")
         flat = t.view(-1)
         n, c = flat.numel(), chunk.numel()
         for off in range(0, n, c):
@@ -63,15 +63,17 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--chunk-file", default=None)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     a = ap.parse_args()
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     V, H, I, NH, KVH, D, theta, eps = 128256, 4096, 14336, 32, 8, 128, 500000.0, 1e-5
     L = a.layers
     contexts, batches = a.context, a.batch
     torch.manual_seed(0)
     if a.chunk_file:
-        chunk = torch.from_file(a.chunk_file, dtype=torch.float16, size=32 << 20).cuda()
+        chunk = torch.from_file(a.chunk_file, dtype=dt, size=32 << 20).cuda()
     else:
-        chunk = (torch.randn(32 << 20, device="cuda") * 0.02).half()
+        chunk = (torch.randn(32 << 20, device="cuda") * 0.02).to(dt)
     make = tiler(chunk)
     embed, lm_head, final_norm = make(V, H), make(V, H), make(H)
     layers = []
@@ -102,7 +104,7 @@ def main():
             vc = [make(B, KVH, ctx, D) for _ in range(L)]
         except torch.cuda.OutOfMemoryError as e:
             torch.cuda.empty_cache()
-            print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "batch": B, "context": ctx,
+            print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "dtype": a.dtype, "batch": B, "context": ctx,
                               "layers": L, "kv_bytes": kv,
                               "skipped": "out of memory: %s" % str(e).split("\n")[0]}), flush=True)
             continue
@@ -115,7 +117,7 @@ def main():
 
         def step():
             ang = pos.float()[:, None] * inv[None, :]        # [1, D/2]
-            cos, sin = ang.cos().half(), ang.sin().half()
+            cos, sin = ang.cos().to(dt), ang.sin().to(dt)
             x = F.embedding(tok, embed)                       # [B, H]
             for li, w in enumerate(layers):
                 h = F.rms_norm(x, (H,), w["inn"], eps)
@@ -157,7 +159,7 @@ def main():
             t1.synchronize()
             back_to_back = t0.elapsed_time(t1) / a.steps
         floor = (weight_bytes + kv) / bw * 1e3
-        print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "batch": B, "context": ctx,
+        print(json.dumps({"bench": "decode_step", "impl": "torch_cuda_graph", "dtype": a.dtype, "batch": B, "context": ctx,
                           "layers": L, "device_ms": round(graph, 4), "back_to_back_ms": round(back_to_back, 4),
                           "eager_ms": round(eager, 4), "floor_ms": round(floor, 4),
                           "device_over_floor": round(graph / floor, 3), "weight_bytes": weight_bytes,

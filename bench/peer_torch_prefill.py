@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes("1x512,1x4096,4x1024,1x16384"))
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     ap.add_argument("--impls", default="torch_sdpa,torch_compile",
                     help="comma-separated: torch_sdpa (eager), torch_compile")
     ap.add_argument("--compile", choices=("layers", "model"), default="layers",
@@ -117,9 +118,10 @@ def main():
 
     # The dense peak: eight products back to back per timing, as kiln's.
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=g) * 0.02).half()
-    w = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=g) * 0.02).half()
-    out = torch.empty(PEAK_N, PEAK_N, dtype=torch.float16, device="cuda")
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
+    x = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=g) * 0.02).to(dt)
+    w = (torch.randn(PEAK_N, PEAK_N, device="cuda", generator=g) * 0.02).to(dt)
+    out = torch.empty(PEAK_N, PEAK_N, dtype=dt, device="cuda")
 
     def products():
         for _ in range(8):
@@ -130,7 +132,7 @@ def main():
     pms, _, _ = median_ms(products, 11, per=8)
     peak = 2.0 * PEAK_N ** 3 / (pms * 1e-3)
     emit({"bench": "dense_peak", "impl": "torch", "op": "torch.matmul", "m": PEAK_N, "n": PEAK_N, "k": PEAK_N,
-          "dtype": "f16", "accumulate": "f32",
+          "dtype": a.dtype, "accumulate": "f32",
           "fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
           "ms": round(pms, 4), "tflop_s": round(peak / 1e12, 1), **versions})
     del x, w, out
@@ -145,10 +147,10 @@ def main():
     else:
         kw["rope_theta"] = theta
     cfg = LlamaConfig(**kw)
-    # Built on the GPU in f16 (initializer_range 0.02): 16 GB initialized there in seconds, not on the host.
+    # Built on the GPU in f16 or bf16 (initializer_range 0.02): 16 GB initialized there in seconds, not on the host.
     t0 = time.time()
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.float16)
+    torch.set_default_dtype(dt)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
@@ -176,7 +178,7 @@ def main():
             else:
                 model.model.compile(mode=a.mode, dynamic=False)
         for seqs, tokens in a.shapes:
-            line = {"bench": "prefill", "impl": impl, "model": "llama-3-8b", "layers": c["layers"],
+            line = {"bench": "prefill", "impl": impl, "model": "llama-3-8b", "dtype": a.dtype, "layers": c["layers"],
                     "shape": "%dx%d" % (seqs, tokens), "seqs": seqs, "tokens_each": tokens,
                     "tokens": seqs * tokens, "attn_implementation": attn, "use_cache": False}
             if compiled:

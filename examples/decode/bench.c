@@ -1,7 +1,8 @@
-/* The decode program's benchmarks, on a model of random f16 weights of a
- * config's shapes (Llama-3-8B's by default): the decode step at each context
- * and batch size (--bench), and the prefill of each shape beside the dense
- * f16 peak measured in the same run (--bench-prefill). JSON lines on stdout. */
+/* The decode program's benchmarks, on a model of random f16 or bf16 weights
+ * of a config's shapes (Llama-3-8B's by default): the decode step at each
+ * context and batch size (--bench), and the prefill of each shape beside the
+ * dense peak of the same element type measured in the same run
+ * (--bench-prefill). JSON lines on stdout. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +32,18 @@ static uint16_t f2h(float f)
     return (uint16_t)(sign | h);
 }
 
+/* Round to nearest even; values here are small and finite. */
+static uint16_t f2bf(float f)
+{
+    union { float f; uint32_t u; } x = {f};
+    return (uint16_t)((x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16);
+}
+
 /* 64 MiB of N(0, 0.02)-like halves (a sum of four uniforms), tiled into every
  * tensor: the torch peer of the decode step reads the same chunk. */
 #define CHUNK_HALVES ((size_t)32 << 20)
 
-static uint16_t *make_chunk(void)
+static uint16_t *make_chunk(kiln_dtype dtype)
 {
     uint16_t *chunk = malloc(CHUNK_HALVES * 2);
     if (!chunk)
@@ -49,7 +57,8 @@ static uint16_t *make_chunk(void)
             r ^= r >> 27;
             s += (float)((r * 2685821657736338717ull) >> 40) / 16777216.0f - 0.5f;
         }
-        chunk[i] = f2h(s * 0.02f * 1.7320508f);
+        const float v = s * 0.02f * 1.7320508f;
+        chunk[i] = dtype == KILN_DTYPE_BF16 ? f2bf(v) : f2h(v);
     }
     return chunk;
 }
@@ -71,6 +80,8 @@ static int load_config(const dec_bench_args *a, dec_config *c)
     }
     if (a->layers)
         c->layers = a->layers;
+    if (a->dtype)
+        c->base.dtype = a->dtype;
     return 1;
 }
 
@@ -151,7 +162,7 @@ int dec_run_bench_decode(const dec_bench_args *a)
     dec_config c;
     if (!load_config(a, &c))
         return 1;
-    uint16_t *chunk = make_chunk();
+    uint16_t *chunk = make_chunk(c.base.dtype);
     if (!chunk)
         return 1;
     if (a->chunk_file) {
@@ -219,11 +230,11 @@ int dec_run_bench_decode(const dec_bench_args *a)
             }
             kiln_jit_get_counters(x.jit, &after);
             const double floor_ms = ((double)m->weight_bytes + kv) / bw * 1e3;
-            printf("{\"bench\":\"decode_step\",\"impl\":\"kiln\",\"model\":\"%s\",\"layers\":%lld,\"batch\":%u,"
-                   "\"context\":%u,\"steps\":%u,\"device_ms\":%.4f,\"wall_ms\":%.4f,\"floor_ms\":%.4f,"
+            printf("{\"bench\":\"decode_step\",\"impl\":\"kiln\",\"model\":\"%s\",\"dtype\":\"%s\","
+                   "\"layers\":%lld,\"batch\":%u,\"context\":%u,\"steps\":%u,\"device_ms\":%.4f,\"wall_ms\":%.4f,\"floor_ms\":%.4f,"
                    "\"device_over_floor\":%.3f,\"wall_over_floor\":%.3f,\"weight_bytes\":%llu,\"kv_bytes\":%.0f,"
                    "\"d2d_gb_s\":%.1f,\"replayed_commands\":%llu,\"compiles\":%llu}\n",
-                   model, (long long)c.layers, B, context, a->steps, dev, wall, floor_ms, dev / floor_ms,
+                   model, kiln_dtype_name(b->dtype), (long long)c.layers, B, context, a->steps, dev, wall, floor_ms, dev / floor_ms,
                    wall / floor_ms, (unsigned long long)m->weight_bytes, kv, bw / 1e9,
                    (unsigned long long)replayed, (unsigned long long)(after.compiles - before.compiles));
             fflush(stdout);
@@ -243,12 +254,12 @@ out:
 #define PREFILL_WARMUP 2        /* untimed prefills per shape (the first captures the graph) */
 #define PREFILL_BUDGET_MS 10000 /* past this much device time a shape stops at 3 timed prefills */
 
-/* The dense f16 peak: the median milliseconds of one product X[n, n] ·
- * W[n, n]ᵀ through kiln_op_dense_linear, which at this size is one cuBLASLt
- * call with f16 inputs and output and f32 accumulation (CUBLAS_COMPUTE_32F,
- * as torch's f16 matmul); eight products a submission, back to back as a
+/* The dense peak: the median milliseconds of one product X[n, n] · W[n, n]ᵀ
+ * through kiln_op_dense_linear, which at this size is one cuBLASLt call with
+ * inputs and output of dtype and f32 accumulation (CUBLAS_COMPUTE_32F, as
+ * torch's f16 and bf16 matmuls); eight products a submission, back to back as a
  * prefill runs its products, the inputs tiled from the random chunk. */
-static kiln_status peak_ms(dec_session *x, const uint16_t *chunk, int64_t n, double *ms)
+static kiln_status peak_ms(dec_session *x, const uint16_t *chunk, kiln_dtype dtype, int64_t n, double *ms)
 {
     enum { PER = 8, WARM = 3, TIMED = 11 };
     const size_t bytes = (size_t)n * (size_t)n * 2;
@@ -268,9 +279,9 @@ static kiln_status peak_ms(dec_session *x, const uint16_t *chunk, int64_t n, dou
     }
     if (st || (st = kiln_runtime_synchronize(x->rt)))
         goto out;
-    const kiln_tensor tx = {.buffer = xb, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {n, n}},
-                      tw = {.buffer = wb, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {n, n}},
-                      to = {.buffer = ob, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {n, n}};
+    const kiln_tensor tx = {.buffer = xb, .dtype = dtype, .rank = 2, .dims = {n, n}},
+                      tw = {.buffer = wb, .dtype = dtype, .rank = 2, .dims = {n, n}},
+                      to = {.buffer = ob, .dtype = dtype, .rank = 2, .dims = {n, n}};
     const kiln_region wsr = {wsb, 0, kiln_buffer_size(wsb)};
     for (int i = 0; i < PER && !st; i++)
         st = kiln_op_dense_linear_encode(x->jit, &tx, &tw, NULL, &to, &wsr, &cmd[i]);
@@ -311,7 +322,7 @@ int dec_run_bench_prefill(const dec_bench_args *a)
     dec_config c;
     if (!load_config(a, &c))
         return 1;
-    uint16_t *chunk = make_chunk();
+    uint16_t *chunk = make_chunk(c.base.dtype);
     if (!chunk)
         return 1;
     dec_session x;
@@ -321,7 +332,7 @@ int dec_run_bench_prefill(const dec_bench_args *a)
         goto out;
     kiln_status st;
     double pms = 0;
-    if ((st = peak_ms(&x, chunk, PEAK_N, &pms))) {
+    if ((st = peak_ms(&x, chunk, c.base.dtype, PEAK_N, &pms))) {
         fprintf(stderr, "decode: dense peak: %s: %s\n", kiln_status_code(st), kiln_errmsg());
         goto out;
     }
@@ -331,8 +342,8 @@ int dec_run_bench_prefill(const dec_bench_args *a)
     }
     const double peak = 2.0 * PEAK_N * PEAK_N * (double)PEAK_N / (pms * 1e-3); /* FLOP/s */
     printf("{\"bench\":\"dense_peak\",\"impl\":\"kiln\",\"op\":\"kiln_op_dense_linear\",\"m\":%d,\"n\":%d,\"k\":%d,"
-           "\"dtype\":\"f16\",\"accumulate\":\"f32\",\"ms\":%.4f,\"tflop_s\":%.1f}\n",
-           PEAK_N, PEAK_N, PEAK_N, pms, peak / 1e12);
+           "\"dtype\":\"%s\",\"accumulate\":\"f32\",\"ms\":%.4f,\"tflop_s\":%.1f}\n",
+           PEAK_N, PEAK_N, PEAK_N, kiln_dtype_name(c.base.dtype), pms, peak / 1e12);
     fflush(stdout);
     if ((st = dec_model_random(x.rt, x.s, &c, chunk, CHUNK_HALVES, &m))) {
         dec_report(st);
@@ -368,12 +379,12 @@ int dec_run_bench_prefill(const dec_bench_args *a)
         }
         if (!st) {
             const double flops = dec_prefill_flops(&c, NULL, S, N), achieved = flops / (t.device_ms * 1e-3);
-            printf("{\"bench\":\"prefill\",\"impl\":\"kiln\",\"model\":\"%s\",\"layers\":%lld,\"shape\":\"%ux%u\","
-                   "\"seqs\":%u,\"tokens_each\":%u,\"tokens\":%u,\"path\":\"%s\",\"warmup\":%d,\"iters\":%d,"
+            printf("{\"bench\":\"prefill\",\"impl\":\"kiln\",\"model\":\"%s\",\"dtype\":\"%s\",\"layers\":%lld,"
+                   "\"shape\":\"%ux%u\",\"seqs\":%u,\"tokens_each\":%u,\"tokens\":%u,\"path\":\"%s\",\"warmup\":%d,\"iters\":%d,"
                    "\"time_ms\":%.4f,\"min_ms\":%.4f,\"wall_ms\":%.4f,\"tokens_per_s\":%.1f,\"model_tflop\":%.4f,"
                    "\"tflop_s\":%.1f,\"peak_tflop_s\":%.1f,\"mfu\":%.4f,\"commands\":%llu,"
                    "\"replayed_commands\":%llu,\"compiles\":%llu}\n",
-                   model, (long long)c.layers, S, N, S, N, S * N,
+                   model, kiln_dtype_name(c.base.dtype), (long long)c.layers, S, N, S, N, S * N,
                    t.replayed == t.commands ? "graph" : t.replayed ? "mixed" : "eager", PREFILL_WARMUP, t.iters,
                    t.device_ms, t.min_ms, t.wall_ms, (double)S * N / (t.device_ms * 1e-3), flops / 1e12,
                    achieved / 1e12, peak / 1e12, achieved / peak, (unsigned long long)t.commands,

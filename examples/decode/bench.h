@@ -39,6 +39,7 @@ typedef struct dec_bench_args {
     const char *config; /* a config.json, or NULL: Llama-3-8B's shape */
     const char *db;     /* NULL: the default database */
     uint32_t layers;    /* 0: the config's (32 for the default) */
+    kiln_dtype dtype;   /* F16 or BF16; KILN_DTYPE_BYTES (0): the config's (f16 for the default) */
     /* --bench */
     const uint32_t *batches, *contexts;
     size_t n_batches, n_contexts;
@@ -52,7 +53,7 @@ typedef struct dec_bench_args {
 
 /* The decode step at every (context, batch), contexts outer. */
 int dec_run_bench_decode(const dec_bench_args *a);
-/* The dense f16 peak, then the prefill of every shape. */
+/* The dense peak in the model's element type, then the prefill of every shape. */
 int dec_run_bench_prefill(const dec_bench_args *a);
 
 #endif

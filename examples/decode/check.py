@@ -2,14 +2,16 @@
 """Checks examples/decode against transformers, token for token.
 
 For each model below: build it with random weights through transformers
-(LlamaConfig or Qwen2Config, a few layers, small sizes; one Llama and one Qwen2
-with tied embeddings), save_pretrained in f16 (safetensors), run greedy
-generate in torch.float16 on cuda for several prompts of different lengths,
-one at a time, then run the kiln decoder ONCE on all prompts as one batch
-(different token limits, so that participants leave the batch at different
-steps) and compare:
+(LlamaConfig or Qwen2Config, a few layers, small sizes; Llama and Qwen2 with
+and without tied embeddings, Llama with llama3 and yarn RoPE scaling),
+save_pretrained in its dtype (f16 or bf16, safetensors; one model sharded into
+three files), run greedy generate in that dtype on cuda for several prompts
+of different lengths (one longer than 2048 tokens), one at a time, then run
+the kiln decoder ONCE on all prompts as one batch (different token limits, so
+that participants leave the batch at different steps) and compare:
   - the token ids, every one of them (>= 32 new tokens per prompt);
-  - the last-position logits of every step: max |kiln - hf| / max |hf| <= 2e-2.
+  - the last-position logits of every step: max |kiln - hf| / max |hf| <= 2e-2
+    in f16, 4e-2 in bf16.
 A second kiln run with an EOS token taken from the reference checks that each
 participant stops at its EOS while the others go on. The database is
 prewarmed with `kiln prewarm --model config.json` first: the kiln runs must
@@ -41,13 +43,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 MARGIN = 0.01
 TRIES = 16
-LOGIT_TOL = 2e-2
+LOGIT_TOL = {"f16": 2e-2, "bf16": 4e-2}
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 MODELS = [
     dict(name="llama-gqa", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=10000.0,
          sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-         prompts=[(5, 40), (23, 36), (150, 33), (64, 48)]),
+         prompts=[(5, 40), (23, 36), (150, 33), (64, 48), (2100, 32)]),
     dict(name="qwen2-tied", cls=(Qwen2Config, Qwen2ForCausalLM), tie=True, theta=1000000.0,
          sizes=dict(vocab_size=1536, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=64),
@@ -56,6 +59,22 @@ MODELS = [
          sizes=dict(vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=4, head_dim=128),
          prompts=[(3, 40), (45, 32), (100, 38)]),
+    dict(name="llama-llama3-bf16-sharded", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=500000.0,
+         dtype="bf16", shards=3,
+         rope=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=256),
+         sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+         prompts=[(5, 40), (300, 34), (1200, 32)]),
+    dict(name="llama-yarn-bf16", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=10000.0, dtype="bf16",
+         rope=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=512),
+         sizes=dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=128),
+         prompts=[(9, 36), (700, 32), (60, 40)]),
+    dict(name="qwen2-tied-bf16", cls=(Qwen2Config, Qwen2ForCausalLM), tie=True, theta=1000000.0, dtype="bf16",
+         sizes=dict(vocab_size=1536, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=64),
+         prompts=[(7, 40), (300, 34), (31, 44)]),
 ]
 
 
@@ -68,14 +87,21 @@ def make_model(spec, path, seed):
     kw = dict(spec["sizes"])
     kw.update(tie_word_embeddings=spec["tie"], initializer_range=0.06, rms_norm_eps=1e-6,
               max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    rope = dict(spec.get("rope", {"rope_type": "default"}))
     if int(transformers.__version__.split(".")[0]) >= 5:
-        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": spec["theta"]}
+        kw["rope_parameters"] = dict(rope, rope_theta=spec["theta"])
     else:
         kw["rope_theta"] = spec["theta"]
+        if rope["rope_type"] != "default":
+            kw["rope_scaling"] = rope
     cfg = Cfg(**kw)
     torch.manual_seed(seed)
-    model = Model(cfg).to(torch.float16).cuda().eval()
-    model.save_pretrained(path)  # safetensors, f16
+    model = Model(cfg).to(DTYPES[spec.get("dtype", "f16")]).cuda().eval()
+    shard = {}
+    if spec.get("shards"):
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        shard["max_shard_size"] = total // spec["shards"] + 1
+    model.save_pretrained(path, **shard)  # safetensors, in the model's dtype
     with open(os.path.join(path, "config.json")) as f:
         saved = json.load(f)
     return model, saved
@@ -141,8 +167,8 @@ def main():
         model, saved = make_model(spec, path, seed=100 + mi)
         V = spec["sizes"]["vocab_size"]
         files = sorted(os.listdir(path))
-        log("\n== %s: %s, tie_word_embeddings=%s, rope %s, files %s" % (
-            spec["name"], saved.get("architectures"), saved.get("tie_word_embeddings"),
+        log("\n== %s: %s, %s, tie_word_embeddings=%s, rope %s, files %s" % (
+            spec["name"], saved.get("architectures"), spec.get("dtype", "f16"), saved.get("tie_word_embeddings"),
             saved.get("rope_parameters", saved.get("rope_theta")), files))
         # Prompts, drawn until the reference's margins are clear.
         prompts, refs = [], []
@@ -196,8 +222,9 @@ def main():
                 rel, min(len(got), len(toks))))
             if not ok:
                 failures.append("%s participant %d: tokens differ at %s" % (spec["name"], p, first_diff))
-            if rel > LOGIT_TOL:
-                failures.append("%s participant %d: logits rel err %.3g > %g" % (spec["name"], p, rel, LOGIT_TOL))
+            tol = LOGIT_TOL[spec.get("dtype", "f16")]
+            if rel > tol:
+                failures.append("%s participant %d: logits rel err %.3g > %g" % (spec["name"], p, rel, tol))
         log("  summary: %s" % json.dumps(summary))
         if summary["compiles"] != 0:
             failures.append("%s: the prewarmed run compiled %d kernels" % (spec["name"], summary["compiles"]))
@@ -226,7 +253,8 @@ def main():
     if failures:
         log("FAILED:\n  " + "\n  ".join(failures))
         return 1
-    log("PASS: every token identical, logits within %g relative, prewarmed runs compiled nothing" % LOGIT_TOL)
+    log("PASS: every token identical, logits within %g (f16) / %g (bf16) relative, prewarmed runs compiled nothing"
+        % (LOGIT_TOL["f16"], LOGIT_TOL["bf16"]))
     return 0
 
 

@@ -231,7 +231,7 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
         dec__cmds_release(&c);
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }
-    const kiln_dtype F = KILN_DTYPE_F16, U = KILN_DTYPE_U32;
+    const kiln_dtype F = m->config.base.dtype, U = KILN_DTYPE_U32;
     kiln_tensor res = tensor(e->res, 0, F, 2, T, e->H, 0),
                 nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), qkv = tensor(e->qkv, 0, F, 2, T, e->QKVD, 0),
                 at3 = tensor(e->attn, 0, F, 3, T, e->NH, e->HD),

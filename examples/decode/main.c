@@ -4,9 +4,10 @@
  *
  *   decode --model DIR --prompt 1,2,3[:MAX_NEW] [--prompt ...] [--max-new N]
  *          [--eos ID|none] [--db PATH] [--dump-logits FILE]
- *   decode --bench [--config config.json] [--layers N] [--batch 1,8,32]
- *          [--context 1024[,4096,...]] [--steps N] [--chunk-file FILE] [--db PATH]
- *   decode --bench-prefill [--config config.json] [--layers N]
+ *   decode --bench [--config config.json] [--layers N] [--dtype f16|bf16]
+ *          [--batch 1,8,32] [--context 1024[,4096,...]] [--steps N]
+ *          [--chunk-file FILE] [--db PATH]
+ *   decode --bench-prefill [--config config.json] [--layers N] [--dtype f16|bf16]
  *          [--shapes 1x512,1x4096,4x1024,1x16384] [--iters N] [--db PATH]
  *
  * Output: JSON lines on stdout. Generation prints one line per prompt (the
@@ -15,8 +16,10 @@
  * prints the measured device-to-device copy bandwidth, then one line per
  * context and batch size: the decode step's latency and its floor (the
  * weight bytes plus the KV bytes a step reads, over that bandwidth).
- * --bench-prefill prints the dense f16 throughput of a large cuBLASLt
- * product, then per shape the prefill's time, tokens/s, TFLOP/s and MFU.
+ * --dtype sets the benchmarks' element type (default: the config's, f16 for
+ * the built-in shape).
+ * --bench-prefill prints the dense throughput of a large cuBLASLt product
+ * in the model's element type, then per shape the prefill's time, tokens/s, TFLOP/s and MFU.
  * --dump-logits writes, per participant and step, a record: u32 participant,
  * u32 step, u32 vocab, then vocab f32 logits (little-endian). Exit codes: 0
  * ok, 1 failure, 2 usage.
@@ -38,11 +41,17 @@ static int usage(const char *msg)
     fprintf(stderr,
             "usage: decode --model DIR --prompt IDS[:MAX_NEW] [--prompt ...] [--max-new N] [--eos ID|none]\n"
             "              [--db PATH] [--dump-logits FILE]\n"
-            "       decode --bench [--config config.json] [--layers N] [--batch 1,8,32]\n"
+            "       decode --bench [--config config.json] [--layers N] [--dtype f16|bf16] [--batch 1,8,32]\n"
             "              [--context 1024[,4096,...]] [--steps N] [--chunk-file FILE] [--db PATH]\n"
-            "       decode --bench-prefill [--config config.json] [--layers N]\n"
+            "       decode --bench-prefill [--config config.json] [--layers N] [--dtype f16|bf16]\n"
             "              [--shapes 1x512,1x4096,4x1024,1x16384] [--iters N] [--db PATH]\n");
     return 2;
+}
+
+static float bf2f(uint16_t h)
+{
+    union { uint32_t u; float f; } x = {(uint32_t)h << 16};
+    return x.f;
 }
 
 static float h2f(uint16_t h)
@@ -148,6 +157,7 @@ static int parse_prompt(const char *text, prompt *p)
 typedef struct dump {
     FILE *f;
     int failed;
+    int bf16; /* the logits' element type: bf16, else f16 */
 } dump;
 
 static void dump_logits(void *user, uint32_t participant, uint32_t step, const uint16_t *logits, size_t vocab)
@@ -160,7 +170,7 @@ static void dump_logits(void *user, uint32_t participant, uint32_t step, const u
     for (size_t i = 0; i < vocab; i += 4096) {
         size_t n = vocab - i < 4096 ? vocab - i : 4096;
         for (size_t j = 0; j < n; j++)
-            row[j] = h2f(logits[i + j]);
+            row[j] = d->bf16 ? bf2f(logits[i + j]) : h2f(logits[i + j]);
         if (fwrite(row, 4, n, d->f) != n)
             d->failed = 1;
     }
@@ -237,6 +247,7 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
         dec_report(st);
         goto out;
     }
+    d.bf16 = ck.config.base.dtype == KILN_DTYPE_BF16;
     if (dump_path && !(d.f = fopen(dump_path, "wb"))) {
         fprintf(stderr, "decode: %s: %s\n", dump_path, strerror(errno));
         goto out;
@@ -296,6 +307,7 @@ int main(int argc, char **argv)
     dec_shape shapes[DEC_MAX_LIST];
     int bench = 0, bench_prefill = 0, decode_opts = 0, prefill_opts = 0, eos_given = 0, rc;
     int64_t eos_value = 0;
+    kiln_dtype dtype = KILN_DTYPE_BYTES;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -349,6 +361,13 @@ int main(int argc, char **argv)
             decode_opts = 1;
             if (!parse_u32(v, 1, 100000, &steps))
                 return usage("--steps takes a count >= 1");
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f16"))
+                dtype = KILN_DTYPE_F16;
+            else if (!strcmp(v, "bf16"))
+                dtype = KILN_DTYPE_BF16;
+            else
+                return usage("--dtype takes f16 or bf16");
         } else if (!strcmp(a, "--layers")) {
             if (!parse_u32(v, 1, 4096, &layers))
                 return usage("--layers takes a count >= 1");
@@ -376,7 +395,9 @@ int main(int argc, char **argv)
         return usage("--shapes and --iters are --bench-prefill options");
     if (decode_opts && bench_prefill)
         return usage("--batch, --context, --steps and --chunk-file are --bench options");
-    dec_bench_args ba = {.config = config, .db = db, .layers = layers, .batches = batches, .n_batches = n_batches,
+    if (dtype && !bench && !bench_prefill)
+        return usage("--dtype is a --bench and --bench-prefill option (a checkpoint's dtype is its own)");
+    dec_bench_args ba = {.config = config, .db = db, .layers = layers, .dtype = dtype, .batches = batches, .n_batches = n_batches,
                          .contexts = contexts, .n_contexts = n_contexts, .steps = steps, .chunk_file = chunk,
                          .shapes = shapes, .n_shapes = n_shapes, .iters = iters};
     if (bench) {
