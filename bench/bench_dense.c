@@ -4,14 +4,17 @@
  * p90) and one around all of them (back_to_back, divided by iters).
  *
  * Shapes (the targets first):
- *   lm_head       last_token_linear, 1 participant, 4096 -> 151936 (f16 weight
- *                 1.24 GB, far past L2): GB/s over weight + row + output bytes;
+ *   lm_head       last_token_linear, 1 participant, 4096 -> 151936 (16-bit
+ *                 weight 1.24 GB, far past L2): GB/s over weight + row + output bytes;
  *   linear        dense_linear, 2048 tokens, 4096 -> 28672: TFLOP/s (2·t·in·out);
  *   swiglu        dense_swiglu, 2048 tokens, 4096 -> 2 x 14336 (Llama-3-8B);
  *   lm_head_p64   last_token_linear, 64 participants, 4096 -> 128256.
  * peer_torch_dense.py measures the same with torch and compares (--kiln).
  *
- * Usage: bench_dense [--iters 200] [--warmup 10]
+ * --dtype f16|bf16 (default f16): the element type of activations and
+ * weights; each JSON line carries it as "dtype".
+ *
+ * Usage: bench_dense [--iters 200] [--warmup 10] [--dtype f16|bf16]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,13 +51,13 @@ static void cu_check(CUresult r, const char *what)
     }
 }
 
-static kiln_buffer *random_buffer(kiln_runtime *rt, size_t bytes)
+static kiln_buffer *random_buffer(kiln_runtime *rt, size_t bytes, kiln_dtype elt)
 {
     kiln_buffer *b;
     kiln_status st = kiln_buffer_create(rt, bytes, 256, &b);
     if (st)
         fail("setup", st, NULL);
-    /* Small random f16 values (|v| < 2^-4), 16 MiB repeated. */
+    /* Small random values, 16 MiB repeated: f16 |v| < 2^-4; bf16 in [2^-7, 2^-3). */
     size_t chunk = bytes < ((size_t)16 << 20) ? bytes : (size_t)16 << 20;
     uint16_t *h = malloc(chunk);
     if (!h)
@@ -62,7 +65,9 @@ static kiln_buffer *random_buffer(kiln_runtime *rt, size_t bytes)
     uint64_t s = 0x9e3779b97f4a7c15ULL ^ bytes;
     for (size_t i = 0; i < chunk / 2; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        h[i] = (uint16_t)(0x2000u + (s & 0x0fffu)) | (uint16_t)((s >> 20) & 0x8000u);
+        const uint16_t mag =
+            elt == KILN_DTYPE_BF16 ? (uint16_t)(0x3c00u + (s & 0x01ffu)) : (uint16_t)(0x2000u + (s & 0x0fffu));
+        h[i] = mag | (uint16_t)((s >> 20) & 0x8000u);
     }
     for (size_t off = 0; off < bytes; off += chunk)
         if ((st = kiln_buffer_upload(b, off, h, bytes - off < chunk ? bytes - off : chunk)))
@@ -86,15 +91,20 @@ static const shape g_shapes[] = {
 int main(int argc, char **argv)
 {
     long iters = 200, warmup = 10;
+    kiln_dtype elt = KILN_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = bench_parse_positive(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "f16"))
+            elt = KILN_DTYPE_F16, i++;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16"))
+            elt = KILN_DTYPE_BF16, i++;
         else
             iters = 0;
         if (iters < 1 || warmup < 1 || iters > 100000) {
-            fprintf(stderr, "usage: %s [--iters N] [--warmup N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--dtype f16|bf16]\n", argv[0]);
             return 2;
         }
     }
@@ -129,8 +139,8 @@ int main(int argc, char **argv)
         const shape *sh = &g_shapes[s];
         const int swiglu = !strcmp(sh->op, "dense_swiglu"), last = !strcmp(sh->op, "last_token_linear");
         const int64_t wrows = swiglu ? 2 * sh->out : sh->out, orows = last ? sh->participants : sh->tokens;
-        kiln_buffer *bw = random_buffer(rt, (size_t)wrows * sh->in * 2);
-        kiln_buffer *bx = random_buffer(rt, (size_t)sh->tokens * sh->in * 2);
+        kiln_buffer *bw = random_buffer(rt, (size_t)wrows * sh->in * 2, elt);
+        kiln_buffer *bx = random_buffer(rt, (size_t)sh->tokens * sh->in * 2, elt);
         kiln_buffer *bo = NULL, *bws = NULL, *bs = NULL;
         size_t ws;
         if (swiglu)
@@ -150,9 +160,9 @@ int main(int argc, char **argv)
         }
         if ((st = kiln_buffer_upload(bs, 0, spans, (size_t)sh->participants * 8)))
             fail("setup", st, NULL);
-        kiln_tensor x = {.buffer = bx, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {sh->tokens, sh->in}};
-        kiln_tensor w = {.buffer = bw, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {wrows, sh->in}};
-        kiln_tensor o = {.buffer = bo, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {orows, sh->out}};
+        kiln_tensor x = {.buffer = bx, .dtype = elt, .rank = 2, .dims = {sh->tokens, sh->in}};
+        kiln_tensor w = {.buffer = bw, .dtype = elt, .rank = 2, .dims = {wrows, sh->in}};
+        kiln_tensor o = {.buffer = bo, .dtype = elt, .rank = 2, .dims = {orows, sh->out}};
         kiln_tensor sp = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {sh->participants, 2}};
         kiln_region wsr = {bws, 0, ws};
         kiln_command *cmd = NULL;
@@ -210,6 +220,7 @@ int main(int argc, char **argv)
         bench_json_bool(&j, "peer", 0);
         bench_json_str(&j, "shape", sh->name);
         bench_json_str(&j, "op", sh->op);
+        bench_json_str(&j, "dtype", kiln_dtype_name(elt));
         bench_json_int(&j, "tokens", sh->tokens);
         bench_json_int(&j, "participants", sh->participants);
         bench_json_int(&j, "in", sh->in);

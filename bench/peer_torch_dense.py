@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dense operations, the torch peer of bench_dense.
 
-The same shapes, f16 on cuda, timed the same way (at least --warmup calls and
+The same shapes, f16 (or bf16: --dtype) on cuda, timed the same way (at least --warmup calls and
 0.3 s of warm-up; torch.cuda.Event, an event pair around each call: median;
 one pair around iters calls: back to back):
   lm_head      F.linear(x[last], W), x [1, 4096], W [151936, 4096]: GB/s
@@ -10,9 +10,10 @@ one pair around iters calls: back to back):
   lm_head_p64  F.linear(x[last_rows], W), 64 rows gathered from [4096, 4096], W [128256, 4096]
 With --kiln FILE (bench_dense's JSON lines), one "phase":"compare" line per
 shape: kiln / torch, and for the two targets meets_target (lm_head: kiln's
-GB/s at least 95% of torch's; linear: kiln's TFLOP/s at least 95% of torch's).
+GB/s at least 95% of torch's; linear: kiln's TFLOP/s at least 95% of torch's),
+comparing kiln's lines of the same dtype only. Every line carries "dtype".
 
-Usage: peer_torch_dense.py [--iters 200] [--warmup 10] [--kiln bench.jsonl]
+Usage: peer_torch_dense.py [--iters 200] [--warmup 10] [--dtype f16|bf16] [--kiln bench.jsonl]
 """
 import argparse
 import json
@@ -24,12 +25,15 @@ PEER = "torch"
 SHAPES = [("lm_head", 1, 4096, 151936, 1), ("linear", 2048, 4096, 28672, 1),
           ("swiglu", 2048, 4096, 14336, 1), ("lm_head_p64", 4096, 4096, 128256, 64)]
 WARM_S = 0.3
+DTYPE = None  # --dtype, set by main() for emit()
 TARGETS = {"lm_head": "per_launch_gbps", "linear": "per_launch_tflops"}
 
 
 def emit(obj):
     base = {"bench": BENCH, "peer": PEER}
     base.update(obj)
+    if DTYPE is not None:
+        base.setdefault("dtype", DTYPE)
     sys.stdout.write(json.dumps(base) + "\n")
     sys.stdout.flush()
 
@@ -51,7 +55,10 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--kiln", default=None)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     try:
         import torch
         import torch.nn.functional as F
@@ -62,6 +69,7 @@ def main():
     except Exception as e:
         emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
         return 0
+    tdtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     stream = torch.cuda.current_stream(dev)
     name = torch.cuda.get_device_name(dev)
     results = {}
@@ -70,8 +78,8 @@ def main():
         try:
             swiglu = shape == "swiglu"
             wrows = 2 * n if swiglu else n
-            w = (torch.rand(wrows, k, device=dev, dtype=torch.float16) - 0.5) * 0.1
-            x = (torch.rand(tokens, k, device=dev, dtype=torch.float16) - 0.5)
+            w = (torch.rand(wrows, k, device=dev, dtype=tdtype) - 0.5) * 0.1
+            x = (torch.rand(tokens, k, device=dev, dtype=tdtype) - 0.5)
             last = torch.arange(parts, device=dev) * (tokens // parts) + (tokens // parts - 1)
 
             if shape.startswith("lm_head"):
@@ -135,7 +143,8 @@ def main():
                     o = json.loads(line)
                 except ValueError:
                     continue
-                if o.get("bench") == BENCH and o.get("peer") is False and "shape" in o and "error" not in o:
+                if (o.get("bench") == BENCH and o.get("peer") is False and "shape" in o and "error" not in o
+                        and o.get("dtype", "f16") == args.dtype):
                     kiln[o["shape"]] = o
         except OSError as e:
             emit({"phase": "compare", "error": "OSError", "message": str(e)})

@@ -3,7 +3,8 @@
  *
  * Every product here is, in row-major terms,
  *     D[rows, out] = X[rows, in] · W[out, in]ᵀ (+ bias[out]),
- * f16 storage, f32 accumulation and scale (CUBLAS_COMPUTE_32F, CUDA_R_32F).
+ * f16 or bf16 storage (the desc's elt: CUDA_R_16F or CUDA_R_16BF for X, W,
+ * D and the bias), f32 accumulation and scale (CUBLAS_COMPUTE_32F, CUDA_R_32F).
  * cuBLASLt is column-major: a row-major [R, C] matrix with leading dimension C
  * is the column-major [C, R] matrix with the same leading dimension. So the
  * call computes Dᵀ (column-major [out, rows], ld out) = op(A) · B with
@@ -14,7 +15,8 @@
  * length m to every column of Dᵀ, which is bias[o] added to out[t, o].
  *
  * The algorithm comes from cublasLtMatmulAlgoGetHeuristic, queried once per
- * (runtime, m, n, k, bias, pointer alignments, workspace size) and kept in a
+ * (runtime, element type, m, n, k, bias, pointer alignments, workspace size,
+ * parts) and kept in a
  * bounded per-process cache (thread-safe). An enqueue allocates nothing and
  * never synchronizes, so it can be captured into a CUDA graph. */
 #ifndef KILN_PROVIDERS_BLAS_H
@@ -32,9 +34,10 @@
 
 typedef struct kiln__gemm_desc {
     uint64_t rows, in, out;  /* X [rows, in], W [out, in], D [rows, out] */
+    kiln_dtype elt;            /* of X, W, the bias and D (not parts): F16 or BF16 */
     CUdeviceptr x, w, bias, d; /* bias 0: none */
     CUdeviceptr workspace;     /* KILN__BLAS_WORKSPACE bytes, 256-byte aligned */
-    /* 0: D is the f16 product. P >= 1: D is P f32 partial products, [P,
+    /* 0: D is the product (elt). P >= 1: D is P f32 partial products, [P,
      * rows, out], part p summing over in-columns [p in/P, (p+1) in/P) (in a
      * multiple of 8 P; no bias): one strided-batched call, K split by kiln
      * rather than by cuBLASLt, whose split-K is refused here so that the one
@@ -58,7 +61,8 @@ typedef struct kiln__gemm {
 /* Creates the descriptors and finds the algorithm (from the cache, or one
  * heuristic query). KILN_ERR_CUDA_BLAS (cuBLASLt missing, a descriptor
  * refused, no algorithm), KILN_ERR_RUNTIME_CONTRACT (a size past what
- * cuBLASLt takes), recorded in err and prefixed with op. On failure g holds
+ * cuBLASLt takes, an elt other than F16 or BF16), recorded in err and
+ * prefixed with op. On failure g holds
  * nothing to destroy. */
 kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,
                                kiln__gemm *g);
@@ -81,7 +85,7 @@ kiln_status kiln__kernel_and_gemm(kiln_jit *jit, kiln_runtime *rt, kiln__errslot
  * address it runs with. */
 typedef struct kiln__gemm_key {
     cublasLtMatmulAlgo_t algo;
-    uint64_t rows, in, out, x, w, bias, d, workspace, parts;
+    uint64_t rows, in, out, x, w, bias, d, workspace, parts, elt;
 } kiln__gemm_key;
 void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out);
 

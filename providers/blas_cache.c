@@ -50,6 +50,7 @@ void kiln__blas_forced_config(char *buf, size_t cap);
 typedef struct heur_key {
     uint64_t instance; /* the runtime (instance ids are never reused) */
     uint64_t m, n, k;
+    uint32_t elt; /* an f16 and a bf16 product of one shape never share a plan */
     uint64_t workspace;
     uint32_t align_a, align_b, align_d, bias, parts;
 } heur_key;
@@ -153,8 +154,8 @@ static int config_of(const kiln__blas *lt, const cublasLtMatmulAlgo_t *a, algo_c
     return known;
 }
 
-/* Whether a candidate keeps the f32 accumulation up to the f16 output's one
- * rounding. Split K must keep its partial sums in f32 (the preference's
+/* Whether a candidate keeps the f32 accumulation up to the 16-bit output's
+ * one rounding. Split K must keep its partial sums in f32 (the preference's
  * reduction mask asks for that; checked again here). And with the bias
  * epilogue, split K is refused altogether: cuBLASLt 13's split-K kernels of
  * algorithm 24 round the product to f16 and add the bias in f16 (two
@@ -241,6 +242,7 @@ static int fastest(const kiln__gemm *g, const heur_key *key, const cublasLtMatmu
     kiln__device_timer *timer = NULL;
     if (kiln__device_timer_create(g->rt, &timer) != CUDA_SUCCESS)
         return -1;
+    /* f32 parts, or the 16-bit product (f16 or bf16) */
     const size_t d_bytes = (size_t)key->m * (size_t)key->n * (key->parts ? 4u * key->parts : 2u);
     size_t flush_bytes = 0;
     CUdeviceptr dp = 0, ws = 0, flush = 0;
@@ -330,8 +332,8 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
         st = blas_fail(err, lt, op, "cublasLtMatmulPreferenceSetAttribute", s);
         goto out_pref;
     }
-    /* Split K only with partial sums in f32: partial sums in f16 (the output
-     * type, also what the in-place scheme adds in) lose the accuracy of the
+    /* Split K only with partial sums in f32: partial sums in f16 or bf16 (the
+     * output type, also what the in-place scheme adds in) lose the accuracy of the
      * f32 accumulation (tests/test_ops_dense_gpu.c's 333 x 1000 -> 2731
      * product shows it). The heuristic's list, less what
      * accurate() refuses: its first candidate, or up to CANDIDATES when the
@@ -354,10 +356,10 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     }
     if (s != CUBLAS_STATUS_SUCCESS || n < 1) {
         st = kiln__fail(err, KILN_ERR_CUDA_BLAS,
-                        "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (f16, f32 compute%s, alignments "
+                        "%s: cuBLASLt has no algorithm for m=%llu n=%llu k=%llu (%s, f32 compute%s, alignments "
                         "%u/%u/%u bytes, %llu workspace bytes): %s",
                         op, (unsigned long long)key->m, (unsigned long long)key->n, (unsigned long long)key->k,
-                        key->bias ? ", bias" : "", key->align_a, key->align_b, key->align_d,
+                        kiln_dtype_name((kiln_dtype)key->elt), key->bias ? ", bias" : "", key->align_a, key->align_b, key->align_d,
                         (unsigned long long)key->workspace,
                         lt->cublasLtGetStatusString(s != CUBLAS_STATUS_SUCCESS ? s : CUBLAS_STATUS_NOT_SUPPORTED));
         goto out_pref;
@@ -443,6 +445,9 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: rows %llu, in %llu, out %llu: each at most %d", op,
                           (unsigned long long)desc->rows, (unsigned long long)desc->in,
                           (unsigned long long)desc->out, INT32_MAX);
+    if (desc->elt != KILN_DTYPE_F16 && desc->elt != KILN_DTYPE_BF16)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: the product's element type must be f16 or bf16, got %s",
+                          op, kiln_dtype_name(desc->elt));
     if (desc->parts && (desc->bias || desc->parts > 64 || desc->in % (8ull * desc->parts)))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           "%s: %u partial products of in %llu%s: in must be a multiple of 8 x parts, parts at most "
@@ -478,15 +483,23 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
         if ((s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
             (s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
             goto out_blas;
+        /* The bias is of D's type by default (cublasLt.h); bf16 says so
+         * explicitly, and the f16 descriptor stays as it always was. */
+        const int32_t bias_type = CUDA_R_16BF;
+        if (desc->elt == KILN_DTYPE_BF16 &&
+            (s = lt->cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                    sizeof bias_type)))
+            goto out_blas;
     }
     what = "cublasLtMatrixLayoutCreate";
     /* Parts: batch p reads rows [p kp, (p+1) kp) of the column-major A and B
      * (an offset of p kp elements, the leading dimension still k) and writes
      * the p-th f32 [m, n] of D. */
     const uint64_t kp = desc->parts ? k / desc->parts : k;
-    if ((s = lt->cublasLtMatrixLayoutCreate(&g->a, CUDA_R_16F, kp, m, (int64_t)k)) ||
-        (s = lt->cublasLtMatrixLayoutCreate(&g->b, CUDA_R_16F, kp, n, (int64_t)k)) ||
-        (s = lt->cublasLtMatrixLayoutCreate(&g->d, desc->parts ? CUDA_R_32F : CUDA_R_16F, m, n, (int64_t)m)))
+    const cudaDataType_t et = desc->elt == KILN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    if ((s = lt->cublasLtMatrixLayoutCreate(&g->a, et, kp, m, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->b, et, kp, n, (int64_t)k)) ||
+        (s = lt->cublasLtMatrixLayoutCreate(&g->d, desc->parts ? CUDA_R_32F : et, m, n, (int64_t)m)))
         goto out_blas;
     if (desc->parts) {
         const int32_t count = (int32_t)desc->parts;
@@ -514,6 +527,7 @@ kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char 
     key.m = m;
     key.n = n;
     key.k = k;
+    key.elt = (uint32_t)desc->elt;
     key.workspace = KILN__BLAS_WORKSPACE;
     key.align_a = alignment_of(desc->w);
     key.align_b = alignment_of(desc->x);
@@ -560,6 +574,7 @@ void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out)
     out->d = g->desc.d;
     out->workspace = g->desc.workspace;
     out->parts = g->desc.parts;
+    out->elt = (uint64_t)g->desc.elt;
 }
 
 kiln_status kiln__check_workspace(kiln__errslot *err, const char *op, const kiln_region *ws, kiln_runtime *rt,

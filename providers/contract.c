@@ -114,17 +114,17 @@ kiln_status kiln__copy_bindings(kiln__errslot *err, const char *op, const char *
                       (unsigned)size, type, dst_size, earlier);
 }
 
-kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, const char *name,
-                               const kiln_tensor *weight, int64_t in, const kiln_tensor *bias, size_t *w_bytes,
-                               size_t *b_bytes)
+kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, kiln_dtype elt,
+                               const char *name, const kiln_tensor *weight, int64_t in, const kiln_tensor *bias,
+                               size_t *w_bytes, size_t *b_bytes)
 {
     const int64_t want_w[2] = {-1, in};
-    kiln_status st = kiln__check_tensor(err, op, name, weight, rt, KILN_DTYPE_F16, 2, want_w, w_bytes);
+    kiln_status st = kiln__check_tensor(err, op, name, weight, rt, elt, 2, want_w, w_bytes);
     *b_bytes = 0;
     if (st || !bias)
         return st;
     const int64_t want_b[1] = {weight->dims[0]};
-    if ((st = kiln__check_tensor(err, op, "bias", bias, rt, KILN_DTYPE_F16, 1, want_b, b_bytes)))
+    if ((st = kiln__check_tensor(err, op, "bias", bias, rt, elt, 1, want_b, b_bytes)))
         return st;
     const uint64_t b = kiln__buffer_ptr(bias->buffer) + bias->offset;
     if (b % 16)

@@ -35,12 +35,14 @@ kiln_status kiln__encode_begin(kiln_jit *jit, const char *op, kiln_command **cmd
  * (sizeof *dst when there has been one layout). */
 kiln_status kiln__copy_bindings(kiln__errslot *err, const char *op, const char *what, const char *type, void *dst,
                                 size_t dst_size, size_t min_size, const void *src);
-/* A dense product's weight [-1, in] (f16, named name) and its optional bias
- * [weight rows] (f16, its device address 16-byte aligned); *w_bytes and
- * *b_bytes (0 without a bias) their bytes. Names op, binding and values. */
-kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, const char *name,
-                               const kiln_tensor *weight, int64_t in, const kiln_tensor *bias, size_t *w_bytes,
-                               size_t *b_bytes);
+/* A dense product's weight [-1, in] (of the element type elt, f16 or bf16:
+ * the activation's, from kiln__check_elt; named name) and its optional bias
+ * [weight rows] (elt too, its device address 16-byte aligned); *w_bytes and
+ * *b_bytes (0 without a bias) their bytes. Names op, binding and values (a
+ * weight of the other 16-bit type: both dtypes). */
+kiln_status kiln__check_weight(kiln__errslot *err, const char *op, kiln_runtime *rt, kiln_dtype elt,
+                               const char *name, const kiln_tensor *weight, int64_t in, const kiln_tensor *bias,
+                               size_t *w_bytes, size_t *b_bytes);
 /* That written (its bytes, named name) overlaps none of the n bindings
  * others (NULL ones passed over): "binding <name> overlaps binding <other>". */
 kiln_status kiln__check_disjoint(kiln__errslot *err, const char *op, const kiln_tensor *written, size_t bytes,

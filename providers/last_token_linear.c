@@ -25,8 +25,9 @@ kiln_status kiln_op_last_token_linear_spec(kiln_dtype elt, int64_t in, int vec, 
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": in %lld (1..%d), vector width %d (1, or 8 dividing in)",
                           (long long)in, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, "gather_last")) || (st = kiln__spec_set_elt(out, "gather_last", elt)) || (st = kiln_spec_set(out, "IN", in)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(in, vec))))
+    if ((st = kiln_spec_init(out, "gather_last")) || (st = kiln__spec_set_elt(out, "gather_last", elt)) ||
+        (st = kiln_spec_set(out, "IN", in)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(in, vec))))
         return st;
     return KILN_OK;
 }
@@ -35,7 +36,8 @@ kiln_status kiln_op_last_token_linear_spec(kiln_dtype elt, int64_t in, int vec, 
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_last_token_linear_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st =
+        kiln_op_last_token_linear_spec(cfg->dtype, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -88,7 +90,10 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
                           OP ": binding x must have rank 2 ([tokens, in], packed coordinates) or 3 ([participants, "
                           "seq, in], source coordinates), got %u",
                           x->rank);
-    if ((st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, x && x->rank == 3 ? 3 : 2, NULL, &x_bytes)))
+    /* The element type is x's; weight, bias and out must have it too. */
+    kiln_dtype elt;
+    if ((st = kiln__check_elt(err, OP, "x", x, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, elt, x->rank == 3 ? 3 : 2, NULL, &x_bytes)))
         return st;
     const int source = x->rank == 3;
     const int64_t in = x->dims[x->rank - 1];
@@ -100,11 +105,11 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     if (limit > UINT32_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding x has %lld rows per %s; at most %u",
                           (long long)limit, source ? "participant" : "batch", UINT32_MAX);
-    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
+    if ((st = kiln__check_weight(err, OP, rt, elt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
         return st;
     const int64_t n_out = weight->dims[0];
     const int64_t want_o[2] = {parts, n_out};
-    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want_o, &o_bytes)))
         return st;
     size_t need;
     if ((st = kiln_op_last_token_linear_workspace(parts, in, n_out, &need)))
@@ -128,7 +133,7 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     l->limit = (uint32_t)limit;
     const int vec = (in % 8 == 0 && l->x % 16 == 0) ? 8 : 1;
     l->threads = (unsigned)threads_for(in, vec);
-    kiln__gemm_desc d = {.rows = (uint64_t)parts, .in = (uint64_t)in, .out = (uint64_t)n_out};
+    kiln__gemm_desc d = {.rows = (uint64_t)parts, .in = (uint64_t)in, .out = (uint64_t)n_out, .elt = elt};
     d.x = l->rows;
     d.w = kiln__buffer_ptr(weight->buffer) + weight->offset;
     d.bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0;
@@ -136,7 +141,7 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     d.workspace = ws;
     kiln_spec spec;
     kiln_kernel *k;
-    if ((st = kiln_op_last_token_linear_spec(KILN_DTYPE_F16, in, vec, &spec)) ||
+    if ((st = kiln_op_last_token_linear_spec(elt, in, vec, &spec)) ||
         (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
         return kiln__propagate(err, st);

@@ -44,16 +44,18 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     kiln_runtime *rt;
     kiln__errslot *err;
     size_t x_bytes, w_bytes, b_bytes = 0, o_bytes;
+    kiln_dtype elt;
     kiln_status st;
-    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
-        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+    /* The element type is x's; weight, bias and out must have it too. */
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__check_elt(err, OP, "x", x, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, elt, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
-    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
+    if ((st = kiln__check_weight(err, OP, rt, elt, "weight", weight, in, bias, &w_bytes, &b_bytes)))
         return st;
     const int64_t n_out = weight->dims[0];
     const int64_t want_o[2] = {tokens, n_out};
-    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want_o, &o_bytes)))
         return st;
     size_t need;
     if ((st = kiln_op_dense_linear_workspace(tokens, in, n_out, &need)))
@@ -77,7 +79,7 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     kiln__gemm *g = malloc(sizeof *g);
     if (!g)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)n_out};
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)n_out, .elt = elt};
     d.x = kiln__buffer_ptr(x->buffer) + x->offset;
     d.w = kiln__buffer_ptr(weight->buffer) + weight->offset;
     d.bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0;

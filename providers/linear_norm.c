@@ -2,7 +2,7 @@
  * product into the workspace, then templates/rms_norm.cu's fused residual
  * form reads it. Three ways to the product:
  *   - skinny: 1 to 8 tokens where the skinny path applies (providers/
- *     skinny.h), its kernel writes the f16 product;
+ *     skinny.h), its kernel writes the product (f16 or bf16, x's type);
  *   - parts: up to PARTS_MAX_TOKENS tokens, one cuBLASLt call writes P f32
  *     partial products (K split in P, providers/blas.h) and the norm kernel
  *     sums them (kiln_rms_norm_residual_parts): cuBLASLt's own split K runs
@@ -13,7 +13,8 @@
  *     first stages requested before the kernel's dependency sync; the norm
  *     kernel sums them as for parts. Not where a way is forced (the test
  *     hook, $KILN_LINEAR_NORM_PARTS); $KILN_TMA=0 turns it off;
- *   - plain: one cuBLASLt call writes the f16 product.
+ *   - plain: one cuBLASLt call writes the product (x's type).
+ * Every binding of the element type of x (f16, or bf16 on sm_80+).
  * Between parts (P = 1, 2, 4) and plain the times cuBLASLt's candidates took
  * when blas_cache.c timed them decide (the cold times of narrow products);
  * where nothing was timed, plain. */
@@ -68,7 +69,7 @@ kiln_status kiln_op_dense_linear_norm_workspace(int64_t tokens, int64_t in, int6
     kiln_status st = sizes_check(tokens, in, hidden);
     if (st)
         return st;
-    /* f16 product, or up to PARTS_MAX f32 parts */
+    /* a 16-bit product, or up to PARTS_MAX f32 parts */
     const size_t each = tokens <= PARTS_MAX_TOKENS ? 4u * PARTS_MAX : 2u;
     size_t product, aligned, total;
     if (kiln__mul_overflows((size_t)tokens * (size_t)hidden, each, &product) || !kiln__ws_align(product, &aligned) ||
@@ -85,6 +86,7 @@ typedef struct ln_launch {
     kiln__skinny skinny;
     kiln__gemm gemm;
     kiln_runtime *rt;
+    kiln_dtype elt;
     CUfunction norm;
     CUdeviceptr product, residual, weight, out;
     uint64_t part_stride;
@@ -129,7 +131,7 @@ static int64_t tma_parts(int64_t in)
     return p;
 }
 
-static kiln_status tma_linear_spec(int64_t in, int64_t out, kiln_spec *spec)
+static kiln_status tma_linear_spec(kiln_dtype elt, int64_t in, int64_t out, kiln_spec *spec)
 {
     const int64_t p = tma_parts(in);
     if (in < KILN__TMA_K || in % (KILN__TMA_K * p) || in > INT32_MAX || out < 16 || out % 16 ||
@@ -138,8 +140,9 @@ static kiln_status tma_linear_spec(int64_t in, int64_t out, kiln_spec *spec)
                           TMA_TEMPLATE ": in %lld (a multiple of 64), out %lld (a multiple of 16, at most %d)",
                           (long long)in, (long long)out, KILN_MODEL_MAX_HIDDEN);
     kiln_status st;
-    if ((st = kiln_spec_init(spec, TMA_TEMPLATE)) || (st = kiln_spec_set(spec, "IN", in)) ||
-        (st = kiln_spec_set(spec, "OUT", out)) || (st = kiln_spec_set(spec, "PARTS", p)))
+    if ((st = kiln_spec_init(spec, TMA_TEMPLATE)) || (st = kiln__spec_set_elt(spec, TMA_TEMPLATE, elt)) ||
+        (st = kiln_spec_set(spec, "IN", in)) || (st = kiln_spec_set(spec, "OUT", out)) ||
+        (st = kiln_spec_set(spec, "PARTS", p)))
         return st;
     return KILN_OK;
 }
@@ -152,7 +155,7 @@ kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sin
         if (ins[i] % KILN__TMA_K || cfg->hidden_size % 16 || (i == 1 && ins[1] == ins[0]))
             continue;
         kiln_spec spec;
-        kiln_status st = tma_linear_spec(ins[i], cfg->hidden_size, &spec);
+        kiln_status st = tma_linear_spec(cfg->dtype, ins[i], cfg->hidden_size, &spec);
         if (st || (st = sink(user, &spec)))
             return st;
     }
@@ -189,15 +192,15 @@ static kiln_status tma_linear_prepare(kiln_jit *jit, kiln__errslot *err, const k
     kiln_spec spec;
     void *fn;
     kiln_status st;
-    if ((st = tma_linear_spec(in, hidden, &spec)) || (st = kiln_jit_acquire(jit, &spec, kp)) ||
+    if ((st = tma_linear_spec(l->elt, in, hidden, &spec)) || (st = kiln_jit_acquire(jit, &spec, kp)) ||
         (st = kiln_kernel_function(*kp, NULL, &fn)))
         return kiln__propagate(err, st);
     const unsigned box = 16 * (unsigned)units;
     l->mode = MODE_TMA;
     l->parts = (uint32_t)p;
-    return kiln__tma_prepare(rt, OP, (CUfunction)fn, kiln__buffer_ptr(weight->buffer) + weight->offset, hidden, box,
-                             kiln__buffer_ptr(x->buffer) + x->offset, tokens, in, (box + 32) * 128, (unsigned)units,
-                             (unsigned)(p * per_part), l->product, &l->tma);
+    return kiln__tma_prepare(rt, OP, (CUfunction)fn, l->elt, kiln__buffer_ptr(weight->buffer) + weight->offset,
+                             hidden, box, kiln__buffer_ptr(x->buffer) + x->offset, tokens, in, (box + 32) * 128,
+                             (unsigned)units, (unsigned)(p * per_part), l->product, &l->tma);
 }
 
 /* The product's way and, for parts and plain, its prepared call (see the top). */
@@ -212,7 +215,7 @@ static kiln_status choose(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *
         l->mode = MODE_SKINNY;
         return kiln__skinny_prepare(jit, x, weight, NULL, 0, l->product, &l->skinny, skinny_kernel);
     }
-    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)hidden};
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)in, .out = (uint64_t)hidden, .elt = l->elt};
     d.x = dx;
     d.w = dw;
     d.d = l->product;
@@ -269,19 +272,21 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     kiln_runtime *rt;
     kiln__errslot *err;
     size_t xb, wb, rb, nb, ob;
+    kiln_dtype elt;
     kiln_status st;
-    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
-        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
+    /* The element type is x's; every other binding must have it too. */
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__check_elt(err, OP, "x", x, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, elt, 2, NULL, &xb)))
         return st;
     const int64_t tokens = x->dims[0], in = x->dims[1];
     size_t no_bias;
-    if ((st = kiln__check_weight(err, OP, rt, "weight", weight, in, NULL, &wb, &no_bias)))
+    if ((st = kiln__check_weight(err, OP, rt, elt, "weight", weight, in, NULL, &wb, &no_bias)))
         return st;
     const int64_t hidden = weight->dims[0];
     const int64_t want_r[2] = {tokens, hidden}, want_n[1] = {hidden};
-    if ((st = kiln__check_tensor(err, OP, "residual", residual, rt, KILN_DTYPE_F16, 2, want_r, &rb)) ||
-        (st = kiln__check_tensor(err, OP, "norm_weight", norm_weight, rt, KILN_DTYPE_F16, 1, want_n, &nb)) ||
-        (st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_r, &ob)))
+    if ((st = kiln__check_tensor(err, OP, "residual", residual, rt, elt, 2, want_r, &rb)) ||
+        (st = kiln__check_tensor(err, OP, "norm_weight", norm_weight, rt, elt, 1, want_n, &nb)) ||
+        (st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want_r, &ob)))
         return st;
     if ((st = sizes_check(tokens, in, hidden)))
         return kiln__propagate(err, st);
@@ -305,6 +310,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     const CUdeviceptr ws = kiln__buffer_ptr(workspace->buffer) + workspace->start;
     l->rt = rt;
+    l->elt = elt;
     l->product = ws + KILN__BLAS_WORKSPACE;
     l->gemm.desc.workspace = ws;
     l->residual = kiln__buffer_ptr(residual->buffer) + residual->offset;
@@ -324,7 +330,7 @@ kiln_status kiln_op_dense_linear_norm_encode(kiln_jit *jit, const kiln_tensor *x
     const int vec = hidden % 8 == 0 && bits % 16 == 0 ? 8 : 1;
     kiln_spec spec;
     void *fn;
-    if ((st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
+    if ((st = kiln_op_rms_norm_spec(elt, hidden, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &nk)) ||
         (st = kiln_kernel_function(nk,
                                    l->mode == MODE_PARTS || l->mode == MODE_TMA ? "kiln_rms_norm_residual_parts"
                                                                                 : "kiln_rms_norm_residual",

@@ -51,7 +51,7 @@ kiln_status kiln__skinny_prepare(kiln_jit *jit, const kiln_tensor *x, const kiln
 kiln_status kiln__skinny_enqueue(const kiln__skinny *l, const kiln_launch_context *ctx);
 void kiln__skinny_params(const kiln__skinny *l, uint64_t params[7]);
 
-/* The model's specializations: plain, in both variants, for in =
+/* The model's specializations (of cfg->dtype): plain, in both variants, for in =
  * hidden_size, intermediate_size and num_attention_heads * head_dim (what its
  * projections read), once each; gated for in = hidden_size (the MLP's
  * gate/up). */

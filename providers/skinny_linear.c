@@ -38,8 +38,8 @@ kiln_status kiln__skinny_linear_spec(kiln_dtype elt, int64_t in, int glu, int wi
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, TEMPLATE ": in = %lld; it must be a multiple of 32 in [32, %d]",
                           (long long)in, INT32_MAX);
     kiln_status st;
-    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln__spec_set_elt(out, TEMPLATE, elt)) || (st = kiln_spec_set(out, "IN", in)) ||
-        (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
+    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln__spec_set_elt(out, TEMPLATE, elt)) ||
+        (st = kiln_spec_set(out, "IN", in)) || (st = kiln_spec_set(out, "WARPS", warps_for(in))) ||
         (st = kiln_spec_set(out, "UNROLL", UNROLL)) || (st = kiln_spec_set(out, "ROW_GROUPS", ROW_GROUPS)) ||
         (st = kiln_spec_set(out, "MIN_BLOCKS", wide ? WIDE_MIN_BLOCKS : MIN_BLOCKS)) ||
         (st = kiln_spec_set(out, "GLU", glu ? 1 : 0)))
@@ -63,7 +63,7 @@ kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_s
             continue;
         for (int wide = 0; wide <= !glu; wide++) {
             kiln_spec spec;
-            kiln_status st = kiln__skinny_linear_spec(KILN_DTYPE_F16, ins[i], glu, wide, &spec);
+            kiln_status st = kiln__skinny_linear_spec(cfg->dtype, ins[i], glu, wide, &spec);
             if (st || (st = sink(user, &spec)))
                 return st;
         }
@@ -135,12 +135,13 @@ kiln_status kiln__skinny_prepare(kiln_jit *jit, const kiln_tensor *x, const kiln
     kiln_status st;
     kiln_kernel *k;
     void *fn;
-    if ((st = kiln__skinny_linear_spec(KILN_DTYPE_F16, in, glu, 0, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+    /* The element type is x's (the caller checked weight and out against it). */
+    if ((st = kiln__skinny_linear_spec(x->dtype, in, glu, 0, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
         (st = kiln_kernel_function(k, NULL, &fn)))
         return kiln__propagate(err, st);
     const int wide = !glu && takes_wide(rt, (CUfunction)fn, grid, threads);
     if (wide &&
-        ((st = kiln__skinny_linear_spec(KILN_DTYPE_F16, in, 0, 1, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        ((st = kiln__skinny_linear_spec(x->dtype, in, 0, 1, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
          (st = kiln_kernel_function(k, NULL, &fn))))
         return kiln__propagate(err, st);
     *l = (kiln__skinny){.rt = rt,

@@ -45,8 +45,9 @@ kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermediate, int 
                           OP ": intermediate %lld (1..%d), vector width %d (1, or 8 dividing intermediate)",
                           (long long)intermediate, KILN_MODEL_MAX_INTERMEDIATE, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, "swiglu")) || (st = kiln__spec_set_elt(out, "swiglu", elt)) || (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(intermediate, vec))))
+    if ((st = kiln_spec_init(out, "swiglu")) || (st = kiln__spec_set_elt(out, "swiglu", elt)) ||
+        (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(intermediate, vec))))
         return st;
     return KILN_OK;
 }
@@ -54,7 +55,7 @@ kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermediate, int 
 /* ---- 9 to 32 tokens on sm_90: templates/tma_swiglu.cu (providers/tma.h) ---- */
 #define TMA_TEMPLATE "tma_swiglu"
 
-static kiln_status tma_swiglu_spec(int64_t hidden, int64_t intermediate, kiln_spec *out)
+static kiln_status tma_swiglu_spec(kiln_dtype elt, int64_t hidden, int64_t intermediate, kiln_spec *out)
 {
     if (hidden < KILN__TMA_K || hidden % KILN__TMA_K || hidden > INT32_MAX || intermediate < 8 || intermediate % 8 ||
         intermediate > INT32_MAX / 2)
@@ -62,8 +63,8 @@ static kiln_status tma_swiglu_spec(int64_t hidden, int64_t intermediate, kiln_sp
                           TMA_TEMPLATE ": hidden %lld (a multiple of 64), intermediate %lld (a multiple of 8)",
                           (long long)hidden, (long long)intermediate);
     kiln_status st;
-    if ((st = kiln_spec_init(out, TMA_TEMPLATE)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
-        (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)))
+    if ((st = kiln_spec_init(out, TMA_TEMPLATE)) || (st = kiln__spec_set_elt(out, TMA_TEMPLATE, elt)) ||
+        (st = kiln_spec_set(out, "HIDDEN", hidden)) || (st = kiln_spec_set(out, "INTERMEDIATE", intermediate)))
         return st;
     return KILN_OK;
 }
@@ -72,13 +73,15 @@ kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_si
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when the size allows. */
-    kiln_status st = kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
+    kiln_status st =
+        kiln_op_dense_swiglu_spec(cfg->dtype, cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
     /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
     if (cfg->hidden_size % KILN__TMA_K || cfg->intermediate_size % 8)
         return KILN_OK;
-    return (st = tma_swiglu_spec(cfg->hidden_size, cfg->intermediate_size, &spec)) ? st : sink(user, &spec);
+    return (st = tma_swiglu_spec(cfg->dtype, cfg->hidden_size, cfg->intermediate_size, &spec)) ? st
+                                                                                               : sink(user, &spec);
 }
 
 /* The most 8-output units a block has when the grid is the SM count. */
@@ -110,7 +113,7 @@ static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_te
     kiln_kernel *k;
     void *fn;
     kiln_status st;
-    if ((st = tma_swiglu_spec(hidden, inter, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+    if ((st = tma_swiglu_spec(x->dtype, hidden, inter, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
         (st = kiln_kernel_function(k, NULL, &fn)))
         return kiln__propagate(err, st);
     kiln__tma *l = kiln__tma_calloc(sizeof *l);
@@ -118,8 +121,9 @@ static kiln_status tma_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_te
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     const unsigned warps = (unsigned)tma_units_per_block(inter, info.multiprocessors), box = 8 * warps;
     const CUdeviceptr dw = kiln__buffer_ptr(gate_up->buffer) + gate_up->offset, dx = kiln__buffer_ptr(x->buffer) + x->offset;
-    if ((st = kiln__tma_prepare(rt, OP, (CUfunction)fn, dw, 2 * inter, box, dx, tokens, hidden, (2 * box + 32) * 128,
-                                warps, (unsigned)info.multiprocessors, kiln__buffer_ptr(out->buffer) + out->offset, l))) {
+    if ((st = kiln__tma_prepare(rt, OP, (CUfunction)fn, x->dtype, dw, 2 * inter, box, dx, tokens, hidden,
+                                (2 * box + 32) * 128, warps, (unsigned)info.multiprocessors,
+                                kiln__buffer_ptr(out->buffer) + out->offset, l))) {
         free(l);
         return st;
     }
@@ -186,13 +190,15 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     kiln_runtime *rt;
     kiln__errslot *err;
     size_t x_bytes, w_bytes, o_bytes;
+    kiln_dtype elt;
     kiln_status st;
-    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
-        (st = kiln__check_tensor(err, OP, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &x_bytes)))
+    /* The element type is x's; gate_up and out must have it too. */
+    if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) || (st = kiln__check_elt(err, OP, "x", x, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "x", x, rt, elt, 2, NULL, &x_bytes)))
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     size_t no_bias;
-    if ((st = kiln__check_weight(err, OP, rt, "gate_up", gate_up, hidden, NULL, &w_bytes, &no_bias)))
+    if ((st = kiln__check_weight(err, OP, rt, elt, "gate_up", gate_up, hidden, NULL, &w_bytes, &no_bias)))
         return st;
     if (gate_up->dims[0] % 2)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
@@ -201,7 +207,7 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
                           (long long)gate_up->dims[0]);
     const int64_t inter = gate_up->dims[0] / 2;
     const int64_t want_o[2] = {tokens, inter};
-    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_o, &o_bytes)))
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want_o, &o_bytes)))
         return st;
     size_t need;
     if ((st = kiln_op_dense_swiglu_workspace(tokens, hidden, inter, &need)))
@@ -232,14 +238,14 @@ kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const kiln_tensor *x, con
     l->grid[0] = (unsigned)tokens; /* x: up to 2^31 - 1; y (the blocks a row, at most 128) to 65535 */
     l->grid[1] = (unsigned)blocks_for(inter, vec);
     l->grid[2] = 1;
-    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)hidden, .out = (uint64_t)(2 * inter)};
+    kiln__gemm_desc d = {.rows = (uint64_t)tokens, .in = (uint64_t)hidden, .out = (uint64_t)(2 * inter), .elt = elt};
     d.x = dx;
     d.w = dw;
     d.d = l->product;
     d.workspace = ws;
     kiln_spec spec;
     kiln_kernel *k;
-    if ((st = kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, inter, vec, &spec)) ||
+    if ((st = kiln_op_dense_swiglu_spec(elt, inter, vec, &spec)) ||
         (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
         return kiln__propagate(err, st);

@@ -30,13 +30,17 @@ int kiln__tma_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t k_pa
            in <= INT32_MAX && (dx | dw) % 16 == 0;
 }
 
-static kiln_status map(kiln_runtime *rt, const char *op, CUtensorMap *m, CUdeviceptr base, int64_t k, int64_t rows,
-                       unsigned box_rows)
+/* A 2-D map of 16-bit elements (elt: f16 or bf16; the swizzle and the boxes
+ * depend on the size only, the type tells the TMA unit what it copies). */
+static kiln_status map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base, int64_t k,
+                       int64_t rows, unsigned box_rows)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
     const cuuint32_t box[2] = {KILN__TMA_K, box_rows}, es[2] = {1, 1};
+    const CUtensorMapDataType type =
+        elt == KILN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     CUresult r = kiln__tensor_map_encode_tiled(
-        rt, m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        rt, m, type, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS)
         return KILN_OK;
@@ -45,9 +49,9 @@ static kiln_status map(kiln_runtime *rt, const char *op, CUtensorMap *m, CUdevic
     return kiln__runtime_cu_fail(rt, r, what);
 }
 
-kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, CUdeviceptr w, int64_t w_rows,
-                              unsigned box_rows, CUdeviceptr x, int64_t tokens, int64_t in, unsigned stage_bytes,
-                              unsigned warps, unsigned grid, CUdeviceptr out, kiln__tma *t)
+kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, kiln_dtype elt, CUdeviceptr w,
+                              int64_t w_rows, unsigned box_rows, CUdeviceptr x, int64_t tokens, int64_t in,
+                              unsigned stage_bytes, unsigned warps, unsigned grid, CUdeviceptr out, kiln__tma *t)
 {
     t->rt = rt;
     t->fn = fn;
@@ -71,8 +75,8 @@ kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, C
         return kiln__runtime_cu_fail(rt, r, what);
     }
     t->pre = t->stages;
-    kiln_status st = map(rt, op, &t->w, w, in, w_rows, box_rows);
-    return st ? st : map(rt, op, &t->x, x, in, tokens, 32);
+    kiln_status st = map(rt, op, elt, &t->w, w, in, w_rows, box_rows);
+    return st ? st : map(rt, op, elt, &t->x, x, in, tokens, 32);
 }
 
 kiln_status kiln__tma_enqueue(const kiln__tma *t, const kiln_launch_context *ctx)

@@ -11,7 +11,7 @@
 #define KILN__TMA_MIN_TOKENS 9
 #define KILN__TMA_MAX_TOKENS 32
 #define KILN__TMA_MAX_WARPS 31 /* consumer warps; one more produces */
-#define KILN__TMA_K 64         /* K per stage: one 128-byte swizzle row of f16 */
+#define KILN__TMA_K 64         /* K per stage: one 128-byte swizzle row of 16-bit elements */
 #define KILN__TMA_MAX_BOX 256  /* rows of a TMA box (cuTensorMapEncodeTiled's limit) */
 
 /* A prepared launch: the kernel's parameters are the two maps, out, tokens,
@@ -33,12 +33,12 @@ void *kiln__tma_calloc(size_t size);
  * 64 x k_parts, x and the weight 16-byte aligned. */
 int kiln__tma_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t k_parts, uint64_t dx, uint64_t dw);
 /* Fills t for fn: the weight's map ([w_rows, in], boxes of box_rows rows),
- * x's ([tokens, in], boxes of 32 rows), grid blocks of 32 (warps + 1)
+ * x's ([tokens, in], boxes of 32 rows), both of elements elt (f16 or bf16), grid blocks of 32 (warps + 1)
  * threads, as many stages of stage_bytes as the device takes (2 to 7), all
  * requested before the dependency sync. op names the caller in errors. */
-kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, CUdeviceptr w, int64_t w_rows,
-                              unsigned box_rows, CUdeviceptr x, int64_t tokens, int64_t in, unsigned stage_bytes,
-                              unsigned warps, unsigned grid, CUdeviceptr out, kiln__tma *t);
+kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, kiln_dtype elt, CUdeviceptr w,
+                              int64_t w_rows, unsigned box_rows, CUdeviceptr x, int64_t tokens, int64_t in,
+                              unsigned stage_bytes, unsigned warps, unsigned grid, CUdeviceptr out, kiln__tma *t);
 kiln_status kiln__tma_enqueue(const kiln__tma *t, const kiln_launch_context *ctx);
 /* The launch as replay-key words: the maps' addresses and sizes, out, the shape. */
 #define KILN__TMA_PARAMS 8

@@ -9,8 +9,10 @@
 // (KILN_FAULT_EMPTY_SPAN: value 0, limit 0; KILN_FAULT_SPAN_PAST_END: value
 // start + length, saturated to 2^32 - 1, and limit).
 // Constants: KILN_IN (row length), KILN_VEC (8 = 16-byte vectors, 1 = scalar),
-// KILN_THREADS. One block per participant; the participant count, token count
-// and coordinates are launch parameters, so one kernel serves every batch.
+// KILN_THREADS, KILN_BF16 (the element type: rows are copied, not converted,
+// so only the spec tells f16 and bf16 apart). One block per participant; the
+// participant count, token count and coordinates are launch parameters, so
+// one kernel serves every batch.
 #include "kiln_prelude.cuh"
 
 //! kiln:entry kiln_gather_last
@@ -31,7 +33,7 @@ __device__ __forceinline__ kiln_vec load_vec(const kiln_vec *p) { return kiln_ld
 __device__ __forceinline__ void store_vec(kiln_vec *p, kiln_vec v) { kiln_stg16(p, v); }
 __device__ __forceinline__ kiln_vec zero_vec() { kiln_vec v = {0, 0, 0, 0}; return v; }
 #elif KILN_VEC == 1
-typedef kiln_f16 kiln_vec;
+typedef kiln_elt kiln_vec;
 __device__ __forceinline__ kiln_vec load_vec(const kiln_vec *p) { return *p; }
 __device__ __forceinline__ void store_vec(kiln_vec *p, kiln_vec v) { *p = v; }
 __device__ __forceinline__ kiln_vec zero_vec() { return 0; }
@@ -40,7 +42,7 @@ __device__ __forceinline__ kiln_vec zero_vec() { return 0; }
 #endif
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_gather_last(const kiln_f16 *__restrict__ x, const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ rows,
+kiln_gather_last(const kiln_elt *__restrict__ x, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ rows,
                  kiln_u32 part_rows, kiln_u32 limit, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh

@@ -5,7 +5,7 @@
 #pragma once
 #include "kiln_mma.cuh" // saddr, ldsm_x4, mma
 
-#define KILN_TMA_KB 64 // K per stage: one 128-byte swizzle row of f16
+#define KILN_TMA_KB 64 // K per stage: one 128-byte swizzle row of kiln_elt (f16 or bf16)
 
 // A CUtensorMap (cuda.h), passed by value as a __grid_constant__ parameter.
 struct __align__(64) kiln_tmap {

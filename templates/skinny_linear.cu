@@ -4,8 +4,9 @@
 // rows (gate rows first, then up rows, as HF's gate_proj and up_proj):
 //   out[t, n] = silu(g) * u, g = sum_k x[t, k] w[n, k], u = sum_k x[t, k] w[n_out + n, k]
 // with g and u in f32 (no rounding between the product and silu).
-// f16 in, products and sums in f32 on the tensor cores (mma.sync m16n8k16),
-// the bias added in f32, one rounding to f16. At so few tokens the weight is
+// kiln_elt in (f16, or bf16 with KILN_BF16), products and sums in f32 on the
+// tensor cores (mma.sync m16n8k16), the bias added in f32, one rounding to
+// kiln_elt. At so few tokens the weight is
 // the whole cost: each byte of it is read once, streamed through 16-byte loads
 // with several in flight per thread. (No L2 warm-up before the dependency
 // sync: providers/skinny_linear.c says why.)
@@ -18,14 +19,15 @@
 // The order of a dot product's terms does not matter to the tensor core's
 // result beyond rounding, so each lane feeds the mma fragments from one
 // contiguous 16-byte piece of a weight row and the same piece of x: lane
-// (g = lane / 4, q = lane % 4) loads halves [8q, 8q + 8) of a 32-wide K step
+// (g = lane / 4, q = lane % 4) loads elements [8q, 8q + 8) of a 32-wide K step
 // for rows g and g + 8 (the A operand) and for token g of each 8-token tile
-// (the B operand, tokens past the count read as 0); halves 0-3 make one mma's k slots {2q, 2q+1, 2q+8, 2q+9},
-// halves 4-7 the next one's, the same slots for A and B.
+// (the B operand, tokens past the count read as 0); elements 0-3 make one mma's k slots {2q, 2q+1, 2q+8, 2q+9},
+// elements 4-7 the next one's, the same slots for A and B.
 // Constants: KILN_IN (K, a multiple of 32 * KILN_WARPS), KILN_WARPS,
 // KILN_UNROLL (32-wide K steps per load stage), KILN_ROW_GROUPS (RG),
 // KILN_MIN_BLOCKS (resident blocks per SM asked of
-// the compiler, 0: none), KILN_GLU (1: the gated form, bias not read).
+// the compiler, 0: none), KILN_GLU (1: the gated form, bias not read),
+// KILN_BF16 (kiln_prelude.cuh: the element type).
 // Arguments: x [tokens, K], w [n_out, K] (GLU: [2 n_out, K]), bias [n_out] or
 // 0, out [tokens, n_out]; x, w 16-byte aligned; tokens in [1, 8]; grid = ceil(n_out / ROWS).
 #include "kiln_prelude.cuh"
@@ -55,7 +57,7 @@
 #endif
 
 // Streaming load of the weight: read once, kept out of L1.
-__device__ __forceinline__ kiln_u32x4 ld_stream(const kiln_f16 *p)
+__device__ __forceinline__ kiln_u32x4 ld_stream(const kiln_elt *p)
 {
     kiln_u32x4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -67,8 +69,8 @@ __device__ __forceinline__ kiln_u32x4 ld_stream(const kiln_f16 *p)
 __device__ __forceinline__ void mma(float *c, kiln_u32 a0, kiln_u32 a1, kiln_u32 a2, kiln_u32 a3, kiln_u32 b0,
                                     kiln_u32 b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." KILN_ELT_PTX "." KILN_ELT_PTX
+                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -77,7 +79,7 @@ struct stage {
     kiln_u32x4 a[RG][2][UNROLL]; // [row group][rows g, g + 8][step]
 };
 
-__device__ __forceinline__ void load_stage(stage *st, const kiln_f16 *const *wr, kiln_u32 s)
+__device__ __forceinline__ void load_stage(stage *st, const kiln_elt *const *wr, kiln_u32 s)
 {
 #pragma unroll
     for (int u = 0; u < UNROLL; u++)
@@ -105,8 +107,8 @@ __device__ __forceinline__ kiln_u64 weight_row(kiln_u32 n0, kiln_u32 r, kiln_u32
 }
 
 extern "C" __global__ void BOUNDS
-kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ w, const kiln_f16 *__restrict__ bias,
-                   kiln_f16 *__restrict__ out, kiln_u32 n_out, kiln_u32 tokens)
+kiln_skinny_linear(const kiln_elt *__restrict__ x, const kiln_elt *__restrict__ w, const kiln_elt *__restrict__ bias,
+                   kiln_elt *__restrict__ out, kiln_u32 n_out, kiln_u32 tokens)
 {
     kiln_grid_dependency_sync(); // first: kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -116,12 +118,12 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
     const kiln_u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
     const kiln_u32 n0 = blockIdx.x * ROWS;
     const kiln_u64 k0 = (kiln_u64)warp * KW + 8 * q;
-    const kiln_f16 *wr[2 * RG];
+    const kiln_elt *wr[2 * RG];
 #pragma unroll
     for (int r = 0; r < 2 * RG; r++)
         wr[r] = w + weight_row(n0, r / 2, g + 8 * (r % 2), n_out) * K + k0;
     const bool has_token = g < tokens;
-    const kiln_f16 *xs = x + (kiln_u64)(has_token ? g : 0) * K + k0;
+    const kiln_elt *xs = x + (kiln_u64)(has_token ? g : 0) * K + k0;
 
     float acc[RG][4];
 #pragma unroll
@@ -176,7 +178,7 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
         // arguments, where g / inf = -0 is silu's limit.
         float e2;
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e2) : "f"(-gate * 1.4426950408889634f));
-        out[(kiln_u64)tok * n_out + col] = kiln_f32_to_f16(gate / (1.0f + e2) * up);
+        out[(kiln_u64)tok * n_out + col] = kiln_f32_to_elt(gate / (1.0f + e2) * up);
     }
 #else
     for (kiln_u32 e = threadIdx.x; e < RG * 128; e += THREADS) {
@@ -189,8 +191,8 @@ kiln_skinny_linear(const kiln_f16 *__restrict__ x, const kiln_f16 *__restrict__ 
         for (int v = 0; v < WARPS; v++)
             sum += red[v][r][i][l];
         if (bias)
-            sum += kiln_f16_to_f32(bias[row]);
-        out[(kiln_u64)tok * n_out + row] = kiln_f32_to_f16(sum);
+            sum += kiln_elt_to_f32(bias[row]);
+        out[(kiln_u64)tok * n_out + row] = kiln_f32_to_elt(sum);
     }
 #endif
 #endif

@@ -13,7 +13,8 @@
 // before kiln_grid_dependency_sync() (a model weight, which no kernel ahead of
 // this one writes: include/kiln/op_dense.h), x only after it.
 // Constants: KILN_IN (K, a multiple of 64 P), KILN_OUT (N, a multiple of 16),
-// KILN_PARTS (P). Arguments: the tensor maps of w ([N, K], box 64 x boxr) and
+// KILN_PARTS (P), KILN_BF16 (x and w of kiln_elt, f16 or bf16, as the maps
+// say; the mma multiplies that type, kiln_mma.cuh). Arguments: the tensor maps of w ([N, K], box 64 x boxr) and
 // of x ([tokens, K], box 64 x 32), parts [P, tokens, N] f32, tokens (1..32),
 // stages, pre. Block: 32 (boxr / 16 + 1) threads, boxr = 16 x the most units
 // a block has (at most 31 x 16); dynamic shared memory stages x (boxr + 32) x

@@ -1,7 +1,8 @@
 // Dense SwiGLU of 9 to 32 tokens in one kernel, the weight streamed by TMA:
 //   out[t, n] = silu(g) * u, g = sum_k x[t, k] w[n, k], u = sum_k x[t, k] w[I + n, k]
 // (w: gate rows, then up rows, as HF's gate_proj and up_proj), g and u in f32
-// on the tensor cores (mma.sync m16n8k16), never rounded before silu.
+// on the tensor cores (mma.sync m16n8k16), never rounded before silu; x, w
+// and out of kiln_elt (f16, or bf16 with KILN_BF16: the maps' type too).
 // One block an SM (the grid is the SM count): block b serves outputs
 // [8 u0, 8 u1), units of 8 dealt evenly over the blocks, so that every SM
 // streams the same share of the weight (its bandwidth is what the SMs
@@ -15,7 +16,7 @@
 // before kiln_grid_dependency_sync() (the weight, a model parameter, is not
 // written by the kernels ahead of this one: include/kiln/op_dense.h), under
 // the tail of the kernel ahead; x only after it.
-// Constants: KILN_HIDDEN (K, a multiple of 64), KILN_INTERMEDIATE (I).
+// Constants: KILN_HIDDEN (K, a multiple of 64), KILN_INTERMEDIATE (I), KILN_BF16.
 // Arguments: the tensor maps of w ([2 I, K], box 64 x boxg) and of x
 // ([tokens, K], box 64 x 32), out [tokens, I], tokens (1..32), stages, pre.
 // Block: 32 (boxg / 8 + 1) threads, boxg = 8 x the most units a block has
@@ -37,7 +38,7 @@
 #endif
 
 extern "C" __global__ void __launch_bounds__(1024, 1)
-kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ kiln_tmap xmap, kiln_f16 *out,
+kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ kiln_tmap xmap, kiln_elt *out,
                 kiln_u32 tokens, kiln_u32 stages, kiln_u32 pre)
 {
     KILN_WEIGHT_BEFORE_DEPENDENCY_SYNC; // kiln_prelude.cuh: the weight's first stages, then the sync
@@ -133,7 +134,7 @@ kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
             // arguments, where g / inf = -0 is silu's limit.
             float e2;
             asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e2) : "f"(-gate * 1.4426950408889634f));
-            out[(kiln_u64)tok * I + r0 + o] = kiln_f32_to_f16(gate / (1.0f + e2) * up);
+            out[(kiln_u64)tok * I + r0 + o] = kiln_f32_to_elt(gate / (1.0f + e2) * up);
         }
 #endif
 }

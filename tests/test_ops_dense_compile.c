@@ -1,6 +1,7 @@
 /* The dense operations without a GPU: their specializations for the three
  * model configs compile offline with NVRTC for sm_90 (what `kiln prewarm`
- * does), the model's list holds exactly what encode will ask for, and sizes
+ * does), in f16 and in bf16 (for sm_80 and sm_90), the model's list holds
+ * exactly what encode will ask for in the config's element type, and sizes
  * out of contract are refused naming the value. */
 #include "offline_fixture.h"
 #include "providers/skinny.h"
@@ -15,15 +16,16 @@ static const char qwen_json[] =
 static const char odd_json[] =
     "{\"vocab_size\": 50001, \"hidden_size\": 1000, \"intermediate_size\": 2731, \"num_attention_heads\": 8}";
 
-/* The model's dense specializations: one SwiGLU kernel and one gather. */
+/* The model's dense specializations: one SwiGLU kernel and one gather, of
+ * the config's element type. */
 static void expect_dense_specs(const kiln_model_config *c, int64_t inter, int swiglu_vec, int64_t hidden,
                                int gather_vec)
 {
     kiln_spec *specs = NULL, want_swiglu, want_gather;
     size_t n = 0, found_swiglu = 0, found_gather = 0;
     KILN_CHECK(kiln_model_specializations(c, &specs, &n));
-    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_F16, inter, swiglu_vec, &want_swiglu));
-    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, hidden, gather_vec, &want_gather));
+    KILN_CHECK(kiln_op_dense_swiglu_spec(c->dtype, inter, swiglu_vec, &want_swiglu));
+    KILN_CHECK(kiln_op_last_token_linear_spec(c->dtype, hidden, gather_vec, &want_gather));
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(specs[i].template_id, "swiglu")) {
             assert_memory_equal(&specs[i], &want_swiglu, sizeof want_swiglu);
@@ -47,6 +49,13 @@ static void test_model_lists_what_encode_needs(void **state)
     KILN_CHECK(kiln_model_config_parse(qwen_json, strlen(qwen_json), &c));
     expect_dense_specs(&c, 4864, 8, 896, 8);
     KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c));
+    expect_dense_specs(&c, 2731, 1, 1000, 8);
+    /* A bf16 model lists the bf16 kernels. */
+    kiln_model_config_default(&c);
+    c.dtype = KILN_DTYPE_BF16;
+    expect_dense_specs(&c, 14336, 8, 4096, 8);
+    KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c));
+    c.dtype = KILN_DTYPE_BF16;
     expect_dense_specs(&c, 2731, 1, 1000, 8);
 }
 
@@ -107,7 +116,7 @@ static void expect_skinny_specs(const kiln_model_config *c, const int64_t *ins, 
         const int glu = which == n_ins - 1, wide = !glu && found % 2;
         assert_true(n_ins > 0 && (glu ? found == 2 * (n_ins - 1) : 1));
         kiln_spec want;
-        KILN_CHECK(kiln__skinny_linear_spec(KILN_DTYPE_F16, ins[which], glu, wide, &want));
+        KILN_CHECK(kiln__skinny_linear_spec(c->dtype, ins[which], glu, wide, &want));
         assert_memory_equal(&specs[i], &want, sizeof want);
         found++;
     }
@@ -126,6 +135,9 @@ static void test_skinny_linear_specs(void **state)
     expect_skinny_specs(&c, qwen, 3);
     KILN_CHECK(kiln_model_config_parse(odd_json, strlen(odd_json), &c)); /* 1000, 2731: not multiples of 32 */
     expect_skinny_specs(&c, NULL, 0);
+    kiln_model_config_default(&c);
+    c.dtype = KILN_DTYPE_BF16;
+    expect_skinny_specs(&c, llama, 3);
     static const int64_t compile[] = {32, 64, 96, 256, 896, 4096, 14336, 65536};
     for (size_t i = 0; i < sizeof compile / sizeof compile[0]; i++)
         for (int v = 0; v < 3; v++) {
@@ -139,6 +151,88 @@ static void test_skinny_linear_specs(void **state)
                 "multiple of 32");
     KILN_EXPECT(kiln__skinny_linear_spec(KILN_DTYPE_F16, 0, 1, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "in = 0", NULL);
     assert_int_equal(kiln__skinny_linear_spec(KILN_DTYPE_F16, 64, 0, 0, NULL), KILN_ERR_INVALID_ARGUMENT);
+}
+
+/* The dense templates a model lists (skinny plain, wide and gated, SwiGLU,
+ * gather, the two TMA kernels), f16 and bf16 for one config. */
+static int is_dense(const char *template_id)
+{
+    static const char *const ids[] = {"skinny_linear", "swiglu", "gather_last", "tma_linear", "tma_swiglu"};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (!strcmp(template_id, ids[i]))
+            return 1;
+    return 0;
+}
+
+/* A bf16 model's dense kernels are the f16 model's with BF16=1 in place of
+ * BF16=0 (every other constant the same), and each compiles for sm_80 and
+ * sm_90, as do the scalar variants encode falls back to. */
+static void test_bf16_specializations_compile(void **state)
+{
+    offline_fixture *f = *state;
+    kiln_model_config c16, c;
+    kiln_model_config_default(&c16);
+    kiln_model_config_default(&c);
+    c.dtype = KILN_DTYPE_BF16;
+    kiln_spec *s16 = NULL, *s = NULL;
+    size_t n16 = 0, n = 0;
+    KILN_CHECK(kiln_model_specializations(&c16, &s16, &n16));
+    KILN_CHECK(kiln_model_specializations(&c, &s, &n));
+    kiln_spec bf16[32];
+    size_t nb = 0, j = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_dense(s[i].template_id))
+            continue;
+        while (j < n16 && !is_dense(s16[j].template_id))
+            j++;
+        assert_true(j < n16);
+        assert_string_equal(s[i].template_id, s16[j].template_id);
+        char t16[256], t[256];
+        KILN_CHECK(kiln_spec_constants_text(&s16[j], t16, sizeof t16));
+        KILN_CHECK(kiln_spec_constants_text(&s[i], t, sizeof t));
+        if (strncmp(t16, "BF16=0;", 7) || strncmp(t, "BF16=1;", 7) || strcmp(t16 + 7, t + 7))
+            fail_msg("%s: f16 constants %s, bf16 constants %s", s[i].template_id, t16, t);
+        assert_true(nb < sizeof bf16 / sizeof bf16[0]);
+        bf16[nb++] = s[i];
+        j++;
+    }
+    /* skinny: 2 plain ins x 2 variants + gated; SwiGLU; gather; tma_linear for 2 ins; tma_swiglu. */
+    assert_int_equal(nb, 10);
+    kiln_free(s16);
+    kiln_free(s);
+    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_BF16, 4864, 1, &bf16[nb++]));
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_BF16, 1001, 1, &bf16[nb++]));
+    KILN_CHECK(kiln__skinny_linear_spec(KILN_DTYPE_BF16, 96, 1, 0, &bf16[nb++])); /* one warp, gated */
+    static const char *const archs[] = {"sm_80", "sm_90"};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        for (size_t i = 0; i < nb; i++) {
+            int compiled = 0;
+            if (kiln_jit_prepare(jit, &bf16[i], &compiled))
+                fail_msg("%s, bf16 %s: %s", archs[a], bf16[i].template_id, kiln_errmsg());
+            assert_int_equal(compiled, 1);
+        }
+        kiln_jit_destroy(jit);
+    }
+    /* The constants text names the element type. */
+    kiln_spec one;
+    char text[256];
+    KILN_CHECK(kiln_op_dense_swiglu_spec(KILN_DTYPE_BF16, 14336, 8, &one));
+    KILN_CHECK(kiln_spec_constants_text(&one, text, sizeof text));
+    assert_string_equal(text, "BF16=1;INTERMEDIATE=14336;THREADS=128;VEC=8");
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_F16, 4096, 8, &one));
+    KILN_CHECK(kiln_spec_constants_text(&one, text, sizeof text));
+    assert_string_equal(text, "BF16=0;IN=4096;THREADS=128;VEC=8");
+    KILN_CHECK(kiln_op_last_token_linear_spec(KILN_DTYPE_BF16, 4096, 8, &one));
+    KILN_CHECK(kiln_spec_constants_text(&one, text, sizeof text));
+    assert_string_equal(text, "BF16=1;IN=4096;THREADS=128;VEC=8");
+    /* Any other element type is refused, naming it. */
+    KILN_EXPECT(kiln_op_dense_swiglu_spec(KILN_DTYPE_F32, 14336, 8, &one), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "element type must be f16 or bf16", "got f32");
+    KILN_EXPECT(kiln__skinny_linear_spec(KILN_DTYPE_U8, 4096, 0, 0, &one), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "skinny_linear", "got u8");
 }
 
 static void test_spec_sizes_out_of_contract(void **state)
@@ -242,6 +336,7 @@ int main(void)
         cmocka_unit_test(test_model_lists_what_encode_needs),
         T(test_specializations_compile_offline),
         T(test_skinny_linear_specs),
+        T(test_bf16_specializations_compile),
         cmocka_unit_test(test_spec_sizes_out_of_contract),
         cmocka_unit_test(test_workspace_estimates),
         T(test_encode_offline_is_a_clear_error),

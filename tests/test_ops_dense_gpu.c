@@ -1,6 +1,8 @@
 /* Dense linear, dense SwiGLU and last-token linear on the GPU: every output
  * element (poisoned first) against a float64 host reference on fresh random
- * data, at the sizes of Llama-3-8B, Qwen2.5-0.5B and odd ones; replayed
+ * data, at the sizes of Llama-3-8B, Qwen2.5-0.5B and odd ones, in f16 and
+ * (every kernel and cuBLASLt path, tolerances of bf16's 8-bit mantissa) in
+ * bf16; mixed f16/bf16 bindings refused naming both dtypes; replayed
  * commands with spans read from device memory; bad spans reported; bad
  * bindings refused naming the binding, the expected and the actual value; a
  * prewarmed model compiles nothing; one heuristic query per shape. */
@@ -18,29 +20,58 @@
 
 typedef gpu_fixture fixture;
 
-static float f16_table[65536];
+static float f16_table[65536], bf16_table[65536];
 
-/* Random f16 values, uniform in (-scale, scale). */
-static void fill_f16(kiln_rng *r, uint16_t *p, size_t n, float scale)
+/* The values of an element type's bit patterns (f16 or bf16). */
+static const float *table_of(kiln_dtype elt) { return elt == KILN_DTYPE_BF16 ? bf16_table : f16_table; }
+
+/* Random values of the element type, uniform in (-scale, scale) before rounding. */
+static void fill_elt(kiln_rng *r, kiln_dtype elt, uint16_t *p, size_t n, float scale)
 {
-    for (size_t i = 0; i < n; i++)
-        p[i] = f2h(((float)(kiln_rng_next(r) >> 40) / 8388608.0f - 1.0f) * scale);
+    for (size_t i = 0; i < n; i++) {
+        const float v = ((float)(kiln_rng_next(r) >> 40) / 8388608.0f - 1.0f) * scale;
+        p[i] = elt == KILN_DTYPE_BF16 ? kiln_test_bf16_from_f32(v) : f2h(v);
+    }
+}
+
+static void fill_f16(kiln_rng *r, uint16_t *p, size_t n, float scale) { fill_elt(r, KILN_DTYPE_F16, p, n, scale); }
+
+/* The relative tolerance of one rounding to the element type, about twice
+ * its unit roundoff (f16: 11 significant bits, u = 2^-11; bf16: 8 bits, u =
+ * 2^-8, so 2^-7), and the absolute one (f16's subnormal spacing; bf16's is
+ * below any value here). */
+static double rel_tol(kiln_dtype elt) { return elt == KILN_DTYPE_BF16 ? 7.8125e-3 : 1e-3; }
+static double abs_tol(kiln_dtype elt) { return elt == KILN_DTYPE_BF16 ? 1e-37 : 5.96e-8; }
+static const char *elt_name(kiln_dtype elt) { return elt == KILN_DTYPE_BF16 ? "bf16" : "f16"; }
+
+/* Whether the device takes bf16 (sm_80 and later); before, bf16 is refused
+ * (test_bad_bindings_are_refused_before_launch checks how). */
+static int bf16_available(void **state)
+{
+    fixture *f = *state;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    int sm = 0;
+    return sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 80;
 }
 
 static int setup(void **state)
 {
-    for (uint32_t i = 0; i < 65536; i++)
+    for (uint32_t i = 0; i < 65536; i++) {
         f16_table[i] = h2f((uint16_t)i);
+        bf16_table[i] = kiln_test_bf16_to_f32((uint16_t)i);
+    }
     return gpu_fixture_setup(state);
 }
 
 
 /* ---- the float64 reference: ref[t, o] = sum_k x[t, k] w[o, k] (+ bias[o]) ----
- * Products of two f16 values are exact in float; sums are in double. mag
- * gets sum_k |x w|, the scale of the accumulation's own rounding. */
+ * Products of two f16 (or two bf16) values are exact in float; sums are in
+ * double. mag gets sum_k |x w|, the scale of the accumulation's own rounding. */
 typedef struct ref_job {
+    const float *table;  /* the element type's values */
     const float *x;      /* [rows, k] */
-    const uint16_t *w;   /* [n, k] f16 */
+    const uint16_t *w;   /* [n, k] of the element type */
     const uint16_t *bias;/* [n] or NULL */
     double *ref, *mag;   /* [rows, n] */
     int64_t rows, k, n;
@@ -59,7 +90,7 @@ static void *ref_worker(void *arg)
         int64_t no = j->n - o0 < 4 ? j->n - o0 : 4;
         for (int64_t q = 0; q < 4; q++)
             for (int64_t i = 0; i < j->k; i++)
-                wf[q * j->k + i] = q < no ? f16_table[j->w[(size_t)(o0 + q) * j->k + i]] : 0.0f;
+                wf[q * j->k + i] = q < no ? j->table[j->w[(size_t)(o0 + q) * j->k + i]] : 0.0f;
         for (int64_t t = 0; t < j->rows; t++) {
             const float *x = j->x + (size_t)t * j->k;
             double a0 = 0, a1 = 0, a2 = 0, a3 = 0, m0 = 0, m1 = 0, m2 = 0, m3 = 0;
@@ -71,7 +102,7 @@ static void *ref_worker(void *arg)
             }
             const double a[4] = {a0, a1, a2, a3}, m[4] = {m0, m1, m2, m3};
             for (int64_t q = 0; q < no; q++) {
-                double b = j->bias ? f16_table[j->bias[o0 + q]] : 0.0;
+                double b = j->bias ? j->table[j->bias[o0 + q]] : 0.0;
                 j->ref[(size_t)t * j->n + o0 + q] = a[q] + b;
                 j->mag[(size_t)t * j->n + o0 + q] = m[q] + fabs(b);
             }
@@ -81,18 +112,19 @@ static void *ref_worker(void *arg)
     return NULL;
 }
 
-static void reference(const uint16_t *x16, int64_t rows, int64_t k, const uint16_t *w, int64_t n,
+static void reference(kiln_dtype elt, const uint16_t *x16, int64_t rows, int64_t k, const uint16_t *w, int64_t n,
                       const uint16_t *bias, double *ref, double *mag)
 {
+    const float *table = table_of(elt);
     float *x = malloc(sizeof(float) * (size_t)rows * (size_t)k);
     assert_non_null(x);
     for (size_t i = 0; i < (size_t)rows * (size_t)k; i++)
-        x[i] = f16_table[x16[i]];
+        x[i] = table[x16[i]];
     _Atomic int64_t next = 0;
     long nt = sysconf(_SC_NPROCESSORS_ONLN);
     nt = nt < 1 ? 1 : nt > 64 ? 64 : nt;
     pthread_t th[64];
-    ref_job job = {x, w, bias, ref, mag, rows, k, n, &next};
+    ref_job job = {table, x, w, bias, ref, mag, rows, k, n, &next};
     for (long i = 0; i < nt; i++)
         assert_int_equal(pthread_create(&th[i], NULL, ref_worker, &job), 0);
     for (long i = 0; i < nt; i++)
@@ -100,19 +132,23 @@ static void reference(const uint16_t *x16, int64_t rows, int64_t k, const uint16
     free(x);
 }
 
-/* Every element: |got - ref| <= 1e-3 |ref| + 1e-5 sum|x w| + 2^-24 (the
- * f16 output's rounding, the f32 accumulation's, f16 subnormal spacing).
- * Prints the worst relative error over elements not dwarfed by the others. */
-static void compare(const char *what, const uint16_t *got, const double *ref, const double *mag, size_t n)
+/* Every element: |got - ref| <= rel |ref| + 1e-5 sum|x w| + abs (the output's
+ * rounding to the element type: rel_tol(), 1e-3 for f16, 2^-7 for bf16; the
+ * f32 accumulation's; f16 subnormal spacing). got holds elt values. Prints
+ * the worst relative error over elements not dwarfed by the others. */
+static void compare(const char *what, kiln_dtype elt, const uint16_t *got, const double *ref, const double *mag,
+                    size_t n)
 {
+    const float *table = table_of(elt);
+    const double rel = rel_tol(elt), abs_part = abs_tol(elt);
     double ss = 0, worst = 0, worst_frac = 0;
     for (size_t i = 0; i < n; i++)
         ss += ref[i] * ref[i];
     const double rms = sqrt(ss / (double)n);
     size_t wrong = 0;
     for (size_t i = 0; i < n; i++) {
-        const double g = f16_table[got[i]], e = fabs(g - ref[i]);
-        const double tol = 1e-3 * fabs(ref[i]) + 1e-5 * mag[i] + 5.96e-8;
+        const double g = table[got[i]], e = fabs(g - ref[i]);
+        const double tol = rel * fabs(ref[i]) + 1e-5 * mag[i] + abs_part;
         if (!(e <= tol) && wrong++ < 5)
             fprintf(stderr, "%s: element %zu = %.8g (0x%04x), want %.8g (tolerance %.3g)\n", what, i, g, got[i],
                     ref[i], tol);
@@ -144,11 +180,13 @@ static kiln_tensor t2(kiln_buffer *b, size_t off, kiln_dtype dt, int64_t d0, int
     return t;
 }
 
-static kiln_tensor t1(kiln_buffer *b, size_t off, int64_t d0)
+static kiln_tensor t1e(kiln_buffer *b, size_t off, kiln_dtype dt, int64_t d0)
 {
-    kiln_tensor t = {.buffer = b, .offset = off, .dtype = KILN_DTYPE_F16, .rank = 1, .dims = {d0}};
+    kiln_tensor t = {.buffer = b, .offset = off, .dtype = dt, .rank = 1, .dims = {d0}};
     return t;
 }
+
+static kiln_tensor t1(kiln_buffer *b, size_t off, int64_t d0) { return t1e(b, off, KILN_DTYPE_F16, d0); }
 
 static kiln_region whole(kiln_buffer *b)
 {
@@ -164,32 +202,32 @@ typedef struct lin_case {
     size_t x_off, out_off; /* bytes; nonzero for misaligned views */
 } lin_case;
 
-static void run_linear(fixture *f, const lin_case *c)
+static void run_linear(fixture *f, const lin_case *c, kiln_dtype elt)
 {
     const size_t xn = (size_t)c->tokens * c->in, wn = (size_t)c->out * c->in, on = (size_t)c->tokens * c->out;
     uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *b = malloc((size_t)c->out * 2), *got = malloc(on * 2);
     double *ref = malloc(on * 8), *mag = malloc(on * 8);
     assert_true(x && w && b && got && ref && mag);
-    fill_f16(&f->rng, x, xn, 1.0f);
-    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
-    fill_f16(&f->rng, b, (size_t)c->out, 1.0f);
+    fill_elt(&f->rng, elt, x, xn, 1.0f);
+    fill_elt(&f->rng, elt, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_elt(&f->rng, elt, b, (size_t)c->out, 1.0f);
     kiln_buffer *bx = upload(f->rt, x, xn * 2, c->x_off), *bw = upload(f->rt, w, wn * 2, 0),
                 *bb = upload(f->rt, b, (size_t)c->out * 2, 0), *bo = upload(f->rt, NULL, on * 2, c->out_off);
     size_t ws_bytes;
     KILN_CHECK(kiln_op_dense_linear_workspace(c->tokens, c->in, c->out, &ws_bytes));
     kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, kiln_buffer_size(bo)));
-    kiln_tensor tx = t2(bx, c->x_off, KILN_DTYPE_F16, c->tokens, c->in), tw = t2(bw, 0, KILN_DTYPE_F16, c->out, c->in),
-                tb = t1(bb, 0, c->out), to = t2(bo, c->out_off, KILN_DTYPE_F16, c->tokens, c->out);
+    kiln_tensor tx = t2(bx, c->x_off, elt, c->tokens, c->in), tw = t2(bw, 0, elt, c->out, c->in),
+                tb = t1e(bb, 0, elt, c->out), to = t2(bo, c->out_off, elt, c->tokens, c->out);
     kiln_region ws = whole(bws);
     KILN_CHECK(kiln_op_dense_linear(f->jit, &tx, &tw, c->bias ? &tb : NULL, &to, &ws));
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(bo, c->out_off, got, on * 2));
-    reference(x, c->tokens, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
+    reference(elt, x, c->tokens, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
     char what[128];
-    snprintf(what, sizeof what, "linear %lldx%lld -> %lld%s", (long long)c->tokens, (long long)c->in,
-             (long long)c->out, c->bias ? " +bias" : "");
-    compare(what, got, ref, mag, on);
+    snprintf(what, sizeof what, "%s linear %lldx%lld -> %lld%s", elt_name(elt), (long long)c->tokens,
+             (long long)c->in, (long long)c->out, c->bias ? " +bias" : "");
+    compare(what, elt, got, ref, mag, on);
     kiln_buffer_destroy(bx);
     kiln_buffer_destroy(bw);
     kiln_buffer_destroy(bb);
@@ -227,7 +265,17 @@ static void test_linear(void **state)
     const long max_tokens = cap && atol(cap) > 0 ? atol(cap) : 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!max_tokens || cases[i].tokens <= max_tokens)
-            run_linear(*state, &cases[i]);
+            run_linear(*state, &cases[i], KILN_DTYPE_F16);
+    /* bf16: the skinny kernel (narrow, wide on 132 SMs, one warp), cuBLASLt
+     * with the bf16 bias epilogue, a timed product, misaligned views. */
+    static const lin_case bf16_cases[] = {
+        {1, 4096, 4096, 1, 0, 0},   {8, 4096, 6144, 1, 0, 0},  {3, 96, 40, 1, 0, 0},      {2, 14336, 4096, 0, 0, 0},
+        {300, 4096, 1024, 1, 0, 0}, {33, 896, 151936, 0, 0, 0}, {2048, 1000, 1000, 1, 0, 0}, {5, 1000, 50001, 1, 0, 0},
+        {3, 64, 40, 1, 2, 2},       {1, 1, 1, 0, 0, 0},
+    };
+    for (size_t i = 0; bf16_available(state) && i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        if (!max_tokens || bf16_cases[i].tokens <= max_tokens)
+            run_linear(*state, &bf16_cases[i], KILN_DTYPE_BF16);
 }
 
 /* providers/blas_cache.c's test hooks. */
@@ -331,7 +379,7 @@ static void test_linear_every_candidate(void **state)
             kiln__blas_forced_config(config, sizeof config);
             fprintf(stderr, "linear %lldx%lld -> %lld%s: %s\n", (long long)lc.tokens, (long long)lc.in,
                     (long long)lc.out, lc.bias ? " +bias" : "", config);
-            run_linear(f, &lc);
+            run_linear(f, &lc, KILN_DTYPE_F16);
             n++;
         }
         kiln__blas_force_candidate(-1);
@@ -342,9 +390,9 @@ static void test_linear_every_candidate(void **state)
     /* A product past the timing threshold is timed once, then served from the cache. */
     uint64_t t0 = kiln__blas_tuned_shapes();
     lin_case big = {2048, 4096, 2304, 0, 0, 0};
-    run_linear(*state, &big);
+    run_linear(*state, &big, KILN_DTYPE_F16);
     uint64_t t1 = kiln__blas_tuned_shapes();
-    run_linear(*state, &big);
+    run_linear(*state, &big, KILN_DTYPE_F16);
     fprintf(stderr, "linear 2048x4096 -> 2304: %llu shape timed\n", (unsigned long long)(t1 - t0));
     assert_true(t1 <= t0 + 1); /* none when the heuristic offers one candidate, or KILN_BLAS_TUNE=0 */
     assert_int_equal(kiln__blas_tuned_shapes(), t1);
@@ -381,17 +429,18 @@ static int swiglu_takes_tma(fixture *f, const swiglu_case *c)
            (c->inter / 8 + info.multiprocessors - 1) / info.multiprocessors <= 31;
 }
 
-static void run_swiglu(fixture *f, const swiglu_case *c)
+static void run_swiglu(fixture *f, const swiglu_case *c, kiln_dtype elt)
 {
+    const float *table = table_of(elt);
     const int64_t n2 = 2 * c->inter;
     const size_t xn = (size_t)c->tokens * c->hidden, wn = (size_t)n2 * c->hidden, pn = (size_t)c->tokens * n2,
                  on = (size_t)c->tokens * c->inter;
     uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *prod = malloc(pn * 2), *got = malloc(on * 2);
     double *ref = malloc(pn * 8), *mag = malloc(pn * 8), *oref = calloc(on, 8), *omag = calloc(on, 8);
     assert_true(x && w && prod && got && ref && mag && oref && omag);
-    fill_f16(&f->rng, x, xn, 1.0f);
+    fill_elt(&f->rng, elt, x, xn, 1.0f);
     /* Gate and up pre-activations of a few units: silu's both tails get exercised. */
-    fill_f16(&f->rng, w, wn, 6.0f / sqrtf((float)c->hidden));
+    fill_elt(&f->rng, elt, w, wn, 6.0f / sqrtf((float)c->hidden));
     kiln_buffer *bx = upload(f->rt, x, xn * 2, 0), *bw = upload(f->rt, w, wn * 2, 0),
                 *bo = upload(f->rt, NULL, on * 2, 0);
     size_t ws_bytes;
@@ -399,8 +448,8 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
     kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
     KILN_CHECK(kiln_buffer_fill(bws, 0, 0xff, ws_bytes));
-    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, c->tokens, c->hidden), tw = t2(bw, 0, KILN_DTYPE_F16, n2, c->hidden),
-                to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->inter);
+    kiln_tensor tx = t2(bx, 0, elt, c->tokens, c->hidden), tw = t2(bw, 0, elt, n2, c->hidden),
+                to = t2(bo, 0, elt, c->tokens, c->inter);
     kiln_region ws = whole(bws);
     /* 1 to 8 tokens and hidden a multiple of 32: one fused kernel (the
      * skinny path's gated form), gate and up never stored; 9 to 32 on sm_90
@@ -413,20 +462,20 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
     char what[128];
-    reference(x, c->tokens, c->hidden, w, n2, NULL, ref, mag);
+    reference(elt, x, c->tokens, c->hidden, w, n2, NULL, ref, mag);
     KILN_CHECK(kiln_buffer_readback(bws, kiln_op_dense_swiglu_product_offset(), prod, pn * 2));
     if (fused) {
         /* The fused path keeps g and u in registers: the workspace's product
          * area still holds its poison (and so this case did take that path). */
         for (size_t i = 0; i < pn; i++)
             if (prod[i] != 0xffff)
-                fail_msg("swiglu %lldx%lld -> %lld (fused): workspace half %zu is 0x%04x, not the poison",
-                         (long long)c->tokens, (long long)c->hidden, (long long)c->inter, i, prod[i]);
+                fail_msg("%s swiglu %lldx%lld -> %lld (fused): workspace element %zu is 0x%04x, not the poison",
+                         elt_name(elt), (long long)c->tokens, (long long)c->hidden, (long long)c->inter, i, prod[i]);
     } else {
         /* 1. The gate/up product, every element. */
-        snprintf(what, sizeof what, "swiglu %lldx%lld -> 2x%lld: gate|up", (long long)c->tokens,
+        snprintf(what, sizeof what, "%s swiglu %lldx%lld -> 2x%lld: gate|up", elt_name(elt), (long long)c->tokens,
                  (long long)c->hidden, (long long)c->inter);
-        compare(what, prod, ref, mag, pn);
+        compare(what, elt, prod, ref, mag, pn);
     }
     double err2 = 0, ref2 = 0;
     for (int64_t t = 0; t < c->tokens; t++) {
@@ -434,7 +483,7 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
             const size_t o = (size_t)t * c->inter + i, gi = (size_t)t * n2 + i, ui = gi + (size_t)c->inter;
             /* End to end, from the exact g and u. */
             const double ge = ref[gi], ue = ref[ui], sg = 1.0 / (1.0 + exp(-ge));
-            const double exact = ge * sg * ue, d = f16_table[got[o]] - exact;
+            const double exact = ge * sg * ue, d = table[got[o]] - exact;
             err2 += d * d;
             ref2 += exact * exact;
             if (fused) {
@@ -443,20 +492,22 @@ static void run_swiglu(fixture *f, const swiglu_case *c)
                 oref[o] = exact;
                 omag[o] = 1.1 * fabs(ue) * mag[gi] + fabs(ge * sg) * mag[ui];
             } else {
-                /* 2b. silu(g) * u from the f16 g and u the product stored
-                 * (f16 storage is the contract). */
-                const double g = f16_table[prod[gi]], u = f16_table[prod[ui]];
+                /* 2b. silu(g) * u from the g and u the product stored in
+                 * the element type (that storage is the contract). */
+                const double g = table[prod[gi]], u = table[prod[ui]];
                 oref[o] = g / (1.0 + exp(-g)) * u;
-                omag[o] = 1e-1 * fabs(oref[o]); /* silu in f32: ~1e-6 relative, well inside 1e-3 */
+                omag[o] = 1e-1 * fabs(oref[o]); /* silu in f32: ~1e-6 relative, well inside rel_tol() */
             }
         }
     }
-    snprintf(what, sizeof what, "swiglu %lldx%lld -> %lld%s: silu(g)*u", (long long)c->tokens, (long long)c->hidden,
-             (long long)c->inter, fused ? " (fused)" : "");
-    compare(what, got, oref, omag, on);
+    snprintf(what, sizeof what, "%s swiglu %lldx%lld -> %lld%s: silu(g)*u", elt_name(elt), (long long)c->tokens,
+             (long long)c->hidden, (long long)c->inter, fused ? " (fused)" : "");
+    compare(what, elt, got, oref, omag, on);
     const double norm_err = sqrt(err2 / (ref2 > 0 ? ref2 : 1));
     fprintf(stderr, "%s: end to end, norm-wise relative error %.3g\n", what, norm_err);
-    assert_true(norm_err <= 1e-3);
+    /* Up to three roundings (g, u, out): f16's bound scaled by the ratio of
+     * the unit roundoffs (2^-8 / 2^-11 = 8) for bf16. */
+    assert_true(norm_err <= (elt == KILN_DTYPE_BF16 ? 8e-3 : 1e-3));
     kiln_buffer_destroy(bx);
     kiln_buffer_destroy(bw);
     kiln_buffer_destroy(bo);
@@ -483,7 +534,15 @@ static void test_swiglu(void **state)
         {16, 96, 20},       /* hidden not a multiple of 64: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_swiglu(*state, &cases[i]);
+        run_swiglu(*state, &cases[i], KILN_DTYPE_F16);
+    /* bf16: the gated skinny kernel, the TMA kernel, cuBLASLt with the
+     * vector and the scalar elementwise kernel. */
+    static const swiglu_case bf16_cases[] = {
+        {1, 4096, 14336}, {5, 896, 4864}, {3, 96, 20},     {7, 1000, 2731}, {64, 4096, 14336},
+        {32, 4096, 14336}, {24, 128, 1000}, {9, 64, 8}, {16, 96, 20},
+    };
+    for (size_t i = 0; bf16_available(state) && i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        run_swiglu(*state, &bf16_cases[i], KILN_DTYPE_BF16);
 }
 
 /* ---- dense linear, residual add, RMSNorm ---- */
@@ -494,17 +553,18 @@ typedef struct ln_case {
     int tma;   /* 1: kiln's choice is the TMA kernel on sm_90 and later (unless $KILN_TMA is 0); 2: not on 132 SMs, unchecked on others */
 } ln_case;
 
-static void run_linear_norm(fixture *f, const ln_case *c)
+static void run_linear_norm(fixture *f, const ln_case *c, kiln_dtype elt)
 {
+    const float *table = table_of(elt);
     const size_t xn = (size_t)c->tokens * c->in, wn = (size_t)c->hidden * c->in, on = (size_t)c->tokens * c->hidden;
     uint16_t *x = malloc(xn * 2), *w = malloc(wn * 2), *r0 = malloc(on * 2), *g = malloc((size_t)c->hidden * 2),
              *h = malloc(on * 2), *got = malloc(on * 2);
     double *ref = malloc(on * 8), *mag = malloc(on * 8), *oref = malloc(on * 8), *omag = malloc(on * 8);
     assert_true(x && w && r0 && g && h && got && ref && mag && oref && omag);
-    fill_f16(&f->rng, x, xn, 1.0f);
-    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
-    fill_f16(&f->rng, r0, on, 1.0f);
-    fill_f16(&f->rng, g, (size_t)c->hidden, 2.0f);
+    fill_elt(&f->rng, elt, x, xn, 1.0f);
+    fill_elt(&f->rng, elt, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_elt(&f->rng, elt, r0, on, 1.0f);
+    fill_elt(&f->rng, elt, g, (size_t)c->hidden, 2.0f);
     const float eps = 1e-5f;
     kiln_buffer *bx = upload(f->rt, x, xn * 2, 0), *bw = upload(f->rt, w, wn * 2, 0), *br = upload(f->rt, r0, on * 2, 0),
                 *bg = upload(f->rt, g, (size_t)c->hidden * 2, 0), *bo = upload(f->rt, NULL, on * 2, 0);
@@ -513,9 +573,9 @@ static void run_linear_norm(fixture *f, const ln_case *c)
     kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
     KILN_CHECK(kiln_buffer_fill(bws, 0, 0xff, ws_bytes));
-    kiln_tensor tx = t2(bx, 0, KILN_DTYPE_F16, c->tokens, c->in), tw = t2(bw, 0, KILN_DTYPE_F16, c->hidden, c->in),
-                tr = t2(br, 0, KILN_DTYPE_F16, c->tokens, c->hidden), tg = t1(bg, 0, c->hidden),
-                to = t2(bo, 0, KILN_DTYPE_F16, c->tokens, c->hidden);
+    kiln_tensor tx = t2(bx, 0, elt, c->tokens, c->in), tw = t2(bw, 0, elt, c->hidden, c->in),
+                tr = t2(br, 0, elt, c->tokens, c->hidden), tg = t1e(bg, 0, elt, c->hidden),
+                to = t2(bo, 0, elt, c->tokens, c->hidden);
     kiln_region ws = whole(bws);
     kiln__linear_norm_force_parts(c->parts);
     KILN_CHECK(kiln_op_dense_linear_norm(f->jit, &tx, &tw, &tr, &tg, eps, &to, &ws));
@@ -526,42 +586,44 @@ static void run_linear_norm(fixture *f, const ln_case *c)
     const int tma = c->tma == 1 && tma_available(f);
     const char *way = kiln__linear_norm_last_way();
     if ((c->tma != 2 || info.multiprocessors == 132) && tma != !strcmp(way, "tma"))
-        fail_msg("linear+norm %lldx%lld -> %lld (parts %d) on %s: took the %s way, expected %s",
-                 (long long)c->tokens, (long long)c->in, (long long)c->hidden, c->parts, info.arch, way,
+        fail_msg("%s linear+norm %lldx%lld -> %lld (parts %d) on %s: took the %s way, expected %s",
+                 elt_name(elt), (long long)c->tokens, (long long)c->in, (long long)c->hidden, c->parts, info.arch, way,
                  tma ? "tma" : "another");
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(br, 0, h, on * 2));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
-    reference(x, c->tokens, c->in, w, c->hidden, NULL, ref, mag);
+    reference(elt, x, c->tokens, c->in, w, c->hidden, NULL, ref, mag);
     /* 1. The residual, every element: y + r0 from the exact y, within the
-     *    rounding of y to f16 (up to |y| 2^-11, as 1e-5 of mag 100 |y|) and
-     *    of the sum. */
+     *    rounding of y to the element type (up to |y| u: as 1e-5 of mag
+     *    rel_tol() 1e5 |y|, about 2 u |y|) and of the sum. */
+    const double y_round = rel_tol(elt) * 1e5;
     for (size_t i = 0; i < on; i++) {
-        mag[i] += 100.0 * fabs(ref[i]);
-        ref[i] += f16_table[r0[i]];
+        mag[i] += y_round * fabs(ref[i]);
+        ref[i] += table[r0[i]];
     }
     char what[160];
-    snprintf(what, sizeof what, "linear+norm %lldx%lld -> %lld (parts %d): residual", (long long)c->tokens,
-             (long long)c->in, (long long)c->hidden, c->parts);
-    compare(what, h, ref, mag, on);
-    /* 2. out, every element, from the f16 residual the command stored (f16
-     *    storage is the contract): h g / sqrt(mean(h^2) + eps) in double. */
+    snprintf(what, sizeof what, "%s linear+norm %lldx%lld -> %lld (parts %d): residual", elt_name(elt),
+             (long long)c->tokens, (long long)c->in, (long long)c->hidden, c->parts);
+    compare(what, elt, h, ref, mag, on);
+    /* 2. out, every element, from the residual the command stored (storage
+     *    in the element type is the contract): h g / sqrt(mean(h^2) + eps)
+     *    in double. */
     for (int64_t t = 0; t < c->tokens; t++) {
         double ss = 0;
         for (int64_t i = 0; i < c->hidden; i++) {
-            const double v = f16_table[h[(size_t)t * c->hidden + i]];
+            const double v = table[h[(size_t)t * c->hidden + i]];
             ss += v * v;
         }
         const double inv = 1.0 / sqrt(ss / (double)c->hidden + (double)eps);
         for (int64_t i = 0; i < c->hidden; i++) {
             const size_t o = (size_t)t * c->hidden + i;
-            oref[o] = f16_table[h[o]] * f16_table[g[i]] * inv;
+            oref[o] = table[h[o]] * table[g[i]] * inv;
             omag[o] = 1e-1 * fabs(oref[o]);
         }
     }
-    snprintf(what, sizeof what, "linear+norm %lldx%lld -> %lld (parts %d): out", (long long)c->tokens,
-             (long long)c->in, (long long)c->hidden, c->parts);
-    compare(what, got, oref, omag, on);
+    snprintf(what, sizeof what, "%s linear+norm %lldx%lld -> %lld (parts %d): out", elt_name(elt),
+             (long long)c->tokens, (long long)c->in, (long long)c->hidden, c->parts);
+    compare(what, elt, got, oref, omag, on);
     kiln_buffer_destroy(bx);
     kiln_buffer_destroy(bw);
     kiln_buffer_destroy(br);
@@ -596,7 +658,16 @@ static void test_linear_norm(void **state)
         {9, 256, 8976, -1, 2},       /* a block's rows past one TMA box (256) on 132 SMs: cuBLASLt */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_linear_norm(*state, &cases[i]);
+        run_linear_norm(*state, &cases[i], KILN_DTYPE_F16);
+    /* bf16: every way (skinny, TMA of 4 and 2 parts, plain, parts), the
+     * scalar norm, past the parts' tokens. */
+    static const ln_case bf16_cases[] = {
+        {1, 4096, 4096, -1, 0}, {3, 96, 40, -1, 0},   {32, 4096, 4096, -1, 1}, {24, 896, 896, -1, 1},
+        {32, 4096, 4096, 0, 0}, {32, 4096, 4096, 2, 0}, {19, 1000, 333, 1, 0},   {19, 1000, 333, 0, 0},
+        {100, 4096, 4096, -1, 0},
+    };
+    for (size_t i = 0; bf16_available(state) && i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        run_linear_norm(*state, &bf16_cases[i], KILN_DTYPE_BF16);
 }
 
 static int teardown_linear_norm(void **state)
@@ -636,7 +707,7 @@ static int64_t make_spans(kiln_rng *r, const last_case *c, uint32_t *spans, int6
     return c->source ? c->parts * c->seq : at;
 }
 
-static void run_last(fixture *f, const last_case *c)
+static void run_last(fixture *f, const last_case *c, kiln_dtype elt)
 {
     uint32_t *spans = malloc(sizeof(uint32_t) * 2 * (size_t)c->parts);
     assert_non_null(spans);
@@ -646,9 +717,9 @@ static void run_last(fixture *f, const last_case *c)
              *sel = malloc((size_t)c->parts * c->in * 2);
     double *ref = malloc(on * 8), *mag = malloc(on * 8);
     assert_true(x && w && b && got && sel && ref && mag);
-    fill_f16(&f->rng, x, xn, 1.0f);
-    fill_f16(&f->rng, w, wn, 2.0f / sqrtf((float)c->in));
-    fill_f16(&f->rng, b, (size_t)c->out, 1.0f);
+    fill_elt(&f->rng, elt, x, xn, 1.0f);
+    fill_elt(&f->rng, elt, w, wn, 2.0f / sqrtf((float)c->in));
+    fill_elt(&f->rng, elt, b, (size_t)c->out, 1.0f);
     for (int64_t p = 0; p < c->parts; p++) {
         int64_t row = (c->source ? p * c->seq : 0) + spans[2 * p] + spans[2 * p + 1] - 1;
         memcpy(sel + (size_t)p * c->in, x + (size_t)row * c->in, (size_t)c->in * 2);
@@ -660,21 +731,21 @@ static void run_last(fixture *f, const last_case *c)
     KILN_CHECK(kiln_op_last_token_linear_workspace(c->parts, c->in, c->out, &ws_bytes));
     kiln_buffer *bws = upload(f->rt, NULL, ws_bytes, 0);
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, on * 2));
-    kiln_tensor tx = c->source ? (kiln_tensor){.buffer = bx, .dtype = KILN_DTYPE_F16, .rank = 3,
+    kiln_tensor tx = c->source ? (kiln_tensor){.buffer = bx, .dtype = elt, .rank = 3,
                                                .dims = {c->parts, c->seq, c->in}}
-                               : t2(bx, 0, KILN_DTYPE_F16, rows, c->in);
-    kiln_tensor ts = t2(bs, 0, KILN_DTYPE_U32, c->parts, 2), tw = t2(bw, 0, KILN_DTYPE_F16, c->out, c->in),
-                tb = t1(bb, 0, c->out), to = t2(bo, 0, KILN_DTYPE_F16, c->parts, c->out);
+                               : t2(bx, 0, elt, rows, c->in);
+    kiln_tensor ts = t2(bs, 0, KILN_DTYPE_U32, c->parts, 2), tw = t2(bw, 0, elt, c->out, c->in),
+                tb = t1e(bb, 0, elt, c->out), to = t2(bo, 0, elt, c->parts, c->out);
     kiln_region ws = whole(bws);
     KILN_CHECK(kiln_op_last_token_linear(f->jit, &tx, &ts, &tw, c->bias ? &tb : NULL, &to, &ws));
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     KILN_CHECK(kiln_buffer_readback(bo, 0, got, on * 2));
-    reference(sel, c->parts, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
+    reference(elt, sel, c->parts, c->in, w, c->out, c->bias ? b : NULL, ref, mag);
     char what[128];
-    snprintf(what, sizeof what, "last_token_linear %lld participants (%s, %lld rows) x %lld -> %lld%s",
-             (long long)c->parts, c->source ? "source" : "packed", (long long)rows, (long long)c->in,
+    snprintf(what, sizeof what, "%s last_token_linear %lld participants (%s, %lld rows) x %lld -> %lld%s",
+             elt_name(elt), (long long)c->parts, c->source ? "source" : "packed", (long long)rows, (long long)c->in,
              (long long)c->out, c->bias ? " +bias" : "");
-    compare(what, got, ref, mag, on);
+    compare(what, elt, got, ref, mag, on);
     kiln_buffer_destroy(bx);
     kiln_buffer_destroy(bs);
     kiln_buffer_destroy(bw);
@@ -695,7 +766,16 @@ static void test_last_token_linear(void **state)
         {5, 1001, 77, 1, 1, 9},       /* odd row length: scalar gather */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_last(*state, &cases[i]);
+        run_last(*state, &cases[i], KILN_DTYPE_F16);
+    /* bf16: packed and source coordinates, the vector and the scalar gather, a bias. */
+    static const last_case bf16_cases[] = {
+        {1, 4096, 128256, 0, 0, 0},
+        {17, 896, 151936, 1, 1, 300},
+        {37, 1000, 50001, 1, 0, 0},
+        {5, 1001, 77, 1, 1, 9},
+    };
+    for (size_t i = 0; bf16_available(state) && i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        run_last(*state, &bf16_cases[i], KILN_DTYPE_BF16);
 }
 
 /* ---- commands: replayed, spans read from device memory, attribution ---- */
@@ -770,8 +850,8 @@ static void test_replayed_batch_reads_spans_from_device(void **state)
         KILN_CHECK(kiln_stream_readback(s, &rv, got_v));
         if (round == 0) {
             /* The dense results, checked once against the reference... */
-            reference(x, T, H, wl, H, NULL, ref, mag);
-            compare("replayed linear", got_l, ref, mag, T * H);
+            reference(KILN_DTYPE_F16, x, T, H, wl, H, NULL, ref, mag);
+            compare("replayed linear", KILN_DTYPE_F16, got_l, ref, mag, T * H);
             memcpy(first_l, got_l, T * H * 2);
             memcpy(first_s, got_s, T * I * 2);
         } else {
@@ -781,9 +861,9 @@ static void test_replayed_batch_reads_spans_from_device(void **state)
         }
         for (int64_t p = 0; p < P; p++)
             memcpy(sel + p * H, x + (spans[round][2 * p] + spans[round][2 * p + 1] - 1) * H, H * 2);
-        reference(sel, P, H, wv, V, NULL, ref, mag);
-        compare(round ? "replayed last_token_linear, new spans" : "replayed last_token_linear", got_v, ref, mag,
-                P * V);
+        reference(KILN_DTYPE_F16, sel, P, H, wv, V, NULL, ref, mag);
+        compare(round ? "replayed last_token_linear, new spans" : "replayed last_token_linear", KILN_DTYPE_F16,
+                got_v, ref, mag, P * V);
     }
     for (int64_t i = 0; i < T * I; i++)
         assert_int_not_equal(got_s[i], 0xffff);
@@ -960,6 +1040,45 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
                 kiln_errmsg(), "workspace has 33558528 bytes", "at least 33685504");
     KILN_EXPECT(kiln_op_dense_linear_norm_workspace(0, 512, 1024, &wsz), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "tokens 0", NULL);
+    /* Mixed element types: x's is the op's (here bf16), and every other
+     * 16-bit binding must have it; each refusal names the binding and both
+     * dtypes. Then the same bindings all in bf16 run. */
+    kiln_tensor xh = x, wh = w, bh = bias, oh = out, guh = gu, soh = sout, loh = lout, rh = nres, nwh = nw;
+    xh.dtype = wh.dtype = bh.dtype = oh.dtype = guh.dtype = soh.dtype = loh.dtype = rh.dtype = nwh.dtype =
+        KILN_DTYPE_BF16;
+    if (!bf16_available(state)) {
+        KILN_EXPECT(kiln_op_dense_linear(f->jit, &xh, &wh, NULL, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                    "dense_linear: binding x is bf16", "before sm_80");
+        goto out;
+    }
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &xh, &w, NULL, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_linear: binding weight must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &x, &wh, NULL, &out, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_linear: binding weight must be f16", "got bf16");
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &xh, &wh, &bias, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_linear: binding bias must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear(f->jit, &xh, &wh, NULL, &out, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_linear: binding out must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &xh, &gu, &soh, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_swiglu: binding gate_up must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_swiglu(f->jit, &xh, &guh, &sout, &ws), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "dense_swiglu: binding out must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &xh, &spans, &w, NULL, &loh, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "last_token_linear: binding weight must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_last_token_linear(f->jit, &xh, &spans, &wh, &bias, &loh, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "last_token_linear: binding bias must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &xh, &w, &rh, &nwh, 1e-5f, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dense_linear_norm: binding weight must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &xh, &wh, &nres, &nwh, 1e-5f, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dense_linear_norm: binding residual must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &xh, &wh, &rh, &nw, 1e-5f, &oh, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dense_linear_norm: binding norm_weight must be bf16", "got f16");
+    KILN_EXPECT(kiln_op_dense_linear_norm(f->jit, &xh, &wh, &rh, &nwh, 1e-5f, &out, &ws), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dense_linear_norm: binding out must be bf16", "got f16");
+    KILN_CHECK(kiln_op_dense_linear(f->jit, &xh, &wh, &bh, &oh, &ws));
+    KILN_CHECK(kiln_op_dense_swiglu(f->jit, &xh, &guh, &soh, &ws));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
+out:
     /* Nothing was launched by the refused calls; the runtime is fine. */
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
     kiln_buffer_destroy(small);
@@ -1067,6 +1186,105 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     kiln_cache_close(cache);
 }
 
+/* A bf16 model's dense kernels prewarmed from its config (dtype bf16): its
+ * dense ops then compile nothing when they run in bf16: the skinny kernels (plain, gated), the TMA
+ * SwiGLU (sm_90), the gather. And an f16 and a bf16 product of one shape
+ * never share a cuBLASLt plan: the bf16 one is its own heuristic query. */
+static void test_prewarmed_bf16_model_compiles_nothing(void **state)
+{
+    fixture *f = *state;
+    if (!bf16_available(state))
+        skip();
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    char path[600];
+    snprintf(path, sizeof path, "%s/prewarmed-bf16.db", f->dir);
+    kiln_cache_options co = {.path = path};
+    kiln_cache *cache;
+    KILN_CHECK(kiln_cache_open(&co, &cache));
+    kiln_model_config cfg;
+    kiln_model_config_default(&cfg); /* Llama-3-8B */
+    cfg.dtype = KILN_DTYPE_BF16;
+    kiln_jit_options po = {.cache = cache, .arch = info.arch};
+    kiln_jit *pre;
+    KILN_CHECK(kiln_jit_create(&po, &pre));
+    kiln_spec *specs;
+    size_t n;
+    KILN_CHECK(kiln_model_specializations(&cfg, &specs, &n));
+    /* The dense ops' kernels only (the other ops' are their tests'). */
+    static const char *const dense[] = {"skinny_linear", "swiglu", "gather_last", "tma_linear", "tma_swiglu"};
+    for (size_t i = 0; i < n; i++)
+        for (size_t d = 0; d < sizeof dense / sizeof dense[0]; d++)
+            if (!strcmp(specs[i].template_id, dense[d]))
+                KILN_CHECK(kiln_jit_prepare(pre, &specs[i], NULL));
+    kiln_free(specs);
+    kiln_jit_destroy(pre);
+
+    kiln_jit_options jo = {.cache = cache, .runtime = f->rt};
+    kiln_jit *jit;
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+    kiln_buffer *bw, *bx, *bo, *bws, *bs;
+    KILN_CHECK(kiln_buffer_create(f->rt, (size_t)V * H * 2, 0, &bw));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * MIB, 0, &bx));
+    KILN_CHECK(kiln_buffer_create(f->rt, 64 * MIB, 0, &bo));
+    KILN_CHECK(kiln_buffer_create(f->rt, 128 * MIB, 0, &bws));
+    KILN_CHECK(kiln_buffer_create(f->rt, 4096, 0, &bs));
+    KILN_CHECK(kiln_buffer_fill(bw, 0, 0, kiln_buffer_size(bw)));
+    KILN_CHECK(kiln_buffer_fill(bx, 0, 0, kiln_buffer_size(bx)));
+    static const uint32_t spans[4] = {0, 3, 3, 4};
+    KILN_CHECK(kiln_buffer_upload(bs, 0, spans, sizeof spans));
+    kiln_region ws = whole(bws);
+    const kiln_dtype B = KILN_DTYPE_BF16;
+    static const int64_t tokens[2] = {7, 20}; /* the skinny kernels; the TMA SwiGLU on sm_90 */
+    for (int i = 0; i < 2; i++) {
+        const int64_t T = tokens[i];
+        kiln_tensor x = t2(bx, 0, B, T, H), wl = t2(bw, 0, B, H, H), lo = t2(bo, 0, B, T, H);
+        kiln_tensor wg = t2(bw, 0, B, 2 * I, H), so = t2(bo, 0, B, T, I);
+        kiln_tensor wv = t2(bw, 0, B, V, H), sp = t2(bs, 0, KILN_DTYPE_U32, 2, 2), vo = t2(bo, 0, B, 2, V);
+        kiln_command *cmds[3];
+        KILN_CHECK(kiln_op_dense_linear_encode(jit, &x, &wl, NULL, &lo, &ws, &cmds[0]));
+        KILN_CHECK(kiln_op_dense_swiglu_encode(jit, &x, &wg, &so, &ws, &cmds[1]));
+        KILN_CHECK(kiln_op_last_token_linear_encode(jit, &x, &sp, &wv, NULL, &vo, &ws, &cmds[2]));
+        for (int c = 0; c < 3; c++) {
+            KILN_CHECK(kiln_stream_submit(kiln_runtime_stream(f->rt), &cmds[c], 1, NULL, NULL));
+            kiln_command_release(cmds[c]);
+        }
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+    }
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    fprintf(stderr, "prewarmed bf16: compiles %llu, database hits %llu\n", (unsigned long long)k.compiles,
+            (unsigned long long)k.database_hits);
+    assert_int_equal(k.compiles, 0);
+    assert_true(k.database_hits >= 3); /* skinny plain, skinny gated, gather (and TMA SwiGLU on sm_90) */
+
+    /* 100 tokens: one cuBLASLt call, no kernel; f16, then bf16 of the same shape and addresses. */
+    uint64_t q0, h0, q1, h1, q2, h2;
+    kiln_tensor x16 = t2(bx, 0, KILN_DTYPE_F16, 100, H), w16 = t2(bw, 0, KILN_DTYPE_F16, H, H),
+                o16 = t2(bo, 0, KILN_DTYPE_F16, 100, H);
+    kiln_tensor xb = t2(bx, 0, B, 100, H), wb = t2(bw, 0, B, H, H), ob = t2(bo, 0, B, 100, H);
+    kiln_command *cmd;
+    KILN_CHECK(kiln_op_dense_linear_encode(jit, &x16, &w16, NULL, &o16, &ws, &cmd));
+    kiln_command_release(cmd);
+    kiln__blas_cache_counters(&q0, &h0);
+    KILN_CHECK(kiln_op_dense_linear_encode(jit, &xb, &wb, NULL, &ob, &ws, &cmd));
+    kiln_command_release(cmd);
+    kiln__blas_cache_counters(&q1, &h1);
+    KILN_CHECK(kiln_op_dense_linear_encode(jit, &xb, &wb, NULL, &ob, &ws, &cmd));
+    kiln_command_release(cmd);
+    kiln__blas_cache_counters(&q2, &h2);
+    assert_int_equal(q1, q0 + 1); /* bf16: its own plan */
+    assert_int_equal(h1, h0);
+    assert_int_equal(q2, q1); /* and then served from the cache */
+    assert_int_equal(h2, h1 + 1);
+    kiln_buffer *bufs[] = {bw, bx, bo, bws, bs};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        kiln_buffer_destroy(bufs[i]);
+    kiln_jit_destroy(jit);
+    kiln_cache_close(cache);
+}
+
 static int teardown_candidates(void **state)
 {
     kiln__blas_force_candidate(-1); /* a failed check leaves it set */
@@ -1090,6 +1308,7 @@ int main(void)
         T(test_bad_spans_are_reported_not_read),
         T(test_bad_bindings_are_refused_before_launch),
         T(test_prewarmed_model_compiles_nothing),
+        T(test_prewarmed_bf16_model_compiles_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,15 +1,19 @@
 /* kiln — dense operations: linear, SwiGLU, last-token linear.
  *
  * Shared by all three:
- *   - f16 storage, f32 accumulation (cuBLASLt with CUBLAS_COMPUTE_32F and f32
- *     scale); tensors are dense and row-major (kiln_tensor);
+ *   - f16 or bf16 storage (the element type, "elt" below: x's dtype; bf16
+ *     on sm_80 and later), f32 accumulation (cuBLASLt with CUBLAS_COMPUTE_32F
+ *     and f32 scale); every other 16-bit binding (weights, bias, residual,
+ *     norm weight, out) must have x's element type, else the call is refused
+ *     naming the binding and both dtypes; tensors are dense and row-major
+ *     (kiln_tensor);
  *   - weights are [out, in] as Hugging Face stores them; the product is
- *     x · Wᵀ (+ bias), bias optional (NULL), f16 [out];
+ *     x · Wᵀ (+ bias), bias optional (NULL), elt [out];
  *   - the caller gives a workspace: a region of at least the op's
  *     *_workspace bytes, starting 256-byte aligned (buffers from
  *     kiln_buffer_create are), overlapping no other binding. A smaller one is
  *     refused naming both sizes. The cuBLASLt algorithm is chosen once per
- *     shape and process (cublasLtMatmulAlgoGetHeuristic) and kept;
+ *     shape, element type and process (cublasLtMatmulAlgoGetHeuristic) and kept;
  *   - encode returns a command to submit on any stream of the jit's runtime;
  *     it retains its regions, allocates nothing when enqueued and never
  *     waits on the device, so it is replayable: its replay key is the provider
@@ -44,8 +48,8 @@ struct kiln_tensor;
 
 /* ---- dense linear ----
  * out[t, o] = sum_i x[t, i] · weight[o, i] (+ bias[o]).
- *   x f16 [tokens, in], weight f16 [out, in], bias f16 [out] or NULL,
- *   out f16 [tokens, out]; tokens, in, out at most 2^31 - 1.
+ *   x elt [tokens, in], weight elt [out, in], bias elt [out] or NULL,
+ *   out elt [tokens, out]; tokens, in, out at most 2^31 - 1.
  * One cuBLASLt call; or, for 1 to 8 tokens with in a multiple of 32, x and
  * weight 16-byte aligned and an sm_80+ device, kiln's own weight-streaming
  * kernel (templates/skinny_linear.cu: tensor-core products, f32 sums added in
@@ -68,10 +72,10 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
  * The pair a decoder layer runs after its attention (o_proj, then the
  * post-attention norm) and its MLP (down_proj, then the next layer's input
  * norm), in one command:
- *   y = f16(x · weightᵀ); h = f16(y + residual); residual = h;
+ *   y = elt(x · weightᵀ); h = elt(y + residual); residual = h;
  *   out = h · norm_weight / sqrt(mean(h²) + eps)     (f32 sums, one rounding)
- *   x f16 [tokens, in], weight f16 [hidden, in], residual and out f16
- *   [tokens, hidden], norm_weight f16 [hidden]; eps finite, > 0;
+ *   x elt [tokens, in], weight elt [hidden, in], residual and out elt
+ *   [tokens, hidden], norm_weight elt [hidden]; eps finite, > 0;
  *   tokens, in at most 2^31 - 1; hidden at most KILN_MODEL_MAX_HIDDEN.
  * The same as kiln_op_dense_linear into a scratch tensor, then
  * kiln_op_rms_norm_residual (up to the order of the product's f32 sums). The
@@ -81,7 +85,7 @@ KILN_API kiln_status kiln_op_dense_linear(kiln_jit *jit, const struct kiln_tenso
  * or 4 (one cuBLASLt call, no reduction kernel of cuBLASLt's own: the norm
  * kernel sums the parts), taken when the times of the candidates cuBLASLt
  * offered, measured at first sight of the shape, say it is faster; else one
- * cuBLASLt call for the f16 product. From 9 to 32 tokens on sm_90 and later
+ * cuBLASLt call for the elt product. From 9 to 32 tokens on sm_90 and later
  * (in a multiple of 64, hidden of 16 and at most 256 x (the SM count / the
  * part count), x and weight 16-byte aligned; $KILN_TMA=0 turns it off) kiln's
  * kernel templates/tma_linear.cu writes 4, 2 or 1 f32 parts instead, the
@@ -107,16 +111,16 @@ KILN_API kiln_status kiln_op_dense_linear_norm(kiln_jit *jit, const struct kiln_
 
 /* ---- dense SwiGLU ----
  * out[t, i] = silu(g[t, i]) · u[t, i], silu(v) = v / (1 + e^-v), where
- *   [g | u] = x · gate_upᵀ, x f16 [tokens, hidden],
- *   gate_up f16 [2·intermediate, hidden]: rows [0, intermediate) are the gate
+ *   [g | u] = x · gate_upᵀ, x elt [tokens, hidden],
+ *   gate_up elt [2·intermediate, hidden]: rows [0, intermediate) are the gate
  *   projection (HF's gate_proj), rows [intermediate, 2·intermediate) the up
  *   projection (up_proj), stacked in that order;
- *   out f16 [tokens, intermediate].
- * One cuBLASLt call writes [g | u] as f16 [tokens, 2·intermediate] at the
+ *   out elt [tokens, intermediate].
+ * One cuBLASLt call writes [g | u] as elt [tokens, 2·intermediate] at the
  * start of the workspace, past its first 32 MiB (it stays there after the
  * command ran: offset kiln_op_dense_swiglu_product_offset()); then the
  * kernel specialized on intermediate computes silu(g)·u in f32 and rounds to
- * f16. Attribution: op "dense_swiglu", packed, 1 participant, tokens, 2
+ * elt. Attribution: op "dense_swiglu", packed, 1 participant, tokens, 2
  * dispatches. Where the dense linear would take kiln's own kernel (1 to 8
  * tokens, hidden a multiple of 32, ...: above), one kernel does both: its
  * gated form, silu(g)·u from g and u in f32, never rounded nor stored (the
@@ -140,7 +144,8 @@ KILN_API kiln_status kiln_op_dense_swiglu_encode(kiln_jit *jit, const struct kil
                                                  const kiln_region *workspace, kiln_command **cmd);
 KILN_API kiln_status kiln_op_dense_swiglu(kiln_jit *jit, const struct kiln_tensor *x, const struct kiln_tensor *gate_up,
                                           const struct kiln_tensor *out, const kiln_region *workspace);
-/* The elementwise kernel's specialization for an intermediate size; vector
+/* The elementwise kernel's specialization for element type elt (f16 or bf16;
+ * else KILN_ERR_RUNTIME_CONTRACT) and an intermediate size; vector
  * width 8 (16-byte accesses: intermediate a multiple of 8 and out 16-byte
  * aligned, what encode takes for buffers from kiln_buffer_create) or 1. */
 KILN_API kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermediate, int vector_width, kiln_spec *out);
@@ -151,11 +156,11 @@ KILN_API kiln_status kiln_op_dense_swiglu_spec(kiln_dtype elt, int64_t intermedi
  * spans u32 [participants, 2]: spans[p] = (start, length), in device memory
  * (so one command serves every batch whose spans change but whose sizes do
  * not). Coordinates follow x's rank:
- *   packed: x f16 [tokens, in], row(p) = start + length - 1, which must be
+ *   packed: x elt [tokens, in], row(p) = start + length - 1, which must be
  *           below tokens (start indexes the packed rows of the batch);
- *   source: x f16 [participants, seq, in], row(p) = the participant's own
+ *   source: x elt [participants, seq, in], row(p) = the participant's own
  *           row start + length - 1, which must be below seq.
- * weight f16 [out, in], bias f16 [out] or NULL, out f16 [participants, out].
+ * weight elt [out, in], bias elt [out] or NULL, out elt [participants, out].
  * A kernel specialized on in gathers the participants' rows into the
  * workspace (past its first 32 MiB, [participants, in]); then one cuBLASLt
  * call computes all participants at once. A span with length 0 or past the
@@ -177,7 +182,8 @@ KILN_API kiln_status kiln_op_last_token_linear(kiln_jit *jit, const struct kiln_
                                                const struct kiln_tensor *spans, const struct kiln_tensor *weight,
                                                const struct kiln_tensor *bias, const struct kiln_tensor *out,
                                                const kiln_region *workspace);
-/* The gather kernel's specialization for a row length; vector width 8 (in a
+/* The gather kernel's specialization for element type elt (f16 or bf16) and
+ * a row length; vector width 8 (in a
  * multiple of 8 and x 16-byte aligned) or 1. */
 KILN_API kiln_status kiln_op_last_token_linear_spec(kiln_dtype elt, int64_t in, int vector_width, kiln_spec *out);
 
