@@ -20,9 +20,9 @@
 // gates underflow to 0 and weak ones keep f32 accuracy.
 //
 // Products run on mma.sync m16n8k16 (f16 in, f32 accumulate). k and q enter
-// raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
-// U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
-// about 22 bits: S k and S q take hi and lo against exact k and q, T R and
+// raw (exact f16; bf16 as below); their norms scale the f32 results. f32
+// operands (S, T, R, U, the scores P) enter as two f16 terms hi = f16(x),
+// lo = f16(x − hi), about 22 bits: S k and S q take hi and lo against exact k and q, T R and
 // P U take hi·hi + hi·lo + lo·hi. A split's absolute error is about 2^-25
 // (f16's subnormal step), so the operands whose small rows or columns would
 // reach it enter scaled by a power of two that puts each row's (or
@@ -56,10 +56,10 @@
 // with beta 0 and g 0: they add nothing and are not stored.
 //
 // Constants: KILN_BF16 (q, k, v and out in bf16 rather than f16; state, g
-// and beta are f32 either way), KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH (KH dividing VH),
-// KILN_ROWS (32 or 64: rows of the state a block), KILN_VEC (8: 16-byte
-// loads of k, q, v with DK and DV multiples of 8, 16-byte aligned k, q, v
-// and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
+// and beta are f32 either way), KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH
+// (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
+// KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
+// 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
 // sizeof(chunk_smem), which the provider computes by the same layout (a
 // launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
 #include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e2_to_f32, kiln_e8_to_f32

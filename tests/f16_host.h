@@ -45,4 +45,25 @@ static inline uint16_t f2h(double x)
     return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
 }
 
+/* bf16 (the top 16 bits of an f32) on the host, for the same references:
+ * x rounded to the nearest bf16, ties to even (past the range, infinity; a
+ * NaN stays a NaN), and the exact value of a bf16 bit pattern. */
+static inline uint16_t kiln_test_bf16_from_f32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float kiln_test_bf16_to_f32(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 #endif
