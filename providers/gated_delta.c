@@ -43,7 +43,8 @@ static int sizes_ok(int64_t dk, int64_t dv, int64_t kh, int64_t vh)
            kh <= KILN_MODEL_MAX_HEADS && vh >= 1 && vh <= KILN_MODEL_MAX_HEADS && vh % kh == 0;
 }
 
-kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec, kiln_spec *out)
+kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec,
+                                     kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -54,7 +55,8 @@ kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int
                           (long long)dk, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh, (long long)vh,
                           KILN_MODEL_MAX_HEADS, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
         (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
         (st = kiln_spec_set(out, "G", lanes_for(dk))) || (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(dk, dv))))
@@ -113,8 +115,8 @@ static unsigned optin_kib(int sm)
     return 0;
 }
 
-kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
-                                           kiln_spec *out)
+kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows,
+                                           int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, CHUNK ": out is NULL");
@@ -127,10 +129,10 @@ kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t d
                           (long long)dk, CHUNK_MAX_DK, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh,
                           (long long)vh, KILN_MODEL_MAX_HEADS, rows, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln__spec_set_elt(out, CHUNK, elt)) || (st = kiln_spec_set(out, "DK", dk)) ||
-        (st = kiln_spec_set(out, "DV", dv)) || (st = kiln_spec_set(out, "KH", kh)) ||
-        (st = kiln_spec_set(out, "VH", vh)) || (st = kiln_spec_set(out, "ROWS", rows)) ||
-        (st = kiln_spec_set(out, "VEC", vec)))
+    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln__spec_set_elt(out, CHUNK, elt)) ||
+        (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+        (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
+        (st = kiln_spec_set(out, "ROWS", rows)) || (st = kiln_spec_set(out, "VEC", vec)))
         return st;
     return KILN_OK;
 }
@@ -162,7 +164,8 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     for (int i = 0; i < 2; i++) {
         if (sm && chunk_smem(dk, rows[i]) > optin_kib(sm) * 1024u)
             continue;
-        if ((st = kiln_op_gated_delta_chunk_spec(cfg->dtype, dk, dv, kh, vh, rows[i], vec, &spec)) || (st = sink(user, &spec)))
+        if ((st = kiln_op_gated_delta_chunk_spec(cfg->dtype, dk, dv, kh, vh, rows[i], vec, &spec)) ||
+            (st = sink(user, &spec)))
             return st;
     }
     return KILN_OK;
@@ -352,8 +355,8 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (!fits) {
         rows = 0;
         smem = 0;
-        if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-            (st = kiln_kernel_function(k, NULL, &fn)))
+        if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) ||
+            (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);
     }
     delta_launch *l = malloc(sizeof *l);

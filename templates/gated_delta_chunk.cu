@@ -62,7 +62,7 @@
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
 // sizeof(chunk_smem), which the provider computes by the same layout (a
 // launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
-#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e2_to_f32, kiln_e8_to_f32
+#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32
 
 //! kiln:entry kiln_gated_delta_chunk
 
@@ -223,6 +223,8 @@ __device__ __forceinline__ double shfl_up_f64(double v, int d)
 
 __device__ __forceinline__ float f16_lo(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x & 0xffffu)); }
 __device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x >> 16)); }
+__device__ __forceinline__ float elt_lo(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x & 0xffffu)); }
+__device__ __forceinline__ float elt_hi(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x >> 16)); }
 
 #if KILN_VEC == 8
 // 16 bytes global -> shared, or 16 zero bytes when !ok (src is then not read).
@@ -636,10 +638,9 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 #pragma unroll
                     for (int e2 = 0; e2 < 2; e2++) {
                         const int i = i0 + e2 * 8;
-                        float v0, v1;
-                        kiln_e2_to_f32(*reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]), &v0, &v1);
-                        xs[n][2 * e2] = bi[e2] * (v0 - xs[n][2 * e2]);
-                        xs[n][2 * e2 + 1] = bi[e2] * (v1 - xs[n][2 * e2 + 1]);
+                        const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
+                        xs[n][2 * e2] = bi[e2] * (elt_lo(vv) - xs[n][2 * e2]);
+                        xs[n][2 * e2 + 1] = bi[e2] * (elt_hi(vv) - xs[n][2 * e2 + 1]);
                         sm.rf[i][col] = xs[n][2 * e2];
                         sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
                     }

@@ -224,18 +224,18 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "gated_delta: element type must be f16 or bf16", "got f32");
     KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F32, 128, 128, 16, 32, 64, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "gated_delta_chunk: element type must be f16 or bf16", "got f32");
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 0",
-                NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "dv 1025", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "key heads 3", "value heads 32");
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "vector width 4", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "vector width 2", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
-                NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dk 0", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dv 1025", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "key heads 3", "value heads 32");
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 4", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 2", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT,
+                kiln_errmsg(), NULL, NULL);
     size_t b = 1;
     KILN_CHECK(kiln_op_gated_delta_state_bytes(8, 32, 128, 128, &b));
     assert_int_equal(b, (size_t)8 * 32 * 128 * 128 * 4);
@@ -262,8 +262,8 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "vector width 4", NULL);
     KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "key heads 3", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
-                kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 1, NULL),
+                KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
 }
 
 static void test_offline_encode_needs_a_device(void **state)
@@ -475,7 +475,8 @@ static void test_validation_names_binding_and_values(void **state)
     KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
     kiln_tensor q3 = view(buf, 0, KILN_DTYPE_F16, 3, T, 3, 66, 0), k3 = view(buf, MB, KILN_DTYPE_F16, 3, T, 3, 66, 0),
-                v3 = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0), g3 = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
+                v3 = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0),
+                g3 = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 b3 = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 s3 = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, 6, 96, 66),
                 o3 = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0);
@@ -496,7 +497,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_chunked_kernel_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_size_arguments),
-        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
+                                        offline_fixture_teardown),
         cmocka_unit_test(test_validation_names_binding_and_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -372,10 +372,11 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     fprintf(stderr,
             "%s (%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g state "
             "%.3g\n",
-            c->name, kiln_dtype_name(elt), (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs,
-            (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
+            c->name, kiln_dtype_name(elt), (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh,
+            (long long)c->seqs, (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
     if (touched)
-        fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt), touched);
+        fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
+                 touched);
     if (wrong)
         fail_msg("%s (%s): %zu elements off by more than %g (out) or %g (state)", c->name, kiln_dtype_name(elt), wrong,
                  bf16 ? TOL_BF16_OUT : TOL, TOL);
