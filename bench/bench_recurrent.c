@@ -10,9 +10,10 @@
  * "kernel" names the kernel the encode took ("chunk32"/"chunk64": the chunked
  * kernel with that many rows of the state a block). The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
- * prefill shapes.
+ * prefill shapes. --dtype picks the element type of q, k, v and out (f16 or
+ * bf16; the state, g and beta are f32 either way), named in each line.
  *
- * Usage: bench_recurrent [--iters 20] [--reps 5]
+ * Usage: bench_recurrent [--iters 20] [--reps 5] [--dtype f16|bf16]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,16 +65,27 @@ static kiln_buffer *filled(kiln_runtime *rt, size_t bytes, uint8_t value)
 int main(int argc, char **argv)
 {
     long iters = 20, reps = 5;
+    kiln_dtype elt = KILN_DTYPE_F16;
+    int bad = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = bench_parse_positive(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = bench_parse_positive(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dtype") && !strcmp(argv[i + 1], "f16"))
+            elt = KILN_DTYPE_F16;
+        else if (!strcmp(argv[i], "--dtype") && !strcmp(argv[i + 1], "bf16"))
+            elt = KILN_DTYPE_BF16;
+        else
+            bad = 1;
     }
-    if (iters <= 0 || reps <= 0) {
-        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N]\n");
+    if (iters <= 0 || reps <= 0 || bad || argc % 2 == 0) {
+        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N] [--dtype f16|bf16]\n");
         return 2;
     }
+    /* q, k, v filled with one byte: about 1.06, 0.9 and 1.06 in f16; 0.75 in bf16. */
+    const int bf16 = elt == KILN_DTYPE_BF16;
+    const uint8_t fq = bf16 ? 0x3f : 0x3c, fk = bf16 ? 0x3f : 0x3b, fv = bf16 ? 0x3f : 0x3c;
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {
         bench_json j;
@@ -98,9 +110,9 @@ int main(int argc, char **argv)
         const int64_t S = sh->seqs, T = S * sh->span;
         size_t state_bytes;
         CHECK("setup", kiln_op_gated_delta_state_bytes(S, VH, DV, DK, &state_bytes));
-        /* q, k, v about 1.06; g 0 (no decay); beta about 0.19; state zeros. */
-        kiln_buffer *bq = filled(rt, (size_t)T * KH * DK * 2, 0x3c), *bk = filled(rt, (size_t)T * KH * DK * 2, 0x3b),
-                    *bv = filled(rt, (size_t)T * VH * DV * 2, 0x3c), *bg = filled(rt, (size_t)T * VH * 4, 0),
+        /* g 0 (no decay); beta about 0.19; state zeros. */
+        kiln_buffer *bq = filled(rt, (size_t)T * KH * DK * 2, fq), *bk = filled(rt, (size_t)T * KH * DK * 2, fk),
+                    *bv = filled(rt, (size_t)T * VH * DV * 2, fv), *bg = filled(rt, (size_t)T * VH * 4, 0),
                     *bb = filled(rt, (size_t)T * VH * 4, 0x3e), *bs = filled(rt, state_bytes, 0),
                     *bo = filled(rt, (size_t)T * VH * DV * 2, 0), *bsp;
         CHECK("setup", kiln_buffer_create(rt, (size_t)S * 8, 256, &bsp));
@@ -113,8 +125,8 @@ int main(int argc, char **argv)
         }
         CHECK("setup", kiln_buffer_upload(bsp, 0, spans, (size_t)S * 8));
         free(spans);
-        kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
-                    tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}}, to = tv,
+        kiln_tensor tq = {.buffer = bq, .dtype = elt, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
+                    tv = {.buffer = bv, .dtype = elt, .rank = 3, .dims = {T, VH, DV}}, to = tv,
                     tg = {.buffer = bg, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, VH}}, tb = tg,
                     ts = {.buffer = bs, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, VH, DV, DK}},
                     tsp = {.buffer = bsp, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}};
@@ -144,6 +156,7 @@ int main(int argc, char **argv)
         bench_json_begin(&j, BENCH);
         bench_json_bool(&j, "peer", 0);
         bench_json_str(&j, "phase", sh->phase);
+        bench_json_str(&j, "dtype", kiln_dtype_name(elt));
         bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
         bench_json_int(&j, "seqs", S);
         bench_json_int(&j, "span", sh->span);

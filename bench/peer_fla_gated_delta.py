@@ -5,16 +5,17 @@ flash-linear-attention 0.6.x) at the same shapes, Qwen3-Next-80B-A3B's heads
 (16 key heads, 32 value heads, dims 128): 1 x 4096, 4 x 1024, 16 x 256 and
 1 x 16384 tokens, packed into one row with cu_seqlens, as kiln packs them.
 
-q and k are f16, repeated to the 32 value heads once before timing (as
-Qwen3-Next's layer does before it calls fla: fla takes one head count), v
-f16, g and beta f32 (f16 where this fla refuses f32; the line says which),
+q and k are f16 (or bf16: --dtype, which fla takes natively), repeated to the
+32 value heads once before timing (as Qwen3-Next's layer does before it
+calls fla: fla takes one head count), v the same, g and beta f32 (the element
+type where this fla refuses f32; the line says which),
 use_qk_l2norm_in_kernel=True, an f32 initial state of zeros and
 output_final_state=True (kiln reads and writes its state too).
 
 Timing as bench_recurrent: iters back-to-back calls between two CUDA events
 on the current stream, divided by iters; the median and the minimum of reps
 such runs, after one warm-up run. Fields as bench_recurrent's prefill lines:
-bench, peer ("fla"), phase, kernel, seqs, span, dk, dv, key_heads,
+bench, peer ("fla"), phase, dtype, kernel, seqs, span, dk, dv, key_heads,
 value_heads, iters, median_us, min_us, tokens_per_s; also beta_dtype,
 fla_version, torch_version, device. A "check" line compares fla's output and
 final state at 2 x 100 tokens from a random state with a float64 recurrence
@@ -24,7 +25,7 @@ measures kiln), so the peer is known to compute the same operation.
 Without torch, CUDA or fla it prints one line saying what is missing and
 exits 0.
 
-Usage: peer_fla_gated_delta.py [--iters 20] [--reps 5]
+Usage: peer_fla_gated_delta.py [--iters 20] [--reps 5] [--dtype f16|bf16]
 """
 import argparse
 import json
@@ -36,8 +37,11 @@ KH, VH, DK, DV = 16, 32, 128, 128
 SHAPES = [(1, 4096), (4, 1024), (16, 256), (1, 16384)]
 
 
+DTYPE = "f16"  # --dtype, named in every line
+
+
 def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
+    base = {"bench": BENCH, "peer": PEER, "dtype": DTYPE}
     base.update(obj)
     sys.stdout.write(json.dumps(base) + "\n")
     sys.stdout.flush()
@@ -47,15 +51,15 @@ def r3(x):
     return None if x is None else round(x, 3)
 
 
-def inputs(torch, seqs, span, beta_dtype, gen):
-    """Packed inputs of seqs sequences of span tokens, batch 1."""
+def inputs(torch, seqs, span, elt, beta_dtype, gen):
+    """Packed inputs of seqs sequences of span tokens, batch 1; q, k, v in elt."""
     T = seqs * span
     dev = "cuda"
-    q = torch.randn(1, T, KH, DK, device=dev, generator=gen).half()
-    k = torch.randn(1, T, KH, DK, device=dev, generator=gen).half()
+    q = torch.randn(1, T, KH, DK, device=dev, generator=gen).to(elt)
+    k = torch.randn(1, T, KH, DK, device=dev, generator=gen).to(elt)
     q = q.repeat_interleave(VH // KH, dim=2).contiguous()
     k = k.repeat_interleave(VH // KH, dim=2).contiguous()
-    v = torch.randn(1, T, VH, DV, device=dev, generator=gen).half()
+    v = torch.randn(1, T, VH, DV, device=dev, generator=gen).to(elt)
     g = -torch.rand(1, T, VH, device=dev, generator=gen).float() * 0.5
     beta = torch.rand(1, T, VH, device=dev, generator=gen).float().sigmoid().to(beta_dtype)
     h0 = torch.zeros(seqs, VH, DK, DV, device=dev, dtype=torch.float32)
@@ -83,8 +87,8 @@ def reference(torch, q, k, v, g, beta, h0, cu):
     return out, torch.stack(states)
 
 
-def rel_err(torch, got, want):
-    rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(2.0 ** -14)
+def rel_err(torch, got, want, floor):
+    rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(floor)
     return ((got.double() - want).abs() / torch.maximum(want.abs(), rms)).max().item()
 
 
@@ -92,9 +96,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", choices=["f16", "bf16"], default="f16",
+                    help="element type of q, k, v and the output")
     args = ap.parse_args()
     if args.iters < 1 or args.reps < 1:
         ap.error("--iters and --reps must be positive")
+    global DTYPE
+    DTYPE = args.dtype
 
     try:
         import torch
@@ -116,6 +124,9 @@ def main():
     dev_name = torch.cuda.get_device_name(0)
     versions = {"fla_version": getattr(fla, "__version__", None), "torch_version": torch.__version__,
                 "device": dev_name}
+    elt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    # The rms floor: f16's subnormal range (as test_recurrent_gpu's for f16 outputs); bf16 has f32's.
+    rms_floor = 2.0 ** -126 if args.dtype == "bf16" else 2.0 ** -14
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
 
@@ -123,32 +134,32 @@ def main():
         return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
 
-    # Which beta this fla takes: f32, else f16.
+    # Which beta this fla takes: f32, else the element type.
     beta_dtype = torch.float32
     try:
-        call(*inputs(torch, 1, 64, beta_dtype, gen))
+        call(*inputs(torch, 1, 64, elt, beta_dtype, gen))
         torch.cuda.synchronize()
     except Exception:
-        beta_dtype = torch.float16
-    bname = "f32" if beta_dtype == torch.float32 else "f16"
+        beta_dtype = elt
+    bname = "f32" if beta_dtype == torch.float32 else args.dtype
 
     failed = False
     try:
-        x = inputs(torch, 2, 100, beta_dtype, gen)
+        x = inputs(torch, 2, 100, elt, beta_dtype, gen)
         x = x[:5] + (torch.randn(x[5].shape, device="cuda", generator=gen) * 0.5,) + x[6:]
         o, ht = call(*x)
         torch.cuda.synchronize()
         ro, rs = reference(torch, *x)
         emit(dict({"phase": "check", "seqs": 2, "span": 100, "beta_dtype": bname,
-                   "max_err_out": float("%.3g" % rel_err(torch, o[0], ro)),
-                   "max_err_state": float("%.3g" % rel_err(torch, ht, rs))}, **versions))
+                   "max_err_out": float("%.3g" % rel_err(torch, o[0], ro, rms_floor)),
+                   "max_err_state": float("%.3g" % rel_err(torch, ht, rs, rms_floor))}, **versions))
     except Exception as e:
         failed = True
         emit({"phase": "check", "error": type(e).__name__, "message": str(e)[:2000]})
 
     for seqs, span in SHAPES:
         try:
-            x = inputs(torch, seqs, span, beta_dtype, gen)
+            x = inputs(torch, seqs, span, elt, beta_dtype, gen)
             stream = torch.cuda.current_stream()
             times = []
             for r in range(-1, args.reps):  # r = -1: warm-up

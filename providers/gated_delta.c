@@ -43,7 +43,8 @@ static int sizes_ok(int64_t dk, int64_t dv, int64_t kh, int64_t vh)
            kh <= KILN_MODEL_MAX_HEADS && vh >= 1 && vh <= KILN_MODEL_MAX_HEADS && vh % kh == 0;
 }
 
-kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec, kiln_spec *out)
+kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int vec,
+                                     kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
@@ -54,7 +55,8 @@ kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int
                           (long long)dk, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh, (long long)vh,
                           KILN_MODEL_MAX_HEADS, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
         (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
         (st = kiln_spec_set(out, "G", lanes_for(dk))) || (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(dk, dv))))
@@ -113,8 +115,8 @@ static unsigned optin_kib(int sm)
     return 0;
 }
 
-kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
-                                           kiln_spec *out)
+kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows,
+                                           int vec, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, CHUNK ": out is NULL");
@@ -127,10 +129,10 @@ kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t d
                           (long long)dk, CHUNK_MAX_DK, (long long)dv, KILN_MODEL_MAX_HEAD_DIM, (long long)kh,
                           (long long)vh, KILN_MODEL_MAX_HEADS, rows, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln__spec_set_elt(out, CHUNK, elt)) || (st = kiln_spec_set(out, "DK", dk)) ||
-        (st = kiln_spec_set(out, "DV", dv)) || (st = kiln_spec_set(out, "KH", kh)) ||
-        (st = kiln_spec_set(out, "VH", vh)) || (st = kiln_spec_set(out, "ROWS", rows)) ||
-        (st = kiln_spec_set(out, "VEC", vec)))
+    if ((st = kiln_spec_init(out, CHUNK)) || (st = kiln__spec_set_elt(out, CHUNK, elt)) ||
+        (st = kiln_spec_set(out, "DK", dk)) || (st = kiln_spec_set(out, "DV", dv)) ||
+        (st = kiln_spec_set(out, "KH", kh)) || (st = kiln_spec_set(out, "VH", vh)) ||
+        (st = kiln_spec_set(out, "ROWS", rows)) || (st = kiln_spec_set(out, "VEC", vec)))
         return st;
     return KILN_OK;
 }
@@ -147,7 +149,7 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     const int64_t dk = cfg->linear_key_head_dim, dv = cfg->linear_value_head_dim, kh = cfg->linear_num_key_heads,
                   vh = cfg->linear_num_value_heads;
     kiln_spec spec;
-    kiln_status st = kiln_op_gated_delta_spec(KILN_DTYPE_F16, dk, dv, kh, vh, dk % 4 ? 1 : 4, &spec);
+    kiln_status st = kiln_op_gated_delta_spec(cfg->dtype, dk, dv, kh, vh, dk % 4 ? 1 : 4, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
     if (dk > CHUNK_MAX_DK)
@@ -162,7 +164,8 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     for (int i = 0; i < 2; i++) {
         if (sm && chunk_smem(dk, rows[i]) > optin_kib(sm) * 1024u)
             continue;
-        if ((st = kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, dk, dv, kh, vh, rows[i], vec, &spec)) || (st = sink(user, &spec)))
+        if ((st = kiln_op_gated_delta_chunk_spec(cfg->dtype, dk, dv, kh, vh, rows[i], vec, &spec)) ||
+            (st = sink(user, &spec)))
             return st;
     }
     return KILN_OK;
@@ -193,12 +196,15 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
         return st;
     const kiln_tensor *t[N_BINDINGS];
     views(&local, t);
-    if ((st = kiln__check_tensor(err, OP, "q", t[B_Q], rt, KILN_DTYPE_F16, 3, NULL, &bytes[B_Q])))
+    /* q sets the element type; k, v and out must match it. */
+    kiln_dtype elt;
+    if ((st = kiln__check_elt(err, OP, "q", t[B_Q], rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "q", t[B_Q], rt, elt, 3, NULL, &bytes[B_Q])))
         return st;
     const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2];
     const int64_t want_k[3] = {T, KH, DK}, want_v[3] = {T, -1, -1};
-    if ((st = kiln__check_tensor(err, OP, "k", t[B_K], rt, KILN_DTYPE_F16, 3, want_k, &bytes[B_K])) ||
-        (st = kiln__check_tensor(err, OP, "v", t[B_V], rt, KILN_DTYPE_F16, 3, want_v, &bytes[B_V])))
+    if ((st = kiln__check_tensor(err, OP, "k", t[B_K], rt, elt, 3, want_k, &bytes[B_K])) ||
+        (st = kiln__check_tensor(err, OP, "v", t[B_V], rt, elt, 3, want_v, &bytes[B_V])))
         return st;
     const int64_t VH = t[B_V]->dims[1], DV = t[B_V]->dims[2];
     if (DK > KILN_MODEL_MAX_HEAD_DIM || DV > KILN_MODEL_MAX_HEAD_DIM)
@@ -218,7 +224,7 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
     const int64_t want_state[4] = {S, VH, DV, DK}, want_out[3] = {T, VH, DV};
     if ((st = kiln__check_tensor(err, OP, "state", t[B_STATE], rt, KILN_DTYPE_F32, 4, want_state,
                                  &bytes[B_STATE])) ||
-        (st = kiln__check_tensor(err, OP, "out", t[B_OUT], rt, KILN_DTYPE_F16, 3, want_out, &bytes[B_OUT])))
+        (st = kiln__check_tensor(err, OP, "out", t[B_OUT], rt, elt, 3, want_out, &bytes[B_OUT])))
         return st;
     if (T > (int64_t)UINT32_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding q has %lld tokens; at most %u", (long long)T,
@@ -333,6 +339,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     views(&local, t);
     const int64_t T = t[B_Q]->dims[0], KH = t[B_Q]->dims[1], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1],
                   DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
+    const kiln_dtype elt = t[B_Q]->dtype; /* checked: f16 or bf16, and k, v, out the same */
     kiln_spec spec;
     kiln_kernel *k = NULL;
     void *fn = NULL;
@@ -340,7 +347,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     unsigned smem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         smem = chunk_smem(DK, rows);
-        if ((st = kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, DK, DV, KH, VH, rows, cvec, &spec)) ||
+        if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)) ||
             (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
             return kiln__propagate(err, st);
@@ -348,8 +355,8 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (!fits) {
         rows = 0;
         smem = 0;
-        if ((st = kiln_op_gated_delta_spec(KILN_DTYPE_F16, DK, DV, KH, VH, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-            (st = kiln_kernel_function(k, NULL, &fn)))
+        if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) ||
+            (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);
     }
     delta_launch *l = malloc(sizeof *l);

@@ -23,7 +23,8 @@
 // (KILN_FAULT_GATED_DELTA_SPAN: value start + count saturated to 2^32 - 1,
 // limit tokens). An empty span leaves the state alone.
 //
-// Constants: KILN_DK, KILN_DV (head dims), KILN_KH, KILN_VH (key and value
+// Constants: KILN_BF16 (q, k, v and out in bf16 rather than f16; the state,
+// g and beta are f32 either way), KILN_DK, KILN_DV (head dims), KILN_KH, KILN_VH (key and value
 // heads, KH dividing VH), KILN_G (lanes per row: 1..32, a power of two),
 // KILN_VEC (4: 8-byte k/q and 16-byte state vectors, needs DK % 4 == 0 and
 // aligned bindings; 1: scalar), KILN_THREADS. One block per (sequence, value
@@ -59,10 +60,10 @@
 #define ROW_BLOCKS ((KILN_DV + ROWS - 1) / ROWS)
 #define QK_EPS 1e-6f
 
-// One token's inputs for one lane: its columns of k and q (raw f16), and the
-// row's v, g and beta.
+// One token's inputs for one lane: its columns of k and q (raw, in the
+// element type), and the row's v, g and beta.
 struct token_in {
-    kiln_f16 k[CH][KILN_VEC], q[CH][KILN_VEC], v;
+    kiln_elt k[CH][KILN_VEC], q[CH][KILN_VEC], v;
     float g, beta;
 };
 
@@ -80,15 +81,15 @@ __device__ __forceinline__ float ld_f32(const float *p)
     return v;
 }
 
-__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+__device__ __forceinline__ kiln_elt ld_elt(const kiln_elt *p)
 {
-    kiln_f16 v;
+    kiln_elt v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
 
-// The lane's columns of one head row of k or q (f16 [DK]); columns past DK are 0.
-__device__ __forceinline__ void load_cols(const kiln_f16 *row, int lane, kiln_f16 (&dst)[CH][KILN_VEC])
+// The lane's columns of one head row of k or q ([DK] elements); columns past DK are 0.
+__device__ __forceinline__ void load_cols(const kiln_elt *row, int lane, kiln_elt (&dst)[CH][KILN_VEC])
 {
 #pragma unroll
     for (int m = 0; m < CH; m++) {
@@ -97,12 +98,12 @@ __device__ __forceinline__ void load_cols(const kiln_f16 *row, int lane, kiln_f1
 #if KILN_VEC == 4
             kiln_u32 lo, hi;
             asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "l"(row + c));
-            dst[m][0] = (kiln_f16)(lo & 0xffffu);
-            dst[m][1] = (kiln_f16)(lo >> 16);
-            dst[m][2] = (kiln_f16)(hi & 0xffffu);
-            dst[m][3] = (kiln_f16)(hi >> 16);
+            dst[m][0] = (kiln_elt)(lo & 0xffffu);
+            dst[m][1] = (kiln_elt)(lo >> 16);
+            dst[m][2] = (kiln_elt)(hi & 0xffffu);
+            dst[m][3] = (kiln_elt)(hi >> 16);
 #else
-            dst[m][0] = ld_f16(row + c);
+            dst[m][0] = ld_elt(row + c);
 #endif
         } else {
 #pragma unroll
@@ -112,14 +113,14 @@ __device__ __forceinline__ void load_cols(const kiln_f16 *row, int lane, kiln_f1
     }
 }
 
-__device__ __forceinline__ void load_token(token_in &in, const kiln_f16 *q, const kiln_f16 *k, const kiln_f16 *v,
+__device__ __forceinline__ void load_token(token_in &in, const kiln_elt *q, const kiln_elt *k, const kiln_elt *v,
                                            const float *g, const float *beta, kiln_u64 t, kiln_u32 h, kiln_u32 kh,
                                            int row, int lane)
 {
     const kiln_u64 qk_row = (t * KILN_KH + kh) * KILN_DK, vh = t * KILN_VH + h;
     load_cols(k + qk_row, lane, in.k);
     load_cols(q + qk_row, lane, in.q);
-    in.v = ld_f16(v + vh * KILN_DV + row);
+    in.v = ld_elt(v + vh * KILN_DV + row);
     in.g = ld_f32(g + vh);
     in.beta = ld_f32(beta + vh);
 }
@@ -139,9 +140,9 @@ __device__ __forceinline__ float exp_approx(float x)
 }
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_gated_delta(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v,
+kiln_gated_delta(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v,
                  const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ state,
-                 const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ out, kiln_u32 tokens, kiln_fault *fault)
+                 const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out, kiln_u32 tokens, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS; // sh = seq * VH + h
@@ -198,8 +199,8 @@ kiln_gated_delta(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
         for (int m = 0; m < CH; m++)
 #pragma unroll
             for (int e = 0; e < KILN_VEC; e++) {
-                kf[m][e] = kiln_f16_to_f32(cur.k[m][e]);
-                qf[m][e] = kiln_f16_to_f32(cur.q[m][e]);
+                kf[m][e] = kiln_elt_to_f32(cur.k[m][e]);
+                qf[m][e] = kiln_elt_to_f32(cur.q[m][e]);
                 kk += kf[m][e] * kf[m][e];
                 qq += qf[m][e] * qf[m][e];
                 kq += kf[m][e] * qf[m][e];
@@ -216,7 +217,7 @@ kiln_gated_delta(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
         }
         const float rk = rsqrt_approx(kk + QK_EPS), rq = rsqrt_approx(qq + QK_EPS) * scale;
         const float a = exp_approx(cur.g);
-        const float d = cur.beta * (kiln_f16_to_f32(cur.v) - a * sk * rk);
+        const float d = cur.beta * (kiln_elt_to_f32(cur.v) - a * sk * rk);
         const float o = a * sq * rq + d * kq * rk * rq;
         const float dk = d * rk;
 #pragma unroll
@@ -225,7 +226,7 @@ kiln_gated_delta(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
             for (int e = 0; e < KILN_VEC; e++)
                 s[m][e] = a * s[m][e] + dk * kf[m][e];
         if (live && lane == 0)
-            out[(t * KILN_VH + h) * KILN_DV + row] = kiln_f32_to_f16(o);
+            out[(t * KILN_VH + h) * KILN_DV + row] = kiln_f32_to_elt(o);
         if (i + 1 < count)
             cur = nxt;
     }

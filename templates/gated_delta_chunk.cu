@@ -20,9 +20,9 @@
 // gates underflow to 0 and weak ones keep f32 accuracy.
 //
 // Products run on mma.sync m16n8k16 (f16 in, f32 accumulate). k and q enter
-// raw (exact f16); their norms scale the f32 results. f32 operands (S, T, R,
-// U, the scores P) enter as two f16 terms hi = f16(x), lo = f16(x − hi),
-// about 22 bits: S k and S q take hi and lo against exact k and q, T R and
+// raw (exact f16; bf16 as below); their norms scale the f32 results. f32
+// operands (S, T, R, U, the scores P) enter as two f16 terms hi = f16(x),
+// lo = f16(x − hi), about 22 bits: S k and S q take hi and lo against exact k and q, T R and
 // P U take hi·hi + hi·lo + lo·hi. A split's absolute error is about 2^-25
 // (f16's subnormal step), so the operands whose small rows or columns would
 // reach it enter scaled by a power of two that puts each row's (or
@@ -32,6 +32,14 @@
 // every value in them then keep about 22 bits however small they are. T
 // (unit diagonal) and U in P U (its output rows are as large as v's) are not
 // scaled.
+// bf16 inputs (KILN_BF16) take the same f16 products: each row of k and q,
+// once loaded, is scaled by a power of two putting its maximum in [2^13,
+// 2^14) and rewritten in shared memory as f16, exactly (bf16's 8 bits fit
+// f16's 11 at every exponent from 2^-17 up, so what is lost is below 2^-30
+// of the row's maximum), and its norm's factor absorbs the scale, since only
+// k̂ and q̂ enter the recurrence. So bf16 rows outside f16's range lose
+// nothing, and the f32 operands keep their f16 hi + lo split, whose 22 bits
+// a bf16 split would need three terms (and half again the products) to match.
 // T is found in f32: the four 16 x 16 diagonal blocks by forward
 // substitution on the CUDA cores (a lane a column), then the blocks below
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
@@ -47,13 +55,14 @@
 // state alone. Tokens past a span's end within its last chunk load as zeros
 // with beta 0 and g 0: they add nothing and are not stored.
 //
-// Constants: KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH (KH dividing VH),
-// KILN_ROWS (32 or 64: rows of the state a block), KILN_VEC (8: 16-byte
-// loads of k, q, v with DK and DV multiples of 8, 16-byte aligned k, q, v
-// and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
+// Constants: KILN_BF16 (q, k, v and out in bf16 rather than f16; state, g
+// and beta are f32 either way), KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH
+// (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
+// KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
+// 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
 // sizeof(chunk_smem), which the provider computes by the same layout (a
 // launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
-#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits
+#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32
 
 //! kiln:entry kiln_gated_delta_chunk
 
@@ -100,7 +109,10 @@ struct chunk_u {
     kiln_f16 phi[C][LDV], plo[C][LDV]; // U' = e^(γ_L − γ_j) rk_j U_j
 };
 struct chunk_smem {
-    kiln_f16 k[2][C][LDK], q[2][C][LDK], v[2][C][LDV]; // raw inputs, two stages
+    // Raw inputs, two stages: k and q in the element type as loaded, f16 (of
+    // the scaled rows, for bf16) once their norms are taken; v as loaded.
+    kiln_f16 k[2][C][LDK], q[2][C][LDK];
+    kiln_elt v[2][C][LDV];
     float g[2][C], beta[2][C];
     kiln_f16 shi[KILN_ROWS][LDK], slo[KILN_ROWS][LDK]; // the state's rows at the chunk's start
     float rf[C][LDR];                                  // R
@@ -211,6 +223,8 @@ __device__ __forceinline__ double shfl_up_f64(double v, int d)
 
 __device__ __forceinline__ float f16_lo(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x & 0xffffu)); }
 __device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((kiln_f16)(x >> 16)); }
+__device__ __forceinline__ float elt_lo(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x & 0xffffu)); }
+__device__ __forceinline__ float elt_hi(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x >> 16)); }
 
 #if KILN_VEC == 8
 // 16 bytes global -> shared, or 16 zero bytes when !ok (src is then not read).
@@ -226,9 +240,9 @@ __device__ __forceinline__ void cp4(void *dst, const void *src, bool ok)
                  : "memory");
 }
 #else
-__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+__device__ __forceinline__ kiln_elt ld_elt(const kiln_elt *p)
 {
-    kiln_f16 v;
+    kiln_elt v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
@@ -244,8 +258,8 @@ __device__ __forceinline__ float ld_f32(const float *p)
 // Chunk c of the span (tokens start + c·C ...) into stage st: k, q rows
 // [C][DKP] and the block's columns of v [C][ROWS], zeros past the span, the
 // key dim and the value dim; g and beta 0 past the span.
-__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f16 *q, const kiln_f16 *k,
-                                           const kiln_f16 *v, const float *g, const float *beta, kiln_u32 start,
+__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_elt *q, const kiln_elt *k,
+                                           const kiln_elt *v, const float *g, const float *beta, kiln_u32 start,
                                            kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
 {
     const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
@@ -254,16 +268,16 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
     for (int e = tid; e < 2 * C * KP; e += THREADS) {
         const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
         const bool ok = base + r < count && p * 8 < KILN_DK;
-        const kiln_f16 *src = which ? q : k;
+        const kiln_elt *src = which ? q : k;
         const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_f16 *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
+        const kiln_elt *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
         cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
     }
     for (int e = tid; e < C * VP; e += THREADS) {
         const int r = e / VP, p = e % VP;
         const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
         const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_f16 *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
+        const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
         cp16(&sm.v[st][r][p * 8], at, ok);
     }
     for (int e = tid; e < 2 * C; e += THREADS) {
@@ -278,16 +292,16 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_f1
     for (int e = tid; e < 2 * C * DKP; e += THREADS) {
         const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
         const bool ok = base + r < count && col < KILN_DK;
-        const kiln_f16 *src = which ? q : k;
+        const kiln_elt *src = which ? q : k;
         const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_f16 x = ok ? ld_f16(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
+        const kiln_elt x = ok ? ld_elt(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
         (which ? sm.q[st][r] : sm.k[st][r])[col] = x;
     }
     for (int e = tid; e < C * KILN_ROWS; e += THREADS) {
         const int r = e / KILN_ROWS, col = e % KILN_ROWS;
         const bool ok = base + r < count && row0 + col < KILN_DV;
         const kiln_u64 t = (kiln_u64)start + base + r;
-        sm.v[st][r][col] = ok ? ld_f16(v + (t * KILN_VH + h) * KILN_DV + row0 + col) : 0;
+        sm.v[st][r][col] = ok ? ld_elt(v + (t * KILN_VH + h) * KILN_DV + row0 + col) : 0;
     }
     for (int e = tid; e < 2 * C; e += THREADS) {
         const int r = e % C;
@@ -307,6 +321,19 @@ __device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
     sc = bits_f32((kiln_u32)f << 23);
     inv = bits_f32((kiln_u32)(254 - f) << 23);
 }
+
+#if KILN_BF16
+// The power of two sc that puts m (a row's largest |x|, any finite float) in
+// [2^13, 2^14), or as near as a normal float allows, and its inverse: both
+// exact (pow2_scale's range is too narrow for bf16's exponents).
+__device__ __forceinline__ void row_scale(float m, float &sc, float &inv)
+{
+    int f = 267 - (int)((kiln_f32_bits(m) >> 23) & 0xffu);
+    f = f > 253 ? 253 : f;
+    sc = bits_f32((kiln_u32)f << 23);
+    inv = bits_f32((kiln_u32)(254 - f) << 23);
+}
+#endif
 
 // The largest of the four partial maxima of column c.
 __device__ __forceinline__ float max4(const float (*m)[KILN_ROWS], int c)
@@ -334,9 +361,9 @@ __device__ __forceinline__ void bfrag_f32(const float *p, int ld, int g4, int t4
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restrict__ k,
-                       const kiln_f16 *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
-                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_f16 *__restrict__ out,
+kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                       const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
+                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
                        kiln_u32 tokens, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
@@ -448,6 +475,44 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
 #pragma unroll
             for (int i = 0; i < 2 * C / (THREADS / 16); i++) { // independent rows: their loads overlap
                 const int r = hw + i * (THREADS / 16);
+#if KILN_BF16
+                // The row scaled by 2^s and rewritten as f16 (see the header;
+                // DKP <= 128: at most one vector a lane), its factor
+                // 1 / sqrt(|x|² + eps) / 2^s from the scaled sum of squares.
+                kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
+                const bool mine = hl < DKP / 8;
+                kiln_u32x4 x = {0u, 0u, 0u, 0u};
+                if (mine)
+                    x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
+                float f[8], m = 0.0f;
+                kiln_e8_to_f32(x, f);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    m = max_f32(m, abs_f32(f[e]));
+#pragma unroll
+                for (int o = 8; o; o >>= 1)
+                    m = max_f32(m, kiln_shfl_xor_f32(m, o));
+                float sc, inv, ss = 0.0f;
+                row_scale(m, sc, inv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    f[e] *= sc;
+                    ss += f[e] * f[e];
+                }
+                if (mine)
+                    *reinterpret_cast<kiln_u32x4 *>(row + hl * 8) =
+                        kiln_u32x4{pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7])};
+#pragma unroll
+                for (int o = 8; o; o >>= 1)
+                    ss += kiln_shfl_xor_f32(ss, o);
+                if (hl == 0) {
+                    const float n = rsqrt_approx(ss * inv * inv + QK_EPS) * inv;
+                    if (r < C)
+                        sm.rk[r] = n;
+                    else
+                        sm.rq[r - C] = n * scale;
+                }
+#else
                 const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
                 float ss = 0.0f;
                 for (int p = hl; p < DKP / 8; p += 16) {
@@ -468,6 +533,7 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     else
                         sm.rq[r - C] = rsqrt_approx(ss + QK_EPS) * scale;
                 }
+#endif
             }
             // γ summed in f64 and kept as two floats, so that the difference
             // of two close sums deep into a chunk of strong gates keeps f32's
@@ -573,8 +639,8 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
                     for (int e2 = 0; e2 < 2; e2++) {
                         const int i = i0 + e2 * 8;
                         const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
-                        xs[n][2 * e2] = bi[e2] * (f16_lo(vv) - xs[n][2 * e2]);
-                        xs[n][2 * e2 + 1] = bi[e2] * (f16_hi(vv) - xs[n][2 * e2 + 1]);
+                        xs[n][2 * e2] = bi[e2] * (elt_lo(vv) - xs[n][2 * e2]);
+                        xs[n][2 * e2 + 1] = bi[e2] * (elt_hi(vv) - xs[n][2 * e2 + 1]);
                         sm.rf[i][col] = xs[n][2 * e2];
                         sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
                     }
@@ -808,14 +874,14 @@ kiln_gated_delta_chunk(const kiln_f16 *__restrict__ q, const kiln_f16 *__restric
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = mb * 16 + g4 + e2 * 8;
                 if ((kiln_u64)c * C + i < count) {
-                    kiln_f16 *orow = out + ((kiln_u64)start + (kiln_u64)c * C + i) * (KILN_VH * KILN_DV) + h * KILN_DV;
+                    kiln_elt *orow = out + ((kiln_u64)start + (kiln_u64)c * C + i) * (KILN_VH * KILN_DV) + h * KILN_DV;
 #pragma unroll
                     for (int n = 0; n < NTV; n++) {
                         const int col = row0 + n * 8 + 2 * t4;
                         if (col < KILN_DV)
-                            orow[col] = kiln_f32_to_f16(xs[n][2 * e2] * psci[e2]);
+                            orow[col] = kiln_f32_to_elt(xs[n][2 * e2] * psci[e2]);
                         if (col + 1 < KILN_DV)
-                            orow[col + 1] = kiln_f32_to_f16(xs[n][2 * e2 + 1] * psci[e2]);
+                            orow[col + 1] = kiln_f32_to_elt(xs[n][2 * e2 + 1] * psci[e2]);
                     }
                 }
             }

@@ -1,7 +1,9 @@
 /* Gated delta recurrent attention without a GPU: the specializations a
  * Qwen3-Next config lists (and none for a model without linear attention),
- * per architecture for the chunked kernel, every code path of both templates
- * compiled offline by NVRTC (the chunked one for sm_80 and sm_90), the spec
+ * per architecture for the chunked kernel and in the config's element type,
+ * every code path of both templates compiled offline by NVRTC in f16 and
+ * bf16 (the chunked one for sm_80 and sm_90, the scan for sm_90 and, in
+ * bf16, sm_80), the spec
  * and size arguments, and the validation of bindings against fake buffers (a
  * fake runtime has no driver table: a check that let a bad call through to
  * the driver would crash here). */
@@ -59,6 +61,17 @@ static void test_model_lists_the_spec_only_with_linear_attention(void **state)
     KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
+    /* A bf16 model lists the bf16 kernels, scan and chunked alike. */
+    qwen3_next(&c);
+    c.dtype = KILN_DTYPE_BF16;
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
+    assert_int_equal(count_template(specs, n, "gated_delta", &got), 1);
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_BF16, 128, 128, 16, 32, 4, &want));
+    assert_memory_equal(&got, &want, sizeof want);
+    assert_int_equal(count_template(specs, n, "gated_delta_chunk", &got), 2);
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_BF16, 128, 128, 16, 32, 32, 8, &want));
+    assert_memory_equal(&got, &want, sizeof want);
+    kiln_free(specs);
 }
 
 /* The chunked kernel per architecture: both row counts where a block may have
@@ -110,31 +123,41 @@ static void test_arch_lists_the_chunked_kernel(void **state)
 typedef offline_fixture fixture;
 
 /* Qwen3-Next, the small odd shape of the GPU tests, scalar paths, partial
- * vectors per lane, the extremes of one lane per row and 32 lanes per row. */
+ * vectors per lane, the extremes of one lane per row and 32 lanes per row:
+ * in f16 for sm_90, and in bf16 for sm_90 and sm_80 (bf16's first). */
 static void test_every_code_path_compiles(void **state)
 {
     fixture *f = *state;
     static const struct { int64_t dk, dv, kh, vh; int vec; } cases[] = {
         {128, 128, 16, 32, 4}, {64, 96, 3, 6, 4}, {64, 96, 3, 6, 1}, {63, 17, 1, 1, 1}, {200, 40, 2, 2, 4},
         {1, 1, 1, 1, 1},       {4, 5, 1, 7, 4},   {1024, 1024, 1, 1024, 4}, {1023, 3, 4, 8, 1}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        kiln_spec s;
-        char text[256];
-        int compiled = 0;
-        KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh, cases[i].vec, &s));
-        KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-        kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
-        if (st)
-            fail_msg("gated_delta %s: %s: %s", text, kiln_status_code(st), kiln_errmsg());
-        assert_int_equal(compiled, 1);
+    static const struct { const char *arch; kiln_dtype elt; } runs[] = {
+        {"sm_90", KILN_DTYPE_F16}, {"sm_90", KILN_DTYPE_BF16}, {"sm_80", KILN_DTYPE_BF16}};
+    for (size_t a = 0; a < sizeof runs / sizeof runs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = runs[a].arch};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            kiln_spec s;
+            char text[256];
+            int compiled = 0;
+            KILN_CHECK(kiln_op_gated_delta_spec(runs[a].elt, cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh,
+                                                cases[i].vec, &s));
+            KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+            kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
+            if (st)
+                fail_msg("gated_delta %s %s: %s: %s", runs[a].arch, text, kiln_status_code(st), kiln_errmsg());
+            assert_int_equal(compiled, 1);
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
     }
-    kiln_jit_counters k;
-    kiln_jit_get_counters(f->jit, &k);
-    assert_int_equal(k.compile_errors, 0);
 }
 
-/* The chunked kernel for sm_80 and sm_90: Qwen3-Next at both row counts and
- * both vector widths, the small odd shape, a key dim that is not a whole
+/* The chunked kernel for sm_80 and sm_90, in f16 and bf16: Qwen3-Next at
+ * both row counts and both vector widths, the small odd shape, a key dim that is not a whole
  * k-step (63: scalar, 72: 8-wide with a padded k-step), a value dim that
  * leaves a block partly empty, and the extremes of one key dim and 128. */
 static void test_chunked_kernel_compiles(void **state)
@@ -145,22 +168,25 @@ static void test_chunked_kernel_compiles(void **state)
         {64, 96, 3, 6, 64, 8},     {63, 17, 1, 2, 32, 1},     {72, 40, 2, 2, 64, 8},     {1, 1, 1, 1, 32, 1},
         {128, 1024, 1, 4, 64, 8}};
     static const char *const arches[] = {"sm_90", "sm_80"};
+    static const kiln_dtype elts[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
     for (size_t a = 0; a < sizeof arches / sizeof arches[0]; a++) {
         kiln_jit_options jo = {.cache = f->cache, .arch = arches[a]};
         kiln_jit *jit;
         KILN_CHECK(kiln_jit_create(&jo, &jit));
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            kiln_spec s;
-            char text[256];
-            int compiled = 0;
-            KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, cases[i].dk, cases[i].dv, cases[i].kh, cases[i].vh,
-                                                      cases[i].rows, cases[i].vec, &s));
-            KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-            kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
-            if (st)
-                fail_msg("gated_delta_chunk %s %s: %s: %s", arches[a], text, kiln_status_code(st), kiln_errmsg());
-            assert_int_equal(compiled, 1);
-        }
+        for (size_t e = 0; e < sizeof elts / sizeof elts[0]; e++)
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                kiln_spec s;
+                char text[256];
+                int compiled = 0;
+                KILN_CHECK(kiln_op_gated_delta_chunk_spec(elts[e], cases[i].dk, cases[i].dv, cases[i].kh,
+                                                          cases[i].vh, cases[i].rows, cases[i].vec, &s));
+                KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+                kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
+                if (st)
+                    fail_msg("gated_delta_chunk %s %s: %s: %s", arches[a], text, kiln_status_code(st),
+                             kiln_errmsg());
+                assert_int_equal(compiled, 1);
+            }
         kiln_jit_counters k;
         kiln_jit_get_counters(jit, &k);
         assert_int_equal(k.compile_errors, 0);
@@ -182,18 +208,34 @@ static void test_spec_and_size_arguments(void **state)
     KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 4, 3, 1, 1, 4, &s)); /* a block no larger than the head */
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "BF16=0;DK=4;DV=3;G=1;KH=1;THREADS=32;VEC=4;VH=1");
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "dk 0",
-                NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "dv 1025", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "key heads 3", "value heads 32");
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "vector width 4", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "vector width 2", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
-                NULL);
+    /* bf16 is its own kernel: only BF16 differs. */
+    kiln_spec s16, s8;
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &s16));
+    KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_BF16, 128, 128, 16, 32, 4, &s8));
+    assert_memory_not_equal(&s16, &s8, sizeof s8);
+    KILN_CHECK(kiln_spec_constants_text(&s8, text, sizeof text));
+    assert_string_equal(text, "BF16=1;DK=128;DV=128;G=16;KH=16;THREADS=128;VEC=4;VH=32");
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 64, 8, &s16));
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_BF16, 128, 128, 16, 32, 64, 8, &s8));
+    assert_memory_not_equal(&s16, &s8, sizeof s8);
+    KILN_CHECK(kiln_spec_constants_text(&s8, text, sizeof text));
+    assert_string_equal(text, "BF16=1;DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F32, 128, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "gated_delta: element type must be f16 or bf16", "got f32");
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F32, 128, 128, 16, 32, 64, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "gated_delta_chunk: element type must be f16 or bf16", "got f32");
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 0, 128, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dk 0", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 1025, 16, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "dv 1025", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "key heads 3", "value heads 32");
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 63, 128, 16, 32, 4, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 4", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 2, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "vector width 2", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 64, 128, 16, 32, 4, NULL), KILN_ERR_INVALID_ARGUMENT,
+                kiln_errmsg(), NULL, NULL);
     size_t b = 1;
     KILN_CHECK(kiln_op_gated_delta_state_bytes(8, 32, 128, 128, &b));
     assert_int_equal(b, (size_t)8 * 32 * 128 * 128 * 4);
@@ -220,8 +262,8 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "vector width 4", NULL);
     KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 3, 32, 32, 1, &s), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "key heads 3", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 1, NULL), KILN_ERR_INVALID_ARGUMENT,
-                kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 32, 1, NULL),
+                KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
 }
 
 static void test_offline_encode_needs_a_device(void **state)
@@ -250,6 +292,7 @@ static void test_validation_names_binding_and_values(void **state)
 {
     (void)state;
     kiln_runtime *rt = fake_runtime(4343), *other = fake_runtime(4343);
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90"); /* where bf16 is taken */
     kiln_buffer *buf = fake_buffer(rt, 256 << 20, KILN_DTYPE_BYTES),
                 *foreign = fake_buffer(other, 1 << 20, KILN_DTYPE_BYTES);
     const size_t MB = 1 << 20;
@@ -284,7 +327,19 @@ static void test_validation_names_binding_and_values(void **state)
     } while (0)
     t = q;
     t.dtype = KILN_DTYPE_BF16;
-    EXPECT_BAD(q, t, "gated_delta: binding q must be f16", "got bf16");
+    EXPECT_BAD(q, t, "gated_delta: binding k must be bf16", "got f16"); /* q sets the element type */
+    t = k;
+    t.dtype = KILN_DTYPE_BF16;
+    EXPECT_BAD(k, t, "gated_delta: binding k must be f16", "got bf16");
+    t = v;
+    t.dtype = KILN_DTYPE_BF16;
+    EXPECT_BAD(v, t, "gated_delta: binding v must be f16", "got bf16");
+    t = out;
+    t.dtype = KILN_DTYPE_BF16;
+    EXPECT_BAD(out, t, "gated_delta: binding out must be f16", "got bf16");
+    t = q;
+    t.dtype = KILN_DTYPE_F32;
+    EXPECT_BAD(q, t, "gated_delta: binding q must be f16 or bf16", "got f32");
     t = k;
     t.dims[1] = 8;
     EXPECT_BAD(k, t, "binding k has dims [40, 8, 128]", "must be 16");
@@ -370,6 +425,42 @@ static void test_validation_names_binding_and_values(void **state)
     KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
 #undef EXPECT_BAD
+    /* All of q, k, v and out in bf16: taken where the device has bf16 (the
+     * same bytes), each of them alone in f16 refused by name, g, beta and
+     * state f32 still; before sm_80, refused naming the arch. */
+    kiln_tensor q8 = q, k8 = k, v8 = v, o8 = out;
+    q8.dtype = k8.dtype = v8.dtype = o8.dtype = KILN_DTYPE_BF16;
+    const kiln_gated_delta_bindings b8 = {sizeof b8, &q8, &k8, &v8, &g, &beta, &st, &spans, &o8, 0};
+    KILN_CHECK(kiln__gated_delta_check(rt, &b8, bytes, &vec));
+    assert_int_equal(vec, 4);
+    assert_int_equal(bytes[0], (size_t)T * KH * DK * 2);
+    assert_int_equal(bytes[7], (size_t)T * VH * DV * 2);
+    const kiln_tensor *const f16s[3] = {&k, &v, &out};
+    static const char *const f16_msg[3] = {"gated_delta: binding k must be bf16", "gated_delta: binding v must be bf16",
+                                           "gated_delta: binding out must be bf16"};
+    for (int i = 0; i < 3; i++) {
+        c = b8;
+        if (i == 0)
+            c.k = f16s[i];
+        else if (i == 1)
+            c.v = f16s[i];
+        else
+            c.out = f16s[i];
+        KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                    f16_msg[i], "got f16");
+    }
+    c = b8;
+    t = st;
+    t.dtype = KILN_DTYPE_BF16;
+    t.dims[3] = DK * 2; /* the same bytes as the f32 state */
+    c.state = &t;
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding state must be f32", "got bf16");
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_75");
+    KILN_EXPECT(kiln__gated_delta_check(rt, &b8, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "gated_delta: binding q is bf16", "sm_75 (before sm_80)");
+    KILN_CHECK(kiln__gated_delta_check(rt, &b, bytes, &vec)); /* f16 there still */
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90");
     /* The vector width: dk % 4, q and k 8-byte and state 16-byte aligned. */
     c = b;
     t = st;
@@ -384,7 +475,8 @@ static void test_validation_names_binding_and_values(void **state)
     KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
     kiln_tensor q3 = view(buf, 0, KILN_DTYPE_F16, 3, T, 3, 66, 0), k3 = view(buf, MB, KILN_DTYPE_F16, 3, T, 3, 66, 0),
-                v3 = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0), g3 = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
+                v3 = view(buf, 2 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0),
+                g3 = view(buf, 3 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 b3 = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 s3 = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, 6, 96, 66),
                 o3 = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0);
@@ -405,7 +497,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_chunked_kernel_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_size_arguments),
-        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
+                                        offline_fixture_teardown),
         cmocka_unit_test(test_validation_names_binding_and_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,14 +1,18 @@
 /* Gated delta recurrent attention on the GPU, both kernels (the sequential
- * scan and the chunked form): fresh random data each run, outputs poisoned
- * first, every output element and every state element checked against a
- * float64 host reference of the recurrence (from the same f16 inputs and f32
- * initial state). Error of an element: |got - ref| / max(|ref|, rms, floor),
- * where rms is the root mean square of the reference's row (the DV outputs of
- * one token and head, or the DK columns of one state row): an element that
- * cancels to near zero carries the rounding error of terms of the row's size;
- * floor is 2^-14 for the f16 outputs (below it f16 is subnormal, with a fixed
- * step of 2^-24, as in test_norm_argmax_gpu) and 0 for the f32 state. At most
- * 2e-3 for both kernels. Shapes of Qwen3-Next-80B-A3B (16 key heads, 32 value
+ * scan and the chunked form), in f16 and in bf16 (q, k, v and out; every case
+ * in both): fresh random data each run, outputs poisoned first, every output
+ * element and every state element checked against a float64 host reference
+ * of the recurrence (from the same f16 or bf16 inputs and f32 initial state).
+ * Error of an element: |got - ref| / max(|ref|, rms, floor), where rms is the
+ * root mean square of the reference's row (the DV outputs of one token and
+ * head, or the DK columns of one state row): an element that cancels to near
+ * zero carries the rounding error of terms of the row's size; floor is 2^-14
+ * for the f16 outputs (below it f16 is subnormal, with a fixed step of 2^-24,
+ * as in test_norm_argmax_gpu) and 0 for the bf16 outputs (f32's exponents)
+ * and the f32 state. At most 2e-3 for both kernels, and for bf16 outputs 2e-3
+ * plus bf16's rounding of them (2^-8, 8 significant bits): the arithmetic is
+ * f32 either way, and the bf16 test's q and k rows also take scales outside
+ * f16's range (2^-23 .. 2^23). Shapes of Qwen3-Next-80B-A3B (16 key heads, 32 value
  * heads, dims 128) and odd ones (64 x 96 with 3 key heads shared by 6 value
  * heads; 63 x 17 scalar; 200 x 40 with a partial vector per lane; 72 x 40, a
  * padded k-step); decode (one token per sequence) and prefill spans, packed
@@ -27,7 +31,8 @@
 #include "providers/internal.h"
 
 #define TOL 2e-3
-#define POISON 0xffffu /* f16 NaN */
+#define TOL_BF16_OUT (TOL + 0x1p-8)
+#define POISON 0xffffu /* a NaN in f16 and in bf16 */
 
 static double uniform(kiln_rng *r, double lo, double hi)
 {
@@ -45,12 +50,24 @@ static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
 
 typedef struct problem {
     int64_t dk, dv, kh, vh, seqs, tokens;
+    kiln_dtype elt;        /* of q, k, v and out: f16 or bf16 */
     uint16_t *q, *k, *v;   /* [T, KH, DK], [T, KH, DK], [T, VH, DV] */
     float *g, *beta;       /* [T, VH] */
     float *state0;         /* [S, VH, DV, DK]: the initial state */
     uint32_t *spans;       /* [S, 2] */
     uint8_t *covered;      /* [T]: a token of some span */
 } problem;
+
+/* x rounded to the element type, and an element's value. */
+static uint16_t enc(kiln_dtype elt, double x)
+{
+    return elt == KILN_DTYPE_BF16 ? kiln_test_bf16_from_f32((float)x) : f2h(x);
+}
+
+static double dec(kiln_dtype elt, uint16_t h)
+{
+    return elt == KILN_DTYPE_BF16 ? kiln_test_bf16_to_f32(h) : h2f(h);
+}
 
 static void problem_free(problem *p)
 {
@@ -87,8 +104,10 @@ static double gate(kiln_rng *r, int gates)
     }
 }
 
-/* Random inputs: q and k rows of random scale (the normalization matters),
- * g as the case says, beta in (0.02, 0.98), the state either zeros or a
+/* Random inputs: q and k rows of random scale (the normalization matters;
+ * in bf16 a quarter of the rows 2^20 larger or smaller still, outside f16's
+ * range, which the chunked kernel's f16 products must absorb), g as the case
+ * says, beta in (0.02, 0.98), the state either zeros or a
  * carried one in [-1, 1]. */
 static void problem_fill(problem *p, kiln_rng *r, int zero_state, int gates)
 {
@@ -102,14 +121,20 @@ static void problem_fill(problem *p, kiln_rng *r, int zero_state, int gates)
     p->state0 = malloc(ns * 4);
     assert_true(p->q && p->k && p->v && p->g && p->beta && p->state0);
     for (size_t row = 0; row < T * (size_t)p->kh; row++) {
-        double sq = ldexp(1, (int)kiln_rng_below(r, 7) - 3), sk = ldexp(1, (int)kiln_rng_below(r, 7) - 3);
+        int eq = (int)kiln_rng_below(r, 7) - 3, ek = (int)kiln_rng_below(r, 7) - 3;
+        if (p->elt == KILN_DTYPE_BF16) {
+            const int wide[4] = {0, 0, 20, -20};
+            eq += wide[kiln_rng_below(r, 4)];
+            ek += wide[kiln_rng_below(r, 4)];
+        }
+        const double sq = ldexp(1, eq), sk = ldexp(1, ek);
         for (int64_t j = 0; j < p->dk; j++) {
-            p->q[row * (size_t)p->dk + (size_t)j] = f2h(uniform(r, -sq, sq));
-            p->k[row * (size_t)p->dk + (size_t)j] = f2h(uniform(r, -sk, sk));
+            p->q[row * (size_t)p->dk + (size_t)j] = enc(p->elt, uniform(r, -sq, sq));
+            p->k[row * (size_t)p->dk + (size_t)j] = enc(p->elt, uniform(r, -sk, sk));
         }
     }
     for (size_t i = 0; i < nv; i++)
-        p->v[i] = f2h(uniform(r, -1, 1));
+        p->v[i] = enc(p->elt, uniform(r, -1, 1));
     for (size_t i = 0; i < ng; i++) {
         p->g[i] = (float)gate(r, gates);
         p->beta[i] = (float)uniform(r, 0.02, 0.98);
@@ -142,8 +167,8 @@ static void reference(const problem *p, const uint32_t *const *call_spans, int c
                                    *qr = p->q + (t * (size_t)KH + (size_t)kv) * (size_t)DK;
                     double nk = 0, nq = 0;
                     for (int64_t j = 0; j < DK; j++) {
-                        kh_[j] = h2f(kr[j]);
-                        qh[j] = h2f(qr[j]);
+                        kh_[j] = dec(p->elt, kr[j]);
+                        qh[j] = dec(p->elt, qr[j]);
                         nk += kh_[j] * kh_[j];
                         nq += qh[j] * qh[j];
                     }
@@ -161,7 +186,7 @@ static void reference(const problem *p, const uint32_t *const *call_spans, int c
                             Sr[j] *= a;
                             u += Sr[j] * kh_[j];
                         }
-                        const double d = b * (h2f(p->v[gi * (size_t)DV + (size_t)row]) - u);
+                        const double d = b * (dec(p->elt, p->v[gi * (size_t)DV + (size_t)row]) - u);
                         for (int64_t j = 0; j < DK; j++) {
                             Sr[j] += d * kh_[j];
                             o += Sr[j] * qh[j];
@@ -178,7 +203,8 @@ static void reference(const problem *p, const uint32_t *const *call_spans, int c
 /* Checks rows of n values against the reference; returns the number wrong
  * and raises *worst. */
 static size_t check_rows(const char *what, const char *name, size_t rows, size_t n, const double *ref,
-                         double (*got)(const void *, size_t), const void *data, double floor, double *worst)
+                         double (*got)(const void *, size_t), const void *data, double floor, double tol,
+                         double *worst)
 {
     size_t wrong = 0;
     for (size_t r = 0; r < rows; r++) {
@@ -194,7 +220,7 @@ static size_t check_rows(const char *what, const char *name, size_t rows, size_t
             const double err = isfinite(x) ? e : INFINITY;
             if (err > *worst)
                 *worst = err;
-            if (err > TOL && wrong++ < 5)
+            if (err > tol && wrong++ < 5)
                 fprintf(stderr, "%s: %s row %zu [%zu] = %.9g, want %.9g (row scale %.3g)\n", name, what, r, i, x, rr[i],
                         rms);
         }
@@ -203,6 +229,7 @@ static size_t check_rows(const char *what, const char *name, size_t rows, size_t
 }
 
 static double got_f16(const void *d, size_t i) { return h2f(((const uint16_t *)d)[i]); }
+static double got_bf16(const void *d, size_t i) { return kiln_test_bf16_to_f32(((const uint16_t *)d)[i]); }
 static double got_f32(const void *d, size_t i) { return ((const float *)d)[i]; }
 
 /* ---- cases ---- */
@@ -235,9 +262,9 @@ static int chunk_device(gpu_fixture *f)
     return sm == 80 || sm == 87 || (sm >= 90 && sm < 120);
 }
 
-static void run_case(gpu_fixture *f, const delta_case *c)
+static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
 {
-    problem p = {.dk = c->dk, .dv = c->dv, .kh = c->kh, .vh = c->vh, .seqs = c->seqs};
+    problem p = {.dk = c->dk, .dv = c->dv, .kh = c->kh, .vh = c->vh, .seqs = c->seqs, .elt = elt};
     const int calls = c->calls ? c->calls : 1;
     uint32_t *counts = malloc((size_t)c->seqs * 4);
     p.spans = malloc((size_t)c->seqs * 8);
@@ -282,8 +309,8 @@ static void run_case(gpu_fixture *f, const delta_case *c)
     KILN_CHECK(kiln_buffer_upload(bb, 0, p.beta, ng * 4));
     KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
-    kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {p.tokens, c->kh, c->dk}}, tk = tq,
-                tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {p.tokens, c->vh, c->dv}},
+    kiln_tensor tq = {.buffer = bq, .dtype = elt, .rank = 3, .dims = {p.tokens, c->kh, c->dk}}, tk = tq,
+                tv = {.buffer = bv, .dtype = elt, .rank = 3, .dims = {p.tokens, c->vh, c->dv}},
                 tg = {.buffer = bg, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {p.tokens, c->vh}}, tb = tg,
                 ts = {.buffer = bs, .offset = c->state_skew, .dtype = KILN_DTYPE_F32, .rank = 4,
                       .dims = {c->seqs, c->vh, c->dv, c->dk}},
@@ -327,10 +354,11 @@ static void run_case(gpu_fixture *f, const delta_case *c)
     KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_s, ns * 4));
     reference(&p, (const uint32_t *const *)call_spans, calls, ref_o, ref_s);
     double worst_o = 0, worst_s = 0;
-    size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o, got_f16, got_o, ldexp(1, -14),
-                              &worst_o);
+    const int bf16 = elt == KILN_DTYPE_BF16;
+    size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o, bf16 ? got_bf16 : got_f16,
+                              got_o, bf16 ? 0 : ldexp(1, -14), bf16 ? TOL_BF16_OUT : TOL, &worst_o);
     wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32, got_s, 0,
-                        &worst_s);
+                        TOL, &worst_s);
     /* Tokens of no span keep the poison; empty spans keep their state's bits. */
     size_t touched = 0;
     for (size_t t = 0; t < T; t++)
@@ -342,13 +370,16 @@ static void run_case(gpu_fixture *f, const delta_case *c)
         if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
             fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
     fprintf(stderr,
-            "%s: dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g state %.3g\n",
-            c->name, (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs,
-            (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
+            "%s (%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g state "
+            "%.3g\n",
+            c->name, kiln_dtype_name(elt), (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh,
+            (long long)c->seqs, (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
     if (touched)
-        fail_msg("%s: %zu output elements of uncovered tokens were written", c->name, touched);
+        fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
+                 touched);
     if (wrong)
-        fail_msg("%s: %zu elements off by more than %g", c->name, wrong, TOL);
+        fail_msg("%s (%s): %zu elements off by more than %g (out) or %g (state)", c->name, kiln_dtype_name(elt), wrong,
+                 bf16 ? TOL_BF16_OUT : TOL, TOL);
 
     kiln_buffer_destroy(bq);
     kiln_buffer_destroy(bk);
@@ -371,9 +402,8 @@ static void run_case(gpu_fixture *f, const delta_case *c)
 #define QWEN 128, 128, 16, 32
 #define ODD 64, 96, 3, 6
 
-static void test_decode_qwen3_next(void **state)
+static void decode_qwen3_next(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     static const delta_case cases[] = {
         {"decode q3n 1", QWEN, 1, 1, NULL, 0, 0, 0, 0, 0, 0, 0, SCAN},
         {"decode q3n 8 reversed, gaps", QWEN, 8, 1, NULL, 2, 1, 0, 0, 0, 0, 0, SCAN},
@@ -381,12 +411,11 @@ static void test_decode_qwen3_next(void **state)
         {"decode q3n fresh state", QWEN, 4, 1, NULL, 0, 0, 0, 1, 0, 0, 0, SCAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i]);
+        run_case(f, &cases[i], elt);
 }
 
-static void test_prefill_qwen3_next(void **state)
+static void prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     static const uint32_t mixed[] = {1, 300, 0, 77};
     static const uint32_t cont[] = {200, 5};
     static const delta_case cases[] = {
@@ -399,15 +428,14 @@ static void test_prefill_qwen3_next(void **state)
         {"prefill q3n scan, gates near 1", QWEN, 1, 300, NULL, 0, 0, 0, 0, 0, GATES_NEAR_1, 8, SCAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i]);
+        run_case(f, &cases[i], elt);
 }
 
 /* The chunked form: long spans, packed lengths that are not multiples of the
  * chunk, gates at both ends, a prefill continued from a carried state,
  * decode spans beside a prefill in one launch. */
-static void test_chunked_prefill_qwen3_next(void **state)
+static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     static const uint32_t packed[] = {1, 63, 64, 65, 300, 1000};
     static const uint32_t pair[] = {700, 129};
     static const uint32_t prefix[] = {1000, 64, 1};
@@ -424,15 +452,14 @@ static void test_chunked_prefill_qwen3_next(void **state)
         {"chunk q3n decode beside prefill", QWEN, 6, 0, mixed, 1, 0, 0, 0, 0, GATES_MIXED, 200, CHUNK},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i]);
+        run_case(f, &cases[i], elt);
 }
 
 /* The chunked form at small and odd shapes: a block partly past the value
  * dim, a key dim padded to a whole k-step, scalar loads (odd dims, a state 4
  * bytes off), gates at both ends. */
-static void test_chunked_odd_shapes(void **state)
+static void chunked_odd_shapes(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     static const uint32_t three[] = {65, 0, 200};
     static const uint32_t two[] = {130, 63};
     static const delta_case cases[] = {
@@ -444,12 +471,11 @@ static void test_chunked_odd_shapes(void **state)
         {"chunk dk 16 dv 8", 16, 8, 1, 1, 2, 0, two, 0, 0, 0, 0, 0, GATES_MOSTLY_OPEN, 0, CHUNK},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i]);
+        run_case(f, &cases[i], elt);
 }
 
-static void test_odd_shapes(void **state)
+static void odd_shapes(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     static const uint32_t mixed[] = {0, 33, 1, 130};
     static const uint32_t some[] = {17, 0, 40};
     static const uint32_t two[] = {9, 50};
@@ -462,12 +488,12 @@ static void test_odd_shapes(void **state)
         {"dk 200 dv 40 (partial vectors)", 200, 40, 2, 2, 2, 0, two, 0, 1, 0, 0, 0, 0, 0, SCAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i]);
+        run_case(f, &cases[i], elt);
 }
 
 /* A span past the end: a device fault naming the sequence; that sequence's
  * state is untouched; the others are computed. max_span picks the kernel. */
-static void span_past_end(gpu_fixture *f, uint32_t max_span)
+static void span_past_end(gpu_fixture *f, uint32_t max_span, kiln_dtype elt)
 {
     const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
     const size_t nqk = (size_t)(T * KH * DK), nv = (size_t)(T * VH * DV), ng = (size_t)(T * VH),
@@ -475,12 +501,12 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span)
     kiln_buffer *b = buffer(f->rt, 8 << 20);
     KILN_CHECK(kiln_buffer_fill(b, 0, 0, 8 << 20));
     const size_t MB = 1 << 20;
-    kiln_tensor tq = {.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
-                tv = {.buffer = b, .offset = MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}},
+    kiln_tensor tq = {.buffer = b, .dtype = elt, .rank = 3, .dims = {T, KH, DK}}, tk = tq,
+                tv = {.buffer = b, .offset = MB, .dtype = elt, .rank = 3, .dims = {T, VH, DV}},
                 tg = {.buffer = b, .offset = 2 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, VH}}, tb = tg,
                 ts = {.buffer = b, .offset = 3 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, VH, DV, DK}},
                 tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
-                to = {.buffer = b, .offset = 6 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, VH, DV}};
+                to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, VH, DV}};
     tk.offset = MB / 2;
     tb.offset = 2 * MB + MB / 2;
     float *st = malloc(ns * 4), *got = malloc(ns * 4);
@@ -489,7 +515,7 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span)
     for (size_t i = 0; i < ns; i++)
         st[i] = (float)uniform(&f->rng, -1, 1);
     for (size_t i = 0; i < nv; i++)
-        x[i] = f2h(uniform(&f->rng, -1, 1));
+        x[i] = enc(elt, uniform(&f->rng, -1, 1));
     KILN_CHECK(kiln_buffer_upload(b, ts.offset, st, ns * 4));
     KILN_CHECK(kiln_buffer_upload(b, tq.offset, x, nqk * 2));
     KILN_CHECK(kiln_buffer_upload(b, tk.offset, x + 7, nqk * 2));
@@ -531,17 +557,16 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span)
     kiln_buffer_destroy(b);
 }
 
-static void test_span_past_end_faults(void **state)
+static void span_past_end_faults(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
-    span_past_end(f, 1);  /* the scan */
-    span_past_end(f, 64); /* the chunked kernel */
+    span_past_end(f, 1, elt);  /* the scan */
+    span_past_end(f, 64, elt); /* the chunked kernel */
 }
 
-/* Prewarm a Qwen3-Next config offline, then encode on a fresh jit: nothing compiles. */
-static void test_prewarmed_model_compiles_nothing(void **state)
+/* Prewarm a Qwen3-Next config offline (in the element type), then encode on
+ * a fresh jit: nothing compiles. */
+static void prewarmed_model_compiles_nothing(gpu_fixture *f, kiln_dtype elt)
 {
-    gpu_fixture *f = *state;
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     kiln_model_config cfg;
@@ -550,6 +575,7 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     cfg.linear_num_value_heads = 32;
     cfg.linear_key_head_dim = 128;
     cfg.linear_value_head_dim = 128;
+    cfg.dtype = elt;
     kiln_jit_options off = {.cache = f->cache, .arch = info.arch};
     kiln_jit *pre;
     KILN_CHECK(kiln_jit_create(&off, &pre));
@@ -574,12 +600,12 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     const int64_t T = 4, S = 2;
     kiln_buffer *b = buffer(f->rt, 16 << 20);
     const size_t MB = 1 << 20;
-    kiln_tensor tq = {.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
-                tv = {.buffer = b, .offset = 2 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 32, 128}},
+    kiln_tensor tq = {.buffer = b, .dtype = elt, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
+                tv = {.buffer = b, .offset = 2 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}},
                 tg = {.buffer = b, .offset = 3 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}}, tb = tg,
                 ts = {.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, 32, 128, 128}},
                 tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
-                to = {.buffer = b, .offset = 6 * MB, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, 32, 128}};
+                to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
     tk.offset = MB;
     tb.offset = 4 * MB;
     kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0};
@@ -603,6 +629,32 @@ static void test_prewarmed_model_compiles_nothing(void **state)
     kiln_jit_destroy(jit);
 }
 
+/* Each group of cases in f16, and in bf16 where the device has it (sm_80 on). */
+static int bf16_device(gpu_fixture *f)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    int sm = 0;
+    return sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 80;
+}
+
+#define BOTH(fn)                                                                                                  \
+    static void test_##fn(void **state) { fn(*state, KILN_DTYPE_F16); }                                          \
+    static void test_##fn##_bf16(void **state)                                                                    \
+    {                                                                                                             \
+        if (!bf16_device(*state))                                                                                 \
+            skip();                                                                                               \
+        fn(*state, KILN_DTYPE_BF16);                                                                              \
+    }
+BOTH(decode_qwen3_next)
+BOTH(prefill_qwen3_next)
+BOTH(chunked_prefill_qwen3_next)
+BOTH(chunked_odd_shapes)
+BOTH(odd_shapes)
+BOTH(span_past_end_faults)
+BOTH(prewarmed_model_compiles_nothing)
+#undef BOTH
+
 int main(void)
 {
     kiln_test_require_gpu();
@@ -616,6 +668,13 @@ int main(void)
         T(test_odd_shapes),
         T(test_span_past_end_faults),
         T(test_prewarmed_model_compiles_nothing),
+        T(test_decode_qwen3_next_bf16),
+        T(test_prefill_qwen3_next_bf16),
+        T(test_chunked_prefill_qwen3_next_bf16),
+        T(test_chunked_odd_shapes_bf16),
+        T(test_odd_shapes_bf16),
+        T(test_span_past_end_faults_bf16),
+        T(test_prewarmed_model_compiles_nothing_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

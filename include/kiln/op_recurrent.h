@@ -23,9 +23,11 @@
  *            the output gated RMSNorm and the projections are other
  *            operations.
  *
- * Bindings (T tokens, S sequences, KH key heads, VH value heads):
- *   q, k   f16 [T, KH, DK]
- *   v      f16 [T, VH, DV]
+ * Bindings (T tokens, S sequences, KH key heads, VH value heads; the element
+ * type E is f16, or bf16 on sm_80 and later: q's, which k, v and out must
+ * share; g, beta and state are f32 whatever E is):
+ *   q, k   E [T, KH, DK]
+ *   v      E [T, VH, DV]
  *   g      f32 [T, VH]      log decay
  *   beta   f32 [T, VH]      (f32 rather than f16: it is one number per head
  *                           and token, and the recurrence is sensitive to it)
@@ -39,7 +41,7 @@
  *                           memory: the same command serves every batch of
  *                           the same sizes. Decode is count 1 per sequence;
  *                           prefill is a longer span; both in one launch.
- *   out    f16 [T, VH, DV]  written for the tokens of the spans only.
+ *   out    E [T, VH, DV]    written for the tokens of the spans only.
  * DK, DV in [1, KILN_MODEL_MAX_HEAD_DIM], KH dividing VH <= KILN_MODEL_MAX_HEADS,
  * T <= 2^32 - 1, S · VH · ceil(DV / rows per block) < 2^31.
  *
@@ -56,13 +58,13 @@
  * Two kernels compute it, chosen at encode; both serve any spans:
  *   the sequential scan (templates/gated_delta.cu), for decode: one block
  *   per (sequence, value head, group of rows of S), each row kept in
- *   registers across the span. Specialized on DK, DV, KH, VH and a vector
+ *   registers across the span. Specialized on E, DK, DV, KH, VH and a vector
  *   width (4 when DK % 4 == 0, q and k start 8-byte and state 16-byte
  *   aligned, which buffers from kiln_buffer_create give; else 1);
  *   the chunked form (templates/gated_delta_chunk.cu), for prefill: chunks
  *   of 64 tokens in the WY / UT representation, tensor-core products within
  *   a chunk and the f32 state carried across chunks, one block per
- *   (sequence, value head, 32 or 64 rows of S). Specialized on DK, DV, KH,
+ *   (sequence, value head, 32 or 64 rows of S). Specialized on E, DK, DV, KH,
  *   VH, the rows a block and a vector width (8 when DK and DV are multiples
  *   of 8, q, k, v 16-byte and state 8-byte aligned; else 1).
  * The chunked kernel runs where the device is sm_80 or later with the shared
@@ -130,14 +132,18 @@ KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v
 /* Workspace: always 0 (kept for the uniform provider interface). */
 KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes);
 
-/* The specialization for these sizes and a vector width (4: dk % 4 == 0; or 1). */
-KILN_API kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
-                                              int vector_width, kiln_spec *out);
-/* The chunked kernel's specialization: dk 1..128, rows a block 32 or 64, a
- * vector width 8 (dk and dv multiples of 8) or 1. KILN_ERR_RUNTIME_CONTRACT
- * for sizes out of range, KILN_ERR_INVALID_ARGUMENT for a NULL out. */
-KILN_API kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads, int64_t num_v_heads,
-                                                    int rows, int vector_width, kiln_spec *out);
+/* The specialization for the element type elt (KILN_DTYPE_F16 or
+ * KILN_DTYPE_BF16), these sizes and a vector width (4: dk % 4 == 0; or 1).
+ * KILN_ERR_RUNTIME_CONTRACT for another elt or sizes out of range,
+ * KILN_ERR_INVALID_ARGUMENT for a NULL out. */
+KILN_API kiln_status kiln_op_gated_delta_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads,
+                                              int64_t num_v_heads, int vector_width, kiln_spec *out);
+/* The chunked kernel's specialization: elt f16 or bf16, dk 1..128, rows a
+ * block 32 or 64, a vector width 8 (dk and dv multiples of 8) or 1.
+ * KILN_ERR_RUNTIME_CONTRACT for another elt or sizes out of range,
+ * KILN_ERR_INVALID_ARGUMENT for a NULL out. */
+KILN_API kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t num_k_heads,
+                                                    int64_t num_v_heads, int rows, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus
 }
