@@ -1,5 +1,5 @@
-/* IEEE half precision on the host, for the GPU tests' references: exact
- * decoding and round-to-nearest-even encoding. */
+/* IEEE half precision and bfloat16 on the host, for the GPU tests'
+ * references: exact decoding and round-to-nearest-even encoding. */
 #ifndef KILN_TESTS_F16_HOST_H
 #define KILN_TESTS_F16_HOST_H
 
@@ -43,6 +43,27 @@ static inline uint16_t f2h(double x)
         e++;
     }
     return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
+}
+
+/* The value of a bf16 bit pattern: the high 16 bits of an f32 (exact). */
+static inline float kiln_test_bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* f rounded to the nearest bf16, ties to even (past the largest finite
+ * value, infinity, as cvt.rn.bf16.f32); a NaN stays a NaN of its sign. */
+static inline uint16_t kiln_test_bf16_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
 }
 
 #endif
