@@ -403,7 +403,8 @@ static void test_norm_validation_bf16(void **state)
     kiln_runtime *rt = fake_runtime(4242), *old = fake_runtime(4243);
     snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90");
     snprintf(old->info.arch, sizeof old->info.arch, "sm_75");
-    kiln_buffer *buf = fake_buffer(rt, 64 << 20, KILN_DTYPE_BYTES), *obuf = fake_buffer(old, 64 << 20, KILN_DTYPE_BYTES);
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20, KILN_DTYPE_BYTES),
+                *obuf = fake_buffer(old, 64 << 20, KILN_DTYPE_BYTES);
     const size_t MB = 1 << 20;
     kiln_tensor x = view(buf, 0, KILN_DTYPE_BF16, 16, 4096), w = view(buf, 8 * MB, KILN_DTYPE_BF16, 4096, 0),
                 r = view(buf, 16 * MB, KILN_DTYPE_BF16, 16, 4096), o = view(buf, 24 * MB, KILN_DTYPE_BF16, 16, 4096);
