@@ -1,5 +1,5 @@
-/* Token embedding bandwidth: kiln_op_token_embedding on an f16 table of
- * vocab x hidden and random u32 ids, timed with CUDA events on the runtime's
+/* Token embedding bandwidth: kiln_op_token_embedding on an f16 (or, with
+ * --dtype bf16, bf16) table of vocab x hidden and random u32 ids, timed with CUDA events on the runtime's
  * stream (the driver reached through kiln's driver table).
  *
  * Two timings per shape and mode:
@@ -16,7 +16,10 @@
  *        regions (about 256 MiB of output in all), so that L2 cannot hold
  *        the previous launch's data; closer to HBM bandwidth.
  *
- * Usage: bench_embedding [--iters 200] [--warmup 20] [--vocab 128256]
+ * Every line names the element type ("dtype"), so that an f16 and a bf16
+ * run can be put side by side.
+ *
+ * Usage: bench_embedding [--iters 200] [--warmup 20] [--vocab 128256] [--dtype f16|bf16]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +84,7 @@ static size_t sets_for(const shape *s, int rotated)
 int main(int argc, char **argv)
 {
     long iters = 200, warmup = 20, vocab = 128256;
+    kiln_dtype elt = KILN_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = bench_parse_positive(argv[++i]);
@@ -88,10 +92,14 @@ int main(int argc, char **argv)
             warmup = bench_parse_positive(argv[++i]);
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc)
             vocab = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "f16"))
+            elt = KILN_DTYPE_F16, i++;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16"))
+            elt = KILN_DTYPE_BF16, i++;
         else
             iters = 0;
         if (iters < 1 || warmup < 1 || vocab < 1 || iters > 100000 || vocab > KILN_MODEL_MAX_VOCAB) {
-            fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--vocab N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--vocab N] [--dtype f16|bf16]\n", argv[0]);
             return 2;
         }
     }
@@ -177,12 +185,12 @@ int main(int argc, char **argv)
         const double bytes = (double)sh->tokens * (double)sh->hidden * 2.0 * 2.0 + (double)sh->tokens * 4.0;
         for (int rot = 0; rot < 2; rot++) {
             const size_t sets = sets_for(sh, rot);
-            kiln_tensor table = {.buffer = table_buf, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {vocab, sh->hidden}};
+            kiln_tensor table = {.buffer = table_buf, .dtype = elt, .rank = 2, .dims = {vocab, sh->hidden}};
             kiln_tensor ids[MAX_SETS], out[MAX_SETS];
             for (size_t k = 0; k < sets; k++) {
                 ids[k] = (kiln_tensor){.buffer = ids_buf, .offset = k * ids_set_bytes, .dtype = KILN_DTYPE_U32,
                                        .rank = 1, .dims = {sh->tokens}};
-                out[k] = (kiln_tensor){.buffer = out_buf, .offset = k * out_set_bytes, .dtype = KILN_DTYPE_F16,
+                out[k] = (kiln_tensor){.buffer = out_buf, .offset = k * out_set_bytes, .dtype = elt,
                                        .rank = 2, .dims = {sh->tokens, sh->hidden}};
             }
 #define LAUNCH(i)                                                                                                   \
@@ -261,7 +269,7 @@ int main(int argc, char **argv)
             bench_json_int(&j, "tokens", sh->tokens);
             bench_json_int(&j, "hidden", sh->hidden);
             bench_json_int(&j, "vocab", vocab);
-            bench_json_str(&j, "dtype", "f16");
+            bench_json_str(&j, "dtype", kiln_dtype_name(elt));
             bench_json_int(&j, "iters", iters);
             bench_json_int(&j, "sets", (long long)sets);
             bench_json_int(&j, "bytes", (long long)bytes);
@@ -292,6 +300,7 @@ int main(int argc, char **argv)
     bench_json j;
     bench_json_begin(&j, BENCH);
     bench_json_bool(&j, "peer", 0);
+    bench_json_str(&j, "dtype", kiln_dtype_name(elt));
     bench_json_str(&j, "phase", "target");
     bench_json_int(&j, "tokens", g_shapes[0].tokens);
     bench_json_int(&j, "hidden", g_shapes[0].hidden);

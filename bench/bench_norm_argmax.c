@@ -19,8 +19,11 @@
  * lines quote it.
  * The argmax: vocab 151936 (target <= 6 us) and 128256, P 1 and 64, 512
  * repetition ids per participant, 90% of the vocabulary valid.
+ * --dtype picks the element type of every tensor (f16, the default, or
+ * bf16); every line names it ("dtype"), so that the two runs can be put side
+ * by side.
  *
- * Usage: bench_norm_argmax [--iters 200] [--warmup 20]
+ * Usage: bench_norm_argmax [--iters 200] [--warmup 20] [--dtype f16|bf16]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@
 #define GRAPH_REPS 20
 
 static const kiln__driver *g_d;
+static kiln_dtype g_elt = KILN_DTYPE_F16;
 static kiln_runtime *g_rt;
 static kiln_runtime_info g_info;
 static CUstream g_stream;
@@ -49,6 +53,7 @@ static void fail(const char *what, kiln_status st, const char *detail)
     bench_json j;
     bench_json_begin(&j, BENCH);
     bench_json_bool(&j, "peer", 0);
+    bench_json_str(&j, "dtype", kiln_dtype_name(g_elt));
     bench_json_str(&j, "phase", what);
     bench_json_str(&j, "error", st ? kiln_status_code(st) : "bench");
     bench_json_str(&j, "message", detail && *detail ? detail : kiln_errmsg());
@@ -76,15 +81,25 @@ static uint64_t rng_next(void)
     return g_rng;
 }
 
-/* Random finite f16 in about [-4, 4]. */
-static void fill_f16(kiln_buffer *b, size_t bytes)
+/* Random finite elements of g_elt in about [-4, 4]. */
+static void fill_elt(kiln_buffer *b, size_t bytes)
 {
     size_t n = bytes / 2, chunk = (size_t)1 << 22;
     uint16_t *h = malloc(chunk * 2);
     if (!h)
         fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    for (size_t i = 0; i < chunk; i++)
-        h[i] = (uint16_t)(rng_next() >> 48) & 0xc3ff; /* exponent <= 16: |x| < 4 */
+    for (size_t i = 0; i < chunk; i++) {
+        const uint64_t u = rng_next();
+        if (g_elt == KILN_DTYPE_BF16) {
+            /* The top half of an f32 in [-4, 4): a bf16 of that range. */
+            float f = (float)((double)(u >> 11) * 0x1p-53 * 8.0 - 4.0);
+            uint32_t bits;
+            memcpy(&bits, &f, 4);
+            h[i] = (uint16_t)(bits >> 16);
+        } else {
+            h[i] = (uint16_t)(u >> 48) & 0xc3ff; /* exponent <= 16: |x| < 4 */
+        }
+    }
     for (size_t off = 0; off < n; off += chunk) {
         size_t len = n - off < chunk ? n - off : chunk;
         kiln_status st = kiln_buffer_upload(b, off * 2, h, len * 2);
@@ -179,6 +194,7 @@ static void emit(const char *op, const char *mode, long long tokens, long long h
     bench_json j;
     bench_json_begin(&j, BENCH);
     bench_json_bool(&j, "peer", !strcmp(op, "d2d_copy"));
+    bench_json_str(&j, "dtype", kiln_dtype_name(g_elt));
     bench_json_str(&j, "op", op);
     bench_json_str(&j, "mode", mode);
     if (tokens)
@@ -224,10 +240,14 @@ int main(int argc, char **argv)
             iters = bench_parse_positive(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "f16"))
+            g_elt = KILN_DTYPE_F16, i++;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16"))
+            g_elt = KILN_DTYPE_BF16, i++;
         else
             iters = 0;
         if (iters < 1 || warmup < 1 || iters > 100000) {
-            fprintf(stderr, "usage: %s [--iters N] [--warmup N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--dtype f16|bf16]\n", argv[0]);
             return 2;
         }
     }
@@ -255,9 +275,9 @@ int main(int argc, char **argv)
     if ((st = kiln_buffer_create(g_rt, pool, 0, &bx)) || (st = kiln_buffer_create(g_rt, pool, 0, &br)) ||
         (st = kiln_buffer_create(g_rt, pool, 0, &bo)) || (st = kiln_buffer_create(g_rt, 65536 * 2, 0, &bw)))
         fail("setup", st, NULL);
-    fill_f16(bx, pool);
-    fill_f16(br, pool);
-    fill_f16(bw, 65536 * 2);
+    fill_elt(bx, pool);
+    fill_elt(br, pool);
+    fill_elt(bw, 65536 * 2);
 
     double target[N_OPS][2] = {{0}};
     for (size_t s = 0; s < N_SHAPES; s++) {
@@ -268,9 +288,9 @@ int main(int argc, char **argv)
                 size_t sets = rot ? (ROTATE_BYTES + set_bytes - 1) / set_bytes : 1;
                 sets = sets > MAX_SETS ? MAX_SETS : sets;
                 kiln_command *cmds[MAX_SETS];
-                kiln_tensor w = {.buffer = bw, .dtype = KILN_DTYPE_F16, .rank = 1, .dims = {H}};
+                kiln_tensor w = {.buffer = bw, .dtype = g_elt, .rank = 1, .dims = {H}};
                 for (size_t k = 0; k < sets; k++) {
-                    kiln_tensor x = {.buffer = bx, .offset = k * set_bytes, .dtype = KILN_DTYPE_F16, .rank = 2,
+                    kiln_tensor x = {.buffer = bx, .offset = k * set_bytes, .dtype = g_elt, .rank = 2,
                                      .dims = {T, H}},
                                 r = x, o = x;
                     r.buffer = br;
@@ -301,6 +321,7 @@ int main(int argc, char **argv)
         bench_json j;
         bench_json_begin(&j, BENCH);
         bench_json_bool(&j, "peer", 0);
+        bench_json_str(&j, "dtype", kiln_dtype_name(g_elt));
         bench_json_str(&j, "phase", "target");
         bench_json_str(&j, "op", g_ops[op]);
         bench_json_int(&j, "tokens", g_shapes[0].tokens);
@@ -329,7 +350,7 @@ int main(int argc, char **argv)
             (st = kiln_buffer_create(g_rt, ((size_t)P + 1) * 4, 0, &bf)) || (st = kiln_buffer_create(g_rt, 4, 0, &bp)) ||
             (st = kiln_buffer_create(g_rt, ws, 0, &bws)) || (st = kiln_buffer_create(g_rt, (size_t)P * 4, 0, &bout)))
             fail("setup", st, NULL);
-        fill_f16(bl, (size_t)P * V * 2);
+        fill_elt(bl, (size_t)P * V * 2);
         uint8_t *valid = malloc((size_t)V);
         uint32_t *ids = malloc((size_t)P * R * 4), *offs = malloc(((size_t)P + 1) * 4);
         if (!valid || !ids || !offs)
@@ -344,7 +365,7 @@ int main(int argc, char **argv)
         if ((st = kiln_buffer_upload(bv, 0, valid, (size_t)V)) || (st = kiln_buffer_upload(bi, 0, ids, (size_t)P * R * 4)) ||
             (st = kiln_buffer_upload(bf, 0, offs, ((size_t)P + 1) * 4)) || (st = kiln_buffer_upload(bp, 0, &pen, 4)))
             fail("setup", st, NULL);
-        kiln_tensor tl = {.buffer = bl, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {P, V}},
+        kiln_tensor tl = {.buffer = bl, .dtype = g_elt, .rank = 2, .dims = {P, V}},
                     tv = {.buffer = bv, .dtype = KILN_DTYPE_U8, .rank = 1, .dims = {V}},
                     ti = {.buffer = bi, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {P * R}},
                     tf = {.buffer = bf, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {P + 1}},
@@ -361,6 +382,7 @@ int main(int argc, char **argv)
             bench_json j;
             bench_json_begin(&j, BENCH);
             bench_json_bool(&j, "peer", 0);
+            bench_json_str(&j, "dtype", kiln_dtype_name(g_elt));
             bench_json_str(&j, "phase", "target");
             bench_json_str(&j, "op", "masked_argmax");
             bench_json_int(&j, "vocab", V);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Token embedding bandwidth, the torch peer of bench_embedding.
 
-torch.nn.functional.embedding on an f16 cuda table of vocab x hidden (random
-bits) with random int32 ids, at bench_embedding's shapes and modes, timed the
+torch.nn.functional.embedding on an f16 (or, with --dtype bf16, bf16) cuda
+table of vocab x hidden (random bits) with random int32 ids, at bench_embedding's shapes and modes, timed the
 same way with torch.cuda.Event on the current stream:
   per_launch    an event pair around each call; median, p10, p90;
   back_to_back  one event pair around iters calls, divided by iters.
@@ -11,7 +11,9 @@ Modes: hot (the same ids every call) and rotated (calls cycle through up to 16
 id sets and hold as many outputs alive, about 256 MiB, so L2 cannot keep the
 previous call's data), as bench_embedding does.
 
-Usage: peer_torch_embedding.py [--iters 200] [--warmup 20] [--vocab 128256]
+Every line names the dtype ("dtype").
+
+Usage: peer_torch_embedding.py [--iters 200] [--warmup 20] [--vocab 128256] [--dtype f16|bf16]
 """
 import argparse
 import json
@@ -22,10 +24,11 @@ PEER = "torch"
 SHAPES = [(2048, 4096), (2048, 896), (2048, 5120), (1, 4096), (7, 4096), (70000, 4096)]
 MAX_SETS = 16
 ROTATE_BYTES = 256 << 20
+DTYPE = "f16"  # set from --dtype in main; every line carries it
 
 
 def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
+    base = {"bench": BENCH, "peer": PEER, "dtype": DTYPE}
     base.update(obj)
     sys.stdout.write(json.dumps(base) + "\n")
     sys.stdout.flush()
@@ -58,7 +61,10 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     if args.iters < 1 or args.warmup < 1 or args.vocab < 1:
         ap.error("--iters, --warmup and --vocab must be positive")
 
@@ -76,6 +82,7 @@ def main():
 
     iters, vocab = args.iters, args.vocab
     name = torch.cuda.get_device_name(dev)
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234)
     stream = torch.cuda.current_stream(dev)
@@ -90,7 +97,7 @@ def main():
                 torch.cuda.empty_cache()
                 # Random bits, NaNs included: a gather moves bits, it does no arithmetic.
                 table = torch.randint(-32768, 32768, (vocab, hidden), dtype=torch.int32, device=dev,
-                                      generator=gen).to(torch.int16).view(torch.float16)
+                                      generator=gen).to(torch.int16).view(dt)
                 table_hidden = hidden
             nbytes = tokens * hidden * 2 * 2 + tokens * 4
             for rotated in (False, True):
@@ -133,7 +140,7 @@ def main():
 
                 med = quantile(per, 0.5)
                 mode = "rotated" if rotated else "hot"
-                emit({"mode": mode, "tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": "f16",
+                emit({"mode": mode, "tokens": tokens, "hidden": hidden, "vocab": vocab, "dtype": args.dtype,
                       "index_dtype": idx_dtype, "iters": iters, "sets": sets, "bytes": nbytes,
                       "per_launch_median_us": r3(med), "per_launch_p10_us": r3(quantile(per, 0.1)),
                       "per_launch_p90_us": r3(quantile(per, 0.9)), "per_launch_min_us": r3(per[0]),

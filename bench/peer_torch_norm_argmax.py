@@ -11,10 +11,14 @@ rotated. masked_argmax: Hugging Face's repetition penalty on a float32 copy
 (gather, where, scatter), masked_fill of invalid tokens, argmax; vocab 151936
 and 128256, P 1 and 64, 512 ids per participant.
 
-With --kiln FILE (bench_norm_argmax's JSON lines), a "compare" line per op and shape
-says whether kiln's graph time is below torch's (the 1- and 16-token targets).
+--dtype picks the element type of every tensor (f16, the default, or bf16, as
+bench_norm_argmax's --dtype); every line names it ("dtype").
 
-Usage: peer_torch_norm_argmax.py [--iters 200] [--warmup 20] [--kiln bench.jsonl]
+With --kiln FILE (bench_norm_argmax's JSON lines), a "compare" line per op and shape
+says whether kiln's graph time is below torch's (the 1- and 16-token targets);
+only kiln's lines of the same dtype are compared.
+
+Usage: peer_torch_norm_argmax.py [--iters 200] [--warmup 20] [--dtype f16|bf16] [--kiln bench.jsonl]
 """
 import argparse
 import json
@@ -27,10 +31,11 @@ MAX_SETS = 16
 ROTATE_BYTES = 256 << 20
 GRAPH_OPS = 64
 GRAPH_REPS = 20
+DTYPE = "f16"  # set from --dtype in main; every line carries it
 
 
 def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
+    base = {"bench": BENCH, "peer": PEER, "dtype": DTYPE}
     base.update(obj)
     sys.stdout.write(json.dumps(base) + "\n")
     sys.stdout.flush()
@@ -96,8 +101,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     ap.add_argument("--kiln", default=None)
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
     try:
         import torch
         import torch.nn.functional as F
@@ -109,20 +117,21 @@ def main():
         emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
         return 0
     name = torch.cuda.get_device_name(dev)
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.half
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234)
     results = {}
     failed = False
     for tokens, hidden in SHAPES:
         set_bytes = tokens * hidden * 2
-        w = torch.rand(hidden, device=dev, generator=gen).half()
+        w = torch.rand(hidden, device=dev, generator=gen).to(dt)
         for op in ("rms_norm", "rms_norm_residual", "residual_add"):
             for rotated in (False, True):
                 try:
                     sets = max(1, min(MAX_SETS, -(-ROTATE_BYTES // set_bytes))) if rotated else 1
-                    xs = [torch.rand(tokens, hidden, device=dev, generator=gen).half() for _ in range(sets)]
-                    rs = [torch.rand(tokens, hidden, device=dev, generator=gen).half() for _ in range(sets)]
-                    os_ = [torch.empty(tokens, hidden, device=dev, dtype=torch.half) for _ in range(sets)]
+                    xs = [torch.rand(tokens, hidden, device=dev, generator=gen).to(dt) for _ in range(sets)]
+                    rs = [torch.rand(tokens, hidden, device=dev, generator=gen).to(dt) for _ in range(sets)]
+                    os_ = [torch.empty(tokens, hidden, device=dev, dtype=dt) for _ in range(sets)]
 
                     def mk(k):
                         x, r, o = xs[k], rs[k], os_[k]
@@ -152,7 +161,7 @@ def main():
     R = 512
     for vocab, P in ((151936, 1), (151936, 64), (128256, 1), (128256, 64)):
         try:
-            logits = (torch.rand(P, vocab, device=dev, generator=gen) * 8 - 4).half()
+            logits = (torch.rand(P, vocab, device=dev, generator=gen) * 8 - 4).to(dt)
             valid = torch.rand(vocab, device=dev, generator=gen) > 0.1
             ids = torch.randint(0, vocab, (P, R), device=dev, generator=gen)
             pen = torch.tensor(1.3, device=dev)
@@ -179,6 +188,8 @@ def main():
             for line in open(args.kiln):
                 k = json.loads(line)
                 if k.get("bench") != BENCH or k.get("peer") is not False or "op" not in k or "phase" in k:
+                    continue
+                if k.get("dtype", "f16") != args.dtype:
                     continue
                 key = (k["op"], k.get("mode"), k.get("tokens", k.get("vocab")), k.get("hidden", k.get("participants")))
                 t = results.get(key)

@@ -1,4 +1,4 @@
-/* Last-token masked argmax with repetition penalty (templates/masked_argmax.cu). */
+/* Last-token masked argmax with repetition penalty over f16 or bf16 logits (templates/masked_argmax.cu). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +54,8 @@ kiln_status kiln__masked_argmax_spec_cluster(kiln_dtype elt, int64_t vocab, int 
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": cluster %d (%d or %d)", cluster, CLUSTER,
                           PORTABLE_CLUSTER);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "VOCAB", vocab)) || (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(vocab, vec, cluster))) ||
         (st = kiln_spec_set(out, "UNROLL", unroll_for(vocab, vec, cluster))) ||
         (st = kiln_spec_set(out, "CLUSTER", cluster)))
@@ -83,7 +83,7 @@ kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants,
 kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_masked_argmax_spec(KILN_DTYPE_F16, cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_masked_argmax_spec(cfg->dtype, cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -113,7 +113,9 @@ kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax
         return st;
     const kiln_tensor *t[N_BINDINGS];
     views(&local, t);
-    if ((st = kiln__check_tensor(err, OP, "logits", t[B_LOGITS], rt, KILN_DTYPE_F16, 2, NULL, &bytes[B_LOGITS])))
+    kiln_dtype elt;
+    if ((st = kiln__check_elt(err, OP, "logits", t[B_LOGITS], rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "logits", t[B_LOGITS], rt, elt, 2, NULL, &bytes[B_LOGITS])))
         return st;
     const int64_t P = t[B_LOGITS]->dims[0], vocab = t[B_LOGITS]->dims[1];
     if (vocab > KILN_MODEL_MAX_VOCAB || P > MAX_PARTICIPANTS)
@@ -199,7 +201,7 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
     void *fn;
     int cluster = atomic_load(&max_cluster);
     for (;;) {
-        if ((st = kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, vocab, vec, cluster, &spec)))
+        if ((st = kiln__masked_argmax_spec_cluster(t[B_LOGITS]->dtype, vocab, vec, cluster, &spec)))
             return kiln__propagate(err, st);
         if ((st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);

@@ -1,4 +1,4 @@
-/* Residual add: out = a + b, f16 rows (templates/residual_add.cu). */
+/* Residual add: out = a + b, f16 or bf16 rows (templates/residual_add.cu). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +32,9 @@ kiln_status kiln_op_residual_add_spec(kiln_dtype elt, int64_t hidden, int vec, k
                           OP ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)", (long long)hidden,
                           KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "HIDDEN", hidden)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
     return KILN_OK;
 }
@@ -51,7 +52,7 @@ kiln_status kiln_op_residual_add_workspace(int64_t tokens, int64_t hidden, size_
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_residual_add_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_residual_add_spec(cfg->dtype, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -65,13 +66,16 @@ kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, con
 {
     kiln__errslot *err = kiln__runtime_errslot(rt);
     size_t ab, bb, ob;
+    kiln_dtype elt;
     kiln_status st;
-    if ((st = kiln__check_tensor(err, OP, "a", a, rt, KILN_DTYPE_F16, 2, NULL, &ab)))
+    /* a names the element type (f16 or bf16); b and out are of the same. */
+    if ((st = kiln__check_elt(err, OP, "a", a, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "a", a, rt, elt, 2, NULL, &ab)))
         return st;
     const int64_t tokens = a->dims[0], hidden = a->dims[1];
     const int64_t want[2] = {tokens, hidden};
-    if ((st = kiln__check_tensor(err, OP, "b", b, rt, KILN_DTYPE_F16, 2, want, &bb)) ||
-        (st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want, &ob)))
+    if ((st = kiln__check_tensor(err, OP, "b", b, rt, elt, 2, want, &bb)) ||
+        (st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want, &ob)))
         return st;
     if (hidden > KILN_MODEL_MAX_HIDDEN)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding a has hidden %lld; at most %d",
@@ -120,7 +124,8 @@ kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const kiln_tensor *a, con
         return st;
     const int64_t tokens = a->dims[0], hidden = a->dims[1];
     kiln_spec spec;
-    if ((st = kiln_op_residual_add_spec(KILN_DTYPE_F16, hidden, vec, &spec)))
+    /* The check passed: a's dtype is the element type of every binding. */
+    if ((st = kiln_op_residual_add_spec(a->dtype, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     const size_t bytes = (size_t)tokens * (size_t)hidden * 2;
     const uint64_t n = (uint64_t)tokens * (uint64_t)hidden / (uint64_t)vec;

@@ -1,4 +1,4 @@
-/* RMSNorm, plain and fused with the residual add (templates/rms_norm.cu). */
+/* RMSNorm, plain and fused with the residual add, over f16 or bf16 rows (templates/rms_norm.cu). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +28,9 @@ kiln_status kiln_op_rms_norm_spec(kiln_dtype elt, int64_t hidden, int vec, kiln_
                           TEMPLATE ": hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
                           (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln__spec_set_elt(out, TEMPLATE, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
-        (st = kiln_spec_set(out, "VEC", vec)) || (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
+    if ((st = kiln_spec_init(out, TEMPLATE)) || (st = kiln__spec_set_elt(out, TEMPLATE, elt)) ||
+        (st = kiln_spec_set(out, "HIDDEN", hidden)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+        (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
     return KILN_OK;
 }
@@ -48,7 +49,7 @@ kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink s
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when hidden allows it. */
-    kiln_status st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_rms_norm_spec(cfg->dtype, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -64,14 +65,17 @@ kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const k
     kiln__errslot *err = kiln__runtime_errslot(rt);
     const char *op = residual ? "rms_norm_residual" : "rms_norm";
     size_t xb, rb = 0, wb, ob;
+    kiln_dtype elt;
     kiln_status st;
-    if ((st = kiln__check_tensor(err, op, "x", x, rt, KILN_DTYPE_F16, 2, NULL, &xb)))
+    /* x names the element type (f16 or bf16); weight, residual and out are of the same. */
+    if ((st = kiln__check_elt(err, op, "x", x, rt, &elt)) ||
+        (st = kiln__check_tensor(err, op, "x", x, rt, elt, 2, NULL, &xb)))
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     const int64_t want_w[1] = {hidden}, want_x[2] = {tokens, hidden};
-    if ((st = kiln__check_tensor(err, op, "weight", weight, rt, KILN_DTYPE_F16, 1, want_w, &wb)) ||
-        (residual && (st = kiln__check_tensor(err, op, "residual", residual, rt, KILN_DTYPE_F16, 2, want_x, &rb))) ||
-        (st = kiln__check_tensor(err, op, "out", out, rt, KILN_DTYPE_F16, 2, want_x, &ob)))
+    if ((st = kiln__check_tensor(err, op, "weight", weight, rt, elt, 1, want_w, &wb)) ||
+        (residual && (st = kiln__check_tensor(err, op, "residual", residual, rt, elt, 2, want_x, &rb))) ||
+        (st = kiln__check_tensor(err, op, "out", out, rt, elt, 2, want_x, &ob)))
         return st;
     if (hidden > KILN_MODEL_MAX_HIDDEN)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding x has hidden %lld; at most %d", op,
@@ -153,7 +157,8 @@ static kiln_status encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor
         return st;
     const int64_t tokens = x->dims[0], hidden = x->dims[1];
     kiln_spec spec;
-    if ((st = kiln_op_rms_norm_spec(KILN_DTYPE_F16, hidden, vec, &spec)))
+    /* The check passed: x's dtype is the element type of every binding. */
+    if ((st = kiln_op_rms_norm_spec(x->dtype, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;

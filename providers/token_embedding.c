@@ -1,4 +1,4 @@
-/* Token embedding: out[t, :] = table[ids[t], :]. */
+/* Token embedding: out[t, :] = table[ids[t], :], f16 or bf16 rows. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +25,9 @@ kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab, int64_t 
                           OP ": vocab %lld (1..%d), hidden %lld (1..%d), vector width %d (1, or 8 dividing hidden)",
                           (long long)vocab, KILN_MODEL_MAX_VOCAB, (long long)hidden, KILN_MODEL_MAX_HIDDEN, vec);
     kiln_status st;
-    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
-        (st = kiln_spec_set(out, "VOCAB", vocab)) || (st = kiln_spec_set(out, "VEC", vec)) ||
+    if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
+        (st = kiln_spec_set(out, "HIDDEN", hidden)) || (st = kiln_spec_set(out, "VOCAB", vocab)) ||
+        (st = kiln_spec_set(out, "VEC", vec)) ||
         (st = kiln_spec_set(out, "THREADS", threads_for(hidden, vec))))
         return st;
     return KILN_OK;
@@ -36,8 +37,8 @@ kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec
 {
     kiln_spec spec;
     /* Buffers from kiln_buffer_create are aligned, so encode takes the vector path when hidden allows it. */
-    kiln_status st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, cfg->vocab_size, cfg->hidden_size, cfg->hidden_size % 8 ? 1 : 8,
-                                                  &spec);
+    kiln_status st = kiln_op_token_embedding_spec(cfg->dtype, cfg->vocab_size, cfg->hidden_size,
+                                                  cfg->hidden_size % 8 ? 1 : 8, &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -73,16 +74,19 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
     kiln_runtime *rt;
     kiln__errslot *err;
     size_t table_bytes, ids_bytes, out_bytes;
+    kiln_dtype elt;
     kiln_status st;
+    /* The table names the element type (f16 or bf16); out is of the same. */
     if ((st = kiln__encode_begin(jit, OP, cmd, &rt, &err)) ||
-        (st = kiln__check_tensor(err, OP, "table", table, rt, KILN_DTYPE_F16, 2, NULL, &table_bytes)))
+        (st = kiln__check_elt(err, OP, "table", table, rt, &elt)) ||
+        (st = kiln__check_tensor(err, OP, "table", table, rt, elt, 2, NULL, &table_bytes)))
         return st;
     int64_t vocab = table->dims[0], hidden = table->dims[1];
     if ((st = kiln__check_tensor(err, OP, "ids", ids, rt, KILN_DTYPE_U32, 1, NULL, &ids_bytes)))
         return st;
     int64_t tokens = ids->dims[0];
     const int64_t want_out[2] = {tokens, hidden};
-    if ((st = kiln__check_tensor(err, OP, "out", out, rt, KILN_DTYPE_F16, 2, want_out, &out_bytes)))
+    if ((st = kiln__check_tensor(err, OP, "out", out, rt, elt, 2, want_out, &out_bytes)))
         return st;
     if (tokens > UINT32_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": %lld tokens; at most %u", (long long)tokens,
@@ -98,7 +102,7 @@ kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *tab
     int vec = (hidden % 8 == 0 && l.table % 16 == 0 && l.out % 16 == 0) ? 8 : 1;
     l.threads = (unsigned)threads_for(hidden, vec);
     kiln_spec spec;
-    if ((st = kiln_op_token_embedding_spec(KILN_DTYPE_F16, vocab, hidden, vec, &spec)))
+    if ((st = kiln_op_token_embedding_spec(elt, vocab, hidden, vec, &spec)))
         return kiln__propagate(err, st);
     kiln_kernel *k;
     void *fn;

@@ -15,15 +15,17 @@
 // participant's repetition ids into a shared-memory bitmap of its slice while
 // its logits are in flight. Each thread keeps its best value and token,
 // visiting its tokens in increasing order (a strictly larger value replaces,
-// so the first of equal values stays). On the 16-byte path a vector of 8
-// logits is reduced in f16x2 (an ineligible token becomes NaN, which max
-// ignores; f16 order is f32 order) unless one of its tokens is repeated, and
-// only a vector that beats the thread's best is looked at token by token.
+// so the first of equal values stays). Logits are kiln_elt (f16, or bf16 when
+// KILN_BF16 = 1). On the 16-byte path a vector of 8 logits is reduced in
+// pairs, max.f16x2 or max.bf16x2 (an ineligible token becomes NaN, which max
+// ignores; the element type's order is f32 order) unless one of its tokens
+// is repeated, and only a vector that beats the thread's best is looked at
+// token by token.
 // The block's best, keyed as (order-preserving bits of l) << 32 | ~t, goes to
 // the shared memory of the cluster's first block, which writes out[p]. No
 // workspace, no counters: nothing persists between launches.
 //
-// Constants: KILN_VOCAB, KILN_VEC (8: 16-byte logit vectors, needs vocab % 8
+// Constants: KILN_BF16, KILN_VOCAB, KILN_VEC (8: 16-byte logit vectors, needs vocab % 8
 // == 0; 1: scalar), KILN_THREADS, KILN_CLUSTER (blocks per participant, <= 16:
 // past 8 the launch needs the non-portable cluster size allowed), KILN_UNROLL
 // (vectors per thread per pass).
@@ -88,7 +90,7 @@ __device__ __forceinline__ bool beats(float x, const best_t &b)
 #if KILN_VEC == 8
 typedef kiln_u32x4 lvec_t;  // 8 logits
 typedef kiln_u64 mvec_t;    // 8 mask bytes
-__device__ __forceinline__ lvec_t load_logits(const kiln_f16 *row, kiln_u32 v) { return kiln_ldg16(row + (kiln_u64)v * 8); }
+__device__ __forceinline__ lvec_t load_logits(const kiln_elt *row, kiln_u32 v) { return kiln_ldg16(row + (kiln_u64)v * 8); }
 __device__ __forceinline__ mvec_t load_mask(const unsigned char *m, kiln_u32 v) { return kiln_ldg8(m + (kiln_u64)v * 8); }
 
 // Bit 7 of each byte: set when the byte is nonzero.
@@ -97,7 +99,7 @@ __device__ __forceinline__ kiln_u32 nonzero_bytes(kiln_u32 w)
     return (((w & 0x7f7f7f7fu) + 0x7f7f7f7fu) | w) & 0x80808080u;
 }
 
-// Each half of two halves: all ones when its mask byte (bit 7 of bytes lo, lo + 1 of nz) is set.
+// Each element of a pair: all ones when its mask byte (bit 7 of bytes lo, lo + 1 of nz) is set.
 template <int LO>
 __device__ __forceinline__ kiln_u32 half_mask(kiln_u32 nz)
 {
@@ -107,13 +109,19 @@ __device__ __forceinline__ kiln_u32 half_mask(kiln_u32 nz)
     return r;
 }
 
-// An ineligible half becomes a quiet NaN.
-__device__ __forceinline__ kiln_u32 mask_nan(kiln_u32 h, kiln_u32 keep) { return (h & keep) | (0x7e007e00u & ~keep); }
+// An ineligible element becomes a quiet NaN of the element type.
+#if KILN_BF16
+#define QNAN2 0x7fc07fc0u
+#else
+#define QNAN2 0x7e007e00u
+#endif
+__device__ __forceinline__ kiln_u32 mask_nan(kiln_u32 h, kiln_u32 keep) { return (h & keep) | (QNAN2 & ~keep); }
 
-__device__ __forceinline__ kiln_u32 hmax2(kiln_u32 a, kiln_u32 b)
+// Elementwise max of two pairs; a NaN loses to the other operand.
+__device__ __forceinline__ kiln_u32 max2(kiln_u32 a, kiln_u32 b)
 {
     kiln_u32 r;
-    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    asm("max." KILN_ELT_PTX "x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
 
@@ -125,14 +133,14 @@ __device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_
                      mask_nan(l.z, half_mask<0>(nz1)), mask_nan(l.w, half_mask<1>(nz1))};
     float f[8], vm;
     if (rb == 0) {
-        const kiln_u32 m2 = hmax2(hmax2(h[0], h[1]), hmax2(h[2], h[3]));
+        const kiln_u32 m2 = max2(max2(h[0], h[1]), max2(h[2], h[3]));
         float lo, hi;
-        kiln_h2_to_f32(m2, &lo, &hi);
+        kiln_e2_to_f32(m2, &lo, &hi);
         vm = fmax_nan_ignoring(lo, hi);
     } else {
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            kiln_h2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
+            kiln_e2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
 #pragma unroll
         for (int e = 0; e < 8; e++)
             if ((rb >> e) & 1u)
@@ -146,7 +154,7 @@ __device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_
         // Rare: the first token of the vector that holds vm.
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            kiln_h2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
+            kiln_e2_to_f32(h[e], &f[2 * e], &f[2 * e + 1]);
         kiln_u32 at = 7;
 #pragma unroll
         for (int e = 7; e >= 0; e--) {
@@ -158,11 +166,11 @@ __device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_
     }
 }
 #elif KILN_VEC == 1
-typedef kiln_f16 lvec_t;
+typedef kiln_elt lvec_t;
 typedef kiln_u32 mvec_t;
-__device__ __forceinline__ lvec_t load_logits(const kiln_f16 *row, kiln_u32 v)
+__device__ __forceinline__ lvec_t load_logits(const kiln_elt *row, kiln_u32 v)
 {
-    kiln_f16 h;
+    kiln_elt h;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(row + v));
     return h;
 }
@@ -174,7 +182,7 @@ __device__ __forceinline__ mvec_t load_mask(const unsigned char *m, kiln_u32 v)
 }
 __device__ __forceinline__ void consider(best_t &best, lvec_t l, mvec_t m, kiln_u32 v, kiln_u32 rb, float penalty)
 {
-    float x = kiln_f16_to_f32(l);
+    float x = kiln_elt_to_f32(l);
     if (rb & 1u)
         x = penalized(x, penalty);
     if ((m & 0xffu) && beats(x, best)) {
@@ -223,7 +231,7 @@ __device__ __forceinline__ void mark(kiln_u32 *bits, const kiln_u32 *rep_ids, ki
 }
 
 extern "C" __global__ void __cluster_dims__(KILN_CLUSTER, 1, 1) __launch_bounds__(KILN_THREADS)
-kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__restrict__ valid,
+kiln_masked_argmax(const kiln_elt *__restrict__ logits, const unsigned char *__restrict__ valid,
                    const kiln_u32 *__restrict__ rep_ids, const kiln_u32 *__restrict__ rep_offsets,
                    const float *__restrict__ penalty_ptr, kiln_u32 rep_capacity, kiln_u32 *__restrict__ out)
 {
@@ -234,7 +242,7 @@ kiln_masked_argmax(const kiln_f16 *__restrict__ logits, const unsigned char *__r
     kiln_cluster_arrive_relaxed();
 
     const kiln_u32 p = blockIdx.x / KILN_CLUSTER, rank = kiln_cluster_rank();
-    const kiln_f16 *row = logits + (kiln_u64)p * KILN_VOCAB;
+    const kiln_elt *row = logits + (kiln_u64)p * KILN_VOCAB;
     const kiln_u32 v_lo = rank * CHUNKV, v_hi = v_lo + CHUNKV < NV ? v_lo + CHUNKV : NV;
     kiln_u32 b = rep_offsets[p + 1], a = rep_offsets[p];
     const float penalty = *penalty_ptr;

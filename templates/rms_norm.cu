@@ -1,16 +1,18 @@
-// RMSNorm over rows of f16, f32 accumulation, one block per row at a time:
+// RMSNorm over rows of kiln_elt (f16, or bf16 when KILN_BF16 = 1), f32
+// accumulation, one block per row at a time:
 //   kiln_rms_norm:          out = x * w / sqrt(mean(x^2) + eps)
-//   kiln_rms_norm_residual: h = f16(x + residual); residual = h;
+//   kiln_rms_norm_residual: h = elt(x + residual); residual = h;
 //                           out = h * w / sqrt(mean(h^2) + eps)
-//   kiln_rms_norm_residual_parts: the same with x = f16(sum of n_parts f32
+//   kiln_rms_norm_residual_parts: the same with x = elt(sum of n_parts f32
 //                           partial products, part_stride elements apart): a
 //                           product whose K was split (providers/
 //                           linear_norm.c), summed here instead of by a
 //                           kernel of its own
 // (the fused form equals residual_add then rms_norm, bit for bit: h is one
-// f16 add, as residual_add's). One rounding to f16 per output. Constants:
-// KILN_HIDDEN (row length), KILN_VEC (halves per access: 8 = 16-byte vectors,
-// 1 = scalar), KILN_THREADS. The row count is a launch argument and block b
+// add rounded to the element type, as residual_add's). One rounding to the
+// element type per output. Constants: KILN_BF16, KILN_HIDDEN (row length),
+// KILN_VEC (elements per access: 8 = 16-byte vectors, 1 = scalar),
+// KILN_THREADS. The row count is a launch argument and block b
 // takes rows b, b + grid, ...: one kernel serves every batch. The plain form,
 // launched with a grid that fits the device at once, streams: each block's
 // next row in flight while it reduces and stores the current one (rows that
@@ -43,25 +45,25 @@ typedef kiln_u32x4 vec_t;
 __device__ __forceinline__ vec_t load_nc(const vec_t *p) { return kiln_ldg16(p); }
 __device__ __forceinline__ vec_t load_co(const vec_t *p) { return kiln_ld16(p); }
 __device__ __forceinline__ void store(vec_t *p, vec_t v) { kiln_stg16(p, v); }
-__device__ __forceinline__ void to_f32(vec_t v, float *f) { kiln_h8_to_f32(v, f); }
-__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_h8(f); }
+__device__ __forceinline__ void to_f32(vec_t v, float *f) { kiln_e8_to_f32(v, f); }
+__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_e8(f); }
 #elif KILN_VEC == 1
-typedef kiln_f16 vec_t;
+typedef kiln_elt vec_t;
 __device__ __forceinline__ vec_t load_nc(const vec_t *p)
 {
-    kiln_f16 v;
+    kiln_elt v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
 __device__ __forceinline__ vec_t load_co(const vec_t *p)
 {
-    kiln_f16 v;
+    kiln_elt v;
     asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
 __device__ __forceinline__ void store(vec_t *p, vec_t v) { asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory"); }
-__device__ __forceinline__ void to_f32(vec_t v, float *f) { f[0] = kiln_f16_to_f32(v); }
-__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_f16(f[0]); }
+__device__ __forceinline__ void to_f32(vec_t v, float *f) { f[0] = kiln_elt_to_f32(v); }
+__device__ __forceinline__ vec_t from_f32(const float *f) { return kiln_f32_to_elt(f[0]); }
 #else
 #error "KILN_VEC must be 8 or 1"
 #endif
@@ -78,30 +80,44 @@ __device__ __forceinline__ float sum_squares(vec_t v)
     return s;
 }
 
-// h = f16(x + r) (the value residual keeps): one f16 add, rounded to nearest,
-// the bits of the f32 sum rounded to f16 (as templates/residual_add.cu).
+// h = elt(x + r) (the value residual keeps): the f32 sum rounded to nearest,
+// the same bits as templates/residual_add.cu gives. f16 does it in one
+// add.rn.f16x2; bf16 adds in f32 and rounds (add.bf16x2 needs sm_90). f32
+// carries 24 >= 2p + 2 significant bits (p = 11 for f16, 8 for bf16), so
+// rounding the f32 sum again is the correctly rounded sum.
 #if KILN_VEC == 8
-__device__ __forceinline__ kiln_u32 hadd2(kiln_u32 a, kiln_u32 b)
+__device__ __forceinline__ kiln_u32 add2(kiln_u32 a, kiln_u32 b)
 {
+#if KILN_BF16
+    float a0, a1, b0, b1;
+    kiln_e2_to_f32(a, &a0, &a1);
+    kiln_e2_to_f32(b, &b0, &b1);
+    return kiln_f32_to_e2(a0 + b0, a1 + b1);
+#else
     kiln_u32 r;
     asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
+#endif
 }
 __device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
 {
     vec_t h;
-    h.x = hadd2(x.x, r.x);
-    h.y = hadd2(x.y, r.y);
-    h.z = hadd2(x.z, r.z);
-    h.w = hadd2(x.w, r.w);
+    h.x = add2(x.x, r.x);
+    h.y = add2(x.y, r.y);
+    h.z = add2(x.z, r.z);
+    h.w = add2(x.w, r.w);
     return h;
 }
 #else
 __device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
 {
+#if KILN_BF16
+    return kiln_f32_to_elt(kiln_elt_to_f32(x) + kiln_elt_to_f32(r));
+#else
     kiln_f16 h;
     asm("add.rn.f16 %0, %1, %2;" : "=h"(h) : "h"(x), "h"(r));
     return h;
+#endif
 }
 #endif
 
@@ -133,7 +149,7 @@ __device__ __forceinline__ void load_row(vec_t *v, const vec_t *base)
 }
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps, kiln_u32 rows)
+kiln_rms_norm(const kiln_elt *x, const kiln_elt *__restrict__ weight, kiln_elt *out, float eps, kiln_u32 rows)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ float scratch[2][WARPS]; // alternate rows: one __syncthreads per row
@@ -187,7 +203,7 @@ kiln_rms_norm(const kiln_f16 *x, const kiln_f16 *__restrict__ weight, kiln_f16 *
 }
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_rms_norm_residual(const kiln_f16 *x, kiln_f16 *residual, const kiln_f16 *__restrict__ weight, kiln_f16 *out,
+kiln_rms_norm_residual(const kiln_elt *x, kiln_elt *residual, const kiln_elt *__restrict__ weight, kiln_elt *out,
                        float eps, kiln_u32 rows)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
@@ -269,14 +285,14 @@ __device__ __forceinline__ void add_part(float *f, const kiln_u32x4 *raw)
 #endif
 }
 
-// One row a block, rows b, b + grid, ...; x = f16(part 0 + part 1 + ...), in
+// One row a block, rows b, b + grid, ...; x = elt(part 0 + part 1 + ...), in
 // that order. Rows that fit (CACHED) load the residual and the weight first,
 // then the parts two at a time (every load of both in flight before an add
 // waits), and keep h in registers; longer rows go a vector at a time and
 // read h back from residual (a coherent load).
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part_stride, kiln_f16 *residual,
-                             const kiln_f16 *__restrict__ weight, kiln_f16 *out, float eps, kiln_u32 rows)
+kiln_rms_norm_residual_parts(const float *parts, kiln_u32 n_parts, kiln_u64 part_stride, kiln_elt *residual,
+                             const kiln_elt *__restrict__ weight, kiln_elt *out, float eps, kiln_u32 rows)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ float scratch[2][WARPS];

@@ -1,6 +1,8 @@
-// Token embedding: out[t, :] = table[ids[t], :], f16 rows.
-// Constants: KILN_HIDDEN (row length), KILN_VOCAB (rows in the table),
-// KILN_VEC (halves per access: 8 = 16-byte vectors, 1 = scalar),
+// Token embedding: out[t, :] = table[ids[t], :], rows of kiln_elt (f16, or
+// bf16 when KILN_BF16 = 1: the bytes are copied as they are, so the two
+// differ only in their fingerprint and the dtype the provider checks).
+// Constants: KILN_BF16, KILN_HIDDEN (row length), KILN_VOCAB (rows in the
+// table), KILN_VEC (elements per access: 8 = 16-byte vectors, 1 = scalar),
 // KILN_THREADS (threads per block; the provider computes it).
 // One block per token; launches of at most 65535 tokens start at token_base.
 // A token id at or past KILN_VOCAB is never read: its row is zeroed and the
@@ -21,7 +23,7 @@ __device__ __forceinline__ kiln_vec load_vec(const kiln_vec *p) { return kiln_ld
 __device__ __forceinline__ void store_vec(kiln_vec *p, kiln_vec v) { kiln_stg16(p, v); }
 __device__ __forceinline__ kiln_vec zero_vec() { kiln_vec v = {0, 0, 0, 0}; return v; }
 #elif KILN_VEC == 1
-typedef kiln_f16 kiln_vec;
+typedef kiln_elt kiln_vec;
 __device__ __forceinline__ kiln_vec load_vec(const kiln_vec *p) { return *p; }
 __device__ __forceinline__ void store_vec(kiln_vec *p, kiln_vec v) { *p = v; }
 __device__ __forceinline__ kiln_vec zero_vec() { return 0; }
@@ -30,8 +32,8 @@ __device__ __forceinline__ kiln_vec zero_vec() { return 0; }
 #endif
 
 extern "C" __global__ void __launch_bounds__(KILN_THREADS)
-kiln_token_embedding(const kiln_f16 *__restrict__ table, const kiln_u32 *__restrict__ ids,
-                     kiln_f16 *__restrict__ out, kiln_u32 token_base, kiln_fault *fault)
+kiln_token_embedding(const kiln_elt *__restrict__ table, const kiln_u32 *__restrict__ ids,
+                     kiln_elt *__restrict__ out, kiln_u32 token_base, kiln_fault *fault)
 {
     kiln_grid_dependency_sync();
     const kiln_u32 t = token_base + blockIdx.x;

@@ -5,7 +5,8 @@
 
 #include "testutil.h"
 
-/* A finite f16 bit pattern (never 0xffff, the poison). */
+/* A finite f16 or bf16 bit pattern (bit 14, the top exponent bit of both,
+ * clear), never 0xffff, the poison. */
 static inline uint16_t random_f16(kiln_rng *r) { return (uint16_t)(kiln_rng_next(r) >> 48) & 0xbfff; }
 
 typedef struct emb_case {
@@ -14,9 +15,11 @@ typedef struct emb_case {
     uint32_t bad_index;              /* a token id made out of range, or UINT32_MAX */
 } emb_case;
 
-/* Uploads a random table and random ids, poisons the output, runs, reads
- * back and compares all tokens x hidden elements. Returns the sync status. */
-static inline kiln_status run_embedding_case(kiln_runtime *rt, kiln_jit *jit, kiln_rng *r, const emb_case *c)
+/* Uploads a random table of element type elt (KILN_DTYPE_F16 or
+ * KILN_DTYPE_BF16) and random ids, poisons the output, runs, reads back and
+ * compares all tokens x hidden elements. Returns the sync status. */
+static inline kiln_status run_embedding_case_elt(kiln_runtime *rt, kiln_jit *jit, kiln_rng *r, const emb_case *c,
+                                                 kiln_dtype elt)
 {
     size_t row = (size_t)c->hidden, table_n = (size_t)c->vocab * row, out_n = (size_t)c->tokens * row;
     uint16_t *table = malloc(table_n * 2), *out = malloc(out_n * 2);
@@ -43,10 +46,10 @@ static inline kiln_status run_embedding_case(kiln_runtime *rt, kiln_jit *jit, ki
     KILN_CHECK(kiln_buffer_upload(bi, 0, ids, (size_t)c->tokens * 4));
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, out_n * 2 + c->out_offset));
 
-    kiln_tensor tt = {.buffer = bt, .offset = c->table_offset, .dtype = KILN_DTYPE_F16, .rank = 2,
+    kiln_tensor tt = {.buffer = bt, .offset = c->table_offset, .dtype = elt, .rank = 2,
                       .dims = {c->vocab, c->hidden}};
     kiln_tensor ti = {.buffer = bi, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {c->tokens}};
-    kiln_tensor to = {.buffer = bo, .offset = c->out_offset, .dtype = KILN_DTYPE_F16, .rank = 2,
+    kiln_tensor to = {.buffer = bo, .offset = c->out_offset, .dtype = elt, .rank = 2,
                       .dims = {c->tokens, c->hidden}};
     KILN_CHECK(kiln_op_token_embedding(jit, &tt, &ti, &to));
     kiln_status st = kiln_runtime_synchronize(rt);
@@ -61,8 +64,9 @@ static inline kiln_status run_embedding_case(kiln_runtime *rt, kiln_jit *jit, ki
         for (size_t h = 0; h < row; h++) {
             uint16_t w = bad ? 0 : want[h], got = out[(size_t)t * row + h];
             if (got != w && wrong++ < 5)
-                fprintf(stderr, "vocab %lld hidden %lld tokens %lld: out[%lld][%zu] = 0x%04x, want 0x%04x\n",
-                        (long long)c->vocab, (long long)c->hidden, (long long)c->tokens, (long long)t, h, got, w);
+                fprintf(stderr, "%s vocab %lld hidden %lld tokens %lld: out[%lld][%zu] = 0x%04x, want 0x%04x\n",
+                        kiln_dtype_name(elt), (long long)c->vocab, (long long)c->hidden, (long long)c->tokens,
+                        (long long)t, h, got, w);
         }
     }
     if (wrong)
@@ -76,6 +80,12 @@ static inline kiln_status run_embedding_case(kiln_runtime *rt, kiln_jit *jit, ki
     if (st && !strstr(kiln_errmsg(), msg))
         fail_msg("the message changed after sync: %s", kiln_errmsg());
     return st;
+}
+
+/* The same with an f16 table. */
+static inline kiln_status run_embedding_case(kiln_runtime *rt, kiln_jit *jit, kiln_rng *r, const emb_case *c)
+{
+    return run_embedding_case_elt(rt, jit, r, c, KILN_DTYPE_F16);
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* Token embedding on the GPU: every element against a host gather, at the
- * sizes of real models and odd ones, chunked launches, bad ids, bad bindings. */
+ * sizes of real models and odd ones, in f16 and bf16, chunked launches, bad
+ * ids, bad bindings (an out of another element type than the table's). */
 #include "embedding_check.h"
 #include "gpu_fixture.h"
 
@@ -38,6 +39,33 @@ static void test_real_vocabularies_and_odd_sizes(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         KILN_CHECK(run_embedding_case(f->rt, f->jit, &f->rng, &cases[i]));
+}
+
+/* bf16 tables: the same bytes copied, by their own kernel (BF16=1). */
+static void test_bf16_tables(void **state)
+{
+    fixture *f = *state;
+    static const emb_case cases[] = {
+        {128256, 4096, 300, 0, 0, UINT32_MAX},  /* Llama-3-8B */
+        {151936, 896, 2048, 0, 0, UINT32_MAX},  /* Qwen2.5-0.5B */
+        {50001, 1001, 2048, 0, 0, UINT32_MAX},  /* scalar path */
+        {777, 4096, 513, 2, 2, UINT32_MAX},     /* misaligned views: scalar path */
+        {777, 64, 65536, 0, 0, UINT32_MAX},     /* one more than a launch */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        KILN_CHECK(run_embedding_case_elt(f->rt, f->jit, &f->rng, &cases[i], KILN_DTYPE_BF16));
+    /* An out-of-range id: its row zeroed, the fault reported. */
+    emb_case bad = {1000, 4096, 100, 0, 0, 37};
+    KILN_EXPECT(run_embedding_case_elt(f->rt, f->jit, &f->rng, &bad, KILN_DTYPE_BF16), KILN_ERR_DEVICE_CONTRACT,
+                kiln_runtime_errmsg(f->rt), "ids[37]", "vocabulary size");
+    /* The same sizes in f16 are another kernel: one compile per type. */
+    kiln_jit_counters k0, k1;
+    kiln_jit_get_counters(f->jit, &k0);
+    emb_case c = {.vocab = 128256, .hidden = 4096, .tokens = 3, .bad_index = UINT32_MAX};
+    KILN_CHECK(run_embedding_case_elt(f->rt, f->jit, &f->rng, &c, KILN_DTYPE_F16));
+    KILN_CHECK(run_embedding_case_elt(f->rt, f->jit, &f->rng, &c, KILN_DTYPE_BF16));
+    kiln_jit_get_counters(f->jit, &k1);
+    assert_int_equal(k1.compiles - k0.compiles, 1);
 }
 
 static void test_out_of_range_ids_are_reported_not_read(void **state)
@@ -101,6 +129,17 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
     i2.dims[0] = 0;
     KILN_EXPECT(kiln_op_token_embedding(f->jit, &table, &i2, &out), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                      "ids", NULL);
+    /* One element type: the table's is out's. */
+    t2 = table;
+    t2.dtype = KILN_DTYPE_BF16;
+    KILN_EXPECT(kiln_op_token_embedding(f->jit, &t2, &ids, &out), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "token_embedding: binding out must be bf16", "got f16");
+    o2 = out;
+    o2.dtype = KILN_DTYPE_BF16;
+    KILN_EXPECT(kiln_op_token_embedding(f->jit, &table, &ids, &o2), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "token_embedding: binding out must be f16", "got bf16");
+    KILN_CHECK(kiln_op_token_embedding(f->jit, &t2, &ids, &o2));
+    KILN_CHECK(kiln_runtime_synchronize(f->rt));
     t2 = table;
     t2.dims[1] = 70000; /* past KILN_MODEL_MAX_HIDDEN, and past the buffer */
     assert_int_equal(kiln_op_token_embedding(f->jit, &t2, &ids, &out), KILN_ERR_RUNTIME_CONTRACT);
@@ -148,6 +187,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_model_sizes),
         T(test_real_vocabularies_and_odd_sizes),
+        T(test_bf16_tables),
         T(test_out_of_range_ids_are_reported_not_read),
         T(test_bad_bindings_are_refused_before_launch),
         T(test_buffers),

@@ -1,6 +1,7 @@
-/* RMSNorm, residual add and the masked argmax without a GPU: the
- * specializations a model config lists, each compiled offline by NVRTC for
- * sm_90 (every code path of the three templates), the spec and workspace
+/* RMSNorm, residual add, token embedding and the masked argmax without a
+ * GPU: the specializations a model config lists (f16 and bf16), each compiled
+ * offline by NVRTC for sm_90 (every code path of the four templates, in both
+ * element types) and the bf16 ones for sm_80, the spec and workspace
  * arguments, and the validation of bindings against fake buffers (a fake
  * runtime has no driver table: a check that let a bad call through to the
  * driver would crash here). */
@@ -47,24 +48,40 @@ static int has_spec(const kiln_spec *specs, size_t n, const kiln_spec *want)
     return 0;
 }
 
+static const kiln_dtype elts[2] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
+
+/* A model lists its own element type's kernels, and not the other's. */
 static void test_model_lists_every_norm_argmax_spec(void **state)
 {
     (void)state;
-    for (size_t m = 0; m < 3; m++) {
-        kiln_model_config c;
-        configs[m](&c);
-        kiln_spec *specs = NULL, want;
-        size_t n = 0;
-        KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
-        int hv = c.hidden_size % 8 ? 1 : 8, vv = c.vocab_size % 8 ? 1 : 8;
-        KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, c.hidden_size, hv, &want));
-        assert_true(has_spec(specs, n, &want));
-        KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_F16, c.hidden_size, hv, &want));
-        assert_true(has_spec(specs, n, &want));
-        KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, c.vocab_size, vv, &want));
-        assert_true(has_spec(specs, n, &want));
-        kiln_free(specs);
-    }
+    for (size_t m = 0; m < 3; m++)
+        for (int e = 0; e < 2; e++) {
+            kiln_model_config c;
+            configs[m](&c);
+            c.dtype = elts[e];
+            const kiln_dtype other = elts[1 - e];
+            kiln_spec *specs = NULL, want;
+            size_t n = 0;
+            KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+            int hv = c.hidden_size % 8 ? 1 : 8, vv = c.vocab_size % 8 ? 1 : 8;
+            KILN_CHECK(kiln_op_rms_norm_spec(c.dtype, c.hidden_size, hv, &want));
+            assert_true(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_rms_norm_spec(other, c.hidden_size, hv, &want));
+            assert_false(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_residual_add_spec(c.dtype, c.hidden_size, hv, &want));
+            assert_true(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_residual_add_spec(other, c.hidden_size, hv, &want));
+            assert_false(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_masked_argmax_spec(c.dtype, c.vocab_size, vv, &want));
+            assert_true(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_masked_argmax_spec(other, c.vocab_size, vv, &want));
+            assert_false(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_token_embedding_spec(c.dtype, c.vocab_size, c.hidden_size, hv, &want));
+            assert_true(has_spec(specs, n, &want));
+            KILN_CHECK(kiln_op_token_embedding_spec(other, c.vocab_size, c.hidden_size, hv, &want));
+            assert_false(has_spec(specs, n, &want));
+            kiln_free(specs);
+        }
 }
 
 /* ---- offline compiles ---- */
@@ -81,29 +98,36 @@ static void prepare(kiln_jit *jit, const kiln_spec *s)
         fail_msg("%s %s: %s: %s", s->template_id, text, kiln_status_code(st), kiln_errmsg());
 }
 
+static int ours(const char *t)
+{
+    return !strcmp(t, "rms_norm") || !strcmp(t, "residual_add") || !strcmp(t, "masked_argmax") ||
+           !strcmp(t, "token_embedding");
+}
+
+/* Each model's kernels in f16 and in bf16: four modules a model and type, none shared. */
 static void test_every_model_spec_compiles_for_sm90(void **state)
 {
     fixture *f = *state;
     size_t total = 0;
-    for (size_t m = 0; m < 3; m++) {
-        kiln_model_config c;
-        configs[m](&c);
-        kiln_spec *specs = NULL;
-        size_t n = 0;
-        KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
-        for (size_t i = 0; i < n; i++) {
-            const char *t = specs[i].template_id;
-            if (!strcmp(t, "rms_norm") || !strcmp(t, "residual_add") || !strcmp(t, "masked_argmax")) {
-                prepare(f->jit, &specs[i]);
-                total++;
-            }
+    for (size_t m = 0; m < 3; m++)
+        for (int e = 0; e < 2; e++) {
+            kiln_model_config c;
+            configs[m](&c);
+            c.dtype = elts[e];
+            kiln_spec *specs = NULL;
+            size_t n = 0;
+            KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+            for (size_t i = 0; i < n; i++)
+                if (ours(specs[i].template_id)) {
+                    prepare(f->jit, &specs[i]);
+                    total++;
+                }
+            kiln_free(specs);
         }
-        kiln_free(specs);
-    }
-    assert_int_equal(total, 9);
+    assert_int_equal(total, 24);
     kiln_jit_counters k;
     kiln_jit_get_counters(f->jit, &k);
-    assert_int_equal(k.compiles, 9);
+    assert_int_equal(k.compiles, 24);
     assert_int_equal(k.compile_errors, 0);
 }
 
@@ -117,18 +141,52 @@ static void test_every_code_path_compiles(void **state)
     static const struct { int64_t n; int vec; } vocabs[] = {
         {7, 1}, {8, 8}, {50001, 1}, {151936, 1}, {2000000, 8}, {1999999, 1}, {16777216, 8}};
     kiln_spec s;
+    for (int e = 0; e < 2; e++) {
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            KILN_CHECK(kiln_op_rms_norm_spec(elts[e], rows[i].n, rows[i].vec, &s));
+            prepare(f->jit, &s);
+            KILN_CHECK(kiln_op_residual_add_spec(elts[e], rows[i].n, rows[i].vec, &s));
+            prepare(f->jit, &s);
+        }
+        for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
+            KILN_CHECK(kiln_op_masked_argmax_spec(elts[e], vocabs[i].n, vocabs[i].vec, &s));
+            prepare(f->jit, &s);
+            KILN_CHECK(kiln__masked_argmax_spec_cluster(elts[e], vocabs[i].n, vocabs[i].vec, 8, &s));
+            prepare(f->jit, &s);
+        }
+        KILN_CHECK(kiln_op_token_embedding_spec(elts[e], 50001, 1001, 1, &s)); /* the scalar path */
+        prepare(f->jit, &s);
+    }
+}
+
+/* bf16 on sm_80 (cvt.rn.bf16.f32 and max.bf16x2 are sm_80's; add.bf16x2,
+ * which the kernels do not use, would need sm_90): every path of the three
+ * templates that do not need sm_90's clusters. Before sm_80, bf16 is refused
+ * at compile time (kiln_prelude.cuh), and providers refuse it first. */
+static void test_bf16_compiles_for_sm80(void **state)
+{
+    fixture *f = *state;
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_80"};
+    kiln_jit *jit;
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    static const struct { int64_t n; int vec; } rows[] = {{4096, 8}, {1001, 1}, {65536, 8}, {65535, 1}};
+    kiln_spec s;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, rows[i].n, rows[i].vec, &s));
-        prepare(f->jit, &s);
-        KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_F16, rows[i].n, rows[i].vec, &s));
-        prepare(f->jit, &s);
+        KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_BF16, rows[i].n, rows[i].vec, &s));
+        prepare(jit, &s);
+        KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_BF16, rows[i].n, rows[i].vec, &s));
+        prepare(jit, &s);
+        KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_BF16, 128256, rows[i].n, rows[i].vec, &s));
+        prepare(jit, &s);
     }
-    for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
-        KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_F16, vocabs[i].n, vocabs[i].vec, &s));
-        prepare(f->jit, &s);
-        KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, vocabs[i].n, vocabs[i].vec, 8, &s));
-        prepare(f->jit, &s);
-    }
+    kiln_jit_destroy(jit);
+    jo.arch = "sm_75";
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_BF16, 4096, 8, &s));
+    int compiled = 0;
+    KILN_EXPECT(kiln_jit_prepare(jit, &s, &compiled), KILN_ERR_NVRTC_COMPILE, kiln_errmsg(), "bf16 needs sm_80",
+                NULL);
+    kiln_jit_destroy(jit);
 }
 
 static void test_spec_arguments(void **state)
@@ -159,6 +217,39 @@ static void test_spec_arguments(void **state)
     assert_string_equal(text, "BF16=0;CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
     KILN_EXPECT(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "cluster 4", NULL);
+    /* bf16: the same sizes, another kernel (BF16=1 in its constants). */
+    KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_BF16, 4096, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=1;HIDDEN=4096;THREADS=128;VEC=8");
+    KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_BF16, 4096, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=1;HIDDEN=4096;THREADS=512;VEC=8");
+    KILN_CHECK(kiln_op_masked_argmax_spec(KILN_DTYPE_BF16, 151936, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=1;CLUSTER=16;THREADS=608;UNROLL=2;VEC=8;VOCAB=151936");
+    KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_BF16, 151936, 8, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=1;CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_BF16, 128256, 4096, 8, &s));
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=1;HIDDEN=4096;THREADS=128;VEC=8;VOCAB=128256");
+    /* The f16 and bf16 specs of one size are different kernels. */
+    kiln_spec h, b;
+    KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_F16, 896, 8, &h));
+    KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_BF16, 896, 8, &b));
+    assert_true(memcmp(&h, &b, sizeof h) != 0);
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 151936, 896, 8, &h));
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_BF16, 151936, 896, 8, &b));
+    assert_true(memcmp(&h, &b, sizeof h) != 0);
+    /* No other element type. */
+    KILN_EXPECT(kiln_op_rms_norm_spec(KILN_DTYPE_F32, 4096, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rms_norm: element type must be f16 or bf16", "got f32");
+    KILN_EXPECT(kiln_op_residual_add_spec(KILN_DTYPE_U8, 4096, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual_add: element type must be f16 or bf16", NULL);
+    KILN_EXPECT(kiln_op_masked_argmax_spec(KILN_DTYPE_F32, 151936, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "masked_argmax: element type", "got f32");
+    KILN_EXPECT(kiln_op_token_embedding_spec(KILN_DTYPE_I32, 1000, 64, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "token_embedding: element type", NULL);
 }
 
 static void test_workspace_estimates(void **state)
@@ -304,6 +395,70 @@ static void test_norm_validation_names_binding_and_values(void **state)
     fake_runtime_free(other);
 }
 
+/* bf16: x (a) names the element type, every other 16-bit binding must match
+ * it, and a device before sm_80 refuses it. */
+static void test_norm_validation_bf16(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(4242), *old = fake_runtime(4243);
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90");
+    snprintf(old->info.arch, sizeof old->info.arch, "sm_75");
+    kiln_buffer *buf = fake_buffer(rt, 64 << 20, KILN_DTYPE_BYTES),
+                *obuf = fake_buffer(old, 64 << 20, KILN_DTYPE_BYTES);
+    const size_t MB = 1 << 20;
+    kiln_tensor x = view(buf, 0, KILN_DTYPE_BF16, 16, 4096), w = view(buf, 8 * MB, KILN_DTYPE_BF16, 4096, 0),
+                r = view(buf, 16 * MB, KILN_DTYPE_BF16, 16, 4096), o = view(buf, 24 * MB, KILN_DTYPE_BF16, 16, 4096);
+    int vec = 0;
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &o, &vec));
+    assert_int_equal(vec, 8);
+    KILN_CHECK(kiln__rms_norm_check(rt, &x, &r, &w, 1e-6f, &o, &vec));
+    KILN_CHECK(kiln__residual_add_check(rt, &x, &r, &o, &vec));
+    assert_int_equal(vec, 8);
+    /* Mixed f16 and bf16: refused naming the binding and both types. */
+    kiln_tensor t = w;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &t, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(rt), "rms_norm: binding weight must be bf16", "got f16");
+    t = r;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, &t, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rms_norm_residual: binding residual must be bf16", "got f16");
+    t = o;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &x, NULL, &w, 1e-5f, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rms_norm: binding out must be bf16", "got f16");
+    /* An f16 x with a bf16 weight: the other way round. */
+    t = x;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__rms_norm_check(rt, &t, NULL, &w, 1e-5f, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rms_norm: binding weight must be f16", "got bf16");
+    t = r;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__residual_add_check(rt, &x, &t, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual_add: binding b must be bf16", "got f16");
+    t = o;
+    t.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__residual_add_check(rt, &x, &r, &t, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual_add: binding out must be bf16", "got f16");
+    t = x;
+    t.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln__residual_add_check(rt, &t, &r, &o, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "residual_add: binding a must be f16 or bf16", "got f32");
+    /* Before sm_80. */
+    kiln_tensor ox = view(obuf, 0, KILN_DTYPE_BF16, 16, 4096), ow = view(obuf, 8 * MB, KILN_DTYPE_BF16, 4096, 0),
+                oo = view(obuf, 24 * MB, KILN_DTYPE_BF16, 16, 4096);
+    KILN_EXPECT(kiln__rms_norm_check(old, &ox, NULL, &ow, 1e-5f, &oo, &vec), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(old), "rms_norm: binding x is bf16", "sm_75");
+    KILN_EXPECT(kiln__residual_add_check(old, &ox, &oo, &oo, &vec), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_runtime_errmsg(old), "residual_add: binding a is bf16", "sm_75");
+    ox.dtype = ow.dtype = oo.dtype = KILN_DTYPE_F16;
+    KILN_CHECK(kiln__rms_norm_check(old, &ox, NULL, &ow, 1e-5f, &oo, &vec));
+    free(buf);
+    free(obuf);
+    fake_runtime_free(rt);
+    fake_runtime_free(old);
+}
+
 static void test_argmax_validation_names_binding_and_values(void **state)
 {
     (void)state;
@@ -397,6 +552,22 @@ static void test_argmax_validation_names_binding_and_values(void **state)
     c = (kiln_masked_argmax_bindings){0, &l2, &v2, &ids, &o2, &pen, &ws, &out2};
     KILN_CHECK(kiln__masked_argmax_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
+    /* bf16 logits on a device of sm_80 or later; no other element type. */
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90");
+    t = logits;
+    t.dtype = KILN_DTYPE_BF16;
+    c = b;
+    c.logits = &t;
+    KILN_CHECK(kiln__masked_argmax_check(rt, &c, bytes, &vec));
+    assert_int_equal(vec, 8);
+    assert_int_equal(bytes[0], (size_t)P * V * 2);
+    t.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "masked_argmax: binding logits must be f16 or bf16", "got f32");
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_75");
+    t.dtype = KILN_DTYPE_BF16;
+    KILN_EXPECT(kiln__masked_argmax_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "masked_argmax: binding logits is bf16", "sm_75");
     free(buf);
     fake_runtime_free(rt);
 }
@@ -407,10 +578,12 @@ int main(void)
         cmocka_unit_test(test_model_lists_every_norm_argmax_spec),
         cmocka_unit_test_setup_teardown(test_every_model_spec_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_compiles_for_sm80, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_spec_arguments),
         cmocka_unit_test(test_workspace_estimates),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test(test_norm_validation_names_binding_and_values),
+        cmocka_unit_test(test_norm_validation_bf16),
         cmocka_unit_test(test_argmax_validation_names_binding_and_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,11 +1,14 @@
 /* kiln — RMSNorm and residual add (included by kiln/ops.h).
  *
- * f16 storage, f32 arithmetic, one rounding to f16 per output element. Every
- * row is one token of a packed batch: the token count is a launch argument,
- * not a specialization constant, so one kernel serves every batch of a
- * model. The kernels are specialized on hidden (and on the vector width:
- * 16-byte accesses when hidden % 8 == 0 and every binding starts 16-byte
- * aligned, which buffers from kiln_buffer_create give; scalar otherwise).
+ * Storage in one element type per call, f16 or bf16 (bf16 needs sm_80 or
+ * later), named by x (a for residual add): every other binding is of the
+ * same, or the call is refused naming it. f32 arithmetic, one rounding to the
+ * element type per output element. Every row is one token of a packed batch:
+ * the token count is a launch argument, not a specialization constant, so one
+ * kernel serves every batch of a model. The kernels are specialized on the
+ * element type and hidden (and on the vector width: 16-byte accesses when
+ * hidden % 8 == 0 and every binding starts 16-byte aligned, which buffers
+ * from kiln_buffer_create give; scalar otherwise).
  * Workspace: none.
  *
  * Validation fails with KILN_ERR_RUNTIME_CONTRACT and a message naming the
@@ -35,7 +38,7 @@ extern "C" {
 struct kiln_tensor;
 
 /* RMSNorm: out[t, :] = x[t, :] * weight / sqrt(mean(x[t, :]^2) + eps).
- *   x f16 [tokens, hidden], weight f16 [hidden], out f16 [tokens, hidden];
+ *   x [tokens, hidden], weight [hidden], out [tokens, hidden], all f16 or all bf16;
  *   eps a finite number > 0; 1 <= tokens <= 2^31 - 1, hidden <= KILN_MODEL_MAX_HIDDEN.
  * out may be x itself (the same bytes); any other overlap is refused. */
 KILN_API kiln_status kiln_op_rms_norm_encode(kiln_jit *jit, const struct kiln_tensor *x,
@@ -45,10 +48,11 @@ KILN_API kiln_status kiln_op_rms_norm(kiln_jit *jit, const struct kiln_tensor *x
                                       float eps, const struct kiln_tensor *out);
 
 /* The fused form a decoder layer wants, with the residual updated in place:
- *   h = f16(x + residual); residual = h; out = rms_norm(h) as above.
+ *   h = elt(x + residual); residual = h; out = rms_norm(h) as above.
  * The same bits as kiln_op_residual_add(x, residual -> residual) followed by
- * kiln_op_rms_norm(residual -> out). x, residual, out f16 [tokens, hidden],
- * weight f16 [hidden]. out may be x itself; residual overlaps nothing. */
+ * kiln_op_rms_norm(residual -> out). x, residual, out [tokens, hidden],
+ * weight [hidden], all f16 or all bf16. out may be x itself; residual
+ * overlaps nothing. */
 KILN_API kiln_status kiln_op_rms_norm_residual_encode(kiln_jit *jit, const struct kiln_tensor *x,
                                                       const struct kiln_tensor *residual,
                                                       const struct kiln_tensor *weight, float eps,
@@ -57,13 +61,14 @@ KILN_API kiln_status kiln_op_rms_norm_residual(kiln_jit *jit, const struct kiln_
                                                const struct kiln_tensor *residual, const struct kiln_tensor *weight,
                                                float eps, const struct kiln_tensor *out);
 
-/* The specialization both RMSNorm forms use (one module, two entries), for a
- * vector width of 8 (hidden % 8 == 0, aligned bindings) or 1. */
+/* The specialization both RMSNorm forms use (one module, two entries), for
+ * element type elt (KILN_DTYPE_F16 or KILN_DTYPE_BF16) and a vector width of
+ * 8 (hidden % 8 == 0, aligned bindings) or 1. */
 KILN_API kiln_status kiln_op_rms_norm_spec(kiln_dtype elt, int64_t hidden, int vector_width, kiln_spec *out);
 
-/* Residual add: out = f16(a + b), all f16 [tokens, hidden]. out may be a or b
- * itself (the same bytes); a and b may overlap each other; any other overlap
- * is refused. */
+/* Residual add: out = elt(a + b), the sum rounded once to the element type;
+ * all f16 or all bf16 [tokens, hidden]. out may be a or b itself (the same
+ * bytes); a and b may overlap each other; any other overlap is refused. */
 KILN_API kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const struct kiln_tensor *a,
                                                  const struct kiln_tensor *b, const struct kiln_tensor *out,
                                                  kiln_command **cmd);

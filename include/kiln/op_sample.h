@@ -3,7 +3,7 @@
  *
  * For P participants (the sequences of a batch), each with its last token's
  * logits row:
- *   logits      f16 [P, vocab]   read, never written;
+ *   logits      f16 or bf16 [P, vocab] (bf16: sm_80 and later), read, never written;
  *   valid       u8  [vocab]      nonzero: the token may be chosen (one mask for all);
  *   rep_ids     u32 [R]          every participant's repetition ids, concatenated;
  *                                R is a capacity: rep_offsets says which are used;
@@ -26,7 +26,8 @@
  *
  * One launch; a cluster of 16 blocks per participant (a non-portable cluster
  * size; 8 where the device cannot schedule 16), sm_90 and later. The
- * kernel is specialized on vocab (and a vector width: 8 when vocab % 8 == 0,
+ * kernel is specialized on the logits' element type and vocab (and a vector
+ * width: 8 when vocab % 8 == 0,
  * logits start 16-byte and valid 8-byte aligned; else 1). Validation and
  * errors as in kiln/op_norm.h; the command is replayable (its key: the
  * kernel's fingerprint, every binding's address and bytes, P and R).
@@ -66,7 +67,8 @@ KILN_API kiln_status kiln_op_masked_argmax(kiln_jit *jit, const kiln_masked_argm
  * KILN_ERR_RUNTIME_CONTRACT for sizes out of range, KILN_ERR_INVALID_ARGUMENT for NULL. */
 KILN_API kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants, size_t *bytes);
 
-/* The specialization for a vocabulary and a vector width (8: vocab % 8 == 0; or 1). */
+/* The specialization for logits of element type elt (KILN_DTYPE_F16 or
+ * KILN_DTYPE_BF16), a vocabulary and a vector width (8: vocab % 8 == 0; or 1). */
 KILN_API kiln_status kiln_op_masked_argmax_spec(kiln_dtype elt, int64_t vocab, int vector_width, kiln_spec *out);
 
 #ifdef __cplusplus

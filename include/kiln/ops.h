@@ -33,8 +33,10 @@ typedef struct kiln_tensor {
 } kiln_tensor;
 
 /* Token embedding: out[t, :] = table[ids[t], :].
- *   table f16 [vocab, hidden], ids u32 [tokens], out f16 [tokens, hidden].
- * Specialized on hidden and vocab. Any number of tokens (launches are chunked
+ *   table f16 or bf16 [vocab, hidden], ids u32 [tokens], out [tokens, hidden]
+ *   of the table's dtype (bf16 needs sm_80 or later; any other dtype, or an
+ *   out of another, is KILN_ERR_RUNTIME_CONTRACT naming the binding).
+ * Specialized on the element type, hidden and vocab. Any number of tokens (launches are chunked
  * at 65535 tokens). A token id at or past vocab is never read: its output row
  * is zeroed and the next kiln_runtime_synchronize returns
  * KILN_ERR_DEVICE_CONTRACT with the lowest such index and its id. Enqueued
@@ -49,9 +51,12 @@ KILN_API kiln_status kiln_op_token_embedding(kiln_jit *jit, const kiln_tensor *t
 KILN_API kiln_status kiln_op_token_embedding_encode(kiln_jit *jit, const kiln_tensor *table, const kiln_tensor *ids,
                                                     const kiln_tensor *out, kiln_command **cmd);
 
-/* The specialization kiln_op_token_embedding uses for these sizes when every
- * row is 16-byte aligned (the case buffers from kiln_buffer_create give). */
-KILN_API kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab, int64_t hidden, int vector_width, kiln_spec *out);
+/* The specialization kiln_op_token_embedding uses for a table of element type
+ * elt (KILN_DTYPE_F16 or KILN_DTYPE_BF16) and these sizes, for a vector width
+ * of 8 (every row 16-byte aligned, which buffers from kiln_buffer_create
+ * give) or 1. */
+KILN_API kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab, int64_t hidden, int vector_width,
+                                                  kiln_spec *out);
 
 #ifdef __cplusplus
 }
