@@ -399,9 +399,16 @@ static kiln_status get_rope(const cJSON *root, kiln_model_config *c)
 /* Qwen3's per-head q/k RMSNorm, Mistral's (and Qwen2's) sliding window. */
 static kiln_status get_family(const cJSON *root, kiln_model_config *c)
 {
-    static const char *const qk_norm_types[] = {"qwen3", "qwen3_moe", "qwen3_next"};
-    for (size_t i = 0; i < sizeof qk_norm_types / sizeof qk_norm_types[0]; i++)
-        c->qk_norm |= !strcmp(c->name, qk_norm_types[i]);
+    /* By model_type, else (a file without one) by the first architecture. */
+    static const char *const qk_norm_types[3][2] = {{"qwen3", "Qwen3ForCausalLM"},
+                                                    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                    {"qwen3_next", "Qwen3NextForCausalLM"}};
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
+    for (size_t i = 0; i < 3; i++)
+        c->qk_norm |= cJSON_IsString(mt) ? !strcmp(mt->valuestring, qk_norm_types[i][0])
+                                         : cJSON_IsString(a0) && !strcmp(a0->valuestring, qk_norm_types[i][1]);
     kiln_status st = get_whole(root, "", "sliding_window", 0, 0, KILN_MODEL_MAX_POSITIONS, &c->sliding_window);
     if (st)
         return st;

@@ -621,6 +621,8 @@ static void test_qk_norm_and_sliding_window(void **state)
     assert_int_equal(c.head_dim, 256);
     KILN_CHECK(parse("{" SMALL ", \"model_type\": \"qwen2\"}", &c));
     assert_false(c.qk_norm);
+    KILN_CHECK(parse("{" SMALL ", \"architectures\": [\"Qwen3ForCausalLM\"]}", &c));
+    assert_true(c.qk_norm);
     KILN_CHECK(parse("{" SMALL ", \"model_type\": \"mistral\", \"sliding_window\": 4096}", &c));
     assert_int_equal(c.sliding_window, 4096);
     KILN_CHECK(parse("{" SMALL ", \"model_type\": \"mistral\", \"sliding_window\": null}", &c));
