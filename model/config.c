@@ -407,7 +407,7 @@ static kiln_status get_family(const cJSON *root, kiln_model_config *c)
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
     for (size_t i = 0; i < 3; i++)
-        c->qk_norm |= cJSON_IsString(mt) ? !strcmp(mt->valuestring, qk_norm_types[i][0])
+        c->qk_norm |= cJSON_IsString(mt) && *mt->valuestring ? !strcmp(mt->valuestring, qk_norm_types[i][0])
                                          : cJSON_IsString(a0) && !strcmp(a0->valuestring, qk_norm_types[i][1]);
     kiln_status st = get_whole(root, "", "sliding_window", 0, 0, KILN_MODEL_MAX_POSITIONS, &c->sliding_window);
     if (st)
