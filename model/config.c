@@ -424,6 +424,9 @@ static kiln_status get_family(const cJSON *root, kiln_model_config *c)
     return KILN_OK;
 }
 
+/* get_mscale of _compute_yarn_parameters. */
+static double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
+
 kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t seq_len, float *inv_freq, size_t n,
                                         float *attention_scaling)
 {
@@ -462,14 +465,12 @@ kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t se
         high = high < dim - 1 ? high : dim - 1;
         if (low == high)
             high += 0.001; /* as linear_ramp_factor: no singularity */
-#define KILN_GET_MSCALE(s, m) ((s) <= 1 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
         if (r->attention_factor > 0)
             scaling = r->attention_factor;
         else if (r->mscale && r->mscale_all_dim)
-            scaling = KILN_GET_MSCALE(r->factor, r->mscale) / KILN_GET_MSCALE(r->factor, r->mscale_all_dim);
+            scaling = yarn_mscale(r->factor, r->mscale) / yarn_mscale(r->factor, r->mscale_all_dim);
         else
-            scaling = KILN_GET_MSCALE(r->factor, 1.0);
-#undef KILN_GET_MSCALE
+            scaling = yarn_mscale(r->factor, 1.0);
     }
     float *tmp = malloc(n * sizeof *tmp);
     if (!tmp)
