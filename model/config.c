@@ -193,10 +193,10 @@ static kiln_status check_rope(const kiln_model_config *c, const char *where)
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.rope_type = %d: not a kiln_rope_type", where, (int)r->type);
     if (!isfinite(c->rope_theta) || !(c->rope_theta > 0))
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: rope_theta = %g: must be a number > 0", c->rope_theta);
-    if (dim < 2 || dim % 2 || dim > c->head_dim)
+    if (dim < 2 || dim > c->head_dim)
         return kiln__fail(NULL, KILN_ERR_CONFIG,
                           "config: the rotated dimension head_dim %lld x partial_rotary_factor %g = %lld: must be "
-                          "even, in [2, head_dim]",
+                          "in [2, head_dim]",
                           (long long)c->head_dim, c->partial_rotary_factor ? c->partial_rotary_factor : 1.0,
                           (long long)dim);
     if (r->type == KILN_ROPE_DEFAULT)
@@ -323,11 +323,14 @@ static kiln_status get_rope(const cJSON *root, kiln_model_config *c)
     else if ((st = get_real(root, "partial_rotary_factor", 1.0, 0.0, 1.0, &c->partial_rotary_factor)))
         return st;
     /* int(head_dim * partial_rotary_factor), as transformers takes it. */
+    /* An odd one (transformers refuses a fully rotated odd head) is kept:
+     * kernels of other operations may be listed for such a shape; only
+     * kiln_model_rope_frequencies, what rotates, refuses it. */
     c->rope_dim = (int64_t)floor((double)c->head_dim * c->partial_rotary_factor);
-    if (c->rope_dim < 2 || c->rope_dim % 2)
+    if (c->rope_dim < 2)
         return kiln__fail(NULL, KILN_ERR_CONFIG,
-                          "config: head_dim %lld x partial_rotary_factor %g = %lld rotated dimensions: must be even "
-                          "and at least 2",
+                          "config: head_dim %lld x partial_rotary_factor %g = %lld rotated dimensions: must be at "
+                          "least 2",
                           (long long)c->head_dim, c->partial_rotary_factor, (long long)c->rope_dim);
     kiln_rope_scaling *r = &c->rope;
     if (r->type == KILN_ROPE_DEFAULT)
@@ -440,6 +443,12 @@ kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t se
         return st;
     const kiln_rope_scaling *r = &cfg->rope;
     const int64_t d = cfg->rope_dim ? cfg->rope_dim : cfg->head_dim;
+    if (d % 2)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: head_dim %lld x partial_rotary_factor %g = %lld rotated dimensions: RoPE needs an "
+                          "even number",
+                          (long long)cfg->head_dim, cfg->partial_rotary_factor ? cfg->partial_rotary_factor : 1.0,
+                          (long long)d);
     if (n != (size_t)(d / 2))
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_model_rope_frequencies: n = %zu, but rope_dim %lld needs rope_dim / 2 = %lld", n,

@@ -528,6 +528,11 @@ static void test_rope_fields_and_partial_rotary(void **state)
                 "rope_dim / 2 = 32");
     KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 32, &s));
     assert_true(fabs(f[1] - pow(25000.0, -2.0 / 64)) < 1e-7);
+    /* An odd rotated dimension is parsed; only the frequencies refuse it. */
+    KILN_CHECK(parse("{" SMALL ", \"partial_rotary_factor\": 0.29}", &c));
+    assert_int_equal(c.rope_dim, 37);
+    KILN_EXPECT(kiln_model_rope_frequencies(&c, 0, f, 18, &s), KILN_ERR_CONFIG, kiln_errmsg(),
+                "partial_rotary_factor 0.29 = 37", "even");
     /* At the top level, in older files (Phi). */
     KILN_CHECK(parse("{" SMALL ", \"partial_rotary_factor\": 0.25}", &c));
     assert_int_equal(c.rope_dim, 32);
@@ -600,7 +605,7 @@ static void test_bad_rope_names_field_and_value(void **state)
          "rope_scaling.truncate = 1", "true or false"},
         {ROPE_BASE "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}}",
          "rope_parameters.full_attention", "per layer type"},
-        {"{" SMALL ", \"partial_rotary_factor\": 0.29}", "partial_rotary_factor 0.29 = 37", "even"},
+        {"{" SMALL ", \"partial_rotary_factor\": 0.01}", "partial_rotary_factor 0.01 = 1", "at least 2"},
         {"{" SMALL ", \"rope_parameters\": {\"partial_rotary_factor\": 1.5}}", "partial_rotary_factor = 1.5",
          NULL},
         {"{" SMALL ", \"sliding_window\": 4096.5}", "sliding_window = 4096.5", NULL},

@@ -74,8 +74,10 @@ typedef struct kiln_model_config {
     /* The element type of activations, weights and the KV cache: F16 or
      * BF16 (the config's dtype, or torch_dtype in older files). */
     kiln_dtype dtype;
-    /* The rotated dimensions of each head: head_dim x partial_rotary_factor,
-     * even (0 in a config built by hand: head_dim). */
+    /* The rotated dimensions of each head: head_dim x partial_rotary_factor
+     * rounded down, at least 2 (0 in a config built by hand: head_dim). An
+     * odd one is parsed (the other operations' kernels may be listed for it)
+     * and refused by kiln_model_rope_frequencies. */
     int64_t rope_dim;
     double partial_rotary_factor; /* (0, 1]; 1 when absent (0 in a hand-built config: 1) */
     kiln_rope_scaling rope;
@@ -102,7 +104,7 @@ KILN_API void kiln_model_config_default(kiln_model_config *out);
  * dtype / torch_dtype other than "float16" and "bfloat16" (absent: F16), a
  * rope_type other than default, linear, dynamic, yarn and llama3 (or the
  * legacy key "type"), a scaling field out of range or missing for its type,
- * a partial_rotary_factor whose rotated dimension is odd, a sliding_window
+ * a partial_rotary_factor leaving fewer than 2 rotated dimensions, a sliding_window
  * that is not null or a whole number. */
 KILN_API kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out);
 /* Reads and parses a file: KILN_ERR_IO when it cannot be read or is not a
@@ -131,9 +133,9 @@ KILN_API kiln_status kiln_model_config_load_with(const char *path, const kiln_mo
  * it (the base grows once seq_len passes max_position_embeddings; 0: at most
  * that). The config may be built by hand: its rope fields are checked as the
  * parser checks them. KILN_ERR_INVALID_ARGUMENT: a NULL pointer, seq_len < 0,
- * n other than rope_dim / 2 (both named); KILN_ERR_CONFIG: rope fields out of
- * range (the field and value named), or frequencies that are not finite and
- * positive. Thread-safe; writes nothing on failure. */
+ * n other than rope_dim / 2 (both named); KILN_ERR_CONFIG: an odd rope_dim,
+ * rope fields out of range (the field and value named), or frequencies that
+ * are not finite and positive. Thread-safe; writes nothing on failure. */
 KILN_API kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t seq_len, float *inv_freq,
                                                  size_t n, float *attention_scaling);
 

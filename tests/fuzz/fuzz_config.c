@@ -78,7 +78,7 @@ static void check_limits(const kiln_model_config *c)
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1, "tie_word_embeddings %d",
                c->tie_word_embeddings);
     FUZZ_CHECK(c->dtype == KILN_DTYPE_F16 || c->dtype == KILN_DTYPE_BF16, "dtype %d", (int)c->dtype);
-    FUZZ_CHECK(c->rope_dim >= 2 && c->rope_dim % 2 == 0 && c->rope_dim <= c->head_dim, "rope_dim %lld of head_dim %lld",
+    FUZZ_CHECK(c->rope_dim >= 2 && c->rope_dim <= c->head_dim, "rope_dim %lld of head_dim %lld",
                (long long)c->rope_dim, (long long)c->head_dim);
     FUZZ_CHECK(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1, "partial_rotary_factor %.17g",
                c->partial_rotary_factor);
@@ -101,6 +101,12 @@ static void check_rope(const kiln_model_config *c)
 {
     float f[KILN_MODEL_MAX_HEAD_DIM / 2], s;
     const size_t n = (size_t)(c->rope_dim / 2);
+    if (c->rope_dim % 2) {
+        kiln_status st = kiln_model_rope_frequencies(c, 0, f, n, &s);
+        FUZZ_CHECK(st == KILN_ERR_CONFIG && strstr(kiln_errmsg(), "even"), "odd rope_dim %lld: %s",
+                   (long long)c->rope_dim, kiln_errmsg());
+        return;
+    }
     const int64_t lens[2] = {0, (int64_t)KILN_MODEL_MAX_POSITIONS};
     for (int k = 0; k < 2; k++) {
         kiln_status st = kiln_model_rope_frequencies(c, lens[k], f, n, &s);
