@@ -49,10 +49,15 @@ int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out
 void cli_report_skipped_layers(const kiln_cache *cache);
 
 /* Loads the model (model_path, or the built-in shape when NULL), checks arch
- * and lists the specializations (*specs freed with kiln_free). Returns
- * CLI_EXIT_OK or reports the failure and returns CLI_EXIT_FAILURE. */
-int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_model_config *config,
-                   kiln_spec **specs, size_t *n_specs);
+ * and lists the specializations (*specs freed with kiln_free). dtype
+ * (KILN_DTYPE_F16 or BF16; 0: the config's) overrides the config's element
+ * type. Returns CLI_EXIT_OK or reports the failure and returns
+ * CLI_EXIT_FAILURE. */
+int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_dtype dtype,
+                   kiln_model_config *config, kiln_spec **specs, size_t *n_specs);
+/* --dtype's value: "f16" or "bf16". Returns CLI_EXIT_OK, or reports the usage
+ * error and returns CLI_EXIT_USAGE. */
+int cli_parse_dtype(const char *cmd, const char *text, kiln_dtype *out);
 /* Compiles the specs that cache lacks on up to jobs threads, printing one line
  * per spec and the summary on stdout (progress on stderr when it is a
  * terminal). Returns CLI_EXIT_OK when every spec is in the cache. */
@@ -67,13 +72,15 @@ int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown);
 /* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
 long cli_default_jobs(void);
 
-/* prewarm's and export's command line: --model, --arch, -j, --help and one
+/* prewarm's and export's command line: --model, --dtype, --arch, -j, --help and one
  * database path option, path_opt: 'd' (--db) or 'o' (--output). Returns -1
  * when the command should go on with *out, else the exit status to return
  * (help printed: CLI_EXIT_OK; a usage error reported: CLI_EXIT_USAGE). */
 typedef struct cli_build_args {
     const char *model_path, *arch, *path;
-    long jobs; /* cli_default_jobs() when -j is not given */
+    long jobs;        /* cli_default_jobs() when -j is not given */
+    kiln_dtype dtype; /* --dtype; 0 when not given (the config's) */
+    int dry_run;      /* prewarm's --dry-run (path_opt 'd' only) */
 } cli_build_args;
 int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
                          cli_build_args *out);

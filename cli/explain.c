@@ -15,7 +15,7 @@ static const char *const part_names[N_PARTS] = {"schema",  "template", "source",
 #define PARTS_MAX 2048
 
 static const char help_text[] =
-    "usage: kiln explain [--model CONFIG.json] --op NAME [--arch ARCH] [--db PATH]\n"
+    "usage: kiln explain [--model CONFIG.json] [--dtype f16|bf16] --op NAME [--arch ARCH] [--db PATH]\n"
     "\n"
     "For each kernel of NAME that the model needs on ARCH, says whether the\n"
     "database holds it and, when not, which row is nearest (the most fingerprint\n"
@@ -28,6 +28,8 @@ static const char help_text[] =
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
     "                           Llama-3-8B shape)\n"
+    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"
+    "                           torch_dtype; f16 without one)\n"
     "  -p, --op NAME            the template or operation id to explain (required)\n"
     "  -a, --arch ARCH          target architecture (default: " CLI_DEFAULT_ARCH ")\n"
     "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
@@ -188,19 +190,25 @@ static void explain_miss(const char *want_text, const rows *db)
 int cli_explain(int argc, char **argv)
 {
     static const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
+                                             {"dtype", required_argument, NULL, 't'},
                                              {"op", required_argument, NULL, 'p'},
                                              {"arch", required_argument, NULL, 'a'},
                                              {"db", required_argument, NULL, 'd'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     const char *model_path = NULL, *op = NULL, *arch = CLI_DEFAULT_ARCH, *db = NULL;
-    int c;
+    kiln_dtype dtype = 0;
+    int c, parsed;
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":m:p:a:d:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:t:p:a:d:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'm':
             model_path = optarg;
+            break;
+        case 't':
+            if ((parsed = cli_parse_dtype(CMD, optarg, &dtype)))
+                return parsed;
             break;
         case 'p':
             op = optarg;
@@ -229,7 +237,7 @@ int cli_explain(int argc, char **argv)
     kiln_cache *cache = NULL;
     kiln_jit *jit = NULL;
     rows r = {0};
-    int rc = cli_load_model(CMD, model_path, arch, &config, &specs, &n_specs);
+    int rc = cli_load_model(CMD, model_path, arch, dtype, &config, &specs, &n_specs);
     if (rc)
         goto out;
     /* A template id the model uses; else an operation id: its templates. */

@@ -16,7 +16,8 @@
 #define CONSTANTS_TEXT_MAX (KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24))
 
 static const char help_text[] =
-    "usage: kiln prewarm [--model CONFIG.json] [--arch ARCH] [--db PATH] [-j N]\n"
+    "usage: kiln prewarm [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [--db PATH] [-j N]\n"
+    "                    [--dry-run]\n"
     "\n"
     "Compiles every kernel specialization the model needs for ARCH and stores\n"
     "the cubins in the cache database; kernels already there are not compiled\n"
@@ -25,19 +26,27 @@ static const char help_text[] =
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
     "                           Llama-3-8B shape)\n"
+    "  -t, --dtype f16|bf16     the element type of activations, weights and the KV\n"
+    "                           cache (default: the config's dtype or torch_dtype,\n"
+    "                           float16 or bfloat16; f16 without one)\n"
     "  -a, --arch ARCH          target architecture, sm_XY[a|f] (default: " CLI_DEFAULT_ARCH ")\n"
     "  -d, --db PATH            the database to fill (default: $KILN_CACHE_DIR/kernels.db,\n"
     "                           else $XDG_CACHE_HOME/kiln/kernels.db, else\n"
     "                           $HOME/.cache/kiln/kernels.db); created when missing\n"
     "  -j, --jobs N             compile with N threads, 1..256 (default: the number\n"
     "                           of online CPUs)\n"
+    "  -n, --dry-run            list the specializations, compile nothing, touch no\n"
+    "                           database: one line each, <template id> <constants>\n"
+    "                           <fingerprint prefix>, then\n"
+    "                           dry run: model <name> (...), arch <arch>: <N> specializations\n"
     "  -h, --help               print this help and exit\n"
     "\n"
     "output: one line per specialization, in order,\n"
     "  <template id> <constants> compiled|cached|failed <fingerprint prefix>\n"
     "then one summary line,\n"
     "  summary: model <name> (vocab_size V, hidden_size H, intermediate_size I,\n"
-    "  num_attention_heads A, num_key_value_heads K, head_dim D), arch <arch>:\n"
+    "  num_attention_heads A, num_key_value_heads K, head_dim D, dtype f16|bf16),\n"
+    "  arch <arch>:\n"
     "  <N> specializations, <C> compiled, <R> already cached, <F> failed,\n"
     "  <S> s, database <path>\n"
     "(on one line). When stderr is a terminal, a progress line (done/total,\n"
@@ -212,16 +221,30 @@ long cli_default_jobs(void)
     return n > CLI_MAX_JOBS ? CLI_MAX_JOBS : n;
 }
 
-int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_model_config *config,
-                   kiln_spec **specs, size_t *n_specs)
+int cli_parse_dtype(const char *cmd, const char *text, kiln_dtype *out)
+{
+    if (!strcmp(text, "f16"))
+        *out = KILN_DTYPE_F16;
+    else if (!strcmp(text, "bf16"))
+        *out = KILN_DTYPE_BF16;
+    else
+        return cli_usage_error(cmd, "--dtype %s: must be f16 or bf16", text);
+    return CLI_EXIT_OK;
+}
+
+int cli_load_model(const char *cmd, const char *model_path, const char *arch, kiln_dtype dtype,
+                   kiln_model_config *config, kiln_spec **specs, size_t *n_specs)
 {
     *specs = NULL;
     *n_specs = 0;
     if (model_path) {
-        if (kiln_model_config_load(model_path, config) != KILN_OK)
+        kiln_model_config_options opts = {.size = sizeof opts, .dtype = dtype};
+        if (kiln_model_config_load_with(model_path, &opts, config) != KILN_OK)
             return cli_fail(cmd, "bad model config: %s", kiln_errmsg());
     } else {
         kiln_model_config_default(config);
+        if (dtype)
+            config->dtype = dtype;
     }
     kiln_jit *probe = NULL;
     kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
@@ -290,11 +313,12 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
             n_cached++;
     }
     printf("summary: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
-           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld), arch %s: "
+           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld, dtype %s), arch %s: "
            "%zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, database %s\n",
            config->name, (long long)config->vocab_size, (long long)config->hidden_size,
            (long long)config->intermediate_size, (long long)config->num_attention_heads,
-           (long long)config->num_key_value_heads, (long long)config->head_dim, kiln_jit_arch(jit), n_specs,
+           (long long)config->num_key_value_heads, (long long)config->head_dim,
+           config->dtype == KILN_DTYPE_BF16 ? "bf16" : "f16", kiln_jit_arch(jit), n_specs,
            n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
     fflush(stdout);
     if (n_failed)
@@ -317,13 +341,18 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
                          cli_build_args *out)
 {
     const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
+                                      {"dtype", required_argument, NULL, 't'},
                                       {"arch", required_argument, NULL, 'a'},
                                       {path_opt == 'o' ? "output" : "db", required_argument, NULL, path_opt},
                                       {"jobs", required_argument, NULL, 'j'},
                                       {"help", no_argument, NULL, 'h'},
+                                      {path_opt == 'd' ? "dry-run" : "help", no_argument, NULL,
+                                       path_opt == 'd' ? 'n' : 'h'},
                                       {NULL, 0, NULL, 0}};
-    char optstring[] = ":m:a:d:j:h";
-    optstring[5] = (char)path_opt;
+    char optstring[] = ":m:t:a:d:j:hn";
+    if (path_opt != 'd')
+        optstring[sizeof optstring - 2] = 0; /* --dry-run is prewarm's only */
+    optstring[7] = (char)path_opt;
     *out = (cli_build_args){.arch = CLI_DEFAULT_ARCH};
     int c;
     opterr = 0;
@@ -331,6 +360,10 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
     while ((c = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
         if (c == 'm') {
             out->model_path = optarg;
+        } else if (c == 't') {
+            int rc = cli_parse_dtype(cmd, optarg, &out->dtype);
+            if (rc)
+                return rc;
         } else if (c == 'a') {
             out->arch = optarg;
         } else if (c == path_opt) {
@@ -338,6 +371,8 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
         } else if (c == 'j') {
             if (cli_parse_long(optarg, 1, CLI_MAX_JOBS, &out->jobs))
                 return cli_usage_error(cmd, "-j %s: must be a whole number in [1, %d]", optarg, CLI_MAX_JOBS);
+        } else if (c == 'n') {
+            out->dry_run = 1;
         } else if (c == 'h') {
             fputs(help, stdout);
             return CLI_EXIT_OK;
@@ -350,6 +385,39 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
     if (!out->jobs)
         out->jobs = cli_default_jobs();
     return -1;
+}
+
+/* --dry-run: the specializations and their keys, nothing compiled or opened. */
+static int dry_run(const kiln_model_config *config, const kiln_spec *specs, size_t n_specs, const char *arch)
+{
+    kiln_jit *jit = NULL;
+    kiln_jit_options jo = {.size = sizeof jo, .arch = arch};
+    if (kiln_jit_create(&jo, &jit) != KILN_OK)
+        return cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
+    int rc = CLI_EXIT_OK;
+    for (size_t i = 0; i < n_specs && !rc; i++) {
+        uint8_t fp[KILN_FINGERPRINT_SIZE];
+        char hex[2 * KILN_FINGERPRINT_SIZE + 1], consts[CONSTANTS_TEXT_MAX];
+        if (kiln_jit_fingerprint(jit, &specs[i], fp) != KILN_OK ||
+            kiln_spec_constants_text(&specs[i], consts, sizeof consts) != KILN_OK) {
+            rc = cli_fail(CMD, "%s: %s", specs[i].template_id, kiln_errmsg());
+            break;
+        }
+        kiln_fingerprint_hex(fp, hex);
+        printf("%s %s %.*s\n", specs[i].template_id, consts, FP_SHORT, hex);
+    }
+    if (!rc)
+        printf("dry run: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
+               "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld, dtype %s), arch %s: "
+               "%zu specializations\n",
+               config->name, (long long)config->vocab_size, (long long)config->hidden_size,
+               (long long)config->intermediate_size, (long long)config->num_attention_heads,
+               (long long)config->num_key_value_heads, (long long)config->head_dim,
+               config->dtype == KILN_DTYPE_BF16 ? "bf16" : "f16", kiln_jit_arch(jit), n_specs);
+    if (!rc && (fflush(stdout) != 0 || ferror(stdout)))
+        rc = cli_fail(CMD, "cannot write the output");
+    kiln_jit_destroy(jit);
+    return rc;
 }
 
 int cli_prewarm(int argc, char **argv)
@@ -367,8 +435,14 @@ int cli_prewarm(int argc, char **argv)
     kiln_spec *specs = NULL;
     size_t n_specs = 0;
     char path[CLI_PATH_MAX];
-    int rc = cli_load_model(CMD, model_path, arch, &config, &specs, &n_specs);
-    if (rc || (rc = cli_db_path(CMD, db, path, sizeof path)))
+    int rc = cli_load_model(CMD, model_path, arch, a.dtype, &config, &specs, &n_specs);
+    if (rc)
+        goto out_free_specs;
+    if (a.dry_run) {
+        rc = dry_run(&config, specs, n_specs, arch);
+        goto out_free_specs;
+    }
+    if ((rc = cli_db_path(CMD, db, path, sizeof path)))
         goto out_free_specs;
     kiln_cache *cache = NULL;
     kiln_cache_options cache_opts = {.size = sizeof cache_opts, .path = path};

@@ -12,7 +12,7 @@
 #include "cli.h"
 
 static const char export_help[] =
-    "usage: kiln export [--model CONFIG.json] [--arch ARCH] [-j N] -o OUT.db\n"
+    "usage: kiln export [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [-j N] -o OUT.db\n"
     "\n"
     "Creates OUT.db holding exactly the kernels the model needs for ARCH, for\n"
     "shipping: every specialization is compiled into it (as 'kiln prewarm' does,\n"
@@ -26,6 +26,8 @@ static const char export_help[] =
     "options:\n"
     "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
     "                           Llama-3-8B shape)\n"
+    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"
+    "                           torch_dtype; f16 without one)\n"
     "  -a, --arch ARCH          target architecture, sm_XY[a|f] (default: " CLI_DEFAULT_ARCH ")\n"
     "  -o, --output OUT.db      the database to create (required)\n"
     "  -j, --jobs N             compile with N threads, 1..256 (default: the number\n"
@@ -210,7 +212,7 @@ int cli_export(int argc, char **argv)
     size_t n_specs = 0;
     kiln_cache *cache = NULL;
     staged st = {0};
-    int rc = cli_load_model(cmd, model_path, arch, &config, &specs, &n_specs);
+    int rc = cli_load_model(cmd, model_path, arch, a.dtype, &config, &specs, &n_specs);
     if (rc || (rc = create_fresh(cmd, out, &st, &cache)))
         goto out_free_specs;
     uint64_t rows = 0;

@@ -30,6 +30,9 @@ void kiln_model_config_default(kiln_model_config *c)
     c->rope_theta = 500000.0;
     c->tie_word_embeddings = 0;
     c->dtype = KILN_DTYPE_F16;
+    c->rope_dim = 128;
+    c->partial_rotary_factor = 1.0;
+    c->max_position_embeddings = 8192;
 }
 
 /* The item's JSON text, shortened, for messages. */
@@ -114,10 +117,426 @@ static kiln_status get_linear_attention(const cJSON *root, kiln_model_config *c)
     return KILN_OK;
 }
 
-kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out)
+/* A whole number in [lo, hi], or def when absent or null. */
+static kiln_status get_whole(const cJSON *o, const char *prefix, const char *field, int64_t def, int64_t lo,
+                             int64_t hi, int64_t *out)
 {
-    if (!json || !out)
-        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_parse: NULL argument");
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(o, field);
+    char text[64];
+    if (!item || cJSON_IsNull(item)) {
+        *out = def;
+        return KILN_OK;
+    }
+    value_text(item, text, sizeof text);
+    double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+    if (!cJSON_IsNumber(item) || !isfinite(v) || v != floor(v) || v < (double)lo || v > (double)hi)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s%s%s = %s: must be null or a whole number in [%lld, %lld]",
+                          prefix, *prefix ? "." : "", field, text, (long long)lo, (long long)hi);
+    *out = (int64_t)v;
+    return KILN_OK;
+}
+
+/* A number of a rope object: *present says whether it was given (not null). */
+static kiln_status get_number(const cJSON *o, const char *prefix, const char *field, double *out, int *present)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(o, field);
+    *present = 0;
+    *out = 0;
+    if (!item || cJSON_IsNull(item))
+        return KILN_OK;
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble)) {
+        char text[64];
+        value_text(item, text, sizeof text);
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.%s = %s: must be a number", prefix, field, text);
+    }
+    *out = item->valuedouble;
+    *present = 1;
+    return KILN_OK;
+}
+
+/* "float16" -> F16, "bfloat16" -> BF16 (dtype in transformers 5, torch_dtype before). */
+static kiln_status get_dtype(const cJSON *root, kiln_dtype *out)
+{
+    const char *field = "dtype";
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, field);
+    if (!item || cJSON_IsNull(item)) {
+        field = "torch_dtype";
+        item = cJSON_GetObjectItemCaseSensitive(root, field);
+    }
+    *out = KILN_DTYPE_F16;
+    if (!item || cJSON_IsNull(item))
+        return KILN_OK;
+    if (cJSON_IsString(item) && !strcmp(item->valuestring, "float16"))
+        return KILN_OK;
+    if (cJSON_IsString(item) && !strcmp(item->valuestring, "bfloat16")) {
+        *out = KILN_DTYPE_BF16;
+        return KILN_OK;
+    }
+    char text[64];
+    value_text(item, text, sizeof text);
+    return kiln__fail(NULL, KILN_ERR_CONFIG,
+                      "config: %s = %s: kiln runs \"float16\" or \"bfloat16\" (--dtype f16|bf16 overrides the "
+                      "config's)",
+                      field, text);
+}
+
+static const char *const rope_type_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+
+/* The checks the parser and kiln_model_rope_frequencies share: the values of
+ * c's rope fields, where names the object they came from in messages. */
+static kiln_status check_rope(const kiln_model_config *c, const char *where)
+{
+    const kiln_rope_scaling *r = &c->rope;
+    const char *type = (unsigned)r->type < 5 ? rope_type_names[r->type] : "?";
+    int64_t dim = c->rope_dim ? c->rope_dim : c->head_dim;
+    if ((unsigned)r->type >= 5)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.rope_type = %d: not a kiln_rope_type", where, (int)r->type);
+    if (!isfinite(c->rope_theta) || !(c->rope_theta > 0))
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: rope_theta = %g: must be a number > 0", c->rope_theta);
+    if (dim < 2 || dim > c->head_dim)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: the rotated dimension head_dim %lld x partial_rotary_factor %g = %lld: must be "
+                          "in [2, head_dim]",
+                          (long long)c->head_dim, c->partial_rotary_factor ? c->partial_rotary_factor : 1.0,
+                          (long long)dim);
+    if (r->type == KILN_ROPE_DEFAULT)
+        return KILN_OK;
+    if (!isfinite(r->factor) || !(r->factor > 0) || r->factor > 1e6)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.factor = %g (rope_type \"%s\"): must be in (0, 1e6]",
+                          where, r->factor, type);
+    if (r->type == KILN_ROPE_DYNAMIC) {
+        if (!c->max_position_embeddings)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.rope_type \"dynamic\" needs max_position_embeddings (missing)", where);
+        if (dim <= 2)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.rope_type \"dynamic\" needs a rotated dimension above 2, not %lld", where,
+                              (long long)dim);
+    }
+    if ((r->type == KILN_ROPE_YARN || r->type == KILN_ROPE_LLAMA3) &&
+        (r->original_max_position_embeddings < 1 || r->original_max_position_embeddings > KILN_MODEL_MAX_POSITIONS))
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: %s.original_max_position_embeddings = %lld (rope_type \"%s\"): must be in [1, %d] "
+                          "(or max_position_embeddings given)",
+                          where, (long long)r->original_max_position_embeddings, type, KILN_MODEL_MAX_POSITIONS);
+    if (r->type == KILN_ROPE_LLAMA3) {
+        if (!isfinite(r->low_freq_factor) || !(r->low_freq_factor > 0) || !isfinite(r->high_freq_factor) ||
+            !(r->high_freq_factor > r->low_freq_factor))
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.low_freq_factor = %g, high_freq_factor = %g (rope_type \"llama3\"): need "
+                              "0 < low_freq_factor < high_freq_factor",
+                              where, r->low_freq_factor, r->high_freq_factor);
+    }
+    if (r->type == KILN_ROPE_YARN) {
+        double fast = r->beta_fast ? r->beta_fast : 32, slow = r->beta_slow ? r->beta_slow : 1;
+        if (!isfinite(fast) || !isfinite(slow) || !(slow > 0) || fast < slow || fast > 1e6)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.beta_fast = %g, beta_slow = %g (rope_type \"yarn\"): need 0 < beta_slow <= "
+                              "beta_fast <= 1e6",
+                              where, fast, slow);
+        if (!(c->rope_theta > 1))
+            return kiln__fail(NULL, KILN_ERR_CONFIG, "config: rope_theta = %g: rope_type \"yarn\" needs a base above 1",
+                              c->rope_theta);
+        if (!isfinite(r->attention_factor) || r->attention_factor < 0 || r->attention_factor > 1e3)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.attention_factor = %g (rope_type \"yarn\"): must be in (0, 1000]", where,
+                              r->attention_factor);
+        if (!isfinite(r->mscale) || r->mscale < 0 || r->mscale > 1e3 || !isfinite(r->mscale_all_dim) ||
+            r->mscale_all_dim < 0 || r->mscale_all_dim > 1e3)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.mscale = %g, mscale_all_dim = %g (rope_type \"yarn\"): each must be in "
+                              "[0, 1000]",
+                              where, r->mscale, r->mscale_all_dim);
+    }
+    return KILN_OK;
+}
+
+/* The RoPE fields: rope_scaling (older files, which transformers 5 still
+ * prefers when set) or rope_parameters, as RotaryEmbeddingConfigMixin's
+ * convert_rope_params_to_dict and standardize_rope_params read them. */
+static kiln_status get_rope(const cJSON *root, kiln_model_config *c)
+{
+    const char *where = "rope_scaling";
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, where);
+    if (!o || cJSON_IsNull(o) || (cJSON_IsObject(o) && !o->child)) {
+        where = "rope_parameters";
+        o = cJSON_GetObjectItemCaseSensitive(root, where);
+    }
+    char text[96];
+    kiln_status st;
+    if (o && cJSON_IsNull(o))
+        o = NULL;
+    if (o && !cJSON_IsObject(o)) {
+        value_text(o, text, sizeof text);
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s = %s: must be an object or null", where, text);
+    }
+    static const char *const layer_types[] = {"full_attention", "sliding_attention"};
+    for (int i = 0; o && i < 2; i++)
+        if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(o, layer_types[i])))
+            return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.%s: RoPE per layer type is not supported", where,
+                              layer_types[i]);
+    if ((st = get_whole(root, "", "max_position_embeddings", 0, 1, KILN_MODEL_MAX_POSITIONS,
+                        &c->max_position_embeddings)))
+        return st;
+    /* The type: rope_type, else the legacy key type, else default. */
+    const cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "rope_type") : NULL;
+    const char *tkey = "rope_type";
+    if (o && (!t || cJSON_IsNull(t))) {
+        t = cJSON_GetObjectItemCaseSensitive(o, "type");
+        tkey = "type";
+    }
+    c->rope.type = KILN_ROPE_DEFAULT;
+    if (t && !cJSON_IsNull(t)) {
+        int found = -1;
+        for (int i = 0; cJSON_IsString(t) && i < 5; i++)
+            if (!strcmp(t->valuestring, rope_type_names[i]))
+                found = i;
+        if (found < 0) {
+            value_text(t, text, sizeof text);
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.%s = %s: supported RoPE types are default, linear, dynamic, yarn and llama3",
+                              where, tkey, text);
+        }
+        c->rope.type = (kiln_rope_type)found;
+    }
+    /* rope_theta and partial_rotary_factor: in the object (transformers 5), else at the top. */
+    double v;
+    int present;
+    if (o) {
+        if ((st = get_number(o, where, "rope_theta", &v, &present)))
+            return st;
+        if (present) {
+            if (!(v > 0) || v > 1e12)
+                return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.rope_theta = %g: must be a number in (0, 1e12]",
+                                  where, v);
+            c->rope_theta = v;
+        }
+    }
+    present = 0;
+    if (o && (st = get_number(o, where, "partial_rotary_factor", &v, &present)))
+        return st;
+    c->partial_rotary_factor = 1.0;
+    if (present && (!(v > 0) || v > 1))
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.partial_rotary_factor = %g: must be in (0, 1]", where, v);
+    if (present)
+        c->partial_rotary_factor = v;
+    else if ((st = get_real(root, "partial_rotary_factor", 1.0, 0.0, 1.0, &c->partial_rotary_factor)))
+        return st;
+    /* int(head_dim * partial_rotary_factor), as transformers takes it. */
+    /* An odd one (transformers refuses a fully rotated odd head) is kept:
+     * kernels of other operations may be listed for such a shape; only
+     * kiln_model_rope_frequencies, what rotates, refuses it. */
+    c->rope_dim = (int64_t)floor((double)c->head_dim * c->partial_rotary_factor);
+    if (c->rope_dim < 2)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: head_dim %lld x partial_rotary_factor %g = %lld rotated dimensions: must be at "
+                          "least 2",
+                          (long long)c->head_dim, c->partial_rotary_factor, (long long)c->rope_dim);
+    kiln_rope_scaling *r = &c->rope;
+    if (r->type == KILN_ROPE_DEFAULT)
+        return check_rope(c, where);
+    const char *type = rope_type_names[r->type];
+    if ((st = get_number(o, where, "factor", &r->factor, &present)))
+        return st;
+    int have_factor = present;
+    if (r->type == KILN_ROPE_YARN || r->type == KILN_ROPE_LLAMA3) {
+        /* standardize_rope_params: a top-level original_max_position_embeddings
+         * (Phi3) comes first, then the object's, then max_position_embeddings. */
+        int64_t top = 0, inner = 0;
+        if ((st = get_whole(root, "", "original_max_position_embeddings", 0, 1, KILN_MODEL_MAX_POSITIONS, &top)) ||
+            (st = get_whole(o, where, "original_max_position_embeddings", 0, 1, KILN_MODEL_MAX_POSITIONS, &inner)))
+            return st;
+        r->original_max_position_embeddings = top ? top : inner ? inner : c->max_position_embeddings;
+        if (!r->original_max_position_embeddings)
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: %s.rope_type = \"%s\" needs original_max_position_embeddings or "
+                              "max_position_embeddings (both missing)",
+                              where, type);
+    }
+    if (!have_factor && r->type == KILN_ROPE_YARN && c->max_position_embeddings) {
+        /* _compute_yarn_parameters: no factor is the ratio of the two lengths. */
+        r->factor = (double)c->max_position_embeddings / (double)r->original_max_position_embeddings;
+        have_factor = 1;
+    }
+    if (!have_factor)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.rope_type = \"%s\" needs factor (missing)", where, type);
+    if (r->type == KILN_ROPE_LLAMA3) {
+        static const char *const need[2] = {"low_freq_factor", "high_freq_factor"};
+        double *dst[2] = {&r->low_freq_factor, &r->high_freq_factor};
+        for (int i = 0; i < 2; i++) {
+            if ((st = get_number(o, where, need[i], dst[i], &present)))
+                return st;
+            if (!present)
+                return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.rope_type = \"llama3\" needs %s (missing)", where,
+                                  need[i]);
+        }
+    }
+    if (r->type == KILN_ROPE_YARN) {
+        static const char *const opt[5] = {"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"};
+        double *dst[5] = {&r->beta_fast, &r->beta_slow, &r->attention_factor, &r->mscale, &r->mscale_all_dim};
+        for (int i = 0; i < 5; i++) {
+            if ((st = get_number(o, where, opt[i], dst[i], &present)))
+                return st;
+            /* A given attention_factor must be usable; absent, it is derived. */
+            if (i == 2 && present && !(r->attention_factor > 0))
+                return kiln__fail(NULL, KILN_ERR_CONFIG,
+                                  "config: %s.attention_factor = %g (rope_type \"yarn\"): must be in (0, 1000]", where,
+                                  r->attention_factor);
+        }
+        r->beta_fast = r->beta_fast ? r->beta_fast : 32;
+        r->beta_slow = r->beta_slow ? r->beta_slow : 1;
+        r->truncate = 1;
+        const cJSON *tr = cJSON_GetObjectItemCaseSensitive(o, "truncate");
+        if (tr && !cJSON_IsNull(tr)) {
+            if (!cJSON_IsBool(tr)) {
+                value_text(tr, text, sizeof text);
+                return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s.truncate = %s: must be true or false", where,
+                                  text);
+            }
+            r->truncate = cJSON_IsTrue(tr);
+        }
+    }
+    return check_rope(c, where);
+}
+
+/* Qwen3's per-head q/k RMSNorm, Mistral's (and Qwen2's) sliding window. */
+static kiln_status get_family(const cJSON *root, kiln_model_config *c)
+{
+    /* By model_type, else (a file without one) by the first architecture. */
+    static const char *const qk_norm_types[3][2] = {{"qwen3", "Qwen3ForCausalLM"},
+                                                    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                    {"qwen3_next", "Qwen3NextForCausalLM"}};
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
+    for (size_t i = 0; i < 3; i++)
+        c->qk_norm |= cJSON_IsString(mt) && *mt->valuestring ? !strcmp(mt->valuestring, qk_norm_types[i][0])
+                                         : cJSON_IsString(a0) && !strcmp(a0->valuestring, qk_norm_types[i][1]);
+    kiln_status st = get_whole(root, "", "sliding_window", 0, 0, KILN_MODEL_MAX_POSITIONS, &c->sliding_window);
+    if (st)
+        return st;
+    /* Qwen2Config keeps sliding_window only when use_sliding_window is true. */
+    const cJSON *use = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+    if (use && !cJSON_IsNull(use) && !cJSON_IsBool(use)) {
+        char text[64];
+        value_text(use, text, sizeof text);
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: use_sliding_window = %s: must be true or false", text);
+    }
+    if (cJSON_IsFalse(use))
+        c->sliding_window = 0;
+    return KILN_OK;
+}
+
+/* get_mscale of _compute_yarn_parameters. */
+static double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
+
+kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t seq_len, float *inv_freq, size_t n,
+                                        float *attention_scaling)
+{
+    if (!cfg || !inv_freq || !attention_scaling)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_rope_frequencies: NULL argument");
+    if (seq_len < 0)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_rope_frequencies: seq_len = %lld is negative",
+                          (long long)seq_len);
+    kiln_status st = check_rope(cfg, "rope");
+    if (st)
+        return st;
+    const kiln_rope_scaling *r = &cfg->rope;
+    const int64_t d = cfg->rope_dim ? cfg->rope_dim : cfg->head_dim;
+    if (d % 2)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: head_dim %lld x partial_rotary_factor %g = %lld rotated dimensions: RoPE needs an "
+                          "even number",
+                          (long long)cfg->head_dim, cfg->partial_rotary_factor ? cfg->partial_rotary_factor : 1.0,
+                          (long long)d);
+    if (n != (size_t)(d / 2))
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_model_rope_frequencies: n = %zu, but rope_dim %lld needs rope_dim / 2 = %lld", n,
+                          (long long)d, (long long)(d / 2));
+    const double dim = (double)d, pi = 3.14159265358979323846;
+    double base = cfg->rope_theta, scaling = 1.0;
+    if (r->type == KILN_ROPE_DYNAMIC) {
+        /* _compute_dynamic_ntk_parameters: seq_len at least max_position_embeddings. */
+        double L = (double)(seq_len > cfg->max_position_embeddings ? seq_len : cfg->max_position_embeddings);
+        double M = (double)cfg->max_position_embeddings;
+        base *= pow(r->factor * L / M - (r->factor - 1), dim / (dim - 2));
+    }
+    /* _compute_yarn_parameters: the correction range and the attention factor. */
+    double low = 0, high = 0;
+    if (r->type == KILN_ROPE_YARN) {
+        const double orig = (double)r->original_max_position_embeddings;
+        double corr[2], beta[2] = {r->beta_fast ? r->beta_fast : 32, r->beta_slow ? r->beta_slow : 1};
+        for (int k = 0; k < 2; k++)
+            corr[k] = dim * log(orig / (beta[k] * 2 * pi)) / (2 * log(base));
+        low = r->truncate ? floor(corr[0]) : corr[0];
+        high = r->truncate ? ceil(corr[1]) : corr[1];
+        low = low > 0 ? low : 0;
+        high = high < dim - 1 ? high : dim - 1;
+        if (low == high)
+            high += 0.001; /* as linear_ramp_factor: no singularity */
+        if (r->attention_factor > 0)
+            scaling = r->attention_factor;
+        else if (r->mscale && r->mscale_all_dim)
+            scaling = yarn_mscale(r->factor, r->mscale) / yarn_mscale(r->factor, r->mscale_all_dim);
+        else
+            scaling = yarn_mscale(r->factor, 1.0);
+    }
+    float *tmp = malloc(n * sizeof *tmp);
+    if (!tmp)
+        return kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "kiln_model_rope_frequencies: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const double inv = 1.0 / pow(base, (double)(2 * i) / dim);
+        double f = inv;
+        switch (r->type) {
+        case KILN_ROPE_DEFAULT:
+        case KILN_ROPE_DYNAMIC: break;
+        case KILN_ROPE_LINEAR: f = inv / r->factor; break;
+        case KILN_ROPE_YARN: {
+            double ramp = ((double)i - low) / (high - low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const double extrapolation = 1 - ramp; /* inv_freq_extrapolation_factor */
+            f = inv / r->factor * (1 - extrapolation) + inv * extrapolation;
+            break;
+        }
+        case KILN_ROPE_LLAMA3: {
+            /* _compute_llama3_parameters: wavelengths past the pretraining
+             * length / low_freq_factor are divided by factor, those under it /
+             * high_freq_factor kept, those between blended smoothly. */
+            const double orig = (double)r->original_max_position_embeddings;
+            const double wavelen = 2 * pi / inv;
+            const double low_wavelen = orig / r->low_freq_factor, high_wavelen = orig / r->high_freq_factor;
+            if (wavelen > low_wavelen) {
+                f = inv / r->factor;
+            } else if (!(wavelen < high_wavelen)) {
+                const double smooth = (orig / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                f = (1 - smooth) * inv / r->factor + smooth * inv;
+            }
+            break;
+        }
+        }
+        tmp[i] = (float)f;
+        if (!isfinite(tmp[i]) || !(tmp[i] > 0)) {
+            free(tmp);
+            return kiln__fail(NULL, KILN_ERR_CONFIG,
+                              "config: RoPE (%s, rope_theta %g, rope_dim %lld): inverse frequency %zu is %g, not a "
+                              "finite positive float",
+                              rope_type_names[r->type], cfg->rope_theta, (long long)d, i, f);
+        }
+    }
+    if (!isfinite((float)scaling) || !((float)scaling > 0)) {
+        free(tmp);
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: RoPE yarn attention scaling %g is not finite and positive",
+                          scaling);
+    }
+    memcpy(inv_freq, tmp, n * sizeof *tmp);
+    *attention_scaling = (float)scaling;
+    free(tmp);
+    return KILN_OK;
+}
+
+static kiln_status parse_config(const char *json, size_t len, const kiln_model_config_options *opts,
+                                kiln_model_config *out)
+{
     if (len > MAX_CONFIG_BYTES)
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %zu bytes; a config is at most %u", len, MAX_CONFIG_BYTES);
     /* cJSON alone takes the first of two equal keys, bytes after the value
@@ -184,7 +603,11 @@ kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_con
                         (long long)c.num_attention_heads, (long long)c.hidden_size);
         goto out;
     }
-    if ((st = get_linear_attention(root, &c)))
+    if ((st = get_linear_attention(root, &c)) || (st = get_rope(root, &c)) || (st = get_family(root, &c)))
+        goto out;
+    if (opts && opts->dtype)
+        c.dtype = opts->dtype;
+    else if ((st = get_dtype(root, &c.dtype)))
         goto out;
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
     if (tie && !cJSON_IsNull(tie)) {
@@ -202,10 +625,45 @@ out:
     return st;
 }
 
+/* NULL options, or ones of the right size with dtype 0, F16 or BF16. */
+static kiln_status check_options(const char *fn, const kiln_model_config_options *opts)
+{
+    if (opts && opts->size != sizeof *opts)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: options size %zu, expected %zu", fn, opts->size,
+                          sizeof *opts);
+    if (opts && opts->dtype && opts->dtype != KILN_DTYPE_F16 && opts->dtype != KILN_DTYPE_BF16)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "%s: options dtype %d: kiln runs F16 (%d) or BF16 (%d)", fn,
+                          (int)opts->dtype, (int)KILN_DTYPE_F16, (int)KILN_DTYPE_BF16);
+    return KILN_OK;
+}
+
+kiln_status kiln_model_config_parse_with(const char *json, size_t len, const kiln_model_config_options *opts,
+                                         kiln_model_config *out)
+{
+    if (!json || !out)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_parse: NULL argument");
+    kiln_status st = check_options("kiln_model_config_parse_with", opts);
+    return st ? st : parse_config(json, len, opts, out);
+}
+
+kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out)
+{
+    return kiln_model_config_parse_with(json, len, NULL, out);
+}
+
 kiln_status kiln_model_config_load(const char *path, kiln_model_config *out)
+{
+    return kiln_model_config_load_with(path, NULL, out);
+}
+
+kiln_status kiln_model_config_load_with(const char *path, const kiln_model_config_options *opts,
+                                        kiln_model_config *out)
 {
     if (!path || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_model_config_load: NULL argument");
+    kiln_status ost = check_options("kiln_model_config_load_with", opts);
+    if (ost)
+        return ost;
     int fd;
     kiln_status st = kiln__open_regular(path, &fd, NULL);
     if (st)
@@ -231,7 +689,7 @@ kiln_status kiln_model_config_load(const char *path, kiln_model_config *out)
     close(fd);
     if (err)
         st = kiln__fail(NULL, KILN_ERR_IO, "cannot read config %s: %s", path, strerror(err));
-    else if ((st = kiln_model_config_parse(buf, n, out)))
+    else if ((st = parse_config(buf, n, opts, out)))
         kiln__fail(NULL, st, "%s: %s", path, kiln_errmsg());
     free(buf);
     return st;

@@ -188,6 +188,52 @@ grep -q 'vocab_size 151936, hidden_size 896, intermediate_size 4864, num_attenti
 expect 0 "$KILN" ls --db "$DB" --json
 [[ $(json_eval 'len(d)') -eq $((N + N_QWEN)) ]] || fail "ls after qwen does not list $((N + N_QWEN)) entries"
 
+# ---- real configs as the hub ships them (tests/data): each listed, one compiled ----
+DATA="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/data"
+DRY_RE='^dry run: model [a-z0-9_]+ \(.*, dtype (f16|bf16)\), arch sm_90: ([0-9]+) specializations$'
+# dry_summary: sets DRY_DTYPE and DRY_N from the dry run's summary in $OUT; checks its lines.
+dry_summary() {
+    local line
+    line=$(tail -n 1 "$OUT")
+    [[ $line =~ $DRY_RE ]] || fail "dry run summary not in the documented format: $line"
+    DRY_DTYPE=${BASH_REMATCH[1]}
+    DRY_N=${BASH_REMATCH[2]}
+    [[ $DRY_N -ge 1 && $(grep -c -E '^[a-z0-9_]+ [A-Z0-9_=;]* [0-9a-f]{16}$' "$OUT") -eq $DRY_N ]] ||
+        fail "dry run: expected $DRY_N specialization lines"
+}
+for name in llama-3.1-8b llama-3.2-1b qwen2.5-7b qwen3-8b mistral-7b-v0.3; do
+    expect 0 "$KILN" prewarm --dry-run --model "$DATA/$name.json" --arch sm_90 --db "$S/dry/kernels.db"
+    dry_summary
+    [[ $DRY_DTYPE == bf16 ]] || fail "$name: dtype $DRY_DTYPE, the config says bfloat16"
+    [[ ! -e $S/dry ]] || fail "a dry run created $S/dry"
+    N_BF16=$DRY_N
+    expect 0 "$KILN" prewarm -n --dtype f16 --model "$DATA/$name.json" --arch sm_90
+    dry_summary
+    [[ $DRY_DTYPE == f16 && $DRY_N -eq $N_BF16 ]] || fail "$name --dtype f16: dtype $DRY_DTYPE, $DRY_N specializations"
+done
+# Llama-3.1-8B is the built-in shape: its scaled RoPE changes no kernel key.
+expect 0 "$KILN" prewarm -n --arch sm_90
+cp "$OUT" "$S/dry-default.out"
+expect 0 "$KILN" prewarm -n --dtype f16 --model "$DATA/llama-3.1-8b.json" --arch sm_90
+diff <(grep -v '^dry run' "$S/dry-default.out") <(grep -v '^dry run' "$OUT") >/dev/null ||
+    fail "Llama-3.1-8B in f16 lists other kernels than the built-in Llama-3-8B shape"
+expect 2 "$KILN" prewarm --dtype f32
+grep -q -- '--dtype f32: must be f16 or bf16' "$ERR" || fail "--dtype f32 was not refused by name"
+cfg f32 '{"vocab_size": 1000, "hidden_size": 512, "intermediate_size": 128, "num_attention_heads": 4, "torch_dtype": "float32"}'
+expect 1 "$KILN" prewarm -n --model "$S/f32.json"
+grep -q 'torch_dtype = "float32"' "$ERR" && grep -q -- '--dtype' "$ERR" || fail "a float32 config was not refused clearly"
+expect 0 "$KILN" prewarm -n --dtype bf16 --model "$S/f32.json"
+# One compiled in full: Llama-3.2-1B (tied embeddings, head_dim 64).
+expect 0 "$KILN" prewarm --model "$DATA/llama-3.2-1b.json" --arch sm_90 --db "$S/real/kernels.db" -j 2
+parse_summary
+[[ $N_SPECS -ge 1 && $N_COMPILED -eq $N_SPECS && $N_FAILED -eq 0 ]] ||
+    fail "Llama-3.2-1B prewarm: $N_COMPILED of $N_SPECS compiled, $N_FAILED failed"
+grep -q '^summary: model llama (vocab_size 128256, hidden_size 2048, .*head_dim 64, dtype bf16), arch sm_90' "$OUT" ||
+    fail "the summary does not describe Llama-3.2-1B in bf16"
+expect 0 "$KILN" prewarm --model "$DATA/llama-3.2-1b.json" --arch sm_90 --db "$S/real/kernels.db"
+parse_summary
+[[ $N_CACHED -eq $N_SPECS && $N_COMPILED -eq 0 ]] || fail "Llama-3.2-1B again: $N_COMPILED compiled"
+
 # ---- processes sharing one new database ----
 SHARED="$S/shared/kernels.db"
 PIDS=()

@@ -15,6 +15,17 @@ static const char *LLAMA_JSON =
     "\"head_dim\":64,\"rms_norm_eps\":1e-5,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0},"
     "\"tie_word_embeddings\":false%s}";
 
+static const char *MISTRAL_JSON =
+    "{\"model_type\":\"mistral\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+    "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":64%s}";
+
+static kiln_status parse_mistral(const char *extra, dec_config *c)
+{
+    char json[2048];
+    snprintf(json, sizeof json, MISTRAL_JSON, extra);
+    return dec_config_parse(json, strlen(json), c);
+}
+
 static kiln_status parse_with(const char *extra, dec_config *c)
 {
     char json[2048];
@@ -52,19 +63,77 @@ static void test_config(void **state)
     assert_int_equal(c.qkv_bias, 1);
     assert_int_equal(c.base.tie_word_embeddings, 1);
     assert_true(c.base.rope_theta == 1e6);
+    assert_true(c.rope_inv_freq[0] == 1.0f && c.rope_attention_scaling == 1.0f);
+    /* Scaled RoPE is taken, and its frequencies computed: llama3 divides the
+     * lowest by factor, yarn scales the attention. */
+    KILN_CHECK(parse_with(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                          "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}",
+                          &c));
+    assert_int_equal(c.base.rope.type, KILN_ROPE_LLAMA3);
+    float plain[32], s;
+    kiln_model_config d = c.base;
+    d.rope.type = KILN_ROPE_DEFAULT;
+    KILN_CHECK(kiln_model_rope_frequencies(&d, 0, plain, 32, &s));
+    assert_true(c.rope_inv_freq[0] == plain[0] && c.rope_inv_freq[31] == plain[31] / 8);
+    KILN_CHECK(parse_with(",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                          "\"original_max_position_embeddings\":4096}",
+                          &c));
+    assert_true(c.rope_attention_scaling > 1.13f && c.rope_attention_scaling < 1.14f);
+    /* Mistral: no window, or one as long as the model's longest sequence, is Llama. */
+    KILN_CHECK(parse_mistral(",\"sliding_window\":null", &c));
+    assert_string_equal(c.model_type, "mistral");
+    KILN_CHECK(parse_mistral(",\"sliding_window\":32768,\"max_position_embeddings\":32768",
+                          &c));
+    /* head_dim 256 (Qwen3-Next's, Gemma's) is taken. */
+    const char *hd256 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+                        "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":256}";
+    KILN_CHECK(dec_config_parse(hd256, strlen(hd256), &c));
+    assert_int_equal(c.base.head_dim, 256);
+    /* The real configs of tests/data: Llama 3.x, Qwen2.5 and Mistral parse;
+     * Qwen3 is refused for its q/k norm. */
+    static const char *const real[] = {"llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "mistral-7b-v0.3",
+                                       "qwen2.5-0.5b"};
+    char path[1024];
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s.json", KILN_TEST_DATA_DIR, real[i]);
+        KILN_CHECK(dec_config_load(path, &c));
+        assert_int_equal(c.base.dtype, KILN_DTYPE_BF16);
+    }
+    snprintf(path, sizeof path, "%s/llama-3.2-1b.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(dec_config_load(path, &c));
+    assert_true(c.base.tie_word_embeddings && c.base.head_dim == 64 && c.base.rope.factor == 32);
+    snprintf(path, sizeof path, "%s/qwen2.5-7b.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(dec_config_load(path, &c));
+    assert_true(c.qkv_bias);
+    snprintf(path, sizeof path, "%s/qwen3-8b.json", KILN_TEST_DATA_DIR);
+    expect_msg(dec_config_load(path, &c), KILN_ERR_CONFIG, "qwen3-8b.json", "q/k norm");
 }
 
 static void test_config_refused(void **state)
 {
     (void)state;
     dec_config c;
-    const char *bad = "{\"model_type\":\"mistral\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+    const char *bad = "{\"model_type\":\"gemma\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
                       "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
-    expect_msg(dec_config_parse(bad, strlen(bad), &c), KILN_ERR_CONFIG, "model_type = \"mistral\"",
+    expect_msg(dec_config_parse(bad, strlen(bad), &c), KILN_ERR_CONFIG, "model_type = \"gemma\"",
                "unsupported architecture");
+    /* Qwen3's q/k norm and Mistral's window: parsed, not yet run by the engine. */
+    const char *qwen3 = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
+                        "\"intermediate_size\":256,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":128}";
+    expect_msg(dec_config_parse(qwen3, strlen(qwen3), &c), KILN_ERR_CONFIG, "model_type qwen3 needs q/k norm",
+               "not yet in this decoder");
+    expect_msg(parse_mistral(",\"sliding_window\":4096,\"max_position_embeddings\":32768", &c),
+               KILN_ERR_CONFIG, "sliding_window = 4096", "max_position_embeddings 32768");
+    expect_msg(parse_mistral(",\"sliding_window\":4096", &c), KILN_ERR_CONFIG,
+               "sliding_window = 4096", "not yet in this decoder");
+    const char *hd80 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":160,\"intermediate_size\":256,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
+    expect_msg(dec_config_parse(hd80, strlen(hd80), &c), KILN_ERR_CONFIG, "head_dim = 80", "64, 128 or 256");
     expect_msg(parse_with(",\"hidden_act\":\"gelu\"", &c), KILN_ERR_CONFIG, "hidden_act = \"gelu\"", NULL);
     expect_msg(parse_with(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}", &c), KILN_ERR_CONFIG,
-               "rope_scaling.rope_type = \"llama3\"", NULL);
+               "rope_type = \"llama3\" needs", "missing");
+    expect_msg(parse_with(",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":8}", &c), KILN_ERR_CONFIG,
+               "rope_scaling.rope_type = \"longrope\"", NULL);
     expect_msg(parse_with(",\"mlp_bias\":true", &c), KILN_ERR_CONFIG, "mlp_bias = true", NULL);
     expect_msg(parse_with(",\"use_sliding_window\":true", &c), KILN_ERR_CONFIG, "use_sliding_window", NULL);
     expect_msg(parse_with(",\"eos_token_id\":600", &c), KILN_ERR_CONFIG, "eos_token_id = 600", NULL);
@@ -73,7 +142,7 @@ static void test_config_refused(void **state)
     expect_msg(dec_config_parse(no_layers, strlen(no_layers), &c), KILN_ERR_CONFIG, "num_hidden_layers", NULL);
     const char *hd96 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":192,\"intermediate_size\":256,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
-    expect_msg(dec_config_parse(hd96, strlen(hd96), &c), KILN_ERR_CONFIG, "head_dim = 96", "64 or 128");
+    expect_msg(dec_config_parse(hd96, strlen(hd96), &c), KILN_ERR_CONFIG, "head_dim = 96", "64, 128 or 256");
     expect_msg(dec_config_parse("{", 1, &c), KILN_ERR_CONFIG, NULL, NULL);
 }
 
@@ -180,6 +249,20 @@ static void test_sharded(void **state)
     KILN_CHECK(dec_checkpoint_open(dir, &ck));
     assert_int_equal(ck.n_files, 2);
     dec_checkpoint_close(&ck);
+
+    /* The index puts the last tensor in shard 1, which does not hold it. */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    char *moved = strstr(idx, e[n - 1].name);
+    assert_non_null(moved);
+    char *digit = strstr(moved, "model-00002");
+    digit[10] = '1';
+    assert_true(st_write_file(path, idx, len));
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, e[n - 1].name,
+               "in model-00001-of-00002.safetensors, which does not hold it");
+    /* A shard the index names that is not there: both named. */
+    digit[10] = '3';
+    assert_true(st_write_file(path, idx, len));
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_IO, "shard model-00003-of-00002.safetensors", e[n - 1].name);
     kiln_test_rmrf(dir);
 }
 

@@ -2,6 +2,12 @@
 #include "testutil.h"
 #include "st_writer.h"
 
+#include <math.h>
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
 static kiln_status parse(const char *json, kiln_model_config *c) { return kiln_model_config_parse(json, strlen(json), c); }
 
 /* json is refused as KILN_ERR_CONFIG, the message holding a and b, the
@@ -300,6 +306,424 @@ static void test_linear_attention_specializations(void **state)
     kiln_free(specs);
 }
 
+/* ---- dtype, RoPE scaling, model families ---- */
+
+#define SMALL "\"vocab_size\": 1000, \"hidden_size\": 512, \"intermediate_size\": 128, \"num_attention_heads\": 4"
+
+static void test_dtype(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_CHECK(parse("{" SMALL "}", &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_F16);
+    KILN_CHECK(parse("{" SMALL ", \"torch_dtype\": \"bfloat16\"}", &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    KILN_CHECK(parse("{" SMALL ", \"dtype\": \"float16\"}", &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_F16);
+    /* transformers 5's dtype comes before an older torch_dtype. */
+    KILN_CHECK(parse("{" SMALL ", \"dtype\": \"bfloat16\", \"torch_dtype\": \"float16\"}", &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    KILN_CHECK(parse("{" SMALL ", \"dtype\": null, \"torch_dtype\": \"bfloat16\"}", &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    expect_refused("{" SMALL ", \"torch_dtype\": \"float32\"}", "torch_dtype = \"float32\"", "--dtype");
+    expect_refused("{" SMALL ", \"dtype\": \"int8\"}", "dtype = \"int8\"", "bfloat16");
+    expect_refused("{" SMALL ", \"dtype\": 16}", "dtype = 16", NULL);
+    /* An override takes the place of the config's, which is then not read. */
+    kiln_model_config_options o = {.size = sizeof o, .dtype = KILN_DTYPE_BF16};
+    const char *f32 = "{" SMALL ", \"torch_dtype\": \"float32\"}";
+    KILN_CHECK(kiln_model_config_parse_with(f32, strlen(f32), &o, &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    o.dtype = KILN_DTYPE_F16;
+    KILN_CHECK(kiln_model_config_parse_with(f32, strlen(f32), &o, &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_F16);
+    o.dtype = KILN_DTYPE_F32;
+    KILN_EXPECT(kiln_model_config_parse_with(f32, strlen(f32), &o, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "dtype 2", NULL);
+    o = (kiln_model_config_options){.size = 3};
+    KILN_EXPECT(kiln_model_config_parse_with(f32, strlen(f32), &o, &c), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "size 3", NULL);
+    KILN_CHECK(kiln_model_config_parse_with("{" SMALL "}", strlen("{" SMALL "}"), NULL, &c));
+    assert_int_equal(c.dtype, KILN_DTYPE_F16);
+}
+
+/* The reference: transformers' rope init functions (modeling_rope_utils),
+ * re-derived here in float64 from their formulas, each type on its own. */
+static double ref_default(double base, int64_t dim, int64_t i) { return pow(base, -(double)(2 * i) / (double)dim); }
+
+static void ref_frequencies(const kiln_model_config *c, int64_t seq_len, double *out, double *scaling)
+{
+    const int64_t dim = c->rope_dim;
+    const kiln_rope_scaling *r = &c->rope;
+    *scaling = 1.0;
+    double base = c->rope_theta;
+    if (r->type == KILN_ROPE_DYNAMIC && seq_len > c->max_position_embeddings) {
+        double grow = r->factor * (double)seq_len / (double)c->max_position_embeddings - (r->factor - 1);
+        base = base * pow(grow, (double)dim / (double)(dim - 2));
+    }
+    /* yarn: the correction range over the dimension pairs. */
+    double lo = 0, hi = 0;
+    if (r->type == KILN_ROPE_YARN) {
+        double orig = (double)r->original_max_position_embeddings;
+        lo = (double)dim * log(orig / (r->beta_fast * 2 * M_PI)) / (2 * log(base));
+        hi = (double)dim * log(orig / (r->beta_slow * 2 * M_PI)) / (2 * log(base));
+        if (r->truncate) {
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
+        lo = fmax(lo, 0);
+        hi = fmin(hi, (double)dim - 1);
+        if (lo == hi)
+            hi += 0.001;
+        double m = r->factor <= 1 ? 1 : 0.1 * log(r->factor) + 1;
+        if (r->attention_factor > 0)
+            *scaling = r->attention_factor;
+        else if (r->mscale > 0 && r->mscale_all_dim > 0)
+            *scaling = (r->factor <= 1 ? 1 : 0.1 * r->mscale * log(r->factor) + 1) /
+                       (r->factor <= 1 ? 1 : 0.1 * r->mscale_all_dim * log(r->factor) + 1);
+        else
+            *scaling = m;
+    }
+    for (int64_t i = 0; i < dim / 2; i++) {
+        double f = ref_default(base, dim, i);
+        if (r->type == KILN_ROPE_LINEAR) {
+            f /= r->factor;
+        } else if (r->type == KILN_ROPE_YARN) {
+            double ramp = fmin(fmax(((double)i - lo) / (hi - lo), 0), 1);
+            double keep = 1 - ramp; /* the share of the unscaled (extrapolated) frequency */
+            f = keep * f + (1 - keep) * f / r->factor;
+        } else if (r->type == KILN_ROPE_LLAMA3) {
+            double orig = (double)r->original_max_position_embeddings, wl = 2 * M_PI / f;
+            if (wl > orig / r->low_freq_factor)
+                f /= r->factor;
+            else if (wl >= orig / r->high_freq_factor) {
+                double s = (orig / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                f = (1 - s) * f / r->factor + s * f;
+            }
+        }
+        out[i] = f;
+    }
+}
+
+/* kiln's frequencies for c against the reference, within float rounding. */
+static void expect_frequencies(const kiln_model_config *c, int64_t seq_len, float *got, float *scaling)
+{
+    double want[KILN_MODEL_MAX_HEAD_DIM / 2], want_scaling;
+    size_t n = (size_t)(c->rope_dim / 2);
+    KILN_CHECK(kiln_model_rope_frequencies(c, seq_len, got, n, scaling));
+    ref_frequencies(c, seq_len, want, &want_scaling);
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - want[i]) / want[i];
+        if (err > 1e-6)
+            fail_msg("rope type %d, pair %zu: %.9g, expected %.9g", (int)c->rope.type, i, (double)got[i], want[i]);
+    }
+    assert_true(fabs((double)*scaling - want_scaling) <= 1e-6 * want_scaling);
+}
+
+#define ROPE_BASE "{" SMALL ", \"rope_theta\": 500000.0, \"max_position_embeddings\": 131072, "
+
+static void test_rope_types_against_reference(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {
+        ROPE_BASE "\"rope_scaling\": null}",
+        ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}",
+        ROPE_BASE "\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 4, \"rope_theta\": 10000}}",
+        ROPE_BASE "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}",
+        ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                  " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+        ROPE_BASE "\"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0,"
+                  " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192, \"rope_theta\": 500000.0}}",
+        ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\":"
+                  " 32768}}",
+        ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 40, \"beta_fast\": 32, \"beta_slow\": 1,"
+                  " \"mscale\": 0.707, \"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096}}",
+        ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8, \"beta_fast\": 16, \"beta_slow\": 2,"
+                  " \"mscale\": 1.0, \"mscale_all_dim\": 0.5, \"truncate\": false,"
+                  " \"original_max_position_embeddings\": 4096}}",
+        ROPE_BASE "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 1.25,"
+                  " \"original_max_position_embeddings\": 32768}}",
+    };
+    static const kiln_rope_type types[] = {KILN_ROPE_DEFAULT, KILN_ROPE_LINEAR, KILN_ROPE_LINEAR, KILN_ROPE_DYNAMIC,
+                                           KILN_ROPE_LLAMA3,  KILN_ROPE_LLAMA3, KILN_ROPE_YARN,   KILN_ROPE_YARN,
+                                           KILN_ROPE_YARN,    KILN_ROPE_YARN};
+    for (size_t k = 0; k < sizeof configs / sizeof configs[0]; k++) {
+        kiln_model_config c;
+        KILN_CHECK(parse(configs[k], &c));
+        assert_int_equal(c.rope.type, types[k]);
+        assert_int_equal(c.head_dim, 128);
+        assert_int_equal(c.rope_dim, 128);
+        float f[64], scaling;
+        for (int64_t seq_len = 0; seq_len <= 4 * 131072; seq_len += 131072 + 77)
+            expect_frequencies(&c, seq_len, f, &scaling);
+    }
+}
+
+/* Values checked by hand, beside the reference. */
+static void test_rope_hand_checked(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    float f[64], g[64], s;
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": null}", &c));
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, g, 64, &s));
+    assert_true(g[0] == 1.0f && s == 1.0f);
+    assert_true(fabs(g[1] - pow(500000.0, -2.0 / 128)) < 1e-7);
+    /* llama3, factor 8: wavelengths under 8192 / 4 = 2048 keep their
+     * frequency, those over 8192 / 1 are divided by 8. */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                               " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+                     &c));
+    assert_true(c.rope.factor == 8 && c.rope.low_freq_factor == 1 && c.rope.high_freq_factor == 4);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 64, &s));
+    assert_true(s == 1.0f);
+    assert_true(f[0] == g[0] && f[1] == g[1] && f[10] == g[10]); /* 2 pi / g[10] ~ 26 < 2048 */
+    assert_true(f[63] == (float)((double)pow(500000.0, -126.0 / 128) / 8));
+    assert_true(f[50] == (float)((double)pow(500000.0, -100.0 / 128) / 8));
+    /* Between, the smooth band: strictly between the two. */
+    int band = 0;
+    for (int i = 0; i < 64; i++) {
+        double wl = 2 * M_PI / g[i];
+        if (wl >= 2048 && wl <= 8192) {
+            assert_true(f[i] <= g[i] && f[i] >= g[i] / 8);
+            band++;
+        }
+    }
+    assert_true(band >= 1);
+    /* linear, factor 2: every frequency halved. */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", &c));
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 64, &s));
+    for (int i = 0; i < 64; i++)
+        assert_true(f[i] == (float)(pow(500000.0, -(double)(2 * i) / 128) / 2));
+    /* dynamic, factor 2: unchanged up to max_position_embeddings; at twice
+     * it, the base is 500000 x (2 x 2 - 1)^(128 / 126). */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", &c));
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 131072, f, 64, &s));
+    assert_memory_equal(f, g, sizeof f);
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 2 * 131072, f, 64, &s));
+    assert_true(f[0] == 1.0f);
+    assert_true(fabs(f[63] - pow(500000.0 * pow(3.0, 128.0 / 126), -126.0 / 128)) < 1e-12);
+    /* yarn, factor 4: attention scaled by 0.1 ln 4 + 1; the highest frequency
+     * kept, the lowest divided by 4. */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,"
+                               " \"original_max_position_embeddings\": 32768}}",
+                     &c));
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 64, &s));
+    assert_true(fabs(s - (0.1 * log(4.0) + 1)) < 1e-7);
+    assert_true(f[0] == 1.0f && f[63] == g[63] / 4);
+}
+
+static void test_rope_fields_and_partial_rotary(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    /* rope_parameters (transformers 5) carries rope_theta and partial_rotary_factor. */
+    KILN_CHECK(parse("{" SMALL ", \"rope_theta\": 1, \"rope_parameters\": {\"rope_type\": \"default\","
+                     " \"rope_theta\": 25000, \"partial_rotary_factor\": 0.5}}",
+                     &c));
+    assert_true(c.rope_theta == 25000 && c.partial_rotary_factor == 0.5);
+    assert_int_equal(c.rope_dim, 64);
+    float f[64], s;
+    KILN_EXPECT(kiln_model_rope_frequencies(&c, 0, f, 64, &s), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "n = 64",
+                "rope_dim / 2 = 32");
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 32, &s));
+    assert_true(fabs(f[1] - pow(25000.0, -2.0 / 64)) < 1e-7);
+    /* An odd rotated dimension is parsed; only the frequencies refuse it. */
+    KILN_CHECK(parse("{" SMALL ", \"partial_rotary_factor\": 0.29}", &c));
+    assert_int_equal(c.rope_dim, 37);
+    KILN_EXPECT(kiln_model_rope_frequencies(&c, 0, f, 18, &s), KILN_ERR_CONFIG, kiln_errmsg(),
+                "partial_rotary_factor 0.29 = 37", "even");
+    /* At the top level, in older files (Phi). */
+    KILN_CHECK(parse("{" SMALL ", \"partial_rotary_factor\": 0.25}", &c));
+    assert_int_equal(c.rope_dim, 32);
+    /* yarn: no factor, the ratio of the lengths; defaults of the optional fields. */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"original_max_position_embeddings\": 32768,"
+                               " \"beta_fast\": 0, \"beta_slow\": null}}",
+                     &c));
+    assert_true(c.rope.factor == 4.0 && c.rope.beta_fast == 32 && c.rope.beta_slow == 1 && c.rope.truncate == 1);
+    /* yarn without original_max_position_embeddings: max_position_embeddings,
+     * as standardize_rope_params sets it; a top-level one comes first. */
+    KILN_CHECK(parse(ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2}}", &c));
+    assert_int_equal(c.rope.original_max_position_embeddings, 131072);
+    KILN_CHECK(parse(ROPE_BASE "\"original_max_position_embeddings\": 4096, \"rope_scaling\": {\"rope_type\": \"yarn\","
+                               " \"factor\": 2, \"original_max_position_embeddings\": 8192}}",
+                     &c));
+    assert_int_equal(c.rope.original_max_position_embeddings, 4096);
+    /* A hand-built config: rope_dim 0 is head_dim, type 0 default. */
+    kiln_model_config_default(&c);
+    c.rope_dim = 0;
+    KILN_CHECK(kiln_model_rope_frequencies(&c, 0, f, 64, &s));
+    c.rope.type = KILN_ROPE_LLAMA3;
+    c.rope.factor = 8;
+    c.rope.low_freq_factor = 4;
+    c.rope.high_freq_factor = 1;
+    c.rope.original_max_position_embeddings = 8192;
+    KILN_EXPECT(kiln_model_rope_frequencies(&c, 0, f, 64, &s), KILN_ERR_CONFIG, kiln_errmsg(), "low_freq_factor = 4",
+                "high_freq_factor = 1");
+    KILN_EXPECT(kiln_model_rope_frequencies(&c, -1, f, 64, &s), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "seq_len = -1", NULL);
+    KILN_EXPECT(kiln_model_rope_frequencies(NULL, 0, f, 64, &s), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "NULL",
+                NULL);
+}
+
+static void test_bad_rope_names_field_and_value(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *a, *b;
+    } cases[] = {
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2}}", "rope_scaling.rope_type",
+         "\"longrope\""},
+        {ROPE_BASE "\"rope_scaling\": {\"type\": \"su\"}}", "rope_scaling.type = \"su\"", "llama3"},
+        {ROPE_BASE "\"rope_parameters\": {\"rope_type\": 3}}", "rope_parameters.rope_type = 3", NULL},
+        {ROPE_BASE "\"rope_scaling\": \"linear\"}", "rope_scaling = \"linear\"", "object"},
+        {ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 0}}", "rope_scaling.factor = 0", NULL},
+        {ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\", \"factor\": -2}}", "rope_scaling.factor = -2", NULL},
+        {ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\"}}", "needs factor", "missing"},
+        {ROPE_BASE "\"rope_scaling\": {\"type\": \"linear\", \"factor\": \"2\"}}", "rope_scaling.factor = \"2\"",
+         "number"},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"high_freq_factor\": 4}}",
+         "needs low_freq_factor", "missing"},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4,"
+                   " \"high_freq_factor\": 4}}",
+         "low_freq_factor = 4", "high_freq_factor = 4"},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1,"
+                   " \"high_freq_factor\": 4, \"original_max_position_embeddings\": 0}}",
+         "original_max_position_embeddings = 0", NULL},
+        {"{" SMALL ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1,"
+                   " \"high_freq_factor\": 4}}",
+         "needs original_max_position_embeddings", "missing"},
+        {"{" SMALL ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}}", "\"dynamic\" needs "
+                                                                               "max_position_embeddings", NULL},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"beta_fast\": 1, \"beta_slow\": 8}}",
+         "beta_fast = 1", "beta_slow = 8"},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"attention_factor\": 0}}",
+         "attention_factor = 0", NULL},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"mscale\": -1, \"mscale_all_dim\": 1}}",
+         "mscale = -1", NULL},
+        {ROPE_BASE "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"truncate\": 1}}",
+         "rope_scaling.truncate = 1", "true or false"},
+        {ROPE_BASE "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}}",
+         "rope_parameters.full_attention", "per layer type"},
+        {"{" SMALL ", \"partial_rotary_factor\": 0.01}", "partial_rotary_factor 0.01 = 1", "at least 2"},
+        {"{" SMALL ", \"rope_parameters\": {\"partial_rotary_factor\": 1.5}}", "partial_rotary_factor = 1.5",
+         NULL},
+        {"{" SMALL ", \"sliding_window\": 4096.5}", "sliding_window = 4096.5", NULL},
+        {"{" SMALL ", \"sliding_window\": -1}", "sliding_window = -1", NULL},
+        {"{" SMALL ", \"use_sliding_window\": \"yes\"}", "use_sliding_window = \"yes\"", NULL},
+        {"{" SMALL ", \"max_position_embeddings\": 0}", "max_position_embeddings = 0", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(cases[i].json, cases[i].a, cases[i].b);
+}
+
+static void test_qk_norm_and_sliding_window(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    KILN_CHECK(parse("{" SMALL ", \"model_type\": \"qwen3\", \"head_dim\": 256}", &c));
+    assert_true(c.qk_norm);
+    assert_int_equal(c.head_dim, 256);
+    KILN_CHECK(parse("{" SMALL ", \"model_type\": \"qwen2\"}", &c));
+    assert_false(c.qk_norm);
+    KILN_CHECK(parse("{" SMALL ", \"architectures\": [\"Qwen3ForCausalLM\"]}", &c));
+    assert_true(c.qk_norm);
+    KILN_CHECK(parse("{" SMALL ", \"model_type\": \"mistral\", \"sliding_window\": 4096}", &c));
+    assert_int_equal(c.sliding_window, 4096);
+    KILN_CHECK(parse("{" SMALL ", \"model_type\": \"mistral\", \"sliding_window\": null}", &c));
+    assert_int_equal(c.sliding_window, 0);
+    /* Qwen2 keeps its window only when use_sliding_window says so. */
+    KILN_CHECK(parse("{" SMALL ", \"sliding_window\": 32768, \"use_sliding_window\": false}", &c));
+    assert_int_equal(c.sliding_window, 0);
+    KILN_CHECK(parse("{" SMALL ", \"sliding_window\": 32768, \"use_sliding_window\": true}", &c));
+    assert_int_equal(c.sliding_window, 32768);
+}
+
+/* The config.json files as the hub ships them (tests/data). */
+static void load_data(const char *name, kiln_model_config *c)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", KILN_TEST_DATA_DIR, name);
+    KILN_CHECK(kiln_model_config_load(path, c));
+    float f[KILN_MODEL_MAX_HEAD_DIM / 2], s;
+    expect_frequencies(c, 0, f, &s);
+}
+
+static void test_real_configs(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    load_data("llama-3.1-8b.json", &c);
+    assert_string_equal(c.name, "llama");
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 14336);
+    assert_int_equal(c.num_attention_heads, 32);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.rope_dim, 128);
+    assert_true(c.rope_theta == 500000.0);
+    assert_int_equal(c.rope.type, KILN_ROPE_LLAMA3);
+    assert_true(c.rope.factor == 8 && c.rope.low_freq_factor == 1 && c.rope.high_freq_factor == 4);
+    assert_int_equal(c.rope.original_max_position_embeddings, 8192);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_false(c.tie_word_embeddings || c.qk_norm || c.sliding_window);
+
+    load_data("llama-3.2-1b.json", &c);
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.intermediate_size, 8192);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.rope_dim, 64);
+    assert_true(c.tie_word_embeddings);
+    assert_int_equal(c.rope.type, KILN_ROPE_LLAMA3);
+    assert_true(c.rope.factor == 32 && c.rope.low_freq_factor == 1 && c.rope.high_freq_factor == 4);
+
+    load_data("qwen2.5-7b.json", &c);
+    assert_string_equal(c.name, "qwen2");
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.vocab_size, 152064);
+    assert_int_equal(c.hidden_size, 3584);
+    assert_int_equal(c.intermediate_size, 18944);
+    assert_int_equal(c.num_attention_heads, 28);
+    assert_int_equal(c.num_key_value_heads, 4);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.rope.type, KILN_ROPE_DEFAULT);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(c.sliding_window, 0); /* use_sliding_window: false */
+    assert_false(c.tie_word_embeddings || c.qk_norm);
+
+    load_data("qwen3-8b.json", &c);
+    assert_string_equal(c.name, "qwen3");
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.vocab_size, 151936);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 12288);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+    assert_true(c.qk_norm);
+    assert_int_equal(c.rope.type, KILN_ROPE_DEFAULT);
+    assert_int_equal(c.max_position_embeddings, 40960);
+    assert_int_equal(c.sliding_window, 0);
+
+    load_data("mistral-7b-v0.3.json", &c);
+    assert_string_equal(c.name, "mistral");
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.vocab_size, 32768);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.intermediate_size, 14336);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.rope.type, KILN_ROPE_DEFAULT);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(c.sliding_window, 0);
+    assert_false(c.qk_norm);
+
+    load_data("qwen2.5-0.5b.json", &c);
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    assert_int_equal(c.head_dim, 64);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,6 +738,13 @@ int main(void)
         cmocka_unit_test(test_qwen3_next_linear_attention),
         cmocka_unit_test(test_bad_linear_attention_names_field_and_value),
         cmocka_unit_test(test_linear_attention_specializations),
+        cmocka_unit_test(test_dtype),
+        cmocka_unit_test(test_rope_types_against_reference),
+        cmocka_unit_test(test_rope_hand_checked),
+        cmocka_unit_test(test_rope_fields_and_partial_rotary),
+        cmocka_unit_test(test_bad_rope_names_field_and_value),
+        cmocka_unit_test(test_qk_norm_and_sliding_window),
+        cmocka_unit_test(test_real_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* examples/decode — a Llama / Qwen2 decoder on kiln's providers.
+/* examples/decode — a Llama / Qwen2 / Mistral decoder on kiln's providers.
  *
  * A checkpoint (config.json + safetensors, f16) is checked tensor by tensor on
  * the host, uploaded into device buffers, and run with every operation
@@ -32,22 +32,29 @@
 #define DEC_MAX_FILES 64
 
 typedef struct dec_config {
-    kiln_model_config base;   /* sizes, eps, rope_theta (from rope_parameters too), tie */
-    char model_type[32];      /* "llama" or "qwen2" */
+    kiln_model_config base;   /* sizes, eps, dtype, RoPE (rope_parameters or rope_scaling), tie */
+    char model_type[32];      /* "llama", "qwen2", "qwen3" or "mistral" */
     int64_t layers;           /* num_hidden_layers */
     int qkv_bias;             /* qwen2: always; llama: attention_bias */
     int64_t eos[DEC_MAX_EOS]; /* eos_token_id (a number or a list); none when n_eos is 0 */
     size_t n_eos;
+    /* kiln_model_rope_frequencies of base, for sequences up to
+     * max_position_embeddings: base.rope_dim / 2 inverse frequencies (scaled
+     * as the config says) and the factor of cos and sin (1 except yarn). */
+    float rope_inv_freq[KILN_MODEL_MAX_HEAD_DIM / 2];
+    float rope_attention_scaling;
 } dec_config;
 
 /* The message of the calling thread's last failure in this module. */
 const char *dec_errmsg(void);
 
 /* Parses a config.json held in memory. KILN_ERR_CONFIG names the field and
- * the value: an unsupported architecture (model_type other than llama or
- * qwen2), an activation other than silu, rope scaling, sliding windows, MLP
- * biases, a head_dim the attention provider does not take (64, 128), and
- * everything kiln_model_config_parse refuses. */
+ * the value: an unsupported architecture (model_type other than llama, qwen2,
+ * qwen3 and mistral), what the engine does not run yet (Qwen3's q/k norm, a
+ * sliding window shorter than max_position_embeddings), an activation other
+ * than silu, MLP biases, a head_dim the attention provider does not take (64,
+ * 128, 256), and everything kiln_model_config_parse refuses (RoPE scaling of
+ * an unknown type or with bad fields among it). */
 kiln_status dec_config_parse(const char *json, size_t len, dec_config *out);
 kiln_status dec_config_load(const char *path, dec_config *out);
 

@@ -55,28 +55,6 @@ static int is_whole(const cJSON *item, double lo, double hi, int64_t *out)
     return 1;
 }
 
-/* "default" rope (no scaling) only: rope_type or type absent, null or "default". */
-static kiln_status check_rope_object(const cJSON *o, const char *field)
-{
-    if (!o || cJSON_IsNull(o))
-        return KILN_OK;
-    char text[96];
-    if (!cJSON_IsObject(o)) {
-        value_text(o, text, sizeof text);
-        return dec_fail(KILN_ERR_CONFIG, "config: %s = %s: must be an object", field, text);
-    }
-    const char *keys[2] = {"rope_type", "type"};
-    for (int i = 0; i < 2; i++) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
-        if (t && !cJSON_IsNull(t) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default"))) {
-            value_text(t, text, sizeof text);
-            return dec_fail(KILN_ERR_CONFIG, "config: %s.%s = %s: only default RoPE (no scaling) is supported",
-                            field, keys[i], text);
-        }
-    }
-    return KILN_OK;
-}
-
 kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
 {
     dec_config c;
@@ -95,21 +73,40 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
     } else {
         const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
         const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
-        if (cJSON_IsString(a0) && !strcmp(a0->valuestring, "LlamaForCausalLM"))
-            snprintf(c.model_type, sizeof c.model_type, "llama");
-        else if (cJSON_IsString(a0) && !strcmp(a0->valuestring, "Qwen2ForCausalLM"))
-            snprintf(c.model_type, sizeof c.model_type, "qwen2");
-        else {
+        static const char *const archs_known[4][2] = {{"LlamaForCausalLM", "llama"},
+                                                      {"Qwen2ForCausalLM", "qwen2"},
+                                                      {"Qwen3ForCausalLM", "qwen3"},
+                                                      {"MistralForCausalLM", "mistral"}};
+        for (int i = 0; i < 4 && !c.model_type[0]; i++)
+            if (cJSON_IsString(a0) && !strcmp(a0->valuestring, archs_known[i][0]))
+                snprintf(c.model_type, sizeof c.model_type, "%s", archs_known[i][1]);
+        if (!c.model_type[0]) {
             value_text(archs, text, sizeof text);
             dec_fail(KILN_ERR_CONFIG, "config: no model_type, and architectures = %s is not supported "
-                                      "(LlamaForCausalLM, Qwen2ForCausalLM)", text);
+                                      "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)",
+                     text);
             goto out;
         }
     }
-    if (strcmp(c.model_type, "llama") && strcmp(c.model_type, "qwen2")) {
+    if (strcmp(c.model_type, "llama") && strcmp(c.model_type, "qwen2") && strcmp(c.model_type, "qwen3") &&
+        strcmp(c.model_type, "mistral")) {
         value_text(mt, text, sizeof text);
-        dec_fail(KILN_ERR_CONFIG, "config: model_type = %s: unsupported architecture (supported: llama, qwen2)",
-                 text);
+        dec_fail(KILN_ERR_CONFIG,
+                 "config: model_type = %s: unsupported architecture (supported: llama, qwen2, qwen3, mistral)", text);
+        goto out;
+    }
+    /* What the engine does not run yet is refused here, before any weight is read. */
+    if (c.base.qk_norm) {
+        dec_fail(KILN_ERR_CONFIG, "config: model_type %s needs q/k norm, not yet in this decoder", c.model_type);
+        goto out;
+    }
+    /* A window at least as long as the longest sequence is no window (plain Llama). */
+    if (c.base.sliding_window &&
+        (!c.base.max_position_embeddings || c.base.sliding_window < c.base.max_position_embeddings)) {
+        dec_fail(KILN_ERR_CONFIG,
+                 "config: model_type %s: sliding_window = %lld (max_position_embeddings %lld) needs a sliding "
+                 "window, not yet in this decoder",
+                 c.model_type, (long long)c.base.sliding_window, (long long)c.base.max_position_embeddings);
         goto out;
     }
     const cJSON *nl = cJSON_GetObjectItemCaseSensitive(root, "num_hidden_layers");
@@ -124,20 +121,12 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
         dec_fail(KILN_ERR_CONFIG, "config: hidden_act = %s: only silu is supported", text);
         goto out;
     }
-    if (check_rope_object(cJSON_GetObjectItemCaseSensitive(root, "rope_scaling"), "rope_scaling") ||
-        check_rope_object(cJSON_GetObjectItemCaseSensitive(root, "rope_parameters"), "rope_parameters"))
+    /* The library parsed the RoPE (rope_parameters or rope_scaling, scaled or
+     * not); its frequencies are computed once, here, for the engine. */
+    if (kiln_model_rope_frequencies(&c.base, 0, c.rope_inv_freq, (size_t)(c.base.rope_dim / 2),
+                                    &c.rope_attention_scaling)) {
+        dec_fail(KILN_ERR_CONFIG, "%s", kiln_errmsg());
         goto out;
-    /* transformers 5 keeps rope_theta in rope_parameters. */
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
-    const cJSON *rt = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "rope_theta") : NULL;
-    if (rt && !cJSON_IsNull(rt)) {
-        if (!cJSON_IsNumber(rt) || !isfinite(rt->valuedouble) || !(rt->valuedouble > 0) ||
-            rt->valuedouble > 1e12) {
-            value_text(rt, text, sizeof text);
-            dec_fail(KILN_ERR_CONFIG, "config: rope_parameters.rope_theta = %s: must be a number in (0, 1e12]", text);
-            goto out;
-        }
-        c.base.rope_theta = rt->valuedouble;
     }
     const char *flags[3] = {"mlp_bias", "use_sliding_window", "attention_bias"};
     for (int i = 0; i < 3; i++) {
@@ -156,8 +145,8 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
     }
     if (!strcmp(c.model_type, "qwen2"))
         c.qkv_bias = 1;
-    if (c.base.head_dim != 64 && c.base.head_dim != 128) {
-        dec_fail(KILN_ERR_CONFIG, "config: head_dim = %lld: the attention provider takes 64 or 128",
+    if (c.base.head_dim != 64 && c.base.head_dim != 128 && c.base.head_dim != 256) {
+        dec_fail(KILN_ERR_CONFIG, "config: head_dim = %lld: the attention provider takes 64, 128 or 256",
                  (long long)c.base.head_dim);
         goto out;
     }
@@ -266,7 +255,10 @@ void dec_checkpoint_close(dec_checkpoint *ck)
     ck->n_files = 0;
 }
 
-static kiln_status open_shard(dec_checkpoint *ck, const char *dir, const char *name)
+/* Opens the shard name (once) and sets *file to it. tensor: the index entry
+ * that names it, for messages (NULL for model.safetensors). */
+static kiln_status open_shard(dec_checkpoint *ck, const char *dir, const char *name, const char *tensor,
+                              size_t *file)
 {
     char path[4096];
     if (!name[0] || strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, "."))
@@ -274,14 +266,19 @@ static kiln_status open_shard(dec_checkpoint *ck, const char *dir, const char *n
                         dir, name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     for (size_t i = 0; i < ck->n_files; i++)
-        if (!strcmp(kiln_safetensors_label(ck->files[i]), path))
+        if (!strcmp(kiln_safetensors_label(ck->files[i]), path)) {
+            *file = i;
             return KILN_OK;
+        }
     if (ck->n_files == DEC_MAX_FILES)
         return dec_fail(KILN_ERR_CONFIG, "%s: more than %d safetensors shards", dir, DEC_MAX_FILES);
     kiln_status st = kiln_safetensors_open(path, &ck->files[ck->n_files]);
+    if (st && tensor)
+        return dec_fail(st, "%s/model.safetensors.index.json: shard %s (of tensor %.100s) cannot be opened: %s", dir,
+                        name, tensor, kiln_errmsg());
     if (st)
         return dec_fail(st, "%s", kiln_errmsg());
-    ck->n_files++;
+    *file = ck->n_files++;
     return KILN_OK;
 }
 
@@ -296,7 +293,8 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out)
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     struct stat sb;
     if (stat(path, &sb) == 0) {
-        st = open_shard(out, dir, "model.safetensors");
+        size_t file;
+        st = open_shard(out, dir, "model.safetensors", NULL, &file);
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         char *json;
@@ -315,10 +313,16 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out)
             return dec_fail(KILN_ERR_CONFIG, "%s: no weight_map object", path);
         }
         for (const cJSON *e = map->child; e && !st; e = e->next) {
+            size_t file;
             if (!cJSON_IsString(e))
                 st = dec_fail(KILN_ERR_CONFIG, "%s: weight_map[%.100s] is not a file name", path, e->string);
-            else
-                st = open_shard(out, dir, e->valuestring);
+            else if (!(st = open_shard(out, dir, e->valuestring, e->string, &file)) &&
+                     !kiln_safetensors_find(out->files[file], e->string))
+                /* The index is what transformers trusts: a tensor it places in
+                 * a shard that lacks it is a broken checkpoint, wherever else
+                 * the tensor may be. */
+                st = dec_fail(KILN_ERR_NOT_FOUND, "%s: weight_map puts tensor %.100s in %s, which does not hold it",
+                              path, e->string, e->valuestring);
         }
         cJSON_Delete(root);
     }

@@ -27,6 +27,30 @@ extern "C" {
 #define KILN_MODEL_MAX_INTERMEDIATE 262144
 #define KILN_MODEL_MAX_HEADS 1024
 #define KILN_MODEL_MAX_HEAD_DIM 1024
+#define KILN_MODEL_MAX_POSITIONS 1073741824 /* 2^30: max_position_embeddings, sliding_window */
+
+/* RoPE scaling as transformers' modeling_rope_utils defines it (ROPE_INIT_FUNCTIONS). */
+typedef enum kiln_rope_type {
+    KILN_ROPE_DEFAULT = 0, /* no scaling */
+    KILN_ROPE_LINEAR = 1,  /* frequencies divided by factor */
+    KILN_ROPE_DYNAMIC = 2, /* NTK: the base grows once a sequence passes max_position_embeddings */
+    KILN_ROPE_YARN = 3,    /* YaRN: a ramp between extrapolation and interpolation, attention scaled */
+    KILN_ROPE_LLAMA3 = 4   /* Llama 3.1: low frequencies divided by factor, a smooth band between */
+} kiln_rope_type;
+
+/* The RoPE scaling fields of a config (rope_parameters in transformers 5,
+ * rope_scaling in older files); all 0 (KILN_ROPE_DEFAULT) when it has none.
+ * A field the type does not use is 0. */
+typedef struct kiln_rope_scaling {
+    kiln_rope_type type;
+    double factor;                            /* linear, dynamic, yarn, llama3: > 0 */
+    int64_t original_max_position_embeddings; /* yarn, llama3: the pretraining length */
+    double low_freq_factor, high_freq_factor; /* llama3: 0 < low < high */
+    double beta_fast, beta_slow;              /* yarn: 32 and 1 when absent (or 0) */
+    double attention_factor;                  /* yarn: 0 when absent (then derived from factor and mscales) */
+    double mscale, mscale_all_dim;            /* yarn: 0 when absent */
+    int truncate;                             /* yarn: 1 (floor/ceil the correction range) when absent */
+} kiln_rope_scaling;
 
 typedef struct kiln_model_config {
     char name[64];                 /* "llama-3-8b" for the default, else "config" */
@@ -50,6 +74,20 @@ typedef struct kiln_model_config {
     /* The element type of activations, weights and the KV cache: F16 or
      * BF16 (the config's dtype, or torch_dtype in older files). */
     kiln_dtype dtype;
+    /* The rotated dimensions of each head: head_dim x partial_rotary_factor
+     * rounded down, at least 2 (0 in a config built by hand: head_dim). An
+     * odd one is parsed (the other operations' kernels may be listed for it)
+     * and refused by kiln_model_rope_frequencies. */
+    int64_t rope_dim;
+    double partial_rotary_factor; /* (0, 1]; 1 when absent (0 in a hand-built config: 1) */
+    kiln_rope_scaling rope;
+    int64_t max_position_embeddings; /* 0 when absent */
+    /* Qwen3's per-head RMSNorm of q and k before RoPE (model_type qwen3,
+     * qwen3_moe, qwen3_next): 1, else 0. */
+    int qk_norm;
+    /* The attention window (sliding_window; Qwen2's only when
+     * use_sliding_window is true): 0 when none. */
+    int64_t sliding_window;
 } kiln_model_config;
 
 /* The built-in default shape: Llama-3-8B. */
@@ -62,11 +100,44 @@ KILN_API void kiln_model_config_default(kiln_model_config *out);
  * offset: a key given twice in one object at any depth, bytes after the
  * value, a number off the grammar (0896, NaN), a leading byte order mark,
  * a control byte, ill-formed UTF-8, a lone surrogate or \u0000 in a string,
- * nesting deeper than 512; KILN_ERR_HOST_OUT_OF_MEMORY. */
+ * nesting deeper than 512; KILN_ERR_HOST_OUT_OF_MEMORY. Also refused: a
+ * dtype / torch_dtype other than "float16" and "bfloat16" (absent: F16), a
+ * rope_type other than default, linear, dynamic, yarn and llama3 (or the
+ * legacy key "type"), a scaling field out of range or missing for its type,
+ * a partial_rotary_factor leaving fewer than 2 rotated dimensions, a sliding_window
+ * that is not null or a whole number. */
 KILN_API kiln_status kiln_model_config_parse(const char *json, size_t len, kiln_model_config *out);
 /* Reads and parses a file: KILN_ERR_IO when it cannot be read or is not a
  * regular file (a FIFO is refused, never waited on), else as parse. */
 KILN_API kiln_status kiln_model_config_load(const char *path, kiln_model_config *out);
+
+/* Options of the _with variants; zero-initialized (size set) means defaults. */
+typedef struct kiln_model_config_options {
+    size_t size;      /* sizeof(kiln_model_config_options) */
+    kiln_dtype dtype; /* KILN_DTYPE_F16 or KILN_DTYPE_BF16: overrides the config's dtype or
+                       * torch_dtype, which is then not read; 0: from the config */
+} kiln_model_config_options;
+/* As kiln_model_config_parse / _load, with options (NULL: defaults).
+ * KILN_ERR_INVALID_ARGUMENT for a size that is not the struct's or a dtype
+ * other than 0, F16 and BF16. */
+KILN_API kiln_status kiln_model_config_parse_with(const char *json, size_t len, const kiln_model_config_options *opts,
+                                                  kiln_model_config *out);
+KILN_API kiln_status kiln_model_config_load_with(const char *path, const kiln_model_config_options *opts,
+                                                 kiln_model_config *out);
+
+/* The RoPE inverse frequencies of a config, scaled as transformers' rope init
+ * functions compute them (computed in double, stored as float): inv_freq[i]
+ * for the rotated pair i of a head, n = rope_dim / 2 of them, and
+ * *attention_scaling, the factor of cos and sin (1 except for yarn). seq_len
+ * is the sequence length the frequencies are for; only dynamic scaling reads
+ * it (the base grows once seq_len passes max_position_embeddings; 0: at most
+ * that). The config may be built by hand: its rope fields are checked as the
+ * parser checks them. KILN_ERR_INVALID_ARGUMENT: a NULL pointer, seq_len < 0,
+ * n other than rope_dim / 2 (both named); KILN_ERR_CONFIG: an odd rope_dim,
+ * rope fields out of range (the field and value named), or frequencies that
+ * are not finite and positive. Thread-safe; writes nothing on failure. */
+KILN_API kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, int64_t seq_len, float *inv_freq,
+                                                 size_t n, float *attention_scaling);
 
 /* Lists the specializations a model needs, deduplicated, in a stable order.
  * *specs is freed with kiln_free. */

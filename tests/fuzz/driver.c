@@ -235,7 +235,8 @@ static const char *const dictionary[] = {
     "\"num_key_value_heads\":", "\"head_dim\":", "\"rms_norm_eps\":", "\"rope_theta\":",
     "\"tie_word_embeddings\":", "\"text_config\":{", "\"model_type\":", "null", "true", "false", "{", "}", "[", "]",
     ",", ":", "\"", "\\u0000", "\\ud800", "\xef\xbb\xbf", "1e-5", "-0", "1.5", "\x28\xb5\x2f\xfd",
-    "\x50\x2a\x4d\x18"};
+    "\x50\x2a\x4d\x18", "\"rope_scaling\":{", "\"rope_parameters\":{", "\"rope_type\":", "\"factor\":",
+    "\"yarn\"", "\"llama3\"", "\"dynamic\"", "\"dtype\":", "\"bfloat16\"", "\"sliding_window\":"};
 
 /* What numbers become: the extremes a parser of sizes must survive. */
 static const char *const extremes[] = {

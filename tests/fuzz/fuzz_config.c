@@ -77,6 +77,58 @@ static void check_limits(const kiln_model_config *c)
     FUZZ_CHECK(isfinite(c->rope_theta) && c->rope_theta > 0, "rope_theta %.17g", c->rope_theta);
     FUZZ_CHECK(c->tie_word_embeddings == 0 || c->tie_word_embeddings == 1, "tie_word_embeddings %d",
                c->tie_word_embeddings);
+    FUZZ_CHECK(c->dtype == KILN_DTYPE_F16 || c->dtype == KILN_DTYPE_BF16, "dtype %d", (int)c->dtype);
+    FUZZ_CHECK(c->rope_dim >= 2 && c->rope_dim <= c->head_dim, "rope_dim %lld of head_dim %lld",
+               (long long)c->rope_dim, (long long)c->head_dim);
+    FUZZ_CHECK(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1, "partial_rotary_factor %.17g",
+               c->partial_rotary_factor);
+    FUZZ_CHECK((unsigned)c->rope.type <= KILN_ROPE_LLAMA3, "rope type %d", (int)c->rope.type);
+    FUZZ_CHECK(c->rope.type == KILN_ROPE_DEFAULT || (isfinite(c->rope.factor) && c->rope.factor > 0),
+               "rope factor %.17g", c->rope.factor);
+    FUZZ_CHECK(c->rope.type != KILN_ROPE_LLAMA3 || (c->rope.low_freq_factor > 0 &&
+                                                    c->rope.high_freq_factor > c->rope.low_freq_factor),
+               "llama3 low %.17g high %.17g", c->rope.low_freq_factor, c->rope.high_freq_factor);
+    FUZZ_CHECK(c->max_position_embeddings >= 0 && c->max_position_embeddings <= KILN_MODEL_MAX_POSITIONS,
+               "max_position_embeddings %lld", (long long)c->max_position_embeddings);
+    FUZZ_CHECK(c->sliding_window >= 0 && c->sliding_window <= KILN_MODEL_MAX_POSITIONS, "sliding_window %lld",
+               (long long)c->sliding_window);
+    FUZZ_CHECK(c->qk_norm == 0 || c->qk_norm == 1, "qk_norm %d", c->qk_norm);
+}
+
+/* An accepted config's RoPE: its frequencies are computable, finite and
+ * positive, for a short sequence and a long one (dynamic grows the base). */
+static void check_rope(const kiln_model_config *c)
+{
+    float f[KILN_MODEL_MAX_HEAD_DIM / 2], s;
+    const size_t n = (size_t)(c->rope_dim / 2);
+    if (c->rope_dim % 2) {
+        kiln_status st = kiln_model_rope_frequencies(c, 0, f, n, &s);
+        FUZZ_CHECK(st == KILN_ERR_CONFIG && strstr(kiln_errmsg(), "even"), "odd rope_dim %lld: %s",
+                   (long long)c->rope_dim, kiln_errmsg());
+        return;
+    }
+    const int64_t lens[2] = {0, (int64_t)KILN_MODEL_MAX_POSITIONS};
+    for (int k = 0; k < 2; k++) {
+        kiln_status st = kiln_model_rope_frequencies(c, lens[k], f, n, &s);
+        if (st == KILN_ERR_HOST_OUT_OF_MEMORY)
+            return;
+        /* An extreme but accepted theta or factor may underflow a float:
+         * refused by name, never written as 0 or NaN. */
+        if (st == KILN_ERR_CONFIG) {
+            FUZZ_CHECK(strstr(kiln_errmsg(), "not a finite positive float") ||
+                           strstr(kiln_errmsg(), "attention scaling"),
+                       "frequencies of an accepted config: %s", kiln_errmsg());
+            continue;
+        }
+        FUZZ_CHECK(st == KILN_OK, "frequencies of an accepted config: %s: %s", kiln_status_code(st), kiln_errmsg());
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK(isfinite(f[i]) && f[i] > 0, "inv_freq[%zu] = %g", i, (double)f[i]);
+        FUZZ_CHECK(isfinite(s) && s > 0, "attention scaling %g", (double)s);
+        if (c->rope.type != KILN_ROPE_YARN)
+            FUZZ_CHECK(s == 1.0f, "attention scaling %g for rope type %d", (double)s, (int)c->rope.type);
+    }
+    kiln_status st = kiln_model_rope_frequencies(c, 0, f, n + 1, &s);
+    FUZZ_CHECK(st == KILN_ERR_INVALID_ARGUMENT, "n = rope_dim / 2 + 1 was not refused");
 }
 
 static void check_specializations(const kiln_model_config *c)
@@ -123,18 +175,38 @@ static size_t json_escape(char *out, size_t cap, const char *s)
     return n;
 }
 
-/* What the parser accepted, printed back as JSON, must parse to the same config. */
+/* What the parser accepted, printed back as JSON, must parse to the same config.
+ * Fields a rope type does not read are 0, which the parser takes as absent. */
 static void check_round_trip(const kiln_model_config *c)
 {
-    char name[64 * 6 + 1], json[1024];
+    static const char *const rope_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    /* 0 means absent for these; written as 0 the parser would refuse them. */
+    char maxpos[32] = "null", attn[40] = "null";
+    if (c->max_position_embeddings)
+        snprintf(maxpos, sizeof maxpos, "%lld", (long long)c->max_position_embeddings);
+    if (c->rope.attention_factor)
+        snprintf(attn, sizeof attn, "%.17g", c->rope.attention_factor);
+    char name[64 * 6 + 1], json[2048];
     json_escape(name, sizeof name, c->name);
+    /* "config" is the name of a file without model_type: written without one. */
+    const int named = strcmp(c->name, "config") != 0;
     int n = snprintf(json, sizeof json,
-                     "{\"model_type\":\"%s\",\"vocab_size\":%lld,\"hidden_size\":%lld,\"intermediate_size\":%lld,"
+                     "{%s%s%s\"vocab_size\":%lld,\"hidden_size\":%lld,\"intermediate_size\":%lld,"
                      "\"num_attention_heads\":%lld,\"num_key_value_heads\":%lld,\"head_dim\":%lld,"
-                     "\"rms_norm_eps\":%.17g,\"rope_theta\":%.17g,\"tie_word_embeddings\":%s}",
-                     name, (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->intermediate_size,
+                     "\"rms_norm_eps\":%.17g,\"rope_theta\":%.17g,\"tie_word_embeddings\":%s,\"dtype\":\"%s\","
+                     "\"architectures\":[\"%s\"],\"max_position_embeddings\":%s,\"sliding_window\":%lld,\"partial_rotary_factor\":%.17g,"
+                     "\"rope_scaling\":{\"rope_type\":\"%s\",\"factor\":%.17g,\"original_max_position_embeddings\":%lld,"
+                     "\"low_freq_factor\":%.17g,\"high_freq_factor\":%.17g,\"beta_fast\":%.17g,\"beta_slow\":%.17g,"
+                     "\"attention_factor\":%s,\"mscale\":%.17g,\"mscale_all_dim\":%.17g,\"truncate\":%s}}",
+                     named ? "\"model_type\":\"" : "", named ? name : "", named ? "\"," : "", (long long)c->vocab_size,
+                     (long long)c->hidden_size, (long long)c->intermediate_size,
                      (long long)c->num_attention_heads, (long long)c->num_key_value_heads, (long long)c->head_dim,
-                     c->rms_norm_eps, c->rope_theta, c->tie_word_embeddings ? "true" : "false");
+                     c->rms_norm_eps, c->rope_theta, c->tie_word_embeddings ? "true" : "false",
+                     c->dtype == KILN_DTYPE_BF16 ? "bfloat16" : "float16", c->qk_norm ? "Qwen3ForCausalLM" : "X", maxpos,
+                     (long long)c->sliding_window, c->partial_rotary_factor, rope_names[c->rope.type], c->rope.factor,
+                     (long long)c->rope.original_max_position_embeddings, c->rope.low_freq_factor,
+                     c->rope.high_freq_factor, c->rope.beta_fast, c->rope.beta_slow, attn,
+                     c->rope.mscale, c->rope.mscale_all_dim, c->rope.truncate ? "true" : "false");
     FUZZ_CHECK(n > 0 && (size_t)n < sizeof json, "round-trip JSON of %d bytes", n);
     kiln_model_config r;
     kiln_status st = kiln_model_config_parse(json, (size_t)n, &r);
@@ -145,7 +217,11 @@ static void check_round_trip(const kiln_model_config *c)
                    r.intermediate_size == c->intermediate_size && r.num_attention_heads == c->num_attention_heads &&
                    r.num_key_value_heads == c->num_key_value_heads && r.head_dim == c->head_dim &&
                    r.rms_norm_eps == c->rms_norm_eps && r.rope_theta == c->rope_theta &&
-                   r.tie_word_embeddings == c->tie_word_embeddings,
+                   r.tie_word_embeddings == c->tie_word_embeddings && r.dtype == c->dtype &&
+                   r.rope_dim == c->rope_dim && r.partial_rotary_factor == c->partial_rotary_factor &&
+                   !memcmp(&r.rope, &c->rope, sizeof r.rope) &&
+                   r.max_position_embeddings == c->max_position_embeddings && r.sliding_window == c->sliding_window &&
+                   r.qk_norm == c->qk_norm,
                "round trip changed the config\n  %s", json);
 }
 
@@ -239,6 +315,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         g_stats.accepted++;
         check_limits(&cfg);
         check_specializations(&cfg);
+        check_rope(&cfg);
         check_round_trip(&cfg);
     } else if (st == KILN_ERR_HOST_OUT_OF_MEMORY) {
         g_stats.oom++;
