@@ -1,7 +1,7 @@
 /* examples/decode — a Llama / Qwen2 / Mistral decoder on kiln's providers.
  *
- * A checkpoint (config.json + safetensors, f16) is checked tensor by tensor on
- * the host, uploaded into device buffers, and run with every operation
+ * A checkpoint (config.json + safetensors, f16 or bf16) is checked tensor by
+ * tensor on the host, uploaded into device buffers, and run with every operation
  * encoded through kiln's providers: token embedding, RMSNorm (fused with the
  * residual), dense linear (+bias), causal paged attention with RoPE over a
  * paged KV cache, dense SwiGLU, last-token linear and masked argmax.
@@ -69,8 +69,8 @@ typedef struct dec_checkpoint {
 kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out);
 void dec_checkpoint_close(dec_checkpoint *ck);
 
-/* Checks that every tensor the config needs is in the files, F16, of its
- * shape (on the host; no device). KILN_ERR_NOT_FOUND names a missing tensor,
+/* Checks that every tensor the config needs is in the files, of the
+ * config's dtype (f16 or bf16) and its shape (on the host; no device). KILN_ERR_NOT_FOUND names a missing tensor,
  * KILN_ERR_CONFIG a tensor of another dtype or shape. */
 kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *files, size_t n_files);
 
@@ -134,8 +134,8 @@ typedef struct dec_stats {
     uint64_t replayed_commands, eager_commands; /* per the fences' attribution */
 } dec_stats;
 
-/* Called with each participant's last-position logits (f16 bits) at each
- * step: step 0 is the prefill, step k the k-th decode step. */
+/* Called with each participant's last-position logits (f16 or bf16 bits: the
+ * model's dtype) at each step: step 0 is the prefill, step k the k-th decode step. */
 typedef void (*dec_logits_fn)(void *user, uint32_t participant, uint32_t step, const uint16_t *logits,
                               size_t vocab);
 

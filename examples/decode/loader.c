@@ -411,7 +411,7 @@ static kiln_status expect(const dec_config *c, kiln_safetensors *const *files, s
         return dec_fail(KILN_ERR_NOT_FOUND, "%s: tensor %s is missing (needed by %s, %lld layers%s)",
                         n ? kiln_safetensors_label(files[0]) : "checkpoint", w->name, c->model_type,
                         (long long)c->layers, c->base.tie_word_embeddings ? ", tied embeddings" : "");
-    kiln_status st = kiln_safetensors_expect(files[f], w->name, KILN_DTYPE_F16, w->rank, w->dims, out);
+    kiln_status st = kiln_safetensors_expect(files[f], w->name, c->base.dtype, w->rank, w->dims, out);
     if (st)
         return dec_fail(st, "%s", kiln_errmsg());
     return KILN_OK;
