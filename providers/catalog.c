@@ -10,8 +10,10 @@
 #include "providers/skinny.h"
 
 #define F16 (1u << KILN_DTYPE_F16)
+/* The element types an operation takes: f16, and bf16 from sm_80 on. */
+#define ELT (F16 | (1u << KILN_DTYPE_BF16))
 #define PACKED (1u << KILN_BATCHING_PACKED)
-#define KERNELS (KILN_CAP_LAUNCH | KILN_CAP_F16)
+#define KERNELS (KILN_CAP_LAUNCH | KILN_CAP_F16 | KILN_CAP_BF16)
 #define BLAS (KERNELS | KILN_CAP_CUBLASLT)
 
 /* In prewarm's order: the specializations come out in this order. The skinny
@@ -19,27 +21,27 @@
  * dense_swiglu) are listed by dense_linear; rms_norm_residual takes
  * rms_norm's kernels. */
 static const kiln__op_row rows[] = {
-    {"token_embedding", KILN__VERSION_TOKEN_EMBEDDING, KERNELS, F16, PACKED, "token_embedding", NULL,
+    {"token_embedding", KILN__VERSION_TOKEN_EMBEDDING, KERNELS, ELT, PACKED, "token_embedding", NULL,
      kiln__token_embedding_specs, NULL},
-    {"dense_swiglu", KILN__VERSION_DENSE_SWIGLU, BLAS, F16, PACKED, "swiglu tma_swiglu skinny_linear",
+    {"dense_swiglu", KILN__VERSION_DENSE_SWIGLU, BLAS, ELT, PACKED, "swiglu tma_swiglu skinny_linear",
      "kiln_op_dense_swiglu_workspace", kiln__dense_swiglu_specs, NULL},
-    {"last_token_linear", KILN__VERSION_LAST_TOKEN_LINEAR, BLAS, F16, PACKED, "gather_last",
+    {"last_token_linear", KILN__VERSION_LAST_TOKEN_LINEAR, BLAS, ELT, PACKED, "gather_last",
      "kiln_op_last_token_linear_workspace", kiln__last_token_linear_specs, NULL},
-    {"rms_norm", KILN__VERSION_RMS_NORM, KERNELS, F16, PACKED, "rms_norm", "kiln_op_rms_norm_workspace",
+    {"rms_norm", KILN__VERSION_RMS_NORM, KERNELS, ELT, PACKED, "rms_norm", "kiln_op_rms_norm_workspace",
      kiln__rms_norm_specs, NULL},
-    {"rms_norm_residual", KILN__VERSION_RMS_NORM_RESIDUAL, KERNELS, F16, PACKED, "rms_norm",
+    {"rms_norm_residual", KILN__VERSION_RMS_NORM_RESIDUAL, KERNELS, ELT, PACKED, "rms_norm",
      "kiln_op_rms_norm_workspace", kiln__rms_norm_specs, NULL},
-    {"residual_add", KILN__VERSION_RESIDUAL_ADD, KERNELS, F16, PACKED, "residual_add",
+    {"residual_add", KILN__VERSION_RESIDUAL_ADD, KERNELS, ELT, PACKED, "residual_add",
      "kiln_op_residual_add_workspace", kiln__residual_add_specs, NULL},
-    {"masked_argmax", KILN__VERSION_MASKED_ARGMAX, KERNELS, F16, PACKED, "masked_argmax",
+    {"masked_argmax", KILN__VERSION_MASKED_ARGMAX, KERNELS, ELT, PACKED, "masked_argmax",
      "kiln_op_masked_argmax_workspace", kiln__masked_argmax_specs, NULL},
-    {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, F16, PACKED, "gated_delta gated_delta_chunk",
+    {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, ELT, PACKED, "gated_delta gated_delta_chunk",
      "kiln_op_gated_delta_workspace", NULL, kiln__gated_delta_arch_specs},
     {"paged_attention", KILN__VERSION_PAGED_ATTENTION, KERNELS | KILN_CAP_PAGED_KV, F16, PACKED,
      "paged_attention paged_decode paged_prefill paged_prefill_mma", "kiln_op_paged_attention_workspace", NULL, kiln__paged_attention_arch_specs},
-    {"dense_linear", KILN__VERSION_DENSE_LINEAR, BLAS, F16, PACKED, "skinny_linear", "kiln_op_dense_linear_workspace",
+    {"dense_linear", KILN__VERSION_DENSE_LINEAR, BLAS, ELT, PACKED, "skinny_linear", "kiln_op_dense_linear_workspace",
      kiln__skinny_linear_specs, NULL},
-    {"dense_linear_norm", KILN__VERSION_DENSE_LINEAR_NORM, BLAS, F16, PACKED, "tma_linear skinny_linear rms_norm",
+    {"dense_linear_norm", KILN__VERSION_DENSE_LINEAR_NORM, BLAS, ELT, PACKED, "tma_linear skinny_linear rms_norm",
      "kiln_op_dense_linear_norm_workspace", kiln__linear_norm_specs, NULL},
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
