@@ -1,5 +1,5 @@
-/* IEEE half precision on the host, for the GPU tests' references: exact
- * decoding and round-to-nearest-even encoding. */
+/* IEEE half precision and bfloat16 on the host, for the GPU tests'
+ * references: exact decoding and round-to-nearest-even encoding. */
 #ifndef KILN_TESTS_F16_HOST_H
 #define KILN_TESTS_F16_HOST_H
 
@@ -43,6 +43,27 @@ static inline uint16_t f2h(double x)
         e++;
     }
     return s | (uint16_t)(((e + 14) << 10) | ((uint16_t)q & 1023));
+}
+
+/* The value of a bf16 bit pattern: the high 16 bits of an f32. */
+static inline float kiln_test_bf16_to_f32(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* x rounded to the nearest bf16, ties to even (cvt.rn.bf16.f32's rounding);
+ * NaN stays a (quiet) NaN. */
+static inline uint16_t kiln_test_bf16_from_f32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
 }
 
 #endif
