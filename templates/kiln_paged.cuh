@@ -8,9 +8,9 @@
 #define KILN_PAGED_CUH
 
 // A page (65536 bytes): K at [0, 32768), V at [32768, 65536), each
-// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] kiln_elt (f16, or bf16 where KILN_BF16
-// = 1: q, k, v, the pages and out all have the one element type); token c of a sequence lives in page
-// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] kiln_elt (f16, or bf16 where KILN_BF16 =
+// 1: q, k, v, the pages and out all have the one element type); token c of a
+// sequence lives in page table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
 #define PAGE_BYTES 65536ull
 #define V_OFFSET 32768ull
 

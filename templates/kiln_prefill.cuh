@@ -42,8 +42,8 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
 }
 
 // Rows [r0, r0 + BMR) of the block's (row = token * G + head in the group),
-// rotated, scaled by qscale and rounded to kiln_elt, into the swizzled tile at sm
-// (panels BMR * 128 bytes apart), by threads me of n. Eight RoPE slots
+// rotated, scaled by qscale and rounded to kiln_elt, into the swizzled tile at
+// sm (panels BMR * 128 bytes apart), by threads me of n. Eight RoPE slots
 // (rope_slot) of one token a step, their angles shared by the token's heads
 // in the block; rows past the sequence's are zero (attending every key,
 // never written). Where freqs.half is a multiple of 8 (the whole head
@@ -207,8 +207,8 @@ __device__ __forceinline__ void prefill_softmax(float *sc, kiln_u32 c0, kiln_u32
     r->l_b = r->l_b * *scale_b + sum_b;
 }
 
-// The probabilities in kiln_elt as P V's A operand: key block kk's registers are
-// the score blocks 2 kk and 2 kk + 1, rows a and b.
+// The probabilities in kiln_elt as P V's A operand: key block kk's registers
+// are the score blocks 2 kk and 2 kk + 1, rows a and b.
 template <int NB>
 __device__ __forceinline__ void prefill_pack(const float *sc, kiln_u32 (*p)[4])
 {

@@ -1,8 +1,8 @@
 // Warpgroup MMA (wgmma, sm_90a only: compiled where __CUDA_ARCH_FEAT_SM90_ALL is) for kiln's Hopper kernels: the fences, the
 // shared-memory matrix descriptor of a 128-byte-swizzled tile, and the shapes
 // templates/paged_prefill.cu uses. A tile in shared memory is stored
-// as panels of 64 kiln_elt (16-bit) columns: row r of a panel is its 128 bytes at r * 128,
-// 16-byte chunk c at chunk c ^ (r % 8) (what TMA's 128-byte swizzle writes),
+// as panels of 64 kiln_elt (16-bit) columns: row r of a panel is its 128
+// bytes at r * 128, 16-byte chunk c at chunk c ^ (r % 8) (what TMA's 128-byte swizzle writes),
 // each panel 1024-byte aligned. wgmma needs an arch-specific target: a
 // template that includes this declares //! kiln:arch-specific.
 #pragma once

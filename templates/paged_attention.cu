@@ -16,8 +16,9 @@
 // Everything that lives in device memory (spans, lengths, block table) is
 // checked here before it is used: a bad sequence is skipped (nothing of it
 // read or written) and reported through the fault record.
-// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128), KILN_HEADS,
-// KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (query rows per attention block: 4, 8 or 16).
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (query rows per
+// attention block: 4, 8 or 16).
 // Grids: x = tiles of a sequence's new tokens, y = kv head (append: 1, it
 // writes every kv head), z = sequence; 128 threads.
 #include "kiln_reduce.cuh"

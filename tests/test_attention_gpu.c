@@ -20,11 +20,19 @@
  * a graph over several steps with its per-step values in a binding arena,
  * and bit for bit the same as the same command run eager; bad device data
  * reported through the fault record (the bad sequence skipped, the others
- * right), in prefill and split decode; contract errors at encode.
+ * right), in prefill and split decode; contract errors at encode. bf16
+ * (q, k, v, the pages and out) on every kernel (wgmma, mma.sync and CUDA-core
+ * prefill, chunked prefill after a cached prefix, split, unsplit and
+ * two-kernel decode) against the same reference, within 2^-7 (two bf16
+ * roundings) and 2^-7 of sum p |v| / sum p for prefill; scaled, partial
+ * RoPE (a caller's table of inverse frequencies, cos and sin times 1.3,
+ * half the head rotated, and 20 dims) in f16 and bf16 on every kernel; one
+ * sequence of 32768 tokens against the CUDA-core kernel.
  * KILN_ATTN_QUICK=1 runs a reduced set (for compute-sanitizer). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include "f16_host.h"
 #include "gpu_fixture.h"
@@ -1131,6 +1139,123 @@ static void test_scaled_partial_rope(void **state)
     }
 }
 
+/* One sequence of T new tokens (prefill, no cached prefix) on this device's
+ * prefill kernel, every output element checked against the CUDA-core prefill
+ * (templates/paged_attention.cu: f32 scores and P.V, an independent
+ * implementation that the tests above check against float64) on the same
+ * inputs: at 32768 tokens a float64 host reference of 2^29 scores a head is
+ * too slow. A third run, of the CUDA-core kernel on |v|, gives each
+ * element's sum p |v| / sum p, the scale of the tensor-core kernel's p
+ * rounding. Both sides round their output: the tolerance is twice run_step's. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void long_prefill(gpu_fixture *f, layout L, uint32_t T, kiln_dtype elt)
+{
+    next_cfg.elt = elt;
+    sess s;
+    uint32_t ctx = 0, cap = T;
+    sess_init(&s, f, L, 1, &ctx, &cap, 500000.0f);
+    const int64_t H = L.H, KVH = L.KVH, D = L.D;
+    const size_t qn = (size_t)T * H * D, kn = (size_t)T * KVH * D;
+    uint16_t *q = malloc(qn * 2), *k = malloc(kn * 2), *v = malloc(kn * 2), *vabs = malloc(kn * 2), *outs[3];
+    uint32_t *pos = malloc((size_t)T * 4), spans[2] = {0, T}, lens[1] = {T};
+    assert_true(q && k && v && vabs && pos);
+    fill_e(&f->rng, s.bf16, q, qn);
+    fill_e(&f->rng, s.bf16, k, kn);
+    fill_e(&f->rng, s.bf16, v, kn);
+    for (size_t i = 0; i < kn; i++)
+        vabs[i] = v[i] & 0x7fff;
+    for (uint32_t t = 0; t < T; t++)
+        pos[t] = t;
+    kiln_buffer *bq = buffer(f->rt, qn * 2), *bk = buffer(f->rt, kn * 2), *bv = buffer(f->rt, kn * 2),
+                *bva = buffer(f->rt, kn * 2), *bo = buffer(f->rt, qn * 2), *bp = buffer(f->rt, (size_t)T * 4),
+                *bt = buffer(f->rt, (size_t)s.MB * 4), *bl = buffer(f->rt, 4), *bs = buffer(f->rt, 8);
+    KILN_CHECK(kiln_buffer_upload(bq, 0, q, qn * 2));
+    KILN_CHECK(kiln_buffer_upload(bk, 0, k, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bv, 0, v, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bva, 0, vabs, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bp, 0, pos, (size_t)T * 4));
+    KILN_CHECK(kiln_buffer_upload(bt, 0, s.table, (size_t)s.MB * 4));
+    KILN_CHECK(kiln_buffer_upload(bl, 0, lens, 4));
+    KILN_CHECK(kiln_buffer_upload(bs, 0, spans, 8));
+    kiln_tensor tq = {.buffer = bq, .dtype = elt, .rank = 3, .dims = {T, H, D}},
+                tk = {.buffer = bk, .dtype = elt, .rank = 3, .dims = {T, KVH, D}},
+                tv = {.buffer = bv, .dtype = elt, .rank = 3, .dims = {T, KVH, D}},
+                to = {.buffer = bo, .dtype = elt, .rank = 3, .dims = {T, H, D}},
+                tp = {.buffer = bp, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
+                tt = {.buffer = bt, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {1, s.MB}},
+                tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {1}},
+                ts = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {1, 2}};
+    kiln_region pr = {s.pages, 0, (size_t)s.n_pages * KILN_PAGED_KV_PAGE_BYTES};
+    kiln_paged_attention_desc d = {.size = sizeof d, .q = &tq, .k = &tk, .v = &tv, .positions = &tp,
+                                   .block_table = &tt, .seq_lens = &tl, .query_spans = &ts, .out = &to,
+                                   .kv_pages = &pr, .rope_theta = s.theta};
+    double secs[3];
+    for (int run = 0; run < 3; run++) {
+        outs[run] = malloc(qn * 2);
+        assert_non_null(outs[run]);
+        kiln__paged_attention_set_prefill_kernel(run ? KILN__PREFILL_CUDA_CORE : 0);
+        tv.buffer = run == 2 ? bva : bv;
+        KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, qn * 2)); /* NaN */
+        kiln_command *cmd;
+        KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+        const double t0 = now_s();
+        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, NULL, NULL));
+        KILN_CHECK(kiln_stream_synchronize(f->s));
+        secs[run] = now_s() - t0;
+        kiln_command_release(cmd);
+        KILN_CHECK(kiln_buffer_readback(bo, 0, outs[run], qn * 2));
+    }
+    kiln__paged_attention_set_prefill_kernel(0);
+    const double tol = s.bf16 ? ldexp(1, -6) : 2 * TOL, p_round = ldexp(1, s.bf16 ? -7 : -10);
+    size_t wrong = 0;
+    double worst = 0;
+    for (size_t e = 0; e < qn; e++) {
+        const double tc = dec(&s, outs[0][e]), cc = dec(&s, outs[1][e]), mag = dec(&s, outs[2][e]);
+        /* |sum p v| <= sum p |v|: the |v| run is the same softmax's. */
+        const int sane = isfinite(cc) && isfinite(mag) && fabs(cc) <= mag * (1 + tol);
+        const double err = isfinite(tc) && sane ? fabs(tc - cc) / (fmax(fabs(cc), FLOOR) + p_round / tol * mag)
+                                                : INFINITY;
+        worst = err > worst ? err : worst;
+        if (err > tol && wrong++ < 5)
+            fprintf(stderr, "token %zu head %lld d %lld: got %.6g, CUDA-core %.6g (sum p|v| / sum p %.6g)\n",
+                    e / (size_t)(H * D), (long long)(e / D % H), (long long)(e % D), tc, cc, mag);
+    }
+    fprintf(stderr, "prefill %u vs the CUDA cores: %s D %lld H %lld KVH %lld: %zu outputs, max rel err %.3g "
+                    "(%.3f s, CUDA cores %.3f s, %.3f s)\n",
+            T, s.bf16 ? "bf16" : "f16", (long long)D, (long long)H, (long long)KVH, qn, worst, secs[0], secs[1],
+            secs[2]);
+    if (wrong)
+        fail_msg("prefill %u: %zu of %zu outputs off the CUDA-core kernel's", T, wrong, qn);
+    kiln_buffer *all[9] = {bq, bk, bv, bva, bo, bp, bt, bl, bs};
+    for (int i = 0; i < 9; i++)
+        kiln_buffer_destroy(all[i]);
+    for (int run = 0; run < 3; run++)
+        free(outs[run]);
+    free(q);
+    free(k);
+    free(v);
+    free(vabs);
+    free(pos);
+    sess_free(&s);
+}
+
+/* 32768 tokens: f16 at head_dim 128 (group 1), bf16 at head_dim 64 (group 7). */
+static void test_prefill_32768_tokens(void **state)
+{
+    gpu_fixture *f = *state;
+    if (quick())
+        return;
+    long_prefill(f, (layout){128, 8, 8}, 32768, KILN_DTYPE_F16);
+    long_prefill(f, (layout){64, 14, 2}, 32768, KILN_DTYPE_BF16);
+}
+
 /* Refused at encode, before anything runs. */
 static void test_contract_errors_at_encode(void **state)
 {
@@ -1220,6 +1345,7 @@ int main(void)
         T(test_bf16_prefill_cuda_core),
         T(test_bf16_decode),
         T(test_scaled_partial_rope),
+        T(test_prefill_32768_tokens),
         T(test_contract_errors_at_encode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
