@@ -175,7 +175,7 @@ kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64
 {
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
-    kiln_spec spec;
+    kiln_spec spec; /* the head layout's checks, the same for either element type */
     kiln_status st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, head_dim, heads, kv_heads, 1, &spec);
     if (st)
         return st;
