@@ -17,9 +17,10 @@
  * ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
  * scaled_dot_product_attention at the same shapes.
  *
- * --only S,CTX,N: that prefill shape alone (for a profiler).
+ * --only S,CTX,N: that prefill shape alone (for a profiler). --dtype bf16:
+ * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
  *
- * Usage: bench_attention [--iters 50] [--sweep | --prefill [--only S,CTX,N]]
+ * Usage: bench_attention [--iters 50] [--dtype f16|bf16] [--sweep | --prefill [--only S,CTX,N]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ static kiln_buffer *buf(size_t bytes)
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
+static kiln_dtype g_elt = KILN_DTYPE_F16; /* --dtype */
 
 static void fill_random(kiln_buffer *b, size_t bytes)
 {
@@ -68,7 +70,10 @@ static void fill_random(kiln_buffer *b, size_t bytes)
         g_rng ^= g_rng << 13;
         g_rng ^= g_rng >> 7;
         g_rng ^= g_rng << 17;
-        h[i] = (uint16_t)(((g_rng >> 20) & 0x8000) | ((9 + (g_rng >> 40) % 6) << 10) | (g_rng & 1023));
+        /* |x| in [2^-6, 1), in the element type's encoding. */
+        h[i] = g_elt == KILN_DTYPE_BF16
+                   ? (uint16_t)(((g_rng >> 20) & 0x8000) | ((121 + (g_rng >> 40) % 6) << 7) | (g_rng & 127))
+                   : (uint16_t)(((g_rng >> 20) & 0x8000) | ((9 + (g_rng >> 40) % 6) << 10) | (g_rng & 1023));
     }
     ck(kiln_buffer_upload(b, 0, h, n * 2), "upload");
     free(h);
@@ -103,10 +108,10 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     }
     ck(kiln_buffer_upload(bi, 0, ints, ((size_t)T + (size_t)S * blocks + 3 * (size_t)S) * 4), "upload");
     free(ints);
-    kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
-                to = {.buffer = bo, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
-                tk = {.buffer = bk, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
-                tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
+    kiln_tensor tq = {.buffer = bq, .dtype = g_elt, .rank = 3, .dims = {T, H, D}},
+                to = {.buffer = bo, .dtype = g_elt, .rank = 3, .dims = {T, H, D}},
+                tk = {.buffer = bk, .dtype = g_elt, .rank = 3, .dims = {T, KVH, D}},
+                tv = {.buffer = bv, .dtype = g_elt, .rank = 3, .dims = {T, KVH, D}},
                 tp = {.buffer = bi, .offset = 0, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
                 tt = {.buffer = bi, .offset = (size_t)T * 4, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, blocks}},
                 tl = {.buffer = bi, .offset = ((size_t)T + (size_t)S * blocks) * 4, .dtype = KILN_DTYPE_U32,
@@ -163,6 +168,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_begin(&j, BENCH);
     bench_json_bool(&j, "peer", 0);
     bench_json_str(&j, "phase", phase);
+    bench_json_str(&j, "dtype", g_elt == KILN_DTYPE_BF16 ? "bf16" : "f16");
     bench_json_int(&j, "heads", H);
     bench_json_int(&j, "kv_heads", KVH);
     bench_json_int(&j, "head_dim", D);
@@ -211,6 +217,15 @@ int main(int argc, char **argv)
             i++;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
             iters = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "bf16")))
+            g_elt = !strcmp(argv[++i], "bf16") ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+        else {
+            fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
+                            "[--dtype f16|bf16] [--sweep | --prefill [--only S,CTX,N]]\n",
+                    argv[i]);
+            return 2;
+        }
     }
     const char *why = NULL;
     if (!kiln_driver_available(&why)) {

@@ -175,7 +175,7 @@ kiln_status kiln_op_paged_attention_workspace(int64_t seqs, int64_t heads, int64
 {
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
-    kiln_spec spec;
+    kiln_spec spec; /* the head layout's checks, the same for either element type */
     kiln_status st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, head_dim, heads, kv_heads, 1, &spec);
     if (st)
         return st;
@@ -223,19 +223,22 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     int sm = 0;
     if (!arch || sscanf(arch, "sm_%d", &sm) != 1 || sm < 1)
         sm = 0;
+    const kiln_dtype elt = cfg->dtype;
+    if (elt == KILN_DTYPE_BF16 && sm && sm < 80)
+        return KILN_OK; /* no bf16 before sm_80: the encode refuses it */
     kiln_spec spec;
     kiln_status st;
-    if ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
+    if ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (sm >= 80 && ((st = layout_spec(KILN_DTYPE_F16, sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
+    if (sm >= 80 && ((st = layout_spec(elt, sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
                      (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
-        ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
+        ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
         return st;
     const int64_t rows = rows_for(h / kvh, 1);
     if (sm && decode_falls_back(sm, d) && rows != PREFILL_ROWS &&
-        ((st = attention_spec(KILN_DTYPE_F16, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
+        ((st = attention_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
         return st;
     return KILN_OK;
 }
@@ -247,7 +250,8 @@ static const char *const names[KILN__PA_BINDINGS] = {
 /* T, H and D from q (three tensors) or from out (fused qkv), then kv heads
  * from k or from qkv's width. */
 static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_paged_attention_desc *d,
-                             kiln__paged_attention_info *info, int64_t *T, int64_t *H, int64_t *D, int64_t *KVH)
+                             kiln__paged_attention_info *info, kiln_dtype *elt, int64_t *T, int64_t *H, int64_t *D,
+                             int64_t *KVH)
 {
     size_t *bytes = info->bytes;
     const kiln_tensor *shape = d->qkv ? d->out : d->q;
@@ -262,8 +266,10 @@ static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_pa
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": binding qkv is given, so bindings q, k and v must be NULL (given: %s)", given);
     }
-    if ((st = kiln__check_tensor(err, OP, shape_name, shape, rt, KILN_DTYPE_F16, 3, NULL,
-                                 &bytes[d->qkv ? B_OUT : B_Q])))
+    /* The element type is the input's (q, or qkv); every other 16-bit binding
+     * must have it. */
+    if ((st = kiln__check_elt(err, OP, d->qkv ? "qkv" : "q", d->qkv ? d->qkv : d->q, rt, elt)) ||
+        (st = kiln__check_tensor(err, OP, shape_name, shape, rt, *elt, 3, NULL, &bytes[d->qkv ? B_OUT : B_Q])))
         return st;
     *T = shape->dims[0];
     *H = shape->dims[1];
@@ -277,7 +283,7 @@ static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_pa
                           (long long)*T, (long long)*H, (long long)*D, INT32_MAX, KILN_MODEL_MAX_HEADS);
     if (d->qkv) {
         const int64_t want[2] = {*T, -1};
-        if ((st = kiln__check_tensor(err, OP, "qkv", d->qkv, rt, KILN_DTYPE_F16, 2, want, &bytes[B_QKV])))
+        if ((st = kiln__check_tensor(err, OP, "qkv", d->qkv, rt, *elt, 2, want, &bytes[B_QKV])))
             return st;
         const int64_t cols = d->qkv->dims[1], heads = cols / *D;
         if (cols % *D || heads <= *H || (heads - *H) % 2)
@@ -291,7 +297,7 @@ static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_pa
         info->v_offset = info->k_offset + (size_t)*KVH * (size_t)*D * 2;
     } else {
         const int64_t want_kv[3] = {*T, -1, *D};
-        if ((st = kiln__check_tensor(err, OP, "k", d->k, rt, KILN_DTYPE_F16, 3, want_kv, &bytes[B_K])))
+        if ((st = kiln__check_tensor(err, OP, "k", d->k, rt, *elt, 3, want_kv, &bytes[B_K])))
             return st;
         *KVH = d->k->dims[1];
     }
@@ -305,8 +311,8 @@ static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_pa
     info->page_tokens = pt;
     const int64_t want_v[3] = {*T, *KVH, *D}, want_out[3] = {*T, *H, *D};
     if (!d->qkv) {
-        if ((st = kiln__check_tensor(err, OP, "v", d->v, rt, KILN_DTYPE_F16, 3, want_v, &bytes[B_V])) ||
-            (st = kiln__check_tensor(err, OP, "out", d->out, rt, KILN_DTYPE_F16, 3, want_out, &bytes[B_OUT])))
+        if ((st = kiln__check_tensor(err, OP, "v", d->v, rt, *elt, 3, want_v, &bytes[B_V])) ||
+            (st = kiln__check_tensor(err, OP, "out", d->out, rt, *elt, 3, want_out, &bytes[B_OUT])))
             return st;
         info->q_stride = (uint32_t)(*H * *D);
         info->kv_stride = (uint32_t)(*KVH * *D);
@@ -330,7 +336,8 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     memset(info, 0, sizeof *info);
     size_t *bytes = info->bytes;
     int64_t T = 0, H = 0, D = 0, KVH = 1;
-    st = check_qkv(err, rt, d, info, &T, &H, &D, &KVH);
+    kiln_dtype elt = KILN_DTYPE_F16;
+    st = check_qkv(err, rt, d, info, &elt, &T, &H, &D, &KVH);
     if (st)
         return st;
     const uint32_t pt = info->page_tokens;
@@ -370,6 +377,12 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": binding kv_pages has %zu bytes; it must be whole %u-byte pages (at most 2^32 - 1)",
                           pbytes, KILN_PAGED_KV_PAGE_BYTES);
+    /* The pages hold elt; an untyped buffer is the caller's word for it. */
+    const kiln_dtype pdt = kiln_buffer_dtype(pg->buffer);
+    if (pdt != KILN_DTYPE_BYTES && pdt != elt)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": binding kv_pages is a %s buffer, but %s is %s: the cache must hold %s (or be untyped)",
+                          kiln_dtype_name(pdt), d->qkv ? "qkv" : "q", kiln_dtype_name(elt), kiln_dtype_name(elt));
     if ((kiln__buffer_ptr(pg->buffer) + pg->start) % 16)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": binding kv_pages starts at offset %zu: its device address must be 16-byte aligned",
@@ -394,6 +407,21 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     if (!isfinite(d->rope_theta) || !(d->rope_theta > 0.0f))
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": rope_theta must be a finite number > 0, got %g",
                           (double)d->rope_theta);
+    if (d->rope_dim && (d->rope_dim < 2 || d->rope_dim > D || d->rope_dim % 2))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": rope_dim %lld must be even and in [2, head_dim %lld] (0: head_dim)",
+                          (long long)d->rope_dim, (long long)D);
+    if (d->rope_inv_freq) {
+        const int64_t n = (d->rope_dim ? d->rope_dim : D) / 2;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(d->rope_inv_freq[i]) || !(d->rope_inv_freq[i] > 0.0f))
+                return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
+                                  OP ": rope_inv_freq[%lld] must be a finite number > 0, got %g (of %lld frequencies)",
+                                  (long long)i, (double)d->rope_inv_freq[i], (long long)n);
+    }
+    if (!isfinite(d->rope_attention_scaling))
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": rope_attention_scaling must be finite, got %g",
+                          (double)d->rope_attention_scaling);
     /* What is written (out, kv_pages, workspace) overlaps nothing else. */
     const kiln_tensor pages_view = {.buffer = pg->buffer, .offset = pg->start};
     const kiln_tensor *t[KILN__PA_BINDINGS] = {d->q,           d->k,        d->v,           d->qkv,
@@ -439,7 +467,10 @@ typedef struct attn_launch {
     uint32_t stages; /* and its stages (decode_stages) */
     int pdl;       /* the decode's cluster launch also asks for programmatic dependent launch */
     float qscale;
-    float inv_freq[64]; /* head_dim / 2 used: the kernels' rope_freqs, by value */
+    /* The kernels' rope_freqs (templates/kiln_paged.cuh), by value: head_dim
+     * / 2 floats (the first rope_dim / 2 used), then the scale, then the
+     * rotated pairs as a u32. */
+    float rope[64 + 2];
 } attn_launch;
 
 static kiln_status launch3(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned x, unsigned y,
@@ -456,7 +487,7 @@ static kiln_status launch_decode(attn_launch *l, const kiln_launch_context *ctx,
 {
     void *args[] = {&l->q,     &l->q_stride,   &l->k,      &l->v,         &l->kv_stride, &l->pos,
                     &l->table, &l->lens,       &l->spans,  &l->pages,     &l->out,       &l->n_pages,
-                    &l->max_blocks, &l->tokens, &l->max_query, &l->stages, &l->qscale, l->inv_freq, fault};
+                    &l->max_blocks, &l->tokens, &l->max_query, &l->stages, &l->qscale, l->rope, fault};
     const unsigned grid[3] = {l->attention_tiles * l->splits, l->kv_heads, l->seqs};
     kiln_status st = kiln__launch_cluster(ctx, l->rt, l->decode, grid, l->splits, THREADS, l->smem, args,
                                           l->pdl ? KILN__LAUNCH_PDL : 0);
@@ -471,14 +502,14 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return launch_decode(l, ctx, &fault);
     void *append_args[] = {&l->k,       &l->v,          &l->kv_stride, &l->pos,       &l->table,
                            &l->lens,    &l->spans,      &l->pages,     &l->n_pages,   &l->max_blocks,
-                           &l->tokens,  &l->max_query,  l->inv_freq,   &fault};
+                           &l->tokens,  &l->max_query,  l->rope,       &fault};
     kiln_status st = launch3(ctx, l->rt, l->append, l->append_tiles, 1, l->seqs, THREADS, 0, append_args,
                              "cuLaunchKernel (paged_attention append)");
     if (st)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->qscale, l->inv_freq,  &fault};
+                         &l->qscale, l->rope,      &fault};
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
@@ -572,6 +603,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     kiln_paged_attention_desc full; /* checked: size is 0, the earlier layout's or larger */
     (void)KILN__COPY_SIZED(full, desc);
     const kiln_paged_attention_desc *d = &full;
+    const kiln_dtype elt = in.fused ? d->qkv->dtype : d->q->dtype; /* checked: every binding's */
     kiln_spec spec;
     kiln_kernel *k;
     void *fa = NULL, *fb = NULL, *fd = NULL;
@@ -586,7 +618,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     if (one_kernel) {
         const uint32_t decode_tiles = (uint32_t)((in.heads / in.kv_heads + DECODE_ROWS - 1) / DECODE_ROWS);
         int fits = 0, deep = 0;
-        if ((st = kiln_op_paged_attention_spec(KILN_DTYPE_F16, in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
+        if ((st = kiln_op_paged_attention_spec(elt, in.head_dim, in.heads, in.kv_heads, 1, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_decode", &fd)))
             return kiln__propagate(err, st);
         if ((st = decode_setup(rt, (CUfunction)fd, sm, sms, (uint64_t)in.seqs * (uint64_t)in.kv_heads * decode_tiles,
@@ -602,7 +634,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         }
     }
     if (!one_kernel &&
-        ((st = attention_spec(KILN_DTYPE_F16, in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
+        ((st = attention_spec(elt, in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
                               &spec)) ||
          (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
          (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
@@ -616,7 +648,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
-        if ((st = layout_spec(KILN_DTYPE_F16, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
+        if ((st = layout_spec(elt, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
                                &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
@@ -678,8 +710,16 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->splits = splits;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
-    for (int64_t i = 0; i < in.head_dim / 2; i++)
-        l->inv_freq[i] = (float)pow((double)d->rope_theta, -2.0 * (double)i / (double)in.head_dim);
+    /* RoPE's parameters, computed once here (checked: rope_dim even in [2,
+     * head_dim], the frequencies finite and > 0, the scaling finite). */
+    const int64_t rope_dim = d->rope_dim ? d->rope_dim : in.head_dim;
+    const uint32_t rope_half = (uint32_t)(rope_dim / 2);
+    const float rope_scale = d->rope_attention_scaling != 0.0f ? d->rope_attention_scaling : 1.0f;
+    for (uint32_t i = 0; i < rope_half; i++)
+        l->rope[i] = d->rope_inv_freq ? d->rope_inv_freq[i]
+                                      : (float)pow((double)d->rope_theta, -2.0 * (double)i / (double)rope_dim);
+    l->rope[in.head_dim / 2] = rope_scale;
+    memcpy(&l->rope[in.head_dim / 2 + 1], &rope_half, sizeof rope_half);
 
     struct {
         char tag[sizeof KEY_TAG];
@@ -687,6 +727,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
         uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages;
         float theta;
+        float rope[64 + 2]; /* the launch's: frequencies, scale and rotated pairs */
     } key;
     memset(&key, 0, sizeof key);
     memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);
@@ -714,6 +755,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.splits = splits;
     key.stages = stages;
     key.theta = d->rope_theta;
+    memcpy(key.rope, l->rope, sizeof key.rope);
     const kiln__kernel_command_desc cd = {.op = OP, .participants = in.seqs, .tokens = in.tokens,
                                           .dispatches = one_kernel ? 1 : 2, .regions = regions, .n_regions = n_regions,
                                           .enqueue = enqueue, .user = l, .key = &key, .key_bytes = sizeof key};

@@ -8,8 +8,9 @@
 #define KILN_PAGED_CUH
 
 // A page (65536 bytes): K at [0, 32768), V at [32768, 65536), each
-// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
-// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] kiln_elt (f16, or bf16 where KILN_BF16 =
+// 1: q, k, v, the pages and out all have the one element type); token c of a
+// sequence lives in page table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
 #define PAGE_BYTES 65536ull
 #define V_OFFSET 32768ull
 
@@ -28,9 +29,39 @@
 #define KILN_FAULT_KV_SEQ_PAST_TABLE 18u // value: seq_len, limit: max_blocks * PAGE_TOKENS
 #define KILN_FAULT_KV_BLOCK_PAST_ARENA 19u // value: the entry, limit: block << 32 | pages
 
+// RoPE's parameters, by value (providers/paged_attention.c lays them out
+// the same: HALF floats, the scale, the half as a u32). Rotate-half over the
+// first 2 half dims of each head (partial rotary: half <= HALF): pair i <
+// half is (x[i], x[i + half]), the rest pass through unchanged.
 struct rope_freqs {
-    float inv[HALF]; // inv_freq[i] = theta^(-2i / HEAD_DIM), rounded to f32 on the host
+    float inv[HALF]; // inv[i], i < half: the pair's inverse frequency, f32 from the host
+    float scale;     // cos and sin multiplied by it (yarn's attention factor; 1 otherwise)
+    kiln_u32 half;   // the rotated pairs: rope_dim / 2, in [1, HALF]
 };
+
+// Slot i (0 <= i < HALF) of a head: the two dims it computes, (i, i + half)
+// for a rotated pair, and for i >= half two of the dims past the rotated
+// ones that pass through (i + half and i + HALF: every dim of [2 half, D)
+// once). With half = HALF, (i, i + HALF) as rotate-half over the whole head.
+__device__ __forceinline__ void rope_slot(const rope_freqs &f, kiln_u32 i, kiln_u32 *lo, kiln_u32 *hi)
+{
+    *lo = i < f.half ? i : i + f.half;
+    *hi = i < f.half ? i + f.half : i + HALF;
+}
+
+// Slot i's sin and cos at position pos: a rotated pair's, times the scale;
+// (0, 1) exactly for a slot that passes through.
+__device__ __forceinline__ void rope_sincos(const rope_freqs &f, kiln_u32 i, float pos, float *s, float *c)
+{
+    if (i < f.half) {
+        sincosf(pos * f.inv[i], s, c);
+        *s *= f.scale;
+        *c *= f.scale;
+    } else {
+        *s = 0.0f;
+        *c = 1.0f;
+    }
+}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -41,23 +72,24 @@ __device__ __forceinline__ float fast_exp2(float x)
     return r;
 }
 
-__device__ __forceinline__ kiln_f16 ld_f16(const kiln_f16 *p)
+__device__ __forceinline__ kiln_elt ld_elt(const kiln_elt *p)
 {
-    kiln_f16 v;
+    kiln_elt v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
 
-__device__ __forceinline__ void st_f16(kiln_f16 *p, kiln_f16 v)
+__device__ __forceinline__ void st_elt(kiln_elt *p, kiln_elt v)
 {
     asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
 }
 
-// Rotate-half RoPE of the pair (x[i], x[i + HALF]) at position pos.
-__device__ __forceinline__ void rope(float x0, float x1, kiln_u32 pos, float inv, float *y0, float *y1)
+// RoPE of slot i's dims (x0, x1) = (x[lo], x[hi]) at position pos (rope_slot).
+__device__ __forceinline__ void rope(const rope_freqs &f, kiln_u32 i, float x0, float x1, kiln_u32 pos, float *y0,
+                                     float *y1)
 {
     float s, c;
-    sincosf((float)pos * inv, &s, &c);
+    rope_sincos(f, i, (float)pos, &s, &c);
     *y0 = x0 * c - x1 * s;
     *y1 = x1 * c + x0 * s;
 }

@@ -42,12 +42,15 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
 }
 
 // Rows [r0, r0 + BMR) of the block's (row = token * G + head in the group),
-// rotated, scaled by qscale and rounded to f16, into the swizzled tile at sm
-// (panels BMR * 128 bytes apart), by threads me of n. Eight pairs of one
-// token a step, their angles shared by the token's heads in the block; rows
-// past the sequence's are zero (attending every key, never written).
+// rotated, scaled by qscale and rounded to kiln_elt, into the swizzled tile at
+// sm (panels BMR * 128 bytes apart), by threads me of n. Eight RoPE slots
+// (rope_slot) of one token a step, their angles shared by the token's heads
+// in the block; rows past the sequence's are zero (attending every key,
+// never written). Where freqs.half is a multiple of 8 (the whole head
+// rotated, or a partial rotary of 16 k dims) the eight slots' dims are two
+// aligned runs of 8, stored as two 16-byte vectors; otherwise dim by dim.
 template <int BMR>
-__device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_f16 *__restrict__ qin, kiln_u32 q_stride,
+__device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt *__restrict__ qin, kiln_u32 q_stride,
                                                const kiln_u32 *__restrict__ positions, const rope_freqs &freqs,
                                                float qscale, const seq_info &q, kiln_u32 h, kiln_u32 r0,
                                                kiln_u32 me, kiln_u32 n)
@@ -62,27 +65,32 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_f16
             const float pos = (float)positions[t];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                sincosf(pos * freqs.inv[i0 + j], &sn[j], &cs[j]);
+                rope_sincos(freqs, i0 + j, pos, &sn[j], &cs[j]);
                 sn[j] *= qscale;
                 cs[j] *= qscale;
             }
         }
+        const bool runs = freqs.half % 8 == 0;
+        kiln_u32 lo[8], hi[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            rope_slot(freqs, i0 + j, &lo[j], &hi[j]);
         for (kiln_u32 g = 0; g < G; g++) {
             const kiln_u32 row = tl * G + g;
             if (row < r0 || row >= r0 + BMR)
                 continue;
             float y0[8], y1[8];
             if (live) {
-                const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
-                kiln_f16 x[16];
+                const kiln_elt *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
+                kiln_elt x[16];
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    x[j] = src[i0 + j];
-                    x[j + 8] = src[i0 + j + HALF];
+                    x[j] = src[lo[j]];
+                    x[j + 8] = src[hi[j]];
                 }
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const float x0 = kiln_f16_to_f32(x[j]), x1 = kiln_f16_to_f32(x[j + 8]);
+                    const float x0 = kiln_elt_to_f32(x[j]), x1 = kiln_elt_to_f32(x[j + 8]);
                     y0[j] = x0 * cs[j] - x1 * sn[j];
                     y1[j] = x1 * cs[j] + x0 * sn[j];
                 }
@@ -91,8 +99,18 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_f16
                 for (int j = 0; j < 8; j++)
                     y0[j] = y1[j] = 0.0f;
             }
-            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0, BMR * 128)) = kiln_f32_to_h8(y0);
-            *(kiln_u32x4 *)(sm + swz_at(row - r0, i0 + HALF, BMR * 128)) = kiln_f32_to_h8(y1);
+            if (runs) {
+                *(kiln_u32x4 *)(sm + swz_at(row - r0, lo[0], BMR * 128)) = kiln_f32_to_e8(y0);
+                *(kiln_u32x4 *)(sm + swz_at(row - r0, hi[0], BMR * 128)) = kiln_f32_to_e8(y1);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    *(kiln_elt *)(sm + swz_at(row - r0, lo[j] & ~7u, BMR * 128) + (lo[j] % 8) * 2) =
+                        kiln_f32_to_elt(y0[j]);
+                    *(kiln_elt *)(sm + swz_at(row - r0, hi[j] & ~7u, BMR * 128) + (hi[j] % 8) * 2) =
+                        kiln_f32_to_elt(y1[j]);
+                }
+            }
         }
     }
 }
@@ -189,15 +207,15 @@ __device__ __forceinline__ void prefill_softmax(float *sc, kiln_u32 c0, kiln_u32
     r->l_b = r->l_b * *scale_b + sum_b;
 }
 
-// The probabilities in f16 as P V's A operand: key block kk's registers are
-// the score blocks 2 kk and 2 kk + 1, rows a and b.
+// The probabilities in kiln_elt as P V's A operand: key block kk's registers
+// are the score blocks 2 kk and 2 kk + 1, rows a and b.
 template <int NB>
 __device__ __forceinline__ void prefill_pack(const float *sc, kiln_u32 (*p)[4])
 {
 #pragma unroll
     for (int j = 0; j < NB / 8; j++) {
-        p[j / 2][(j % 2) * 2] = kiln_f32_to_h2(sc[4 * j], sc[4 * j + 1]);
-        p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_h2(sc[4 * j + 2], sc[4 * j + 3]);
+        p[j / 2][(j % 2) * 2] = kiln_f32_to_e2(sc[4 * j], sc[4 * j + 1]);
+        p[j / 2][(j % 2) * 2 + 1] = kiln_f32_to_e2(sc[4 * j + 2], sc[4 * j + 3]);
     }
 }
 
@@ -215,7 +233,7 @@ __device__ __forceinline__ void prefill_rescale(float *o, float scale_a, float s
 // The rows' sums over their quad, then rows r0 + ra and r0 + rb of out (those
 // below nrows).
 __device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, kiln_u32 r0, kiln_u32 ra,
-                                              kiln_u32 nrows, const seq_info &q, kiln_u32 h, kiln_f16 *out,
+                                              kiln_u32 nrows, const seq_info &q, kiln_u32 h, kiln_elt *out,
                                               kiln_u32 lane)
 {
     r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
@@ -229,10 +247,10 @@ __device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, k
             continue;
         const float inv = 1.0f / (half ? r->l_b : r->l_a);
         const kiln_u32 t = q.start + row / G, head = h * G + row % G;
-        kiln_f16 *dst = out + ((kiln_u64)t * NH + head) * D + 2 * (lane % 4);
+        kiln_elt *dst = out + ((kiln_u64)t * NH + head) * D + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
-            *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_h2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+            *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_e2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
     }
 }
 

@@ -1,8 +1,8 @@
 // Warpgroup MMA (wgmma, sm_90a only: compiled where __CUDA_ARCH_FEAT_SM90_ALL is) for kiln's Hopper kernels: the fences, the
 // shared-memory matrix descriptor of a 128-byte-swizzled tile, and the shapes
 // templates/paged_prefill.cu uses. A tile in shared memory is stored
-// as panels of 64 f16 columns: row r of a panel is its 128 bytes at r * 128,
-// 16-byte chunk c at chunk c ^ (r % 8) (what TMA's 128-byte swizzle writes),
+// as panels of 64 kiln_elt (16-bit) columns: row r of a panel is its 128
+// bytes at r * 128, 16-byte chunk c at chunk c ^ (r % 8) (what TMA's 128-byte swizzle writes),
 // each panel 1024-byte aligned. wgmma needs an arch-specific target: a
 // template that includes this declares //! kiln:arch-specific.
 #pragma once
@@ -78,7 +78,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float *d, kiln_u64 da, kiln_u64 db
                  : "l"(da), "l"(db), "r"(1u));
 }
 
-// d (64 x 128, f32) += A (64 x 16 f16: a, as the accumulator's rows lie)
+// d (64 x 128, f32) += A (64 x 16 kiln_elt: a, as the accumulator's rows lie)
 // . B (16 x 128, N-major in shared memory: B's rows are its K index).
 __device__ __forceinline__ void wgmma_rs_n128(float *d, const kiln_u32 *a, kiln_u64 db)
 {
@@ -89,7 +89,7 @@ __device__ __forceinline__ void wgmma_rs_n128(float *d, const kiln_u32 *a, kiln_
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1u));
 }
 
-// d (64 x 64, f32) += A (64 x 16 f16: a, as the accumulator's rows lie)
+// d (64 x 64, f32) += A (64 x 16 kiln_elt: a, as the accumulator's rows lie)
 // . B (16 x 64, N-major in shared memory: B's rows are its K index).
 __device__ __forceinline__ void wgmma_rs_n64(float *d, const kiln_u32 *a, kiln_u64 db)
 {

@@ -1,13 +1,14 @@
 // Causal paged attention with RoPE over a paged KV cache (include/kiln/op_attention.h
 // is the contract). Two entries, launched one after the other on one stream:
-//   kiln_paged_append     rotates the new tokens' k (rotate-half RoPE, f32) and
+//   kiln_paged_append     rotates the new tokens' k (rotate-half RoPE, f32,
+//                         over the first 2 freqs.half dims of a head) and
 //                         writes k and v into their sequence's pages;
 //   kiln_paged_attention  rotates q, then causal attention of every new token
 //                         over its sequence's cached tokens (grouped-query heads,
 //                         f32 scores, online softmax with a running max).
 // Page layout (65536 bytes): K at [0, 32768), V at [32768, 65536), each
-// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
-// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] kiln_elt (f16 or bf16, KILN_BF16); token c
+// of a sequence lives in page table[c / PAGE_TOKENS], slot c % PAGE_TOKENS.
 // q, k and v rows are q_stride / kv_stride halves apart (a fused [T, q | k | v]
 // tensor, or three packed ones).
 // A block attends all the keys its rows see (no split): decode here is the
@@ -15,8 +16,9 @@
 // Everything that lives in device memory (spans, lengths, block table) is
 // checked here before it is used: a bad sequence is skipped (nothing of it
 // read or written) and reported through the fault record.
-// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
-// KILN_PAGE_TOKENS, KILN_ROWS (query rows per attention block: 4, 8 or 16).
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (query rows per
+// attention block: 4, 8 or 16).
 // Grids: x = tiles of a sequence's new tokens, y = kv head (append: 1, it
 // writes every kv head), z = sequence; 128 threads.
 #include "kiln_reduce.cuh"
@@ -46,7 +48,7 @@
 struct __align__(16) f32x4 { float x, y, z, w; };
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v, kiln_u32 kv_stride,
+kiln_paged_append(const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v, kiln_u32 kv_stride,
                   const kiln_u32 *__restrict__ positions, const kiln_u32 *__restrict__ table,
                   const kiln_u32 *__restrict__ seq_lens, const kiln_u32 *__restrict__ spans, unsigned char *pages,
                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, rope_freqs freqs,
@@ -69,30 +71,32 @@ kiln_paged_append(const kiln_f16 *__restrict__ k, const kiln_f16 *__restrict__ v
         const kiln_u32 j = j0 + idx / HALF, i = idx % HALF;
         const kiln_u32 t = q.start + j, c = base + j;
         float sn, cs;
-        sincosf((float)positions[t] * freqs.inv[i], &sn, &cs);
+        kiln_u32 lo, hi;
+        rope_sincos(freqs, i, (float)positions[t], &sn, &cs);
+        rope_slot(freqs, i, &lo, &hi);
         unsigned char *page = pages + (kiln_u64)row[c / PT] * PAGE_BYTES;
-        const kiln_f16 *ks = k + (kiln_u64)t * kv_stride + i, *vs = v + (kiln_u64)t * kv_stride + i;
-        kiln_f16 *kd = (kiln_f16 *)page + (kiln_u64)(c % PT) * D + i, *vd = (kiln_f16 *)(page + V_OFFSET) + (kiln_u64)(c % PT) * D + i;
+        const kiln_elt *ks = k + (kiln_u64)t * kv_stride, *vs = v + (kiln_u64)t * kv_stride;
+        kiln_elt *kd = (kiln_elt *)page + (kiln_u64)(c % PT) * D, *vd = (kiln_elt *)(page + V_OFFSET) + (kiln_u64)(c % PT) * D;
         for (kiln_u32 h0 = 0; h0 < KVH; h0 += APPEND_HEADS) {
-            kiln_f16 x[APPEND_HEADS][4];
+            kiln_elt x[APPEND_HEADS][4];
 #pragma unroll
             for (kiln_u32 e = 0; e < APPEND_HEADS; e++)
                 if (h0 + e < KVH) {
                     const kiln_u32 o = (h0 + e) * D;
-                    x[e][0] = ks[o];
-                    x[e][1] = ks[o + HALF];
-                    x[e][2] = vs[o];
-                    x[e][3] = vs[o + HALF];
+                    x[e][0] = ks[o + lo];
+                    x[e][1] = ks[o + hi];
+                    x[e][2] = vs[o + lo];
+                    x[e][3] = vs[o + hi];
                 }
 #pragma unroll
             for (kiln_u32 e = 0; e < APPEND_HEADS; e++)
                 if (h0 + e < KVH) {
                     const kiln_u64 o = (kiln_u64)(h0 + e) * PT * D;
-                    const float x0 = kiln_f16_to_f32(x[e][0]), x1 = kiln_f16_to_f32(x[e][1]);
-                    kd[o] = kiln_f32_to_f16(x0 * cs - x1 * sn);
-                    kd[o + HALF] = kiln_f32_to_f16(x1 * cs + x0 * sn);
-                    vd[o] = x[e][2];
-                    vd[o + HALF] = x[e][3];
+                    const float x0 = kiln_elt_to_f32(x[e][0]), x1 = kiln_elt_to_f32(x[e][1]);
+                    kd[o + lo] = kiln_f32_to_elt(x0 * cs - x1 * sn);
+                    kd[o + hi] = kiln_f32_to_elt(x1 * cs + x0 * sn);
+                    vd[o + lo] = x[e][2];
+                    vd[o + hi] = x[e][3];
                 }
         }
     }
@@ -133,16 +137,16 @@ __device__ __forceinline__ void load_tile(const unsigned char *__restrict__ page
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
-kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
+kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                      const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
-                     const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
+                     const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                      kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                      rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ __align__(16) float sq[ROWS][D];
-    __shared__ __align__(16) kiln_f16 sk[KC][D + KPAD];
-    __shared__ __align__(16) kiln_f16 sv[KC][D];
+    __shared__ __align__(16) kiln_elt sk[KC][D + KPAD];
+    __shared__ __align__(16) kiln_elt sv[KC][D];
     __shared__ __align__(16) float sp[ROWS][KC];
     __shared__ float sm[ROWS], sl[ROWS], sscale[ROWS];
     __shared__ kiln_u32 slast[ROWS];
@@ -169,15 +173,17 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
     // Rotated, scaled queries (rows past the sequence's: zero, attending every key).
     for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
         const kiln_u32 r = idx / HALF, i = idx % HALF, row = r0 + r;
+        kiln_u32 lo, hi;
+        rope_slot(freqs, i, &lo, &hi);
         float y0 = 0.0f, y1 = 0.0f;
         if (row < nrows) {
             const kiln_u32 t = q.start + row / G, head = h * G + row % G;
-            const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)head * D;
-            rope(kiln_f16_to_f32(ld_f16(src + i)), kiln_f16_to_f32(ld_f16(src + i + HALF)), positions[t],
-                 freqs.inv[i], &y0, &y1);
+            const kiln_elt *src = qin + (kiln_u64)t * q_stride + (kiln_u64)head * D;
+            rope(freqs, i, kiln_elt_to_f32(ld_elt(src + lo)), kiln_elt_to_f32(ld_elt(src + hi)), positions[t], &y0,
+                 &y1);
         }
-        sq[r][i] = y0 * qscale;
-        sq[r][i + HALF] = y1 * qscale;
+        sq[r][lo] = y0 * qscale;
+        sq[r][hi] = y1 * qscale;
     }
     if (tid < ROWS) {
         const kiln_u32 row = r0 + tid;
@@ -214,7 +220,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
 #pragma unroll 4
             for (int d = 0; d < D; d += 8) {
                 float kf[8];
-                kiln_h8_to_f32(*(const kiln_u32x4 *)&sk[j][d], kf);
+                kiln_e8_to_f32(*(const kiln_u32x4 *)&sk[j][d], kf);
 #pragma unroll
                 for (int r = 0; r < QK_RPT; r++) {
                     const f32x4 a = *(const f32x4 *)&sq[rg * QK_RPT + r][d];
@@ -275,7 +281,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
 #pragma unroll 4
             for (kiln_u32 j = 0; j < kn; j++) {
                 float v0, v1;
-                kiln_h2_to_f32(*(const kiln_u32 *)&sv[j][2 * cp], &v0, &v1);
+                kiln_e2_to_f32(*(const kiln_u32 *)&sv[j][2 * cp], &v0, &v1);
 #pragma unroll
                 for (int r = 0; r < PV_RPT; r++) {
                     const float p = sp[pg * PV_RPT + r][j];
@@ -293,7 +299,7 @@ kiln_paged_attention(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const 
             const kiln_u32 t = q.start + row / G, head = h * G + row % G;
             const float inv = 1.0f / sl[rr];
             kiln_u32 *dst = (kiln_u32 *)(out + ((kiln_u64)t * NH + head) * D + 2 * cp);
-            *dst = kiln_f32_to_h2(acc[r][0] * inv, acc[r][1] * inv);
+            *dst = kiln_f32_to_e2(acc[r][0] * inv, acc[r][1] * inv);
         }
     }
 }

@@ -2,8 +2,8 @@
 // folded in: one kernel per command (include/kiln/op_attention.h is the
 // contract; templates/paged_attention.cu serves prefill and keeps the page
 // layout: 65536-byte pages, K at [0, 32768), V at [32768, 65536), each
-// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] f16; token c of a sequence lives in page
-// table[c / PAGE_TOKENS], slot c % PAGE_TOKENS).
+// [KV_HEADS][PAGE_TOKENS][HEAD_DIM] kiln_elt (f16 or bf16); token c of a
+// sequence lives in page table[c / PAGE_TOKENS], slot c % PAGE_TOKENS).
 // A block serves one sequence, one kv head and up to 8 of its query heads
 // (a row tile), over one chunk of the sequence's keys. Keys stream through
 // shared memory in tiles of 64 (cp.async, stages - 1 tiles in flight, 16-byte
@@ -12,13 +12,14 @@
 // softmax: scores S^T = K Q^T on the tensor cores (mma.sync m16n8k16, keys
 // as M, the rows as N, f32 accumulation), then O^T += V^T P^T (V^T through
 // ldmatrix.trans, P^T made the B operand with movmatrix). The f32 q and p
-// go in as two f16 terms each (hi = f16(x), lo = f16(x - hi): about 22
-// bits), so that the result is as exact as f32 arithmetic would give: for a
+// go in as two kiln_elt terms each (hi = elt(x), lo = elt(x - hi): about 22
+// bits in f16, 16 in bf16), so that the result is about as exact as f32
+// arithmetic would give (well within bf16's own rounding): for a
 // group of at most 4 rows both terms share one mma (columns 0-3 hi, 4-7 lo,
 // summed across lanes), else each term has its own.
 // The warps' partials are combined in warp order through shared memory.
 // The new token (key len - 1): the block whose chunk holds it rotates k
-// (rotate-half RoPE in f32, rounded to f16, the prefill append's arithmetic)
+// (rotate-half RoPE in f32, rounded to kiln_elt, the prefill append's arithmetic)
 // and, in row tile 0, writes k and v to the page; it puts them into its
 // shared tile itself, so that no block reads that slot of the page.
 // Split-KV: the grid's x holds row tiles times n, n blocks of a row tile form
@@ -38,8 +39,8 @@
 // tiles are requested while the check is pending, a page past the arena
 // reading as zero. The split's blocks send their partials into the shared
 // memory of the rank that combines them (no block reads another's memory).
-// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
-// KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
 // 128 threads; dynamic shared memory stages x 2 x 64 x HEAD_DIM halves.
 // stages (an argument, 3 or 4): 3 at head_dim 128 (96 KiB: two blocks an
 // SM), 4 there where the grid takes at most one block an SM (128 KiB: a
@@ -76,9 +77,9 @@
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 
 // Eight halves at p (4-byte aligned: out's rows are only that).
-__device__ __forceinline__ void st_h8(kiln_f16 *p, const float *y)
+__device__ __forceinline__ void st_e8(kiln_elt *p, const float *y)
 {
-    const kiln_u32x4 w = kiln_f32_to_h8(y);
+    const kiln_u32x4 w = kiln_f32_to_e8(y);
     kiln_u32 *d = (kiln_u32 *)p;
     d[0] = w.x;
     d[1] = w.y;
@@ -153,18 +154,18 @@ __device__ __forceinline__ void issue_tile(kiln_u32 stage, const unsigned char *
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_f16 *__restrict__ k,
-                  const kiln_f16 *__restrict__ v, kiln_u32 kv_stride, const kiln_u32 *__restrict__ positions,
+kiln_paged_decode(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_elt *__restrict__ k,
+                  const kiln_elt *__restrict__ v, kiln_u32 kv_stride, const kiln_u32 *__restrict__ positions,
                   const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
-                  const kiln_u32 *__restrict__ spans, unsigned char *pages, kiln_f16 *out, kiln_u32 n_pages,
+                  const kiln_u32 *__restrict__ spans, unsigned char *pages, kiln_elt *out, kiln_u32 n_pages,
                   kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 stages, float qscale,
                   rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ __align__(16) kiln_f16 sq[2][ROWS][D]; // q's hi and lo terms
-    __shared__ __align__(16) kiln_f16 snew[2][D]; // the new token's rotated k, and v
+    __shared__ __align__(16) kiln_elt sq[2][ROWS][D]; // q's hi and lo terms
+    __shared__ __align__(16) kiln_elt snew[2][D]; // the new token's rotated k, and v
     __shared__ float swm[WARPS][ROWS], swl[WARPS][ROWS];
     // Split: what the cluster's blocks send this one to combine, per item
     // slot: the output's 8 dims, the row's max and sum (and 2 unused).
@@ -206,18 +207,24 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     // the check's outcome is known (a page past the arena reads as zero);
     // nothing is written before it.
     const kiln_u32 pos = positions[t];
-    kiln_f16 qx[QI][2];
+    // Slot i of RoPE rotates (or passes through) dims lo and hi (rope_slot).
+    kiln_elt qx[QI][2];
 #pragma unroll
     for (int j = 0; j < QI; j++) {
         const kiln_u32 idx = tid + j * THREADS, r = idx / HALF, i = idx % HALF, row = r0 + r;
-        const kiln_f16 *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + (row < G ? row : 0)) * D;
-        qx[j][0] = row < G ? src[i] : (kiln_f16)0;
-        qx[j][1] = row < G ? src[i + HALF] : (kiln_f16)0;
+        kiln_u32 lo, hi;
+        rope_slot(freqs, i, &lo, &hi);
+        const kiln_elt *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + (row < G ? row : 0)) * D;
+        qx[j][0] = row < G ? src[lo] : (kiln_elt)0;
+        qx[j][1] = row < G ? src[hi] : (kiln_elt)0;
     }
     const bool new_lane = has_new && tid < HALF;
-    const kiln_u64 nsrc = (kiln_u64)t * kv_stride + (kiln_u64)h * D + (new_lane ? tid : 0);
-    const kiln_f16 nk0 = new_lane ? k[nsrc] : (kiln_f16)0, nk1 = new_lane ? k[nsrc + HALF] : (kiln_f16)0;
-    const kiln_f16 nv0 = new_lane ? v[nsrc] : (kiln_f16)0, nv1 = new_lane ? v[nsrc + HALF] : (kiln_f16)0;
+    kiln_u32 nlo, nhi;
+    rope_slot(freqs, new_lane ? tid : 0, &nlo, &nhi);
+    const kiln_u64 kbase = (kiln_u64)t * kv_stride + (kiln_u64)h * D;
+    const kiln_u64 nsrc = kbase + (new_lane ? tid : 0);
+    const kiln_elt nk0 = new_lane ? k[kbase + nlo] : (kiln_elt)0, nk1 = new_lane ? k[kbase + nhi] : (kiln_elt)0;
+    const kiln_elt nv0 = new_lane ? v[nsrc] : (kiln_elt)0, nv1 = new_lane ? v[nsrc + HALF] : (kiln_elt)0;
     const kiln_u32 new_page = has_new ? trow[cnew / PT] : 0u;
     kiln_u32 pg[PER_THREAD], pg1[PER_THREAD];
     tile_pages(pg, trow, kb, ke);
@@ -243,25 +250,27 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
 
     if (new_lane) {
         float y0, y1;
-        rope(kiln_f16_to_f32(nk0), kiln_f16_to_f32(nk1), pos, freqs.inv[tid], &y0, &y1);
-        snew[0][tid] = kiln_f32_to_f16(y0);
-        snew[0][tid + HALF] = kiln_f32_to_f16(y1);
+        rope(freqs, tid, kiln_elt_to_f32(nk0), kiln_elt_to_f32(nk1), pos, &y0, &y1);
+        snew[0][nlo] = kiln_f32_to_elt(y0);
+        snew[0][nhi] = kiln_f32_to_elt(y1);
         snew[1][tid] = nv0;
         snew[1][tid + HALF] = nv1;
     }
-    // Rotated, scaled queries as two f16 terms (rows past the group's: zero).
+    // Rotated, scaled queries as two kiln_elt terms (rows past the group's: zero).
 #pragma unroll
     for (int j = 0; j < QI; j++) {
         const kiln_u32 idx = tid + j * THREADS, r = idx / HALF, i = idx % HALF;
+        kiln_u32 lo, hi;
+        rope_slot(freqs, i, &lo, &hi);
         float y0, y1;
-        rope(kiln_f16_to_f32(qx[j][0]), kiln_f16_to_f32(qx[j][1]), pos, freqs.inv[i], &y0, &y1);
+        rope(freqs, i, kiln_elt_to_f32(qx[j][0]), kiln_elt_to_f32(qx[j][1]), pos, &y0, &y1);
         y0 *= qscale;
         y1 *= qscale;
-        const kiln_f16 h0 = kiln_f32_to_f16(y0), h1 = kiln_f32_to_f16(y1);
-        sq[0][r][i] = h0;
-        sq[0][r][i + HALF] = h1;
-        sq[1][r][i] = kiln_f32_to_f16(y0 - kiln_f16_to_f32(h0));
-        sq[1][r][i + HALF] = kiln_f32_to_f16(y1 - kiln_f16_to_f32(h1));
+        const kiln_elt h0 = kiln_f32_to_elt(y0), h1 = kiln_f32_to_elt(y1);
+        sq[0][r][lo] = h0;
+        sq[0][r][hi] = h1;
+        sq[1][r][lo] = kiln_f32_to_elt(y0 - kiln_elt_to_f32(h0));
+        sq[1][r][hi] = kiln_f32_to_elt(y1 - kiln_elt_to_f32(h1));
     }
     // The table check's outcome: every page of the sequence in the arena.
     bad = __reduce_min_sync(0xffffffffu, bad);
@@ -284,18 +293,18 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
     if (new_lane && tile == 0) { // one row tile writes the cache
         unsigned char *page = pages + (kiln_u64)new_page * PAGE_BYTES;
         const kiln_u64 dst = ((kiln_u64)h * PT + cnew % PT) * D + tid;
-        kiln_f16 *kd = (kiln_f16 *)page + dst, *vd = (kiln_f16 *)(page + V_OFFSET) + dst;
-        st_f16(kd, snew[0][tid]);
-        st_f16(kd + HALF, snew[0][tid + HALF]);
-        st_f16(vd, nv0);
-        st_f16(vd + HALF, nv1);
+        kiln_elt *kd = (kiln_elt *)page + dst, *vd = (kiln_elt *)(page + V_OFFSET) + dst;
+        st_elt(kd, snew[0][tid]);
+        st_elt(kd + HALF, snew[0][tid + HALF]);
+        st_elt(vd, nv0);
+        st_elt(vd + HALF, nv1);
     }
     // B fragments of Q^T, column g, dims 16 kk + 2 t4 (+1) and + 8: packed,
     // row g % 4's term g / 4; else row g's hi (qf) and lo (ql) terms.
     kiln_u32 qf[D / 16][2], ql[D / 16][2];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        const kiln_f16 *qr = PACK ? sq[g >> 2][g & 3] : sq[0][g];
+        const kiln_elt *qr = PACK ? sq[g >> 2][g & 3] : sq[0][g];
         qf[kk][0] = *(const kiln_u32 *)&qr[16 * kk + 2 * t4];
         qf[kk][1] = *(const kiln_u32 *)&qr[16 * kk + 2 * t4 + 8];
         ql[kk][0] = *(const kiln_u32 *)&sq[1][g][16 * kk + 2 * t4];
@@ -377,11 +386,11 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
         l0 = l0 * a0 + p0 + p2;
         l1 = l1 * a1 + p1 + p3;
         // P as hi and lo terms: packed, lanes t4 < 2 give the hi columns, the others the lo.
-        const kiln_u32 h01 = kiln_f32_to_h2(p0, p1), h23 = kiln_f32_to_h2(p2, p3);
+        const kiln_u32 h01 = kiln_f32_to_e2(p0, p1), h23 = kiln_f32_to_e2(p2, p3);
         float f[4];
-        kiln_h2_to_f32(h01, &f[0], &f[1]);
-        kiln_h2_to_f32(h23, &f[2], &f[3]);
-        const kiln_u32 l01 = kiln_f32_to_h2(p0 - f[0], p1 - f[1]), l23 = kiln_f32_to_h2(p2 - f[2], p3 - f[3]);
+        kiln_e2_to_f32(h01, &f[0], &f[1]);
+        kiln_e2_to_f32(h23, &f[2], &f[3]);
+        const kiln_u32 l01 = kiln_f32_to_e2(p0 - f[0], p1 - f[1]), l23 = kiln_f32_to_e2(p2 - f[2], p3 - f[3]);
         const bool lo_lane = PACK && t4 >= 2;
         const kiln_u32 b0 = movmatrix_trans(lo_lane ? l01 : h01), b1 = movmatrix_trans(lo_lane ? l23 : h23);
         kiln_u32 c0l = 0, c1l = 0;
@@ -477,7 +486,7 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 y[j] = o[j] * inv;
-            st_h8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
+            st_e8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
         }
         return;
     }
@@ -524,7 +533,7 @@ kiln_paged_decode(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kil
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 y[j] *= inv;
-            st_h8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
+            st_e8(out + ((kiln_u64)t * NH + h * G + r0 + r) * D + d0, y);
         }
     }
 #endif

@@ -12,20 +12,20 @@
 //   warpgroups 0 and 1, the consumers, 64 rows each:
 //     S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
 //     O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
-//                 into f16 in place: the accumulator's layout is the A
+//                 into kiln_elt in place: the accumulator's layout is the A
 //                 operand's), V from shared memory (N-major).
 //     They take turns to issue their products (two named barriers, as
 //     FlashAttention-3's ping-pong): one warpgroup's softmax runs on the
 //     CUDA cores while the other's product runs on the tensor cores.
-// q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to f16
+// q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to kiln_elt
 // once, in shared memory for the whole block; the softmax runs online in f32
-// with exp2, and P is rounded to f16 for its product, as FlashAttention
+// with exp2, and P is rounded to kiln_elt for its product, as FlashAttention
 // does. The causal mask is applied only on the tiles that cross a row's last
 // key. Blocks take row tiles from the last (the longest) down.
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
-// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
-// KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
 // restates both).
 #include "kiln_reduce.cuh"
@@ -108,9 +108,9 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-kiln_paged_prefill(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
+kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
-                   const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
+                   const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                    rope_freqs freqs, kiln_fault *fault)
 {

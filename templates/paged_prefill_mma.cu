@@ -10,14 +10,14 @@
 // (templates/kiln_prefill.cuh), read with ldmatrix without bank conflicts:
 //   S = Q K^T   mma m16n8k16, q's fragments in registers for the whole block;
 //   O += P V    mma m16n8k16, P from registers (the f32 scores turned into
-//               f16 in place), V through ldmatrix.trans.
-// q is rotated, scaled and rounded to f16 once; the softmax runs online in
-// f32 with exp2, P is rounded to f16 for its product, as FlashAttention
+//               kiln_elt in place), V through ldmatrix.trans.
+// q is rotated, scaled and rounded to kiln_elt (f16 or bf16) once; the
+// softmax runs online in f32 with exp2, P is rounded to kiln_elt for its product, as FlashAttention
 // does; the causal mask only on the tiles that cross a row's last key.
 // Blocks take row tiles from the last (the longest) down. Device data is
 // checked as in templates/kiln_paged.cuh.
-// Constants: KILN_HEAD_DIM (64, 128), KILN_HEADS, KILN_KV_HEADS,
-// KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; 128
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; 128
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
 // restates both).
 #include "kiln_reduce.cuh"
@@ -43,9 +43,9 @@
 
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-kiln_paged_prefill_mma(const kiln_f16 *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
+kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                        const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
-                       const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_f16 *out,
+                       const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                        kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
                        rope_freqs freqs, kiln_fault *fault)
 {

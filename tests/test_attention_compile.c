@@ -1,6 +1,7 @@
-/* Paged attention without a GPU: the specializations a model lists, each
- * head layout and path (prefill, and the one-kernel decode of
- * templates/paged_decode.cu) compiled offline by NVRTC for sm_90, the spec and page arguments, and the validation of an
+/* Paged attention without a GPU: the specializations a model lists (f16 and
+ * bf16), each head layout and path (prefill, and the one-kernel decode of
+ * templates/paged_decode.cu) compiled offline by NVRTC for sm_90 in f16 and
+ * bf16, bf16 also for sm_80, sm_86 and sm_120, the spec and page arguments, and the validation of an
  * invocation against fake buffers (a fake runtime has no driver table: a
  * check that let a bad call through would crash here). */
 #include <math.h>
@@ -57,10 +58,11 @@ static kiln_status collect(void *user, const kiln_spec *spec)
     return KILN_OK;
 }
 
-static spec_set arch_specs(int64_t head_dim, int64_t heads, int64_t kv_heads, const char *arch)
+static spec_set arch_specs_elt(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, const char *arch)
 {
     kiln_model_config c;
     kiln_model_config_default(&c);
+    c.dtype = elt;
     c.head_dim = head_dim;
     c.num_attention_heads = heads;
     c.num_key_value_heads = kv_heads;
@@ -69,25 +71,35 @@ static spec_set arch_specs(int64_t head_dim, int64_t heads, int64_t kv_heads, co
     return l;
 }
 
+static spec_set arch_specs(int64_t head_dim, int64_t heads, int64_t kv_heads, const char *arch)
+{
+    return arch_specs_elt(KILN_DTYPE_F16, head_dim, heads, kv_heads, arch);
+}
+
 /* The two-kernel decode (paged_attention with the decode's rows: 4 for a
  * group of 4) that a device takes where the one-kernel decode does not run. */
-static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows)
+static kiln_spec fallback_spec_elt(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows)
 {
     kiln_spec s;
-    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, head_dim, heads, kv_heads, 0, &s));
+    KILN_CHECK(kiln_op_paged_attention_spec(elt, head_dim, heads, kv_heads, 0, &s));
     KILN_CHECK(kiln_spec_set(&s, "ROWS", rows));
     return s;
 }
 
+static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows)
+{
+    return fallback_spec_elt(KILN_DTYPE_F16, head_dim, heads, kv_heads, rows);
+}
+
 /* The tensor-core prefill an architecture takes: wgmma on sm_90, mma.sync
  * elsewhere from sm_80 on. */
-static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
+static kiln_spec tc_prefill_spec_elt(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
 {
     kiln_spec s;
     uint32_t pt;
     KILN_CHECK(kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt));
     KILN_CHECK(kiln_spec_init(&s, wgmma ? "paged_prefill" : "paged_prefill_mma"));
-    KILN_CHECK(kiln_spec_set(&s, "BF16", 0));
+    KILN_CHECK(kiln_spec_set(&s, "BF16", elt == KILN_DTYPE_BF16));
     KILN_CHECK(kiln_spec_set(&s, "HEAD_DIM", head_dim));
     KILN_CHECK(kiln_spec_set(&s, "HEADS", heads));
     KILN_CHECK(kiln_spec_set(&s, "KV_HEADS", kv_heads));
@@ -95,29 +107,39 @@ static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_hea
     return s;
 }
 
+static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
+{
+    return tc_prefill_spec_elt(KILN_DTYPE_F16, head_dim, heads, kv_heads, wgmma);
+}
+
 /* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
  * (several row tiles per group); prefill, decode, and the two-kernel decode's
- * 4 and 8 rows (16 are the prefill's kernel). */
+ * 4 and 8 rows (16 are the prefill's kernel); f16 every layout, bf16 groups
+ * 1, 4, 7 and 32 (each path, each head_dim). */
 static void test_every_path_compiles_for_sm90(void **state)
 {
     fixture *f = *state;
-    static const struct { int64_t heads, kv_heads; } layouts[] = {{8, 8}, {32, 8}, {28, 4}, {14, 2},
-                                                                 {16, 1}, {64, 2}, {4, 4}};
+    static const struct { int64_t heads, kv_heads; } layouts[] = {{8, 8}, {32, 8}, {28, 4}, {64, 2},
+                                                                 {14, 2}, {16, 1}, {4, 4}};
     size_t total = 0;
-    for (int d = 64; d <= 128; d += 64)
-        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
+    /* bd: bf16 (bd / 2) and head_dim 64 or 128 (bd % 2). */
+    for (int bd = 0; bd < 4; bd++)
+        for (size_t i = 0; i < (bd / 2 ? 4 : sizeof layouts / sizeof layouts[0]); i++)
             for (int decode = 0; decode < 2; decode++) {
+                const int b = bd / 2, d = bd % 2 ? 128 : 64;
+                const kiln_dtype elt = b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
                 kiln_spec s;
                 char text[256];
-                KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, d, layouts[i].heads, layouts[i].kv_heads, decode, &s));
+                KILN_CHECK(kiln_op_paged_attention_spec(elt, d, layouts[i].heads, layouts[i].kv_heads, decode, &s));
                 KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+                assert_int_equal(strncmp(text, b ? "BF16=1;" : "BF16=0;", 7), 0);
                 int compiled = 0;
                 kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
                 if (st)
                     fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
                 total++;
                 if (!decode) { /* and the wgmma prefill, sm_90's */
-                    s = tc_prefill_spec(d, layouts[i].heads, layouts[i].kv_heads, 1);
+                    s = tc_prefill_spec_elt(elt, d, layouts[i].heads, layouts[i].kv_heads, 1);
                     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                     if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
                         fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
@@ -125,7 +147,7 @@ static void test_every_path_compiles_for_sm90(void **state)
                 }
                 const int64_t g = layouts[i].heads / layouts[i].kv_heads, rows = g <= 4 ? 4 : g <= 8 ? 8 : 16;
                 if (decode && rows != 16) {
-                    s = fallback_spec(d, layouts[i].heads, layouts[i].kv_heads, rows);
+                    s = fallback_spec_elt(elt, d, layouts[i].heads, layouts[i].kv_heads, rows);
                     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                     if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
                         fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
@@ -241,6 +263,70 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
         assert_int_equal(k.compile_errors, 0);
         kiln_jit_destroy(jit);
     }
+}
+
+/* A bf16 model lists bf16 kernels (BF16=1, each differing from its f16
+ * twin only there), as many as f16 lists for each architecture, none before
+ * sm_80; each compiles for sm_80, sm_86, sm_90 (the wgmma prefill) and
+ * sm_120, at head_dim 128 (group 4) and 64 (group 7). */
+static void test_bf16_specs_listed_and_compiled(void **state)
+{
+    fixture *f = *state;
+    static const char *const archs[] = {"sm_80", "sm_86", "sm_90", "sm_120"};
+    static const struct { int64_t d, h, kvh; } ls[] = {{128, 32, 8}, {64, 14, 2}};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        size_t listed = 0;
+        for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
+            const spec_set h = arch_specs(ls[i].d, ls[i].h, ls[i].kvh, archs[a]);
+            const spec_set b = arch_specs_elt(KILN_DTYPE_BF16, ls[i].d, ls[i].h, ls[i].kvh, archs[a]);
+            assert_int_equal(b.n, h.n);
+            for (size_t k = 0; k < b.n; k++) {
+                char text[256], ftext[256];
+                KILN_CHECK(kiln_spec_constants_text(&b.items[k], text, sizeof text));
+                KILN_CHECK(kiln_spec_constants_text(&h.items[k], ftext, sizeof ftext));
+                assert_string_equal(b.items[k].template_id, h.items[k].template_id);
+                assert_int_equal(strncmp(text, "BF16=1;", 7), 0);
+                assert_int_equal(strncmp(ftext, "BF16=0;", 7), 0);
+                assert_string_equal(text + 7, ftext + 7);
+                assert_false(has_spec(h.items, h.n, &b.items[k]));
+                kiln_status st = kiln_jit_prepare(jit, &b.items[k], NULL);
+                if (st)
+                    fail_msg("%s, %s %s: %s", archs[a], b.items[k].template_id, text, kiln_errmsg());
+            }
+            if (!strcmp(archs[a], "sm_90")) {
+                const kiln_spec wg = tc_prefill_spec_elt(KILN_DTYPE_BF16, ls[i].d, ls[i].h, ls[i].kvh, 1);
+                assert_true(has_spec(b.items, b.n, &wg));
+            }
+            listed += b.n;
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compiles, listed);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
+    }
+    /* Before sm_80 no kernel serves bf16: nothing listed (the encode refuses it). */
+    assert_int_equal(arch_specs_elt(KILN_DTYPE_BF16, 128, 32, 8, "sm_75").n, 0);
+    assert_int_equal(arch_specs_elt(KILN_DTYPE_BF16, 128, 32, 8, NULL).n, 2);
+    /* Through the public list: the bf16 model holds the bf16 attention kernels. */
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    c.dtype = KILN_DTYPE_BF16;
+    kiln_spec *specs = NULL, want;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_BF16, 128, 32, 8, 0, &want));
+    assert_true(has_spec(specs, n, &want));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_BF16, 128, 32, 8, 1, &want));
+    assert_true(has_spec(specs, n, &want));
+    KILN_CHECK(kiln_op_paged_attention_spec(KILN_DTYPE_F16, 128, 32, 8, 1, &want));
+    assert_false(has_spec(specs, n, &want));
+    kiln_free(specs);
+    KILN_EXPECT(kiln_op_paged_attention_spec(KILN_DTYPE_F32, 128, 32, 8, 0, &want), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "element type must be f16 or bf16", "f32");
 }
 
 static void test_spec_and_page_arguments(void **state)
@@ -624,6 +710,157 @@ static void test_workspace_and_fused_qkv(void **state)
     fake_runtime_free(other);
 }
 
+/* bf16: every 16-bit binding and the page buffer of q's (qkv's) element
+ * type, a mixed call refused naming the binding and both dtypes, bf16 refused
+ * before sm_80; RoPE's rope_dim, rope_inv_freq and rope_attention_scaling. */
+static void test_validation_bf16_and_rope(void **state)
+{
+    (void)state;
+    kiln_runtime *rt = fake_runtime(0), *old = fake_runtime(0);
+    snprintf(rt->info.arch, sizeof rt->info.arch, "sm_90");
+    snprintf(old->info.arch, sizeof old->info.arch, "sm_75");
+    const size_t MB = 1 << 20;
+    kiln_buffer *buf = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES), *kv = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES),
+                *kv16 = fake_buffer(rt, 64 * MB, KILN_DTYPE_F16), *kvb = fake_buffer(rt, 64 * MB, KILN_DTYPE_BF16),
+                *kv32 = fake_buffer(rt, 64 * MB, KILN_DTYPE_F32), *obuf = fake_buffer(old, 64 * MB, KILN_DTYPE_BYTES),
+                *okv = fake_buffer(old, 64 * MB, KILN_DTYPE_BYTES);
+    const int64_t T = 100, H = 32, KVH = 8, D = 128, S = 3, B = 40;
+    const kiln_dtype BF = KILN_DTYPE_BF16;
+    call c = {0};
+    c.q = view3(buf, 0, BF, T, H, D);
+    c.k = view3(buf, 4 * MB, BF, T, KVH, D);
+    c.v = view3(buf, 5 * MB, BF, T, KVH, D);
+    c.out = view3(buf, 8 * MB, BF, T, H, D);
+    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, T, 0, 0);
+    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
+    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
+    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
+    c.pages = (kiln_region){kv, 0, 64 * MB};
+    c.d.rope_theta = 500000.0f;
+    link_call(&c);
+    kiln__paged_attention_info in;
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    c.pages.buffer = kvb; /* a bf16 cache */
+    KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
+    call b = c;
+    link_call(&b);
+    b.k.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding k must be bf16", "got f16");
+    b = c;
+    link_call(&b);
+    b.v.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding v must be bf16", "got f16");
+    b = c;
+    link_call(&b);
+    b.out.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out must be bf16", "got f16");
+    b = c;
+    link_call(&b);
+    b.pages.buffer = kv16; /* an f16 cache with bf16 q */
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages is a f16 buffer", "q is bf16");
+    b.pages.buffer = kv32;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages is a f32 buffer", "q is bf16");
+    /* f16 q, k, v and out with a bf16 cache. */
+    b = c;
+    link_call(&b);
+    b.q.dtype = b.k.dtype = b.v.dtype = b.out.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages is a bf16 buffer", "q is f16");
+    b.pages.buffer = kv16;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    /* f16 q with bf16 k: named by k. */
+    b.k.dtype = BF;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding k must be f16", "got bf16");
+    /* Fused: the element type is qkv's; out must have it. */
+    b = c;
+    link_call(&b);
+    kiln_tensor qkv = view3(buf, 0, BF, T, (H + 2 * KVH) * D, 0);
+    b.d.q = b.d.k = b.d.v = NULL;
+    b.d.qkv = &qkv;
+    b.out.offset = 16 * MB;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    b.out.dtype = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding out must be bf16", "got f16");
+    /* Before sm_80: bf16 refused, naming the architecture. */
+    b = c;
+    b.q.buffer = b.k.buffer = b.v.buffer = b.out.buffer = b.pos.buffer = b.table.buffer = b.lens.buffer =
+        b.spans.buffer = obuf;
+    b.pages = (kiln_region){okv, 0, 64 * MB};
+    link_call(&b);
+    KILN_EXPECT(kiln__paged_attention_check(old, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(old),
+                "binding q is bf16", "sm_75");
+
+    /* RoPE. */
+    float inv[64];
+    for (int i = 0; i < 64; i++)
+        inv[i] = 1.0f / (float)(i + 1);
+    b = c;
+    link_call(&b);
+    b.d.rope_inv_freq = inv;
+    b.d.rope_attention_scaling = 1.3f;
+    b.d.rope_dim = 64;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    b.d.rope_dim = 2;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    b.d.rope_dim = D;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    static const int64_t bad_dims[] = {1, 63, -2, 130, 256};
+    for (size_t i = 0; i < sizeof bad_dims / sizeof bad_dims[0]; i++) {
+        b.d.rope_dim = bad_dims[i];
+        char want[32];
+        snprintf(want, sizeof want, "rope_dim %lld", (long long)bad_dims[i]);
+        KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), want,
+                    "even and in [2, head_dim 128]");
+    }
+    /* Only the first rope_dim / 2 frequencies are read and checked. */
+    b.d.rope_dim = 64;
+    inv[32] = NAN;
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    b.d.rope_dim = 0;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_inv_freq[32] must be a finite number > 0", "nan");
+    inv[32] = 1.0f;
+    inv[5] = 0.0f;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_inv_freq[5]", "got 0");
+    inv[5] = -1.0f;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_inv_freq[5]", "got -1");
+    inv[5] = INFINITY;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_inv_freq[5]", "inf");
+    inv[5] = 0.5f;
+    b.d.rope_attention_scaling = NAN;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_attention_scaling must be finite", "nan");
+    b.d.rope_attention_scaling = INFINITY;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_attention_scaling must be finite", "inf");
+    b.d.rope_attention_scaling = 0.0f; /* 1 */
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    /* A desc of the size before the RoPE fields: none of them is read. */
+    b.d.rope_attention_scaling = NAN;
+    b.d.rope_dim = 3;
+    b.d.size = (uint32_t)offsetof(kiln_paged_attention_desc, rope_inv_freq);
+    KILN_CHECK(kiln__paged_attention_check(rt, &b.d, &in));
+    b.d.size = sizeof b.d;
+    KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "rope_dim 3",
+                NULL);
+
+    kiln_buffer *bufs[8] = {buf, kv, kv16, kvb, kv32, obuf, okv, NULL};
+    for (int i = 0; bufs[i]; i++)
+        free(bufs[i]);
+    fake_runtime_free(rt);
+    fake_runtime_free(old);
+}
+
 static void test_offline_encode_needs_a_device(void **state)
 {
     fixture *f = *state;
@@ -644,9 +881,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_fallback_archs_list_the_two_kernel_decode, offline_fixture_setup,
                                         offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_specs_listed_and_compiled, offline_fixture_setup,
+                                        offline_fixture_teardown),
         cmocka_unit_test(test_spec_and_page_arguments),
         cmocka_unit_test(test_validation_names_binding_and_values),
         cmocka_unit_test(test_workspace_and_fused_qkv),
+        cmocka_unit_test(test_validation_bf16_and_rope),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup, offline_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,12 +20,21 @@
  * a graph over several steps with its per-step values in a binding arena,
  * and bit for bit the same as the same command run eager; bad device data
  * reported through the fault record (the bad sequence skipped, the others
- * right), in prefill and split decode; contract errors at encode.
+ * right), in prefill and split decode; contract errors at encode. bf16
+ * (q, k, v, the pages and out) on every kernel (wgmma, mma.sync and CUDA-core
+ * prefill, chunked prefill after a cached prefix, split, unsplit and
+ * two-kernel decode) against the same reference, within 2^-7 (two bf16
+ * roundings) and 2^-7 of sum p |v| / sum p for prefill; scaled, partial
+ * RoPE (a caller's table of inverse frequencies, cos and sin times 1.3,
+ * half the head rotated, and 20 dims) in f16 and bf16 on every kernel; one
+ * sequence of 32768 tokens against the CUDA-core kernel.
  * KILN_ATTN_QUICK=1 runs a reduced set (for compute-sanitizer). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
+#include "f16_host.h"
 #include "gpu_fixture.h"
 #include "providers/internal.h"
 
@@ -40,7 +49,7 @@ static int quick(void)
     return e && *e && *e != '0';
 }
 
-/* ---- f16 on the host ---- */
+/* ---- f16 and bf16 on the host ---- */
 
 static double h2f_slow(uint16_t h)
 {
@@ -51,29 +60,43 @@ static double h2f_slow(uint16_t h)
     return (h & 0x8000) ? -v : v;
 }
 
-/* Every half's value, once: the float64 reference converts billions of them. */
-static double h2f_table[65536];
+/* Every element's value, once per type: the float64 reference converts
+ * billions of them. */
+static double f16_table[65536], bf16_table[65536];
 
-static void h2f_init(void)
+static void tables_init(void)
 {
-    for (uint32_t h = 0; h < 65536; h++)
-        h2f_table[h] = h2f_slow((uint16_t)h);
+    for (uint32_t h = 0; h < 65536; h++) {
+        f16_table[h] = h2f_slow((uint16_t)h);
+        bf16_table[h] = (double)kiln_test_bf16_to_f32((uint16_t)h);
+    }
 }
 
-static inline double h2f(uint16_t h) { return h2f_table[h]; }
-
-/* Random finite f16 with |x| in [2^-6, 1): fast enough for arenas of pages. */
-static inline uint16_t rand_h(kiln_rng *r)
+/* Random finite elements with |x| in [2^-6, 1): fast enough for arenas of
+ * pages. f16: exponent 9..14 of bias 15; bf16: 121..126 of bias 127. */
+static inline uint16_t rand_e(kiln_rng *r, int bf16)
 {
     uint64_t u = kiln_rng_next(r);
+    if (bf16)
+        return (uint16_t)(((u >> 20) & 0x8000) | ((121 + (u >> 40) % 6) << 7) | (u & 127));
     return (uint16_t)(((u >> 20) & 0x8000) | ((9 + (u >> 40) % 6) << 10) | (u & 1023));
 }
 
-static void fill_h(kiln_rng *r, uint16_t *p, size_t n)
+static void fill_e(kiln_rng *r, int bf16, uint16_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = rand_h(r);
+        p[i] = rand_e(r, bf16);
 }
+
+/* What the sessions a test starts next take (sess_init reads it; every
+ * test's teardown puts back the default: f16, RoPE from theta over the
+ * whole head). inv: rope_inv_freq (rope_dim / 2 of them; NULL: from theta). */
+static struct {
+    kiln_dtype elt;
+    const float *inv;
+    float scaling;     /* the desc's rope_attention_scaling (0: 1) */
+    int64_t rope_dim;  /* 0: head_dim */
+} next_cfg = {KILN_DTYPE_F16, NULL, 0.0f, 0};
 
 static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
 {
@@ -94,6 +117,14 @@ typedef struct sess {
     int64_t G;
     uint32_t pt, S, MB, n_pages;
     float theta, inv[64];
+    kiln_dtype elt;        /* of q, k, v, out and the pages */
+    int bf16;
+    const double *dec;     /* an element's value: f16_table or bf16_table */
+    const float *inv_given; /* the desc's rope_inv_freq (inv holds the same), or NULL */
+    float scaling;         /* the desc's rope_attention_scaling */
+    double rope_m;         /* cos and sin multiplied by it: scaling, or 1 for 0 */
+    int64_t rope_dim;      /* the desc's (0: head_dim) */
+    int64_t rh;            /* rotated pairs: rope_dim / 2 */
     uint16_t *img;     /* the arena as it must be: n_pages * PAGE_HALVES */
     uint16_t *back;    /* read back */
     uint32_t *table;   /* S * MB */
@@ -111,6 +142,14 @@ static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint3
     s->G = L.H / L.KVH;
     s->S = S;
     s->theta = theta;
+    s->elt = next_cfg.elt;
+    s->bf16 = s->elt == KILN_DTYPE_BF16;
+    s->dec = s->bf16 ? bf16_table : f16_table;
+    s->inv_given = next_cfg.inv;
+    s->scaling = next_cfg.scaling;
+    s->rope_m = s->scaling != 0.0f ? (double)s->scaling : 1.0;
+    s->rope_dim = next_cfg.rope_dim;
+    s->rh = (s->rope_dim ? s->rope_dim : L.D) / 2;
     KILN_CHECK(kiln_op_paged_attention_page_tokens(L.D, L.KVH, &s->pt));
     uint32_t total = 0, mb = 0;
     for (uint32_t i = 0; i < S; i++) {
@@ -142,11 +181,12 @@ static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint3
     }
     free(perm);
     /* Cached tokens and unused slots alike: random finite values. */
-    fill_h(&f->rng, s->img, (size_t)s->n_pages * PAGE_HALVES);
+    fill_e(&f->rng, s->bf16, s->img, (size_t)s->n_pages * PAGE_HALVES);
     s->pages = buffer(f->rt, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
     KILN_CHECK(kiln_buffer_upload(s->pages, 0, s->img, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES));
-    for (int64_t i = 0; i < L.D / 2; i++)
-        s->inv[i] = (float)pow((double)theta, -2.0 * (double)i / (double)L.D);
+    for (int64_t i = 0; i < s->rh; i++)
+        s->inv[i] = s->inv_given ? s->inv_given[i]
+                                 : (float)pow((double)theta, -2.0 * (double)i / (double)(2 * s->rh));
 }
 
 static void sess_free(sess *s)
@@ -164,10 +204,13 @@ static size_t at(const sess *s, uint32_t page, int is_v, int64_t h, uint32_t slo
     return (size_t)page * PAGE_HALVES + (is_v ? PAGE_HALVES / 2 : 0) + ((size_t)h * s->pt + slot) * s->L.D + d;
 }
 
+static inline double dec(const sess *s, uint16_t h) { return s->dec[h]; }
+
+/* Rotated pair i < rh: (x[i], x[i + rh]); dims from 2 rh on pass through. */
 static void rope_ref(const sess *s, double x0, double x1, uint32_t pos, int64_t i, double *y0, double *y1)
 {
     volatile float a = (float)pos * s->inv[i]; /* the kernel's f32 angle */
-    double c = cos((double)a), sn = sin((double)a);
+    double c = cos((double)a) * s->rope_m, sn = sin((double)a) * s->rope_m;
     *y0 = x0 * c - x1 * sn;
     *y1 = x1 * c + x0 * sn;
 }
@@ -199,11 +242,13 @@ typedef struct ref_ctx {
     const uint16_t *q, *out;
     const uint32_t *pos, *spans, *lens;
     const uint8_t *skip;
-    /* Prefill rounds p to f16 for its product with v, as FlashAttention
-     * does: an output may be off by up to 2^-11 (sum p |v|) / (sum p) from
-     * that and about as much from q rounded to f16, beyond TOL. 0: decode,
-     * whose kernels keep f32 accuracy. */
+    /* Prefill rounds p to the element type for its product with v, as
+     * FlashAttention does: an output may be off by up to 2^-11 (f16; 2^-8 in
+     * bf16) (sum p |v|) / (sum p) from that and about as much from q rounded,
+     * beyond tol. f16 decode: 0, its kernels keep f32 accuracy; bf16 decode:
+     * 2^-12, for q's and p's two bf16 terms (16 bits). */
     double p_round;
+    double tol; /* TOL (f16), 2^-7 (bf16: two roundings of 8 bits) */
     _Atomic uint32_t next;
     pthread_mutex_t lock;
     double worst;
@@ -243,14 +288,17 @@ static void *ref_worker(void *arg)
         {
             const int64_t kh = hq / G;
             const uint16_t *src = r->q + ((size_t)t * H + hq) * D;
-            for (int64_t i = 0; i < D / 2; i++)
-                rope_ref(s, h2f(src[i]), h2f(src[i + D / 2]), r->pos[t], i, &q[i], &q[i + D / 2]);
+            const int64_t rh = s->rh;
+            for (int64_t i = 0; i < rh; i++)
+                rope_ref(s, dec(s, src[i]), dec(s, src[i + rh]), r->pos[t], i, &q[i], &q[i + rh]);
+            for (int64_t i = 2 * rh; i < D; i++)
+                q[i] = dec(s, src[i]);
             double m = -INFINITY, sum = 0;
             for (uint32_t k = 0; k <= c; k++) {
                 const uint16_t *kr = s->img + at(s, trow[k / s->pt], 0, kh, k % s->pt, 0);
                 double dot = 0;
                 for (int64_t d = 0; d < D; d++)
-                    dot += q[d] * h2f(kr[d]);
+                    dot += q[d] * dec(s, kr[d]);
                 p[k] = dot / sqrt((double)D);
                 m = p[k] > m ? p[k] : m;
             }
@@ -260,18 +308,18 @@ static void *ref_worker(void *arg)
             for (uint32_t k = 0; k <= c; k++) {
                 const uint16_t *vr = s->img + at(s, trow[k / s->pt], 1, kh, k % s->pt, 0);
                 for (int64_t d = 0; d < D; d++) {
-                    o[d] += p[k] * h2f(vr[d]);
-                    mag[d] += p[k] * fabs(h2f(vr[d]));
+                    o[d] += p[k] * dec(s, vr[d]);
+                    mag[d] += p[k] * fabs(dec(s, vr[d]));
                 }
             }
             const uint16_t *got = r->out + ((size_t)t * H + hq) * D;
             for (int64_t d = 0; d < D; d++) {
-                const double ref = o[d] / sum, g = h2f(got[d]);
-                const double scale = fmax(fabs(ref), FLOOR) + r->p_round / TOL * mag[d] / sum;
+                const double ref = o[d] / sum, g = dec(s, got[d]);
+                const double scale = fmax(fabs(ref), FLOOR) + r->p_round / r->tol * mag[d] / sum;
                 const double e = isfinite(g) ? fabs(g - ref) / scale : INFINITY;
                 worst = e > worst ? e : worst;
                 checked++;
-                if (e > TOL && wrong++ < 5)
+                if (e > r->tol && wrong++ < 5)
                     fprintf(stderr, "seq %u token %u (cache %u of %u) head %lld d %lld: got %.6g, want %.6g\n", seq,
                             t, c, L, (long long)hq, (long long)d, g, ref);
             }
@@ -324,9 +372,9 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         at_tok += st->count[i];
     }
     free(order);
-    fill_h(&f->rng, q, (size_t)T * H * D);
-    fill_h(&f->rng, k, (size_t)T * KVH * D);
-    fill_h(&f->rng, v, (size_t)T * KVH * D);
+    fill_e(&f->rng, s->bf16, q, (size_t)T * H * D);
+    fill_e(&f->rng, s->bf16, k, (size_t)T * KVH * D);
+    fill_e(&f->rng, s->bf16, v, (size_t)T * KVH * D);
     if (S > 1 && st->bad != BAD_NONE) {
         skip[1] = 1;
         switch (st->bad) {
@@ -357,10 +405,10 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         KILN_CHECK(kiln_buffer_upload(bt, 0, table, (size_t)S * s->MB * 4));
         KILN_CHECK(kiln_buffer_upload(bl, 0, lens, (size_t)S * 4));
         KILN_CHECK(kiln_buffer_upload(bs, 0, spans, (size_t)S * 8));
-        kiln_tensor tq = {.buffer = bq, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
-                    tk = {.buffer = bk, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
-                    tv = {.buffer = bv, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, KVH, D}},
-                    to = {.buffer = bo, .dtype = KILN_DTYPE_F16, .rank = 3, .dims = {T, H, D}},
+        kiln_tensor tq = {.buffer = bq, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
+                    tk = {.buffer = bk, .dtype = s->elt, .rank = 3, .dims = {T, KVH, D}},
+                    tv = {.buffer = bv, .dtype = s->elt, .rank = 3, .dims = {T, KVH, D}},
+                    to = {.buffer = bo, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
                     tp = {.buffer = bp, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
                     tt = {.buffer = bt, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, s->MB}},
                     tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
@@ -379,7 +427,7 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         /* Fused: each row q | k | v. */
         const int64_t W = (H + 2 * KVH) * D;
         kiln_buffer *bf = NULL;
-        kiln_tensor tf = {.dtype = KILN_DTYPE_F16, .rank = 2, .dims = {T, W}};
+        kiln_tensor tf = {.dtype = s->elt, .rank = 2, .dims = {T, W}};
         if (st->fused) {
             uint16_t *packed = malloc((size_t)Tb * W * 2);
             assert_non_null(packed);
@@ -397,7 +445,9 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
                                        .v = st->fused ? NULL : &tv, .positions = &tp, .block_table = &tt,
                                        .seq_lens = &tl, .query_spans = &ts, .out = &to, .kv_pages = &pr,
                                        .rope_theta = s->theta, .max_query_tokens = st->max_query,
-                                       .workspace = bw ? &wr : NULL, .qkv = st->fused ? &tf : NULL};
+                                       .workspace = bw ? &wr : NULL, .qkv = st->fused ? &tf : NULL,
+                                       .rope_inv_freq = s->inv_given, .rope_attention_scaling = s->scaling,
+                                       .rope_dim = s->rope_dim};
         kiln_command *cmd;
         if (st->no_workspace)
             kiln__paged_attention_set_split_target(1);
@@ -427,24 +477,35 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
             const uint32_t t = spans[2 * i] + j, c = s->len[i] + j, page = s->table[(size_t)i * s->MB + c / s->pt];
             for (int64_t h = 0; h < KVH; h++) {
                 const uint16_t *src = k + ((size_t)t * KVH + h) * D, *vs = v + ((size_t)t * KVH + h) * D;
-                for (int64_t e = 0; e < D / 2; e++) {
+                const int64_t rh = s->rh;
+                /* One rounding: 2^-11 (f16) or 2^-8 (bf16) relative at most. */
+                const int rel = s->bf16 ? -7 : -10;
+                for (int64_t e = 0; e < rh; e++) {
                     double y0, y1;
-                    rope_ref(s, h2f(src[e]), h2f(src[e + D / 2]), pos[t], e, &y0, &y1);
-                    const size_t a0 = at(s, page, 0, h, c % s->pt, e), a1 = a0 + (size_t)D / 2;
-                    const double g0 = h2f(s->back[a0]), g1 = h2f(s->back[a1]);
-                    /* One f16 rounding of the result, plus the f32 products and
+                    rope_ref(s, dec(s, src[e]), dec(s, src[e + rh]), pos[t], e, &y0, &y1);
+                    const size_t a0 = at(s, page, 0, h, c % s->pt, e), a1 = a0 + (size_t)rh;
+                    const double g0 = dec(s, s->back[a0]), g1 = dec(s, s->back[a1]);
+                    /* One rounding of the result, plus the f32 products and
                      * sincosf the kernel rounds before it: about 2^-24 of each
                      * term, which is what is left where the two cancel (seen:
                      * want -9.43e-6 from terms of 0.7, got 7e-8 off). */
-                    const double x0 = h2f(src[e]), x1 = h2f(src[e + D / 2]);
-                    const double abs_tol = ldexp(fabs(x0) + fabs(x1), -22) + ldexp(1, -24);
-                    if ((fabs(g0 - y0) > ldexp(fabs(y0), -10) + abs_tol ||
-                         fabs(g1 - y1) > ldexp(fabs(y1), -10) + abs_tol) &&
+                    const double x0 = dec(s, src[e]), x1 = dec(s, src[e + rh]);
+                    const double abs_tol = (ldexp(fabs(x0) + fabs(x1), -22) + ldexp(1, -24)) * fmax(s->rope_m, 1.0);
+                    if ((fabs(g0 - y0) > ldexp(fabs(y0), rel) + abs_tol ||
+                         fabs(g1 - y1) > ldexp(fabs(y1), rel) + abs_tol) &&
                         cache_wrong++ < 5)
                         fprintf(stderr, "%s: seq %u cache %u kv head %lld k[%lld]: got %.6g %.6g, want %.6g %.6g\n",
                                 label, i, c, (long long)h, (long long)e, g0, g1, y0, y1);
                     s->img[a0] = s->back[a0];
                     s->img[a1] = s->back[a1];
+                }
+                /* Past the rotated dims k passes through: the same bits. */
+                for (int64_t e = 2 * rh; e < D; e++) {
+                    const size_t a = at(s, page, 0, h, c % s->pt, e);
+                    if (s->back[a] != src[e] && cache_wrong++ < 5)
+                        fprintf(stderr, "%s: seq %u cache %u k[%lld] (not rotated) = 0x%04x, want 0x%04x\n", label, i,
+                                c, (long long)e, s->back[a], src[e]);
+                    s->img[a] = src[e];
                 }
                 for (int64_t e = 0; e < D; e++) {
                     const size_t a = at(s, page, 1, h, c % s->pt, e);
@@ -469,7 +530,8 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
                     fail_msg("%s: skipped sequence %u's out was written", label, i);
     const uint32_t maxq = st->max_query ? st->max_query : T;
     ref_ctx r = {.s = s, .q = q, .out = out, .pos = pos, .spans = spans, .lens = lens, .skip = skip,
-                 .p_round = maxq > 1 ? ldexp(1, -10) : 0};
+                 .p_round = maxq > 1 ? ldexp(1, s->bf16 ? -7 : -10) : s->bf16 ? ldexp(1, -12) : 0,
+                 .tol = s->bf16 ? ldexp(1, -7) : TOL};
     pthread_mutex_init(&r.lock, NULL);
     pthread_t th[16];
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -479,9 +541,10 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.lock);
-    fprintf(stderr, "%s: D %lld H %lld KVH %lld S %u T %u max_query %u%s%s: %zu outputs, max rel err %.3g\n", label,
-            (long long)D, (long long)H, (long long)KVH, S, T, st->max_query, st->no_workspace ? " unsplit" : "",
-            st->fused ? " fused" : "", r.checked, r.worst);
+    fprintf(stderr, "%s: %s D %lld H %lld KVH %lld S %u T %u max_query %u rope_dim %lld%s%s: %zu outputs, max rel err %.3g\n",
+            label, s->bf16 ? "bf16" : "f16", (long long)D, (long long)H, (long long)KVH, S, T, st->max_query,
+            (long long)(2 * s->rh), st->no_workspace ? " unsplit" : "", st->fused ? " fused" : "", r.checked,
+            r.worst);
     if (r.wrong)
         fail_msg("%s: %zu of %zu outputs wrong", label, r.wrong, r.checked);
     for (uint32_t i = 0; i < S; i++)
@@ -955,6 +1018,244 @@ static void test_decode_replayed_over_steps(void **state)
     }
 }
 
+/* ---- bf16, and scaled and partial RoPE ---- */
+
+/* bf16 prefill on the kernel this device takes (wgmma on sm_90, mma.sync
+ * elsewhere): single sequences, packed sequences with cached prefixes, and a
+ * chunk after a long cached prefix, every layout. */
+static void test_bf16_prefill(void **state)
+{
+    gpu_fixture *f = *state;
+    next_cfg.elt = KILN_DTYPE_BF16;
+    static const uint32_t lens[] = {1, 37, 300, 1000};
+    for (size_t l = 0; l < N_LAYOUTS; l++)
+        for (size_t i = 0; i < (quick() ? 2 : 4); i++)
+            prefill_one(f, layouts[l], lens[i], l % 2 ? 1e6f : 10000.0f);
+    prefill_packed(f);
+    static const size_t chunked[] = {1, 5};
+    for (size_t i = 0; i < 2; i++) {
+        sess s;
+        uint32_t ctx = quick() ? 1000 : 5000, count = 300, cap = ctx + count;
+        sess_init(&s, f, layouts[chunked[i]], 1, &ctx, &cap, 500000.0f);
+        step st = {.count = &count};
+        KILN_CHECK(run_step(&s, &st, "bf16 prefill after a cached prefix"));
+        sess_free(&s);
+    }
+}
+
+/* The other prefill kernels in bf16: mma.sync and the CUDA cores. */
+static void test_bf16_prefill_mma(void **state)
+{
+    next_cfg.elt = KILN_DTYPE_BF16;
+    prefill_forced(*state, KILN__PREFILL_MMA);
+}
+
+static void test_bf16_prefill_cuda_core(void **state)
+{
+    next_cfg.elt = KILN_DTYPE_BF16;
+    prefill_forced(*state, KILN__PREFILL_CUDA_CORE);
+}
+
+/* bf16 decode: the one-kernel decode (split at the edge lengths, unsplit at
+ * 32 sequences, fused once, a long sequence) and the two-kernel decode. */
+static void test_bf16_decode(void **state)
+{
+    gpu_fixture *f = *state;
+    next_cfg.elt = KILN_DTYPE_BF16;
+    static const layout ls[] = {{128, 32, 8}, {64, 14, 2}, {128, 8, 8}, {64, 64, 2}};
+    for (size_t l = 0; l < sizeof ls / sizeof ls[0]; l++) {
+        decode_edges(f, ls[l], l == 1, "bf16 decode edges");
+        if (quick())
+            continue;
+        decode_case(f, ls[l], 32, NULL, 0, 1100, l == 0, "bf16 decode 32 x ~1024");
+        const uint32_t longest[1] = {16383};
+        decode_case(f, ls[l], 1, longest, 1, 1, 0, "bf16 decode 1 x 16384");
+    }
+    kiln__paged_attention_set_two_kernel_decode(1);
+    for (size_t l = 0; l < 2; l++)
+        decode_edges(f, ls[l], l == 1, "bf16 two-kernel decode edges");
+    kiln__paged_attention_set_two_kernel_decode(0);
+}
+
+/* Scaled, partial RoPE (an arbitrary table of inverse frequencies, as the
+ * caller computes for llama3 or yarn, cos and sin times scaling, rope_dim of
+ * the head_dim dims rotated) in elt, on one session of 3 sequences with
+ * cached prefixes, every kernel in turn: chunked prefill on this device's
+ * tensor-core kernel, on mma.sync, on the CUDA cores, then the one-kernel
+ * decode, then the two-kernel decode. */
+static void rope_case(gpu_fixture *f, layout L, kiln_dtype elt, int64_t rope_dim, float scaling)
+{
+    float inv[64];
+    for (int64_t i = 0; i < rope_dim / 2; i++) /* log-uniform in [1e-4, 2] */
+        inv[i] = (float)exp(log(1e-4) + (log(2.0) - log(1e-4)) * (double)kiln_rng_below(&f->rng, 1u << 20) /
+                                            (double)(1u << 20));
+    next_cfg.elt = elt;
+    next_cfg.inv = inv;
+    next_cfg.scaling = scaling;
+    next_cfg.rope_dim = rope_dim;
+    enum { S = 3 };
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1};
+    for (uint32_t i = 0; i < S; i++) {
+        ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
+        cap[i] = ctx[i] + 2;
+        for (int k = 0; k < 3; k++) {
+            count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 40 : 200);
+            cap[i] += count[i][k];
+        }
+    }
+    sess s;
+    sess_init(&s, f, L, S, ctx, cap, 10000.0f);
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
+        uint32_t c[S] = {count[0][k], count[1][k], count[2][k]};
+        kiln__paged_attention_set_prefill_kernel(kernels[k]);
+        step st = {.count = c};
+        KILN_CHECK(run_step(&s, &st, names[k]));
+    }
+    kiln__paged_attention_set_prefill_kernel(0);
+    step dec = {.count = one, .max_query = 1};
+    KILN_CHECK(run_step(&s, &dec, "rope decode"));
+    kiln__paged_attention_set_two_kernel_decode(1);
+    KILN_CHECK(run_step(&s, &dec, "rope two-kernel decode"));
+    kiln__paged_attention_set_two_kernel_decode(0);
+    sess_free(&s);
+    next_cfg.inv = NULL;
+    next_cfg.scaling = 0.0f;
+    next_cfg.rope_dim = 0;
+}
+
+static void test_scaled_partial_rope(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{128, 32, 8}, {64, 14, 2}};
+    for (int b = 0; b < 2; b++) {
+        const kiln_dtype elt = b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+        for (size_t l = 0; l < 2; l++) {
+            rope_case(f, ls[l], elt, ls[l].D / 2, 1.3f); /* half the head: pairs of 8-dim runs */
+            rope_case(f, ls[l], elt, ls[l].D, 1.3f);     /* the whole head, a table */
+        }
+        rope_case(f, ls[0], elt, 20, 0.0f); /* 10 pairs: runs that are not whole 16-byte vectors */
+    }
+}
+
+/* One sequence of T new tokens (prefill, no cached prefix) on this device's
+ * prefill kernel, every output element checked against the CUDA-core prefill
+ * (templates/paged_attention.cu: f32 scores and P.V, an independent
+ * implementation that the tests above check against float64) on the same
+ * inputs: at 32768 tokens a float64 host reference of 2^29 scores a head is
+ * too slow. A third run, of the CUDA-core kernel on |v|, gives each
+ * element's sum p |v| / sum p, the scale of the tensor-core kernel's p
+ * rounding. Both sides round their output: the tolerance is twice run_step's. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void long_prefill(gpu_fixture *f, layout L, uint32_t T, kiln_dtype elt)
+{
+    next_cfg.elt = elt;
+    sess s;
+    uint32_t ctx = 0, cap = T;
+    sess_init(&s, f, L, 1, &ctx, &cap, 500000.0f);
+    const int64_t H = L.H, KVH = L.KVH, D = L.D;
+    const size_t qn = (size_t)T * H * D, kn = (size_t)T * KVH * D;
+    uint16_t *q = malloc(qn * 2), *k = malloc(kn * 2), *v = malloc(kn * 2), *vabs = malloc(kn * 2), *outs[3];
+    uint32_t *pos = malloc((size_t)T * 4), spans[2] = {0, T}, lens[1] = {T};
+    assert_true(q && k && v && vabs && pos);
+    fill_e(&f->rng, s.bf16, q, qn);
+    fill_e(&f->rng, s.bf16, k, kn);
+    fill_e(&f->rng, s.bf16, v, kn);
+    for (size_t i = 0; i < kn; i++)
+        vabs[i] = v[i] & 0x7fff;
+    for (uint32_t t = 0; t < T; t++)
+        pos[t] = t;
+    kiln_buffer *bq = buffer(f->rt, qn * 2), *bk = buffer(f->rt, kn * 2), *bv = buffer(f->rt, kn * 2),
+                *bva = buffer(f->rt, kn * 2), *bo = buffer(f->rt, qn * 2), *bp = buffer(f->rt, (size_t)T * 4),
+                *bt = buffer(f->rt, (size_t)s.MB * 4), *bl = buffer(f->rt, 4), *bs = buffer(f->rt, 8);
+    KILN_CHECK(kiln_buffer_upload(bq, 0, q, qn * 2));
+    KILN_CHECK(kiln_buffer_upload(bk, 0, k, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bv, 0, v, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bva, 0, vabs, kn * 2));
+    KILN_CHECK(kiln_buffer_upload(bp, 0, pos, (size_t)T * 4));
+    KILN_CHECK(kiln_buffer_upload(bt, 0, s.table, (size_t)s.MB * 4));
+    KILN_CHECK(kiln_buffer_upload(bl, 0, lens, 4));
+    KILN_CHECK(kiln_buffer_upload(bs, 0, spans, 8));
+    kiln_tensor tq = {.buffer = bq, .dtype = elt, .rank = 3, .dims = {T, H, D}},
+                tk = {.buffer = bk, .dtype = elt, .rank = 3, .dims = {T, KVH, D}},
+                tv = {.buffer = bv, .dtype = elt, .rank = 3, .dims = {T, KVH, D}},
+                to = {.buffer = bo, .dtype = elt, .rank = 3, .dims = {T, H, D}},
+                tp = {.buffer = bp, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
+                tt = {.buffer = bt, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {1, s.MB}},
+                tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {1}},
+                ts = {.buffer = bs, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {1, 2}};
+    kiln_region pr = {s.pages, 0, (size_t)s.n_pages * KILN_PAGED_KV_PAGE_BYTES};
+    kiln_paged_attention_desc d = {.size = sizeof d, .q = &tq, .k = &tk, .v = &tv, .positions = &tp,
+                                   .block_table = &tt, .seq_lens = &tl, .query_spans = &ts, .out = &to,
+                                   .kv_pages = &pr, .rope_theta = s.theta};
+    double secs[3];
+    for (int run = 0; run < 3; run++) {
+        outs[run] = malloc(qn * 2);
+        assert_non_null(outs[run]);
+        kiln__paged_attention_set_prefill_kernel(run ? KILN__PREFILL_CUDA_CORE : 0);
+        tv.buffer = run == 2 ? bva : bv;
+        KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, qn * 2)); /* NaN */
+        kiln_command *cmd;
+        KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+        const double t0 = now_s();
+        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, NULL, NULL));
+        KILN_CHECK(kiln_stream_synchronize(f->s));
+        secs[run] = now_s() - t0;
+        kiln_command_release(cmd);
+        KILN_CHECK(kiln_buffer_readback(bo, 0, outs[run], qn * 2));
+    }
+    kiln__paged_attention_set_prefill_kernel(0);
+    const double tol = s.bf16 ? ldexp(1, -6) : 2 * TOL, p_round = ldexp(1, s.bf16 ? -7 : -10);
+    size_t wrong = 0;
+    double worst = 0;
+    for (size_t e = 0; e < qn; e++) {
+        const double tc = dec(&s, outs[0][e]), cc = dec(&s, outs[1][e]), mag = dec(&s, outs[2][e]);
+        /* |sum p v| <= sum p |v|: the |v| run is the same softmax's. */
+        const int sane = isfinite(cc) && isfinite(mag) && fabs(cc) <= mag * (1 + tol);
+        const double err = isfinite(tc) && sane ? fabs(tc - cc) / (fmax(fabs(cc), FLOOR) + p_round / tol * mag)
+                                                : INFINITY;
+        worst = err > worst ? err : worst;
+        if (err > tol && wrong++ < 5)
+            fprintf(stderr, "token %zu head %lld d %lld: got %.6g, CUDA-core %.6g (sum p|v| / sum p %.6g)\n",
+                    e / (size_t)(H * D), (long long)(e / D % H), (long long)(e % D), tc, cc, mag);
+    }
+    fprintf(stderr, "prefill %u vs the CUDA cores: %s D %lld H %lld KVH %lld: %zu outputs, max rel err %.3g "
+                    "(%.3f s, CUDA cores %.3f s, %.3f s)\n",
+            T, s.bf16 ? "bf16" : "f16", (long long)D, (long long)H, (long long)KVH, qn, worst, secs[0], secs[1],
+            secs[2]);
+    if (wrong)
+        fail_msg("prefill %u: %zu of %zu outputs off the CUDA-core kernel's", T, wrong, qn);
+    kiln_buffer *all[9] = {bq, bk, bv, bva, bo, bp, bt, bl, bs};
+    for (int i = 0; i < 9; i++)
+        kiln_buffer_destroy(all[i]);
+    for (int run = 0; run < 3; run++)
+        free(outs[run]);
+    free(q);
+    free(k);
+    free(v);
+    free(vabs);
+    free(pos);
+    sess_free(&s);
+}
+
+/* 32768 tokens: f16 at head_dim 128 (group 1), bf16 at head_dim 64 (group 7). */
+static void test_prefill_32768_tokens(void **state)
+{
+    gpu_fixture *f = *state;
+    if (quick())
+        return;
+    long_prefill(f, (layout){128, 8, 8}, 32768, KILN_DTYPE_F16);
+    long_prefill(f, (layout){64, 14, 2}, 32768, KILN_DTYPE_BF16);
+}
+
 /* Refused at encode, before anything runs. */
 static void test_contract_errors_at_encode(void **state)
 {
@@ -970,7 +1271,7 @@ static void test_contract_errors_at_encode(void **state)
     tv.offset = 2 << 20;
     to.offset = 3 << 20;
     kiln_region pr = {kv, 0, 4 * KILN_PAGED_KV_PAGE_BYTES};
-    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0, NULL, NULL};
+    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0, NULL, NULL, NULL, 0.0f, 0};
     kiln_command *cmd = NULL;
     KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_runtime_errmsg(f->rt), "3 kv heads", "does not divide the 28 heads");
@@ -978,6 +1279,25 @@ static void test_contract_errors_at_encode(void **state)
     tk.dims[1] = tv.dims[1] = 4;
     KILN_CHECK(kiln_op_paged_attention_encode(f->jit, &d, &cmd));
     kiln_command_release(cmd);
+    /* bf16 x with an f16 k, and a bf16 cache with f16 q: refused naming both dtypes. */
+    tq.dtype = KILN_DTYPE_BF16;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "binding k must be bf16", "got f16");
+    tq.dtype = KILN_DTYPE_F16;
+    kiln_buffer_desc bd = {.size = sizeof bd, .bytes = 4 * KILN_PAGED_KV_PAGE_BYTES, .dtype = KILN_DTYPE_BF16,
+                           .usage = KILN_USAGE_KV_CACHE};
+    kiln_buffer *kvb;
+    KILN_CHECK(kiln_buffer_create_ex(f->rt, &bd, &kvb));
+    pr.buffer = kvb;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "kv_pages is a bf16 buffer", "q is f16");
+    pr.buffer = kv;
+    kiln_buffer_destroy(kvb);
+    /* rope_dim odd. */
+    d.rope_dim = 33;
+    KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "rope_dim 33", "even");
+    d.rope_dim = 0;
     pr.end = 4 * KILN_PAGED_KV_PAGE_BYTES - 256;
     KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "whole 65536-byte pages", NULL);
@@ -994,6 +1314,10 @@ static int teardown_hooks(void **state)
     kiln__paged_attention_set_prefill_kernel(0);
     kiln__paged_attention_set_split_target(0);
     kiln__paged_attention_set_decode_stages(0);
+    next_cfg.elt = KILN_DTYPE_F16;
+    next_cfg.inv = NULL;
+    next_cfg.scaling = 0.0f;
+    next_cfg.rope_dim = 0;
     return gpu_fixture_teardown(state);
 }
 
@@ -1001,7 +1325,7 @@ int main(void)
 {
     kiln_test_require_gpu();
     kiln_test_filter();
-    h2f_init();
+    tables_init();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, gpu_fixture_setup, teardown_hooks)
     const struct CMUnitTest tests[] = {
         T(test_prefill_single_sequence),
@@ -1016,6 +1340,12 @@ int main(void)
         T(test_fused_qkv),
         T(test_decode_replayed_over_steps),
         T(test_bad_device_data_is_reported),
+        T(test_bf16_prefill),
+        T(test_bf16_prefill_mma),
+        T(test_bf16_prefill_cuda_core),
+        T(test_bf16_decode),
+        T(test_scaled_partial_rope),
+        T(test_prefill_32768_tokens),
         T(test_contract_errors_at_encode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

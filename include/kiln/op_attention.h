@@ -5,10 +5,12 @@
  * sequence's pages of a paged KV cache, then computes causal attention of
  * every new token over its sequence's cached tokens (its own included).
  *
- * Bindings (kiln_paged_attention_desc):
- *   q            f16 [T, heads, head_dim]      the new tokens' queries (not rotated);
- *   k, v         f16 [T, kv_heads, head_dim]   their keys (not rotated) and values;
- *   qkv          f16 [T, (heads + 2 kv_heads) * head_dim]   instead of q, k and v
+ * Bindings (kiln_paged_attention_desc); elt, the element type, is f16 or bf16
+ * (bf16 from sm_80 on), q's (qkv's when fused), and every other 16-bit
+ * binding must have it (a mixed call is refused naming the binding):
+ *   q            elt [T, heads, head_dim]      the new tokens' queries (not rotated);
+ *   k, v         elt [T, kv_heads, head_dim]   their keys (not rotated) and values;
+ *   qkv          elt [T, (heads + 2 kv_heads) * head_dim]   instead of q, k and v
  *                (which are then NULL): each row holds the token's q, then its
  *                k, then its v, as one dense product of the three weights
  *                concatenated writes them; heads and head_dim come from out;
@@ -23,8 +25,9 @@
  *   kv_pages     a region of whole 64 KiB pages (KILN_PAGED_KV_PAGE_BYTES, the
  *                fixed-block storage profile "paged_kv"): page p is bytes
  *                [start + p * 65536, start + (p + 1) * 65536); its device address
- *                16-byte aligned;
- *   out          f16 [T, heads, head_dim];
+ *                16-byte aligned; its buffer untyped (KILN_DTYPE_BYTES) or of
+ *                dtype elt (a bf16 cache with f16 q is refused);
+ *   out          elt [T, heads, head_dim];
  *   workspace    optional, and used by no kernel now (kiln_op_paged_attention_workspace
  *                says 0 bytes): a region given is still checked (on the runtime,
  *                256-byte aligned on its device address, overlapping no other
@@ -35,7 +38,7 @@
  *
  * Page layout. A page holds page_tokens = 32768 / (kv_heads * head_dim * 2)
  * tokens (rounded down) of one sequence: K in bytes [0, 32768), V in
- * [32768, 65536), each laid out [kv_heads][page_tokens][head_dim] f16. Token
+ * [32768, 65536), each laid out [kv_heads][page_tokens][head_dim] elt. Token
  * c (its index in the sequence's cache, 0-based) lives in page
  * block_table[s][c / page_tokens], slot c % page_tokens. The cache holds k
  * after RoPE. Shapes where a page holds no token (kv_heads * head_dim >
@@ -44,14 +47,16 @@
  * Semantics, for a sequence s with (start, count) and length L = seq_lens[s]:
  * its new token j (0 <= j < count, row t = start + j) has cache index
  * c = L - count + j (the new tokens follow the cached prefix, in order).
- *   RoPE (rotate-half, as Llama and Qwen2): for i < head_dim / 2,
- *     inv_freq[i] = rope_theta^(-2i / head_dim) (computed in double, rounded
- *     to f32), a = f32(f32(positions[t]) * inv_freq[i]), and in f32
- *     y[i] = x[i] cos a - x[i + d/2] sin a, y[i + d/2] = x[i + d/2] cos a + x[i] sin a.
- *   Append: rotated k (rounded to f16) and v are written at cache index c.
+ *   RoPE (rotate-half, as Llama and Qwen2, over the first r = rope_dim dims
+ *     of a head; the others pass through unchanged): for i < r / 2,
+ *     inv_freq[i] = rope_inv_freq[i], or rope_theta^(-2i / r) (computed in
+ *     double, rounded to f32), a = f32(f32(positions[t]) * inv_freq[i]),
+ *     cs = cos a * m and sn = sin a * m (m = rope_attention_scaling), and in
+ *     f32 y[i] = x[i] cs - x[i + r/2] sn, y[i + r/2] = x[i + r/2] cs + x[i] sn.
+ *   Append: rotated k (rounded to elt) and v are written at cache index c.
  *   Attention, for each query head hq (kv head hq / (heads / kv_heads)):
  *     out[t, hq] = softmax_{c' <= c}(q_rot . k_cache[c'] / sqrt(head_dim)) . v_cache[c'],
- *     scores and softmax in f32 with a running max (online), one rounding to f16.
+ *     scores and softmax in f32 with a running max (online), one rounding to elt.
  * A sequence with count 0 is skipped (nothing read, checked or written).
  * Spans of different sequences must not overlap, nor two sequences' pages
  * written by the same call: the results are then undefined (never out of
@@ -61,7 +66,9 @@
  * expected and the actual value): dtypes, ranks and dims of every binding,
  * head_dim in {64, 128}, kv_heads dividing heads, a page holding >= 1 token,
  * kv_pages whole pages, max_blocks * page_tokens <= 2^32 - 65, 1 <= S <= 65535,
- * max_query_tokens <= T, rope_theta finite and > 0, qkv's width (heads +
+ * max_query_tokens <= T, rope_theta finite and > 0, rope_inv_freq's values
+ * finite and > 0, rope_attention_scaling finite, rope_dim even in [2,
+ * head_dim], every 16-bit binding and kv_pages' buffer of one dtype, qkv's width (heads +
  * 2 kv_heads) * head_dim and q, k, v NULL when qkv is given, a given
  * workspace on the runtime, in its buffer and aligned, and that
  * nothing written (out, kv_pages, workspace) overlaps another binding.
@@ -91,8 +98,9 @@
  *     CUDA-core kernel of templates/paged_attention.cu (16 rows a block, f32
  *     arithmetic).
  * On the tensor cores q (rotated, scaled) and the softmax's p are rounded to
- * f16 for their products, as FlashAttention does: an output may differ from
- * the f32 result by about 2^-11 of sum p |v| / sum p beyond its rounding. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
+ * elt for their products, as FlashAttention does: an output may differ from
+ * the f32 result by about 2^-11 (f16; 2^-8 in bf16) of sum p |v| / sum p
+ * beyond its rounding. Decode, max_query_tokens = 1 (templates/paged_decode.cu,
  * specialized on head_dim, heads and kv_heads; sm_80 on where a block may
  * have its shared memory (about 101 KiB at head_dim 128: not on sm_86, sm_89,
  * sm_12x), else the prefill kernels with 4, 8 or 16 rows a block, two
@@ -101,7 +109,7 @@
  * appends and attends: one block per sequence, kv head, tile of 8 query
  * heads of the group and key chunk; keys stream through shared memory with
  * cp.async, scores and P.V on the tensor cores with f32 accumulation and q
- * and p each as two f16 terms (as exact as f32); the block whose chunk holds
+ * and p each as two elt terms (about as exact as f32); the block whose chunk holds
  * the new token rotates its k, writes k and v to the page and uses them from
  * shared memory. Split-KV: the command's split count n (1, 2, 4, 8 or 16) is
  * fixed at encode, the largest that keeps S x kv_heads x row tiles x n
@@ -115,7 +123,8 @@
  * were scheduled, replayed or eager, and no workspace is needed. The
  * command is replayable: its key holds the kernel's fingerprint, every
  * binding's address and bytes, T, S, max_blocks, max_query_tokens, the row
- * strides, the split count and rope_theta. Needs a runtime
+ * strides, the split count, rope_theta and the inverse frequencies, scaling
+ * and rope_dim. Needs a runtime
  * (KILN_ERR_NO_DEVICE offline); errors from acquiring the kernel pass
  * through.
  */
@@ -157,6 +166,19 @@ typedef struct kiln_paged_attention_desc {
      * fused q | k | v input (NULL: q, k and v). */
     const kiln_region *workspace;
     const struct kiln_tensor *qkv;
+    /* Appended for scaled and partial RoPE (a desc whose size ends at qkv
+     * has none of them: RoPE from rope_theta over the whole head, as before):
+     * rope_inv_freq, by copy at encode (the caller's array may go after it):
+     * rope_dim / 2 inverse frequencies, each finite and > 0, computed by the
+     * caller (llama3, yarn, linear or dynamic scaling as transformers
+     * defines them); NULL: rope_theta^(-2i / rope_dim). */
+    const float *rope_inv_freq;
+    /* cos and sin are multiplied by it (yarn's attention factor); finite;
+     * 0: 1. */
+    float rope_attention_scaling;
+    /* The dims of each head that rotate (partial_rotary_factor x head_dim):
+     * even, in [2, head_dim]; 0: head_dim. */
+    int64_t rope_dim;
 } kiln_paged_attention_desc;
 
 KILN_API kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc,
@@ -169,8 +191,9 @@ KILN_API kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_att
  * a page would hold no token; KILN_ERR_INVALID_ARGUMENT for a NULL out. */
 KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out);
 
-/* The specialization for a head layout, decode (1: one new token per
- * sequence; template paged_decode) or prefill (0; template paged_attention). KILN_ERR_RUNTIME_CONTRACT for head_dim not in
+/* The specialization for an element type (f16 or bf16) and a head layout,
+ * decode (1: one new token per sequence; template paged_decode) or prefill
+ * (0; template paged_attention). KILN_ERR_RUNTIME_CONTRACT for another elt, head_dim not in
  * {64, 128}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
  * page holding no token. */
 KILN_API kiln_status kiln_op_paged_attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
