@@ -37,7 +37,7 @@ static const kiln__op_row rows[] = {
      "kiln_op_masked_argmax_workspace", kiln__masked_argmax_specs, NULL},
     {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, ELT, PACKED, "gated_delta gated_delta_chunk",
      "kiln_op_gated_delta_workspace", NULL, kiln__gated_delta_arch_specs},
-    {"paged_attention", KILN__VERSION_PAGED_ATTENTION, KERNELS | KILN_CAP_PAGED_KV, F16, PACKED,
+    {"paged_attention", KILN__VERSION_PAGED_ATTENTION, KERNELS | KILN_CAP_PAGED_KV, ELT, PACKED,
      "paged_attention paged_decode paged_prefill paged_prefill_mma", "kiln_op_paged_attention_workspace", NULL, kiln__paged_attention_arch_specs},
     {"dense_linear", KILN__VERSION_DENSE_LINEAR, BLAS, ELT, PACKED, "skinny_linear", "kiln_op_dense_linear_workspace",
      kiln__skinny_linear_specs, NULL},

@@ -237,8 +237,12 @@ static void test_capabilities_are_the_rows(void **state)
     assert_true(caps & KILN_CAP_F16);
     assert_true(caps & KILN_CAP_CUBLASLT);
     assert_true(caps & KILN_CAP_PAGED_KV);
-    /* No template handles bf16, so no row claims it. */
-    assert_false(caps & KILN_CAP_BF16);
+    /* Every operation takes bf16 (each test_*_gpu runs it). */
+    assert_true(caps & KILN_CAP_BF16);
+    for (size_t i = 0; i < n_rows; i++) {
+        assert_true(rows[i].capabilities & KILN_CAP_BF16);
+        assert_true(rows[i].dtypes & (1u << KILN_DTYPE_BF16));
+    }
 }
 
 /* An older caller's view: the fields up to capabilities. */

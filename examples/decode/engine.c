@@ -61,8 +61,14 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     const uint32_t P = o->max_participants;
     e->max_rows = o->max_prefill_tokens > P ? o->max_prefill_tokens : P;
     const size_t R = e->max_rows;
-    kiln_status st = kiln_op_paged_attention_page_tokens(e->HD, e->KVH, &e->page_tokens);
+    e->rope_dim = c->rope_dim ? c->rope_dim : c->head_dim;
+    kiln_status st = kiln_model_rope_frequencies(c, o->max_seq_tokens, e->rope_inv_freq, (size_t)(e->rope_dim / 2),
+                                                 &e->rope_scaling);
     if (st) {
+        dec_kfail(st, "RoPE frequencies");
+        goto fail;
+    }
+    if ((st = kiln_op_paged_attention_page_tokens(e->HD, e->KVH, &e->page_tokens))) {
         dec_kfail(st, "page tokens");
         goto fail;
     }
@@ -272,7 +278,9 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
         kiln_region pages = {e->kv, (size_t)l * layer_bytes, (size_t)(l + 1) * layer_bytes};
         kiln_paged_attention_desc d = {.size = sizeof d, .qkv = &qkv, .positions = &pos, .block_table = &table,
                                        .seq_lens = &lens, .query_spans = &spans, .out = &at3, .kv_pages = &pages,
-                                       .rope_theta = e->theta, .max_query_tokens = maxq, .workspace = &ws};
+                                       .rope_theta = e->theta, .max_query_tokens = maxq, .workspace = &ws,
+                                       .rope_inv_freq = e->rope_inv_freq, .rope_attention_scaling = e->rope_scaling,
+                                       .rope_dim = e->rope_dim};
         if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), &cmd, "attention", l)) ||
             (st = push(&c, cap,
                        kiln_op_dense_linear_norm_encode(e->jit, &at, &wo, &res, &post_w, e->eps, &nrm, &ws, &cmd), &cmd,

@@ -28,6 +28,10 @@ struct dec_engine {
     dec_engine_options o;
     int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
     float eps, theta;
+    /* RoPE as the config scales it (kiln_model_rope_frequencies for sequences
+     * up to max_seq_tokens): rope_dim / 2 inverse frequencies, cos and sin's factor. */
+    int64_t rope_dim;
+    float rope_inv_freq[KILN_MODEL_MAX_HEAD_DIM / 2], rope_scaling;
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
     kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
     kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
