@@ -510,11 +510,11 @@ N_OPS=$(wc -l <"$OUT")
 [[ $N_OPS -ge 11 ]] || fail "ls-ops lists $N_OPS operations"
 for op in token_embedding rms_norm rms_norm_residual residual_add masked_argmax dense_linear dense_swiglu \
     dense_linear_norm last_token_linear gated_delta paged_attention; do
-    grep -q -E "^$op +[0-9]+ [a-z0-9_,]+ +f16 +packed " "$OUT" || fail "ls-ops: no line for $op"
+    grep -q -E "^$op +[0-9]+ [a-z0-9_,]+ +f16,bf16 +packed " "$OUT" || fail "ls-ops: no line for $op"
 done
 grep -q -E '^paged_attention +3 [a-z0-9_,]*paged_kv .* kiln_op_paged_attention_workspace +paged_attention paged_decode paged_prefill paged_prefill_mma$' \
     "$OUT" || fail "ls-ops: paged_attention's line is not as documented"
-grep -q -E '^token_embedding +1 launch,f16 +f16 +packed +- +token_embedding$' "$OUT" ||
+grep -q -E '^token_embedding +1 launch,f16,bf16 +f16,bf16 +packed +- +token_embedding$' "$OUT" ||
     fail "ls-ops: an operation without a workspace estimator does not show '-'"
 expect 0 "$KILN" ls-ops --json
 [[ $(json_eval 'len(d)') -eq $N_OPS ]] || fail "ls-ops --json: not one object per line of ls-ops"
