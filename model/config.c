@@ -338,7 +338,7 @@ static kiln_status get_rope(const cJSON *root, kiln_model_config *c)
     const char *type = rope_type_names[r->type];
     if ((st = get_number(o, where, "factor", &r->factor, &present)))
         return st;
-    int have_factor = present, have_original = 0;
+    int have_factor = present;
     if (r->type == KILN_ROPE_YARN || r->type == KILN_ROPE_LLAMA3) {
         /* standardize_rope_params: a top-level original_max_position_embeddings
          * (Phi3) comes first, then the object's, then max_position_embeddings. */
@@ -347,17 +347,15 @@ static kiln_status get_rope(const cJSON *root, kiln_model_config *c)
             (st = get_whole(o, where, "original_max_position_embeddings", 0, 1, KILN_MODEL_MAX_POSITIONS, &inner)))
             return st;
         r->original_max_position_embeddings = top ? top : inner ? inner : c->max_position_embeddings;
-        have_original = top || inner;
         if (!r->original_max_position_embeddings)
             return kiln__fail(NULL, KILN_ERR_CONFIG,
                               "config: %s.rope_type = \"%s\" needs original_max_position_embeddings or "
                               "max_position_embeddings (both missing)",
                               where, type);
     }
-    if (r->type == KILN_ROPE_YARN && c->max_position_embeddings && (!have_factor || have_original)) {
-        /* _compute_yarn_parameters (transformers 5): given an
-         * original_max_position_embeddings, the factor is the ratio of the two
-         * lengths, whatever the config's factor says (DeepSeek-V3's rule). */
+    if (!have_factor && r->type == KILN_ROPE_YARN && c->max_position_embeddings) {
+        /* _compute_yarn_parameters: no factor is the ratio of the two lengths
+         * (a factor given wins over the ratio, as transformers 5.17 runs it). */
         r->factor = (double)c->max_position_embeddings / (double)r->original_max_position_embeddings;
         have_factor = 1;
     }

@@ -37,6 +37,7 @@ Usage (on the GPU machine, from the repository root, after building build-h8):
 Exit 0 when every check passes.
 """
 import argparse
+import copy
 import ctypes
 import json
 import os
@@ -106,6 +107,17 @@ def make_model(spec, path, seed):
     cfg = Cfg(**kw)
     torch.manual_seed(seed)
     model = Model(cfg).to(DTYPES[spec.get("dtype", "f16")]).cuda().eval()
+    # .to(dtype) rounds the rotary embedding's inv_freq buffer to f16 / bf16,
+    # which moves the angle at position p by p times its rounding (a radian
+    # at 2000 tokens in f16); the reference rotates by the float32
+    # frequencies, as a checkpoint loaded by from_pretrained does.
+    restored = 0
+    for m in model.modules():
+        if hasattr(m, "inv_freq") and hasattr(m, "original_inv_freq"):
+            m.inv_freq = m.original_inv_freq.to(device="cuda", dtype=torch.float32)
+            restored += 1
+    if not restored:
+        raise RuntimeError("no rotary embedding with original_inv_freq in this transformers")
     shard = {}
     if spec.get("shards"):
         total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -198,9 +210,12 @@ def main():
     for mi, spec in enumerate(MODELS):
         path = os.path.join(root, spec["name"])
         model, saved = make_model(spec, path, seed=100 + mi)
-        import copy
         model32 = copy.deepcopy(model).float()
         V = spec["sizes"]["vocab_size"]
+        files = sorted(os.listdir(path))
+        log("\n== %s: %s, %s, tie_word_embeddings=%s, rope %s, files %s" % (
+            spec["name"], saved.get("architectures"), spec.get("dtype", "f16"), saved.get("tie_word_embeddings"),
+            saved.get("rope_parameters", saved.get("rope_theta")), files))
         rot = model.model.rotary_emb
         hf_inv = rot.inv_freq.double().cpu()
         k_inv, k_scale = kiln_rope(args, os.path.join(path, "config.json"), hf_inv.numel())
@@ -211,10 +226,6 @@ def main():
         if rope_err > 1e-6 or scale_err > 1e-6:
             failures.append("%s: RoPE differs from transformers' (frequencies %.3g, scaling %.3g)" % (
                 spec["name"], rope_err, scale_err))
-        files = sorted(os.listdir(path))
-        log("\n== %s: %s, %s, tie_word_embeddings=%s, rope %s, files %s" % (
-            spec["name"], saved.get("architectures"), spec.get("dtype", "f16"), saved.get("tie_word_embeddings"),
-            saved.get("rope_parameters", saved.get("rope_theta")), files))
         # Prompts, drawn until the reference's margins are clear.
         prompts, refs = [], []
         for plen, n in spec["prompts"]:
