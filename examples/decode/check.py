@@ -111,13 +111,17 @@ def make_model(spec, path, seed):
     # which moves the angle at position p by p times its rounding (a radian
     # at 2000 tokens in f16); the reference rotates by the float32
     # frequencies, as a checkpoint loaded by from_pretrained does.
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     restored = 0
     for m in model.modules():
-        if hasattr(m, "inv_freq") and hasattr(m, "original_inv_freq"):
-            m.inv_freq = m.original_inv_freq.to(device="cuda", dtype=torch.float32)
+        if hasattr(m, "inv_freq") and hasattr(m, "rope_type"):
+            fn = m.compute_default_rope_parameters if m.rope_type == "default" else ROPE_INIT_FUNCTIONS[m.rope_type]
+            inv, _ = fn(m.config, torch.device("cuda"))
+            m.inv_freq = inv.to(torch.float32)
+            m.original_inv_freq = m.inv_freq.clone()
             restored += 1
     if not restored:
-        raise RuntimeError("no rotary embedding with original_inv_freq in this transformers")
+        raise RuntimeError("no rotary embedding with a rope_type in this transformers")
     shard = {}
     if spec.get("shards"):
         total = sum(p.numel() * p.element_size() for p in model.parameters())
