@@ -368,7 +368,7 @@ kiln_status kiln_safetensors_parse(const void *data, size_t size, const char *la
     if (!out || (!data && size))
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_safetensors_parse: NULL %s", out ? "data" : "out");
     *out = NULL;
-    kiln_safetensors *st;
+    kiln_safetensors *st = NULL;
     kiln_status s = create(data, size, label, &st);
     if (s)
         return s;
@@ -400,7 +400,7 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
         }
     }
     close(fd);
-    kiln_safetensors *st;
+    kiln_safetensors *st = NULL;
     s = create(map, size, path, &st);
     if (s) {
         if (map)

@@ -133,7 +133,7 @@ kiln_status kiln__stream_next(kiln__errslot *err, kiln_stream_state from, kiln__
 /* Applies a move the code knows to be allowed. */
 void kiln__stream_move(kiln_stream *s, kiln__stream_event ev)
 {
-    kiln_stream_state to;
+    kiln_stream_state to = s->state;
     if (kiln__stream_next(NULL, s->state, ev, &to) == KILN_OK)
         s->state = to;
 }

@@ -526,7 +526,7 @@ kiln_status dec_model_load(kiln_runtime *rt, const dec_checkpoint *ck, dec_model
     kiln_status st = dec_check_weights(&ck->config, ck->files, ck->n_files);
     if (st)
         return st;
-    dec_model *m;
+    dec_model *m = NULL;
     if ((st = model_new(rt, &ck->config, &m)))
         return st;
     wspec w;
@@ -535,7 +535,7 @@ kiln_status dec_model_load(kiln_runtime *rt, const dec_checkpoint *ck, dec_model
         if (r < 0)
             continue;
         const kiln_safetensors_tensor *t;
-        kiln_buffer *b;
+        kiln_buffer *b = NULL;
         size_t total, off, bytes;
         if ((st = expect(&ck->config, ck->files, ck->n_files, &w, &t)) || (st = ensure_buffer(m, &w, &b)))
             goto fail;
@@ -558,7 +558,7 @@ kiln_status dec_model_random(kiln_runtime *rt, kiln_stream *s, const dec_config 
                              size_t chunk_halves, dec_model **out)
 {
     *out = NULL;
-    dec_model *m;
+    dec_model *m = NULL;
     kiln_status st = model_new(rt, c, &m);
     if (st)
         return st;
@@ -573,7 +573,7 @@ kiln_status dec_model_random(kiln_runtime *rt, kiln_stream *s, const dec_config 
     for (size_t i = 0; (r = wspec_at(c, i, &w)); i++) {
         if (r < 0)
             continue;
-        kiln_buffer *b;
+        kiln_buffer *b = NULL;
         size_t total, off, bytes;
         if ((st = ensure_buffer(m, &w, &b)))
             goto fail;
