@@ -171,6 +171,45 @@ __device__ __forceinline__ kiln_u32x4 kiln_f32_to_e8(const float *f)
     return v;
 }
 
+// The correctly rounded sum of two kiln_elt (one, two in a word, eight in a
+// 16-byte vector): f16 in add.rn.f16 / add.rn.f16x2; bf16 adds in f32 and
+// rounds (add.bf16x2 needs sm_90). f32 carries 24 >= 2p + 2 significant bits
+// (p = 11 for f16, 8 for bf16), so rounding the f32 sum is correct rounding.
+__device__ __forceinline__ kiln_elt kiln_elt_add(kiln_elt a, kiln_elt b)
+{
+#if KILN_BF16
+    return kiln_f32_to_elt(kiln_elt_to_f32(a) + kiln_elt_to_f32(b));
+#else
+    kiln_f16 r;
+    asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a), "h"(b));
+    return r;
+#endif
+}
+
+__device__ __forceinline__ kiln_u32 kiln_e2_add(kiln_u32 a, kiln_u32 b)
+{
+#if KILN_BF16
+    float a0, a1, b0, b1;
+    kiln_e2_to_f32(a, &a0, &a1);
+    kiln_e2_to_f32(b, &b0, &b1);
+    return kiln_f32_to_e2(a0 + b0, a1 + b1);
+#else
+    kiln_u32 r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#endif
+}
+
+__device__ __forceinline__ kiln_u32x4 kiln_e8_add(kiln_u32x4 a, kiln_u32x4 b)
+{
+    kiln_u32x4 r;
+    r.x = kiln_e2_add(a.x, b.x);
+    r.y = kiln_e2_add(a.y, b.y);
+    r.z = kiln_e2_add(a.z, b.z);
+    r.w = kiln_e2_add(a.w, b.w);
+    return r;
+}
+
 // ---- sm_90 thread block clusters ----
 
 __device__ __forceinline__ kiln_u32 kiln_cluster_rank()

@@ -80,45 +80,12 @@ __device__ __forceinline__ float sum_squares(vec_t v)
     return s;
 }
 
-// h = elt(x + r) (the value residual keeps): the f32 sum rounded to nearest,
-// the same bits as templates/residual_add.cu gives. f16 does it in one
-// add.rn.f16x2; bf16 adds in f32 and rounds (add.bf16x2 needs sm_90). f32
-// carries 24 >= 2p + 2 significant bits (p = 11 for f16, 8 for bf16), so
-// rounding the f32 sum again is the correctly rounded sum.
+// h = elt(x + r) (the value residual keeps): correctly rounded, the same
+// bits as templates/residual_add.cu gives (kiln_reduce.cuh's adds).
 #if KILN_VEC == 8
-__device__ __forceinline__ kiln_u32 add2(kiln_u32 a, kiln_u32 b)
-{
-#if KILN_BF16
-    float a0, a1, b0, b1;
-    kiln_e2_to_f32(a, &a0, &a1);
-    kiln_e2_to_f32(b, &b0, &b1);
-    return kiln_f32_to_e2(a0 + b0, a1 + b1);
+__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r) { return kiln_e8_add(x, r); }
 #else
-    kiln_u32 r;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-#endif
-}
-__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
-{
-    vec_t h;
-    h.x = add2(x.x, r.x);
-    h.y = add2(x.y, r.y);
-    h.z = add2(x.z, r.z);
-    h.w = add2(x.w, r.w);
-    return h;
-}
-#else
-__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r)
-{
-#if KILN_BF16
-    return kiln_f32_to_elt(kiln_elt_to_f32(x) + kiln_elt_to_f32(r));
-#else
-    kiln_f16 h;
-    asm("add.rn.f16 %0, %1, %2;" : "=h"(h) : "h"(x), "h"(r));
-    return h;
-#endif
-}
+__device__ __forceinline__ vec_t add_round(vec_t x, vec_t r) { return kiln_elt_add(x, r); }
 #endif
 
 __device__ __forceinline__ vec_t scale(vec_t h, vec_t w, float inv)
