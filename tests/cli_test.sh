@@ -656,7 +656,7 @@ ESC_DB="$S/escape.db"
 cp "$KX/ship.db" "$ESC_DB"
 py '
 db = sqlite3.connect(sys.argv[1])
-fps = [r[0] for r in db.execute("SELECT fingerprint FROM kernels ORDER BY fingerprint")]
+fps = [r[0] for r in db.execute("SELECT fingerprint FROM kernels WHERE template_id != ? ORDER BY fingerprint", ("rms_norm",))]
 db.execute("UPDATE kernels SET template_id = CAST(? AS TEXT), constants = CAST(? AS TEXT), arch = CAST(? AS TEXT) WHERE fingerprint = ?",
            (b"evil\x1b[31m\x07", b"A=1;\x1b]0;title\x07\nB=\xff\xc2\x9b", b"sm_90\r", fps[0]))
 parts = db.execute("SELECT parts FROM kernels WHERE template_id = ?", ("rms_norm",)).fetchone()[0]
