@@ -18,13 +18,9 @@ static const char help_text[] =
     "never to fail with jit_disabled. Nothing is compiled, written or created.\n"
     "\n"
     "options:\n"
-    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
-    "                           Llama-3-8B shape)\n"
-    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"
-    "                           torch_dtype; f16 without one)\n"
+    CLI_HELP_MODEL_DTYPE
     "  -a, --arch ARCH          target architecture (default: " CLI_DEFAULT_ARCH ")\n"
-    "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
-    "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+    CLI_HELP_DB
     "  -h, --help               print this help and exit\n"
     "\n"
     "output: one line per missing kernel, with explain's reason,\n"

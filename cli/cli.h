@@ -18,6 +18,17 @@
 #define CLI_DEFAULT_ARCH "sm_90"
 #define CLI_MAX_JOBS 256
 
+/* The help lines of --model, --dtype and a read --db, one text for every
+ * command that takes them. */
+#define CLI_HELP_MODEL_DTYPE                                                                                           \
+    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"                                  \
+    "                           Llama-3-8B shape)\n"                                                                  \
+    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"                                   \
+    "                           torch_dtype; f16 without one)\n"
+#define CLI_HELP_DB                                                                                                    \
+    "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"                            \
+    "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+
 /* Each command takes argv with argv[0] = its name ("prewarm") and returns an exit status. */
 int cli_prewarm(int argc, char **argv);
 int cli_ls(int argc, char **argv);

@@ -21,14 +21,10 @@ static const char help_text[] =
     "which names each of its templates. The database is opened read-only.\n"
     "\n"
     "options:\n"
-    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
-    "                           Llama-3-8B shape)\n"
-    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"
-    "                           torch_dtype; f16 without one)\n"
+    CLI_HELP_MODEL_DTYPE
     "  -p, --op NAME            the template or operation id to explain (required)\n"
     "  -a, --arch ARCH          target architecture (default: " CLI_DEFAULT_ARCH ")\n"
-    "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
-    "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+    CLI_HELP_DB
     "  -h, --help               print this help and exit\n"
     "\n"
     "output: one line per kernel (<template>: its template id),\n"
