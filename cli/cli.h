@@ -18,6 +18,17 @@
 #define CLI_DEFAULT_ARCH "sm_90"
 #define CLI_MAX_JOBS 256
 
+/* The help lines of --model, --dtype and a read --db, one text for every
+ * command that takes them. */
+#define CLI_HELP_MODEL_DTYPE                                                                                           \
+    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"                                  \
+    "                           Llama-3-8B shape)\n"                                                                  \
+    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"                                   \
+    "                           torch_dtype; f16 without one)\n"
+#define CLI_HELP_DB                                                                                                    \
+    "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"                            \
+    "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+
 /* Each command takes argv with argv[0] = its name ("prewarm") and returns an exit status. */
 int cli_prewarm(int argc, char **argv);
 int cli_ls(int argc, char **argv);
@@ -28,6 +39,7 @@ int cli_export(int argc, char **argv);
 int cli_merge(int argc, char **argv);
 int cli_explain(int argc, char **argv);
 int cli_ls_ops(int argc, char **argv);
+int cli_check(int argc, char **argv);
 
 /* Prints "kiln <cmd>: <message>" to stderr and returns CLI_EXIT_FAILURE. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -43,6 +55,9 @@ int cli_db_path(const char *cmd, const char *db, char *buf, size_t cap);
 int cli_open_existing(const char *cmd, const char *db, kiln_cache **out);
 /* The same, opened for writing (gc): still nothing is created. */
 int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out);
+/* The same read-only database with the layers a server would search
+ * ($KILN_CACHE_READONLY), as check needs. */
+int cli_open_existing_layered(const char *cmd, const char *db, kiln_cache **out);
 
 /* Prints "kiln: read-only layer PATH skipped: REASON" to stderr for each
  * read-only layer the cache opened without (the library never prints). */
@@ -84,6 +99,14 @@ typedef struct cli_build_args {
 } cli_build_args;
 int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
                          cli_build_args *out);
+/* check's: --model, --dtype, --arch, --db and --help (no -j, no --dry-run). */
+int cli_parse_model_args(const char *cmd, int argc, char **argv, const char *help, cli_build_args *out);
+
+/* What explain and check print of a spec: its fingerprint in hex, its
+ * constants text and its fingerprint parts (KILN__PARTS_MAX bytes each).
+ * Returns CLI_EXIT_OK or reports the failure and returns CLI_EXIT_FAILURE. */
+int cli_spec_texts(const char *cmd, kiln_jit *jit, const kiln_spec *spec, char hex[2 * KILN_FINGERPRINT_SIZE + 1],
+                   char *consts, char *parts);
 
 /* Reports what getopt_long (run with opterr = 0 and an optstring that starts
  * with ':') returned for c = '?' or ':'; returns CLI_EXIT_USAGE. */

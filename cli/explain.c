@@ -5,14 +5,9 @@
 #include <string.h>
 
 #include "cli.h"
+#include "../jit/nearest.h" /* compiled into the CLI too: it links only the API */
 
 #define CMD "explain"
-/* The parts kiln_jit_fingerprint_parts writes, in its order; constants last
- * (its value holds ';' and '=' of its own). */
-#define N_PARTS 8
-static const char *const part_names[N_PARTS] = {"schema",  "template", "source", "headers",
-                                                "options", "arch",     "nvrtc",  "constants"};
-#define PARTS_MAX 2048
 
 static const char help_text[] =
     "usage: kiln explain [--model CONFIG.json] [--dtype f16|bf16] --op NAME [--arch ARCH] [--db PATH]\n"
@@ -26,14 +21,10 @@ static const char help_text[] =
     "which names each of its templates. The database is opened read-only.\n"
     "\n"
     "options:\n"
-    "  -m, --model CONFIG.json  a Hugging Face config.json (default: the built-in\n"
-    "                           Llama-3-8B shape)\n"
-    "  -t, --dtype f16|bf16     the element type (default: the config's dtype or\n"
-    "                           torch_dtype; f16 without one)\n"
+    CLI_HELP_MODEL_DTYPE
     "  -p, --op NAME            the template or operation id to explain (required)\n"
     "  -a, --arch ARCH          target architecture (default: " CLI_DEFAULT_ARCH ")\n"
-    "  -d, --db PATH            the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
-    "                           $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
+    CLI_HELP_DB
     "  -h, --help               print this help and exit\n"
     "\n"
     "output: one line per kernel (<template>: its template id),\n"
@@ -46,89 +37,6 @@ static const char help_text[] =
     "exit status: 0 every kernel was explained (hit or miss); 1 a bad config or\n"
     "architecture, an operation the model does not use, a missing database; 2 a\n"
     "usage error.\n";
-
-typedef struct row {
-    char fp[2 * KILN_FINGERPRINT_SIZE + 1];
-    char *parts; /* as stored; for schema 1 rows, made from the row's columns */
-    int known;   /* parts were stored (schema 2) */
-} row;
-
-typedef struct rows {
-    row *items;
-    size_t n, cap;
-    int oom;
-} rows;
-
-static int collect(void *user, const kiln_cache_entry_info *info)
-{
-    rows *r = user;
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? 2 * r->cap : 64;
-        row *p = realloc(r->items, cap * sizeof *p);
-        if (!p) {
-            r->oom = 1;
-            return 1;
-        }
-        r->items = p;
-        r->cap = cap;
-    }
-    row *w = &r->items[r->n];
-    kiln_fingerprint_hex(info->fingerprint, w->fp);
-    w->known = info->parts && *info->parts;
-    char made[PARTS_MAX];
-    if (!w->known)
-        snprintf(made, sizeof made, "template=%s;arch=%s;nvrtc=%d.%d;constants=%s", info->template_id, info->arch,
-                 info->nvrtc_major, info->nvrtc_minor, info->constants);
-    w->parts = strdup(w->known ? info->parts : made);
-    if (!w->parts) {
-        r->oom = 1;
-        return 1;
-    }
-    r->n++;
-    return 0;
-}
-
-/* Splits "name=value;..." into values by part (NULL when absent). text is changed. */
-static void split_parts(char *text, const char *values[N_PARTS])
-{
-    for (int i = 0; i < N_PARTS; i++)
-        values[i] = NULL;
-    char *p = text;
-    while (p && *p) {
-        char *eq = strchr(p, '=');
-        if (!eq)
-            break;
-        *eq = 0;
-        int k = -1;
-        for (int i = 0; i < N_PARTS; i++)
-            if (!strcmp(p, part_names[i]))
-                k = i;
-        char *value = eq + 1;
-        if (k == N_PARTS - 1) { /* constants: the rest */
-            values[k] = value;
-            break;
-        }
-        char *semi = strchr(value, ';');
-        if (semi)
-            *semi = 0;
-        if (k >= 0)
-            values[k] = value;
-        p = semi ? semi + 1 : NULL;
-    }
-}
-
-/* Parts that both have and that are equal; -1 when they share none. */
-static int agreement(const char *const want[N_PARTS], const char *const have[N_PARTS])
-{
-    int same = 0, compared = 0;
-    for (int i = 0; i < N_PARTS; i++) {
-        if (!want[i] || !have[i])
-            continue;
-        compared++;
-        same += !strcmp(want[i], have[i]);
-    }
-    return compared ? same : -1;
-}
 
 /* Whether NAME selects a kernel of template id: the id itself, or, where
  * templates (an operation's, space-separated) is given, one of them. */
@@ -146,45 +54,16 @@ static int selects(const char *name, const char *templates, const char *id)
     return 0;
 }
 
-static void explain_miss(const char *want_text, const rows *db)
+int cli_spec_texts(const char *cmd, kiln_jit *jit, const kiln_spec *spec, char hex[2 * KILN_FINGERPRINT_SIZE + 1],
+                   char *consts, char *parts)
 {
-    char want_buf[PARTS_MAX], have_buf[PARTS_MAX];
-    const char *want[N_PARTS], *have[N_PARTS];
-    snprintf(want_buf, sizeof want_buf, "%s", want_text);
-    split_parts(want_buf, want);
-    const row *best = NULL;
-    int best_score = -1;
-    for (size_t i = 0; i < db->n; i++) {
-        snprintf(have_buf, sizeof have_buf, "%s", db->items[i].parts);
-        split_parts(have_buf, have);
-        int score = agreement(want, have);
-        /* A row with stored parts explains more than one without. */
-        if (score > best_score || (score == best_score && best && !best->known && db->items[i].known)) {
-            best = &db->items[i];
-            best_score = score;
-        }
-    }
-    if (!best) {
-        printf(" nearest none (the database is empty)\n");
-        return;
-    }
-    snprintf(have_buf, sizeof have_buf, "%s", best->parts);
-    split_parts(have_buf, have);
-    printf(" nearest %s differs:", best->fp);
-    int first = 1;
-    for (int i = 0; i < N_PARTS; i++) {
-        if (!want[i] || !have[i] || !strcmp(want[i], have[i]))
-            continue;
-        char *shown = cli_escape(have[i]); /* the row's text, from the database */
-        printf("%s %s %s -> %s", first ? "" : ",", part_names[i], shown ? shown : "?", want[i]);
-        free(shown);
-        first = 0;
-    }
-    if (first)
-        printf(" nothing it stores (another part of the key)");
-    if (!best->known)
-        printf(" (parts unknown: a schema 1 row)");
-    putchar('\n');
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    if (kiln_jit_fingerprint(jit, spec, fp) != KILN_OK ||
+        kiln_spec_constants_text(spec, consts, KILN__PARTS_MAX) != KILN_OK ||
+        kiln_jit_fingerprint_parts(jit, spec, parts, KILN__PARTS_MAX) != KILN_OK)
+        return cli_fail(cmd, "%s: %s", spec->template_id, kiln_errmsg());
+    kiln_fingerprint_hex(fp, hex);
+    return CLI_EXIT_OK;
 }
 
 int cli_explain(int argc, char **argv)
@@ -236,7 +115,7 @@ int cli_explain(int argc, char **argv)
     size_t n_specs = 0, n_op = 0;
     kiln_cache *cache = NULL;
     kiln_jit *jit = NULL;
-    rows r = {0};
+    kiln__rows r = {0};
     int rc = cli_load_model(CMD, model_path, arch, dtype, &config, &specs, &n_specs);
     if (rc)
         goto out;
@@ -271,37 +150,33 @@ int cli_explain(int argc, char **argv)
         rc = cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
         goto out;
     }
-    if (kiln_cache_foreach(cache, collect, &r) != KILN_OK || r.oom) {
-        rc = cli_fail(CMD, "%s", r.oom ? "out of memory" : kiln_errmsg());
+    kiln_status st = kiln__rows_collect(cache, &r);
+    if (st != KILN_OK) {
+        rc = cli_fail(CMD, "%s", st == KILN_ERR_HOST_OUT_OF_MEMORY ? "out of memory" : kiln_errmsg());
         goto out;
     }
     for (size_t i = 0; i < n_specs; i++) {
         if (!selects(op, templates, specs[i].template_id))
             continue;
-        uint8_t fp[KILN_FINGERPRINT_SIZE];
-        char hex[2 * KILN_FINGERPRINT_SIZE + 1], consts[PARTS_MAX], parts[PARTS_MAX];
-        if (kiln_jit_fingerprint(jit, &specs[i], fp) != KILN_OK ||
-            kiln_spec_constants_text(&specs[i], consts, sizeof consts) != KILN_OK ||
-            kiln_jit_fingerprint_parts(jit, &specs[i], parts, sizeof parts) != KILN_OK) {
-            rc = cli_fail(CMD, "%s", kiln_errmsg());
+        char hex[2 * KILN_FINGERPRINT_SIZE + 1], consts[KILN__PARTS_MAX], parts[KILN__PARTS_MAX];
+        if ((rc = cli_spec_texts(CMD, jit, &specs[i], hex, consts, parts)))
             goto out;
-        }
-        kiln_fingerprint_hex(fp, hex);
         int found = 0;
         for (size_t k = 0; k < r.n && !found; k++)
             found = !strcmp(r.items[k].fp, hex);
         printf("%s %s %s %s", specs[i].template_id, consts, found ? "hit" : "miss", hex);
-        if (found)
+        if (found) {
             putchar('\n');
-        else
-            explain_miss(parts, &r);
+        } else {
+            char why[KILN__EXPLAIN_MAX];
+            kiln__rows_explain_miss(&r, parts, cli_escape, why, sizeof why);
+            printf(" %s\n", why);
+        }
     }
     if (fflush(stdout) != 0 || ferror(stdout))
         rc = cli_fail(CMD, "cannot write the output");
 out:
-    for (size_t i = 0; i < r.n; i++)
-        free(r.items[i].parts);
-    free(r.items);
+    kiln__rows_free(&r);
     kiln_jit_destroy(jit);
     kiln_cache_close(cache);
     kiln_free(specs);

@@ -26,6 +26,7 @@ static const char usage_text[] =
     "  merge     a new database holding the rows of several\n"
     "  explain   why a model's kernel would miss: the nearest row, the parts that differ\n"
     "  ls-ops    the operations kiln provides: id, version, capabilities, kernels\n"
+    "  check     whether the databases hold every kernel a model needs (nothing to compile)\n"
     "\n"
     "'kiln <command> --help' describes a command's options.\n"
     "\n"
@@ -100,7 +101,7 @@ int cli_db_path(const char *cmd, const char *db, char *buf, size_t cap)
     return CLI_EXIT_OK;
 }
 
-static int open_existing(const char *cmd, const char *db, int read_only, kiln_cache **out)
+static int open_existing(const char *cmd, const char *db, int read_only, int layers, kiln_cache **out)
 {
     char path[CLI_PATH_MAX];
     struct stat sb;
@@ -115,12 +116,13 @@ static int open_existing(const char *cmd, const char *db, int read_only, kiln_ca
     if (!S_ISREG(sb.st_mode))
         return cli_fail(cmd, "cache database %s is not a regular file", path);
     /* The commands work on this one file, an existing kiln database: no
-     * shipped layers from the environment, and never a new database. */
+     * shipped layers from the environment (unless layers: check), and never
+     * a new database. */
     const char *follow = getenv("KILN_CACHE_FOLLOW_SYMLINKS");
     kiln_cache_options opts = {.size = sizeof opts,
                                .path = path,
                                .read_only = read_only,
-                               .ignore_env = 1,
+                               .ignore_env = !layers,
                                .existing_only = 1,
                                .follow_symlinks = follow && !strcmp(follow, "1")};
     if (kiln_cache_open(&opts, out) != KILN_OK)
@@ -137,11 +139,15 @@ void cli_report_skipped_layers(const kiln_cache *cache)
     }
 }
 
-int cli_open_existing(const char *cmd, const char *db, kiln_cache **out) { return open_existing(cmd, db, 1, out); }
+int cli_open_existing(const char *cmd, const char *db, kiln_cache **out) { return open_existing(cmd, db, 1, 0, out); }
+int cli_open_existing_layered(const char *cmd, const char *db, kiln_cache **out)
+{
+    return open_existing(cmd, db, 1, 1, out);
+}
 
 int cli_open_existing_writable(const char *cmd, const char *db, kiln_cache **out)
 {
-    return open_existing(cmd, db, 0, out);
+    return open_existing(cmd, db, 0, 0, out);
 }
 
 int main(int argc, char **argv)
@@ -151,7 +157,8 @@ int main(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } commands[] = {{"prewarm", cli_prewarm}, {"ls", cli_ls},         {"stats", cli_stats},
                     {"verify", cli_verify},   {"gc", cli_gc},         {"export", cli_export},
-                    {"merge", cli_merge},     {"explain", cli_explain}, {"ls-ops", cli_ls_ops}};
+                    {"merge", cli_merge},     {"explain", cli_explain}, {"ls-ops", cli_ls_ops},
+                    {"check", cli_check}};
 
     if (argc < 2) {
         fputs(usage_text, stderr);

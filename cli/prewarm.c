@@ -337,21 +337,26 @@ out_destroy_jit:
     return rc;
 }
 
-int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
-                         cli_build_args *out)
+/* The command lines of prewarm, export and check: model_only (check) takes
+ * neither -j nor --dry-run. */
+static int parse_model_args(const char *cmd, int argc, char **argv, const char *help, int path_opt, int model_only,
+                            cli_build_args *out)
 {
+    const int dry_run_ok = path_opt == 'd' && !model_only;
     const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
                                       {"dtype", required_argument, NULL, 't'},
                                       {"arch", required_argument, NULL, 'a'},
                                       {path_opt == 'o' ? "output" : "db", required_argument, NULL, path_opt},
-                                      {"jobs", required_argument, NULL, 'j'},
+                                      {model_only ? "help" : "jobs", model_only ? no_argument : required_argument,
+                                       NULL, model_only ? 'h' : 'j'},
                                       {"help", no_argument, NULL, 'h'},
-                                      {path_opt == 'd' ? "dry-run" : "help", no_argument, NULL,
-                                       path_opt == 'd' ? 'n' : 'h'},
+                                      {dry_run_ok ? "dry-run" : "help", no_argument, NULL, dry_run_ok ? 'n' : 'h'},
                                       {NULL, 0, NULL, 0}};
     char optstring[] = ":m:t:a:d:j:hn";
-    if (path_opt != 'd')
+    if (!dry_run_ok)
         optstring[sizeof optstring - 2] = 0; /* --dry-run is prewarm's only */
+    if (model_only)
+        memmove(optstring + 9, optstring + 11, strlen(optstring + 11) + 1); /* no -j */
     optstring[7] = (char)path_opt;
     *out = (cli_build_args){.arch = CLI_DEFAULT_ARCH};
     int c;
@@ -385,6 +390,17 @@ int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *hel
     if (!out->jobs)
         out->jobs = cli_default_jobs();
     return -1;
+}
+
+int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
+                         cli_build_args *out)
+{
+    return parse_model_args(cmd, argc, argv, help, path_opt, 0, out);
+}
+
+int cli_parse_model_args(const char *cmd, int argc, char **argv, const char *help, cli_build_args *out)
+{
+    return parse_model_args(cmd, argc, argv, help, 'd', 1, out);
 }
 
 /* --dry-run: the specializations and their keys, nothing compiled or opened. */

@@ -29,6 +29,7 @@ static const status_row rows[] = {
     [KILN_ERR_DEVICE_CONTRACT] = {"device_contract", "a kernel found data that violates its contract", 0},
     [KILN_ERR_NOT_FOUND] = {"not_found", "no such item", 0},
     [KILN_ERR_UNSUPPORTED] = {"unsupported", "the operation is not supported here", 0},
+    [KILN_ERR_JIT_DISABLED] = {"jit_disabled", "a kernel is missing and compiling is disabled", 0},
 };
 
 static const status_row *row(kiln_status s)

@@ -9,6 +9,7 @@
 #include "common/internal.h"
 #include "cache/cache.h"
 #include "jit/internal.h"
+#include "jit/nearest.h"
 #include "runtime/device.h"
 
 typedef enum entry_state { ENTRY_BUSY, ENTRY_READY, ENTRY_FAILED } entry_state;
@@ -41,6 +42,7 @@ struct kiln_jit {
     entry **slots; /* open addressing, capacity a power of two */
     size_t cap, count;
     kiln_jit_counters counters;
+    int strict;                   /* a miss fails (KILN_JIT_COMPILE_OFF) instead of compiling */
     unsigned compile_slots;       /* free NVRTC slots, guarded by lock */
     unsigned compiling, peak_compiling;
     pthread_cond_t slot_free;
@@ -142,6 +144,24 @@ static uint64_t spec_hash(const kiln_spec *s)
 
 /* ---- the jit ---- */
 
+/* Whether misses may compile: opts' choice, else $KILN_JIT's. */
+static kiln_status compile_mode(int asked, int *strict)
+{
+    if (asked == KILN_JIT_COMPILE_ENV) {
+        const char *env = getenv("KILN_JIT");
+        if (env && strcmp(env, "on") && strcmp(env, "off"))
+            return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
+                              "kiln_jit_create: KILN_JIT=\"%s\" is not \"on\" or \"off\" (unset means on)", env);
+        asked = env && !strcmp(env, "off") ? KILN_JIT_COMPILE_OFF : KILN_JIT_COMPILE_ON;
+    }
+    if (asked != KILN_JIT_COMPILE_ON && asked != KILN_JIT_COMPILE_OFF)
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_jit_create: compile mode %d is not KILN_JIT_COMPILE_ENV (0), _ON (1) or _OFF (2)",
+                          asked);
+    *strict = asked == KILN_JIT_COMPILE_OFF;
+    return KILN_OK;
+}
+
 kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
 {
     kiln_jit_options o;
@@ -161,7 +181,8 @@ kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
     if (!arch)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_jit_create: no architecture: name one (e.g. \"sm_90\") or give a runtime");
-    if ((st = kiln__arch_check(arch)))
+    int strict = 0;
+    if ((st = kiln__arch_check(arch)) || (st = compile_mode(opts->compile, &strict)))
         return st;
     kiln_jit *j = calloc(1, sizeof *j);
     if (!j)
@@ -177,6 +198,7 @@ kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
         j->compile_slots = cpus < 1 ? 1 : cpus > 16 ? 16 : (unsigned)cpus;
     }
     snprintf(j->arch, sizeof j->arch, "%s", arch);
+    j->strict = strict;
     j->cache = opts->cache;
     j->rt = opts->runtime;
     j->cap = 64;
@@ -286,6 +308,31 @@ static entry *insert_locked(kiln_jit *j, const kiln_spec *spec, uint64_t h)
     return e;
 }
 
+/* Strict mode's answer to a miss: what was asked for and the nearest row of
+ * the databases, as kiln explain would say it. */
+static kiln_status refuse_compile(kiln_jit *j, const entry *e, const char *consts, const char *parts)
+{
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], why[KILN__EXPLAIN_MAX];
+    kiln_fingerprint_hex(e->fingerprint, hex);
+    if (!j->cache) {
+        snprintf(why, sizeof why, "the jit has no database");
+    } else {
+        kiln__rows rows = {0};
+        kiln_status st = kiln__rows_collect(j->cache, &rows);
+        if (st)
+            snprintf(why, sizeof why, "nearest unknown (listing %s failed: %s)", kiln_cache_path(j->cache),
+                     st == KILN_ERR_HOST_OUT_OF_MEMORY ? "out of memory" : kiln_errmsg());
+        else
+            kiln__rows_explain_miss(&rows, parts, NULL, why, sizeof why);
+        kiln__rows_free(&rows);
+    }
+    return kiln__fail(NULL, KILN_ERR_JIT_DISABLED,
+                      "compiling is off (KILN_JIT=off or kiln_jit_options.compile) and no database holds kernel %s: "
+                      "template %s, constants %s, arch %s, nvrtc %d.%d; %s",
+                      hex, e->spec.template_id, *consts ? consts : "(none)", j->arch, j->nvrtc_major,
+                      j->nvrtc_minor, why);
+}
+
 /* Makes the entry's cubin exist in the cache, and, when load is set, loaded.
  * Runs outside the lock: only the thread that marked the entry busy is here. */
 static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
@@ -317,7 +364,9 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
     if (kiln__fingerprint_parts(e->tmpl, &e->spec, &j->opts, j->arch, j->nvrtc_major, j->nvrtc_minor, parts,
                                 sizeof parts))
         parts[0] = 0; /* advisory: a row without parts still loads */
-    if (j->cache && !e->persisted) {
+    kiln_status lookup = KILN_OK;
+    /* Also when loading what an earlier prepare found: the row is the cubin. */
+    if (j->cache && (!e->persisted || load)) {
         int found = 0;
         unsigned dropped = 0;
         /* Verified even when only preparing: prewarm must not count a corrupt row as cached. */
@@ -338,8 +387,12 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         if (st && !load)
             return st;
         e->persisted = !st && found;
+        lookup = st;
     }
     if (!cubin && (!e->persisted || load)) {
+        /* A database that failed to answer is no miss: its error is the answer. */
+        if (j->strict)
+            return lookup ? lookup : refuse_compile(j, e, consts, parts);
         pthread_mutex_lock(&j->lock);
         while (!j->compile_slots)
             pthread_cond_wait(&j->slot_free, &j->lock);

@@ -504,6 +504,55 @@ grep -q -E '^swiglu [A-Z0-9_=;]+ hit [0-9a-f]{64}$' "$OUT" || fail "explain of a
 grep -q -E '^skinny_linear [A-Z0-9_=;]+ hit ' "$OUT" || fail "explain of an operation id: no skinny_linear kernel"
 grep -q -v -E '^(swiglu|tma_swiglu|skinny_linear) ' "$OUT" && fail "explain of an operation id lists another template"
 
+# ---- check: every kernel a model needs is in the databases (nothing to compile) ----
+CK="$S/check"
+mkdir -p "$CK"
+cp "$QEXP" "$CK/full.db"
+expect 0 "$KILN" prewarm --model "$S/qwen.json" --db "$CK/full.db"
+parse_summary
+[[ $N_COMPILED -eq 0 ]] || fail "prewarm over the qwen export compiled $N_COMPILED kernels"
+BEFORE=$(sha "$CK/full.db")
+expect 0 "$KILN" check --model "$S/qwen.json" --db "$CK/full.db"
+grep -q -E "^summary: model qwen2, arch sm_90: $N_QWEN needed, $N_QWEN present, 0 missing, database .*full\.db, 0 layers\$" "$OUT" ||
+    fail "check of a complete database: the summary is not '$N_QWEN needed, $N_QWEN present, 0 missing'"
+[[ $(wc -l <"$OUT") -eq 1 ]] || fail "check of a complete database lists kernels"
+[[ $(sha "$CK/full.db") == "$BEFORE" ]] || fail "check changed the database"
+expect 0 "$KILN" check --help
+grep -q 'KILN_CACHE_READONLY' "$OUT" || fail "check --help does not name the read-only layers"
+# One row deleted: exactly that kernel is missing, with explain's reason.
+cp "$CK/full.db" "$CK/partial.db"
+GONE=$(py '
+db = sqlite3.connect(sys.argv[1])
+fp, = db.execute("SELECT fingerprint FROM kernels WHERE template_id = ? LIMIT 1", ("rms_norm",)).fetchone()
+db.execute("DELETE FROM kernels WHERE fingerprint = ?", (fp,))
+db.commit()
+print(fp.hex())' "$CK/partial.db")
+expect 1 "$KILN" check --model "$S/qwen.json" --db "$CK/partial.db"
+grep -q -E "^rms_norm [A-Z0-9_=;]+ missing $GONE nearest [0-9a-f]{64} differs: " "$OUT" ||
+    fail "check does not name the deleted rms_norm kernel $GONE with its nearest row"
+[[ $(grep -c ' missing ' "$OUT") -eq 1 ]] || fail "check lists kernels other than the deleted one as missing"
+grep -q -E ": $N_QWEN needed, $((N_QWEN - 1)) present, 1 missing," "$OUT" || fail "check's summary does not count one missing"
+grep -q "1 of $N_QWEN kernels are missing" "$ERR" || fail "check does not say on stderr what is missing"
+# A read-only layer fills the gap, as it would for a server.
+KILN_CACHE_READONLY="$CK/full.db" expect 0 "$KILN" check --model "$S/qwen.json" --db "$CK/partial.db"
+grep -q -E ": $N_QWEN needed, $N_QWEN present, 0 missing, database .*, 1 layers\$" "$OUT" ||
+    fail "check does not count the kernels of a read-only layer"
+# Another architecture: everything is missing, and the arch is what differs.
+expect 1 "$KILN" check --model "$S/qwen.json" --db "$CK/full.db" --arch sm_80
+N_80=$(sed -n -E 's/^summary: model qwen2, arch sm_80: ([0-9]+) needed, 0 present, \1 missing, .*/\1/p' "$OUT")
+[[ -n $N_80 && $N_80 -gt 0 ]] || fail "check's summary for sm_80 does not say that nothing is present"
+[[ $(grep -c -E ' missing [0-9a-f]{64} nearest [0-9a-f]{64} differs: (.*, )?arch sm_90 -> sm_80$' "$OUT") -eq $N_80 ]] ||
+    fail "check for sm_80 does not list all $N_80 kernels with the arch among the parts that differ"
+# A database that does not exist is refused, never created; usage errors exit 2.
+expect 1 "$KILN" check --model "$S/qwen.json" --db "$CK/none/kernels.db"
+grep -q "$CK/none/kernels.db" "$ERR" || fail "check of a missing database does not name it"
+[[ ! -e $CK/none ]] || fail "check created a database"
+expect 2 "$KILN" check --db "$CK/full.db" -j 2
+expect 2 "$KILN" check --db "$CK/full.db" --dtype f32
+expect 2 "$KILN" check --db "$CK/full.db" stray
+expect 1 "$KILN" check --model "$S/qwen.json" --db "$CK/full.db" --arch sm_9
+grep -q 'sm_9' "$ERR" || fail "check with a bad arch does not name it"
+
 # ---- ls-ops: the operation catalog ----
 expect 0 "$KILN" ls-ops
 N_OPS=$(wc -l <"$OUT")

@@ -19,12 +19,14 @@ static void test_codes_are_pinned(void **state)
     assert_string_equal(kiln_status_code(KILN_ERR_NO_DEVICE), "no_device");
     assert_int_equal(KILN_ERR_CACHE_CORRUPT, 12);
     assert_int_equal(KILN_ERR_UNSUPPORTED, 20);
+    assert_int_equal(KILN_ERR_JIT_DISABLED, 21);
+    assert_string_equal(kiln_status_code(KILN_ERR_JIT_DISABLED), "jit_disabled");
 }
 
 static void test_every_status_has_text(void **state)
 {
     (void)state;
-    for (int s = 0; s <= KILN_ERR_UNSUPPORTED; s++) {
+    for (int s = 0; s <= KILN_ERR_JIT_DISABLED; s++) {
         assert_non_null(kiln_status_string((kiln_status)s));
         assert_true(strlen(kiln_status_code((kiln_status)s)) > 1);
         assert_string_not_equal(kiln_status_code((kiln_status)s), "unknown");
@@ -41,6 +43,7 @@ static void test_retryable(void **state)
     assert_false(kiln_status_retryable(KILN_ERR_CUDA_ILLEGAL_ADDRESS));
     assert_false(kiln_status_retryable(KILN_ERR_NVRTC_COMPILE));
     assert_false(kiln_status_retryable(KILN_OK));
+    assert_false(kiln_status_retryable(KILN_ERR_JIT_DISABLED)); /* only a prewarm makes it succeed */
 }
 
 static void test_messages(void **state)

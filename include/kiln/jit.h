@@ -66,7 +66,18 @@ typedef struct kiln_jit_options {
      * hundreds of MB); further callers wait. 0: the number of online CPUs,
      * at most 16. */
     unsigned max_parallel_compiles;
+    /* Whether a miss may compile (KILN_JIT_COMPILE_*). 0: $KILN_JIT decides. */
+    int compile;
 } kiln_jit_options;
+
+/* kiln_jit_options.compile. With OFF (strict mode), a prepare or acquire of a
+ * kernel in no database fails at once with KILN_ERR_JIT_DISABLED, naming the
+ * template, its constants, the architecture and the database's nearest row
+ * with the parts that differ; hits work as ever. ENV: "off" in $KILN_JIT is
+ * OFF, "on" or unset is ON, any other value fails kiln_jit_create. */
+#define KILN_JIT_COMPILE_ENV 0
+#define KILN_JIT_COMPILE_ON 1
+#define KILN_JIT_COMPILE_OFF 2
 
 typedef struct kiln_jit_counters {
     uint64_t compiles;        /* NVRTC compilations that produced a cubin */
@@ -77,9 +88,9 @@ typedef struct kiln_jit_counters {
     uint64_t cache_errors;    /* database reads or writes that failed (acquire compiled or loaded anyway) */
 } kiln_jit_counters;
 
-/* KILN_ERR_INVALID_ARGUMENT (no arch offline, a malformed arch or option,
- * opts->size nonzero and smaller than the size field), KILN_ERR_NVRTC (NVRTC
- * cannot be used). */
+/* KILN_ERR_INVALID_ARGUMENT (no arch offline, a malformed arch or option, a
+ * compile mode or $KILN_JIT value kiln does not know, opts->size nonzero and
+ * smaller than the size field), KILN_ERR_NVRTC (NVRTC cannot be used). */
 KILN_API kiln_status kiln_jit_create(const kiln_jit_options *opts, kiln_jit **out);
 /* Unloads every module. NULL is a no-op. */
 KILN_API void kiln_jit_destroy(kiln_jit *jit);
@@ -100,7 +111,8 @@ KILN_API kiln_status kiln_jit_fingerprint_parts(kiln_jit *jit, const kiln_spec *
 /* Makes sure spec's cubin is in the cache (compiling it when missing) without
  * loading it: what prewarm does, and it needs no device. *compiled is set to 1
  * when this call compiled it. KILN_ERR_NOT_FOUND, KILN_ERR_NVRTC_COMPILE (the
- * message holds the NVRTC log), KILN_ERR_CACHE_*. */
+ * message holds the NVRTC log), KILN_ERR_CACHE_*, KILN_ERR_JIT_DISABLED (a
+ * miss in strict mode). */
 KILN_API kiln_status kiln_jit_prepare(kiln_jit *jit, const kiln_spec *spec, int *compiled);
 /* The loaded kernel of spec: memory, then database, then NVRTC. The kernel
  * belongs to the jit and lives until kiln_jit_destroy. Needs a runtime

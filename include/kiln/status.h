@@ -43,7 +43,8 @@ typedef enum kiln_status {
     KILN_ERR_IO = 17,                 /* "io_error": a file could not be read or written */
     KILN_ERR_DEVICE_CONTRACT = 18,    /* "device_contract": a kernel found bad data (a token id past the vocabulary) */
     KILN_ERR_NOT_FOUND = 19,          /* "not_found": no such template, entry or record */
-    KILN_ERR_UNSUPPORTED = 20         /* "unsupported": the device or build lacks a capability */
+    KILN_ERR_UNSUPPORTED = 20,        /* "unsupported": the device or build lacks a capability */
+    KILN_ERR_JIT_DISABLED = 21        /* "jit_disabled": a kernel missing from every database, and compiling is off (KILN_JIT=off) */
 } kiln_status;
 
 /* A short English sentence for s; never NULL, static storage. */
