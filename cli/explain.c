@@ -145,7 +145,7 @@ int cli_explain(int argc, char **argv)
     if ((rc = cli_open_existing(CMD, db, &cache)))
         goto out;
     /* The keys are computed as a lookup would; nothing is compiled. */
-    kiln_jit_options jo = {.size = sizeof jo, .arch = arch};
+    kiln_jit_options jo = {.size = sizeof jo, .arch = arch, .compile = KILN_JIT_COMPILE_ON};
     if (kiln_jit_create(&jo, &jit) != KILN_OK) {
         rc = cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
         goto out;

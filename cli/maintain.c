@@ -97,7 +97,7 @@ static kiln_jit *jit_for(key_check *k, const char *arch)
         if (!strcmp(k->arch[i], arch))
             return k->jits[i];
     kiln_jit *j = NULL;
-    kiln_jit_options o = {.size = sizeof o, .arch = arch};
+    kiln_jit_options o = {.size = sizeof o, .arch = arch, .compile = KILN_JIT_COMPILE_ON}; /* keys only */
     if (k->n_jits == KEY_JITS || strlen(arch) >= sizeof k->arch[0] || kiln_jit_create(&o, &j) != KILN_OK)
         return NULL;
     snprintf(k->arch[k->n_jits], sizeof k->arch[0], "%s", arch);

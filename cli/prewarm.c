@@ -247,7 +247,8 @@ int cli_load_model(const char *cmd, const char *model_path, const char *arch, ki
             config->dtype = dtype;
     }
     kiln_jit *probe = NULL;
-    kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch};
+    /* prewarm and export compile whatever $KILN_JIT says for serving. */
+    kiln_jit_options probe_opts = {.size = sizeof probe_opts, .arch = arch, .compile = KILN_JIT_COMPILE_ON};
     if (kiln_jit_create(&probe_opts, &probe) != KILN_OK)
         return cli_fail(cmd, "--arch %s: %s", arch, kiln_errmsg());
     /* The probe's architecture (--arch, CLI_DEFAULT_ARCH without it), so that
@@ -266,8 +267,11 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
     kiln_jit *jit = NULL;
     prewarm_run run = {.cmd = cmd, .specs = specs, .n = n_specs, .next = 0, .printed = 0};
     /* -j is what the user asked for: the jit may run that many compiles at once. */
-    kiln_jit_options jit_opts = {
-        .size = sizeof jit_opts, .cache = cache, .arch = arch, .max_parallel_compiles = (unsigned)jobs};
+    kiln_jit_options jit_opts = {.size = sizeof jit_opts,
+                                 .cache = cache,
+                                 .arch = arch,
+                                 .max_parallel_compiles = (unsigned)jobs,
+                                 .compile = KILN_JIT_COMPILE_ON};
     if (kiln_jit_create(&jit_opts, &jit) != KILN_OK) {
         cli_fail(cmd, "%s", kiln_errmsg());
         return rc;
@@ -407,7 +411,7 @@ int cli_parse_model_args(const char *cmd, int argc, char **argv, const char *hel
 static int dry_run(const kiln_model_config *config, const kiln_spec *specs, size_t n_specs, const char *arch)
 {
     kiln_jit *jit = NULL;
-    kiln_jit_options jo = {.size = sizeof jo, .arch = arch};
+    kiln_jit_options jo = {.size = sizeof jo, .arch = arch, .compile = KILN_JIT_COMPILE_ON};
     if (kiln_jit_create(&jo, &jit) != KILN_OK)
         return cli_fail(CMD, "--arch %s: %s", arch, kiln_errmsg());
     int rc = CLI_EXIT_OK;
