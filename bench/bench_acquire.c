@@ -321,7 +321,8 @@ int main(int argc, char **argv)
         char msg[512];
         snprintf(msg, sizeof msg, "no driver: %s", why ? why : "unknown");
         bench_json_str(&j, "skipped", msg);
-        bench_json_str(&j, "phases_skipped", "cold_compile,database_hit,database_read,memory_hit,signed_layer_hit,signed_layer_hit_trusted");
+        bench_json_str(&j, "phases_skipped",
+                       "cold_compile,database_hit,database_read,memory_hit,signed_layer_hit,signed_layer_hit_trusted");
         bench_json_end(&j);
         free(specs);
         free(t);

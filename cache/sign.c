@@ -232,7 +232,8 @@ static kiln_status load_key(kiln__errslot *slot, const char *path, int want_priv
     char err[256];
     BIO *bio = BIO_new_file(path, "r");
     if (!bio)
-        return kiln__fail(slot, KILN_ERR_INVALID_ARGUMENT, "key %s cannot be read: %s", path, ssl_error(err, sizeof err));
+        return kiln__fail(slot, KILN_ERR_INVALID_ARGUMENT, "key %s cannot be read: %s", path,
+                          ssl_error(err, sizeof err));
     EVP_PKEY *key = want_private ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL)
                                  : PEM_read_bio_PUBKEY(bio, NULL, no_passphrase, NULL);
     BIO_free(bio);
@@ -313,7 +314,8 @@ int kiln__layer_trusted(kiln_cache *c, kiln__db *d, char *reason, size_t cap)
     kiln__manifest *m = NULL;
     int r = kiln__manifest_read(d->db, &m, detail, sizeof detail);
     if (r == 0) {
-        snprintf(reason, cap, "unsigned, and a trust policy is set (KILN_TRUSTED_KEYS or kiln_cache_options.trusted_keys)");
+        snprintf(reason, cap,
+                 "unsigned, and a trust policy is set (KILN_TRUSTED_KEYS or kiln_cache_options.trusted_keys)");
         return 0;
     }
     if (r < 0) {
@@ -363,12 +365,12 @@ static kiln_status build_manifest_locked(kiln_cache *c, kiln__db *d, const uint8
     sqlite3_stmt *q = NULL;
     kiln_status st = KILN_OK;
     int rc = sqlite3_prepare_v2(d->db,
-                                d->schema >= 2 ? "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants,"
-                                                 " arch, nvrtc_major, nvrtc_minor, entries, parts FROM kernels"
-                                                 " ORDER BY fingerprint"
-                                               : "SELECT fingerprint, cubin, raw_size, checksum, template_id, constants,"
-                                                 " arch, nvrtc_major, nvrtc_minor, entries, '' FROM kernels"
-                                                 " ORDER BY fingerprint",
+                                d->schema >= 2 ? "SELECT fingerprint, cubin, raw_size, checksum, template_id,"
+                                                 " constants, arch, nvrtc_major, nvrtc_minor, entries, parts"
+                                                 " FROM kernels ORDER BY fingerprint"
+                                               : "SELECT fingerprint, cubin, raw_size, checksum, template_id,"
+                                                 " constants, arch, nvrtc_major, nvrtc_minor, entries, ''"
+                                                 " FROM kernels ORDER BY fingerprint",
                                 -1, &q, NULL);
     if (rc != SQLITE_OK)
         return kiln__db_fail(c, d, rc, "listing the rows to sign");
@@ -476,8 +478,8 @@ kiln_status kiln_cache_sign(kiln_cache *c, const char *key_path, uint8_t key_id[
     if ((st = exec_locked(c, d, signature_table_sql, "creating the signature table")))
         goto out_rollback;
     sqlite3_stmt *q = NULL;
-    int rc = sqlite3_prepare_v2(d->db, "INSERT OR REPLACE INTO kiln_signature (id, manifest, signature) VALUES (1, ?1, ?2)",
-                                -1, &q, NULL);
+    int rc = sqlite3_prepare_v2(
+        d->db, "INSERT OR REPLACE INTO kiln_signature (id, manifest, signature) VALUES (1, ?1, ?2)", -1, &q, NULL);
     if (rc == SQLITE_OK) {
         sqlite3_bind_blob(q, 1, manifest, (int)len, SQLITE_STATIC);
         sqlite3_bind_blob(q, 2, sig, (int)sizeof sig, SQLITE_STATIC);

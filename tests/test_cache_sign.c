@@ -26,7 +26,8 @@ typedef struct fixture {
  * files; id receives SHA-256 of the raw public key. */
 static void make_key(const char *type, const char *priv_path, const char *pub_path, uint8_t id[32])
 {
-    EVP_PKEY *key = strcmp(type, "EC") ? EVP_PKEY_Q_keygen(NULL, NULL, type) : EVP_PKEY_Q_keygen(NULL, NULL, "EC", "P-256");
+    EVP_PKEY *key = strcmp(type, "EC") ? EVP_PKEY_Q_keygen(NULL, NULL, type)
+                                       : EVP_PKEY_Q_keygen(NULL, NULL, "EC", "P-256");
     assert_non_null(key);
     FILE *f = fopen(priv_path, "w");
     assert_non_null(f);

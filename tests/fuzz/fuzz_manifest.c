@@ -17,7 +17,7 @@
  *            signature field is the signature), bit 1 write the trusted
  *            public key and its id into the header, bit 2 set the entry
  *            count from the size, bit 3 write the domain string, bit 4
- *            bits 0 and 1 use another key, one the policy does not list
+ *            makes bits 0 and 1 use another key, one the policy does not list
  *   byte 1   length of the signature field, modulo 80
  *   then     the signature field, then the manifest
  */
