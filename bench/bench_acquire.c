@@ -1,7 +1,9 @@
 /* Kernel acquisition: what it costs to get a CUfunction for a specialization
  * kiln has never seen (cold compile), one that is in the cache database (a new
  * jit on a reopened cache: a new process in all but the driver context), and
- * one the jit already holds (in-memory table).
+ * one the jit already holds (in-memory table), and one in a signed read-only
+ * layer, without and with a trust policy that lists its key (the manifest
+ * check on each row loaded: docs/cache.md, "Signed layers").
  *
  * The specializations are token_embedding's with vocab 128256 and n distinct
  * hidden sizes 1024, 1088, ... (multiples of 64). One extra specialization
@@ -30,7 +32,17 @@ typedef struct tempdb {
     int made;
 } tempdb;
 
-static tempdb g_offline, g_online;
+static tempdb g_offline, g_online, g_layered;
+
+/* A key for this benchmark alone (it signs a temporary file): a fixed one,
+ * so that the benchmark needs no key generation of its own. */
+static const char bench_key_pem[] = "-----BEGIN PRIVATE KEY-----\n"
+                                    "MC4CAQAwBQYDK2VwBCIEICCrsyZ3pnhh2czZBkxOVJ5ldg4inXWP3detE23b64/C\n"
+                                    "-----END PRIVATE KEY-----\n";
+static const char bench_pub_pem[] = "-----BEGIN PUBLIC KEY-----\n"
+                                    "MCowBQYDK2VwAyEAY6EzlHWgQJfwZjadItH+sPTBVvfmp/UywkH2uVAbmks=\n"
+                                    "-----END PUBLIC KEY-----\n";
+static const char *const key_files[] = {"bench-key.pem", "bench-key.pub"};
 static int g_keep;
 
 static void tempdb_remove(tempdb *t)
@@ -43,6 +55,10 @@ static void tempdb_remove(tempdb *t)
         snprintf(p, sizeof p, "%s%s", t->path, suffixes[i]);
         unlink(p);
     }
+    for (size_t i = 0; i < sizeof key_files / sizeof key_files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", t->dir, key_files[i]);
+        unlink(p);
+    }
     rmdir(t->dir);
     t->made = 0;
 }
@@ -51,6 +67,7 @@ static void cleanup(void)
 {
     tempdb_remove(&g_offline);
     tempdb_remove(&g_online);
+    tempdb_remove(&g_layered);
 }
 
 /* Prints an error line and exits 1. */
@@ -80,6 +97,45 @@ static kiln_cache *cache_open(const tempdb *t, const char *phase)
     kiln_status st = kiln_cache_open(&o, &c);
     if (st)
         fail(phase, st, NULL);
+    return c;
+}
+
+/* Writes text to t->dir/name, its path in out. */
+static void write_key(const tempdb *t, const char *name, const char *text, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", t->dir, name);
+    FILE *f = fopen(out, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0)
+        fail("signed_layer", KILN_OK, "cannot write the benchmark's key");
+}
+
+/* Signs the database at t with the key at key_path and seals it. */
+static void sign_database(const tempdb *t, const char *key_path)
+{
+    kiln_cache *c = cache_open(t, "signed_layer");
+    kiln_status st = kiln_cache_sign(c, key_path, NULL);
+    if (!st)
+        st = kiln_cache_seal(c);
+    if (st)
+        fail("signed_layer", st, NULL);
+    kiln_cache_close(c);
+}
+
+/* A fresh writable database at t with layer as its read-only layer, under
+ * the policy of pub_path (NULL: none); the layer must be searched. */
+static kiln_cache *layered_open(const tempdb *t, const char *layer, const char *pub_path, const char *phase)
+{
+    const char *layers[] = {layer}, *keys[] = {pub_path};
+    kiln_cache_options o = {.size = sizeof o, .path = t->path, .ignore_env = 1, .readonly_paths = layers,
+                            .n_readonly_paths = 1, .trusted_keys = pub_path ? keys : NULL,
+                            .n_trusted_keys = pub_path ? 1 : 0};
+    kiln_cache *c = NULL;
+    kiln_cache_layer_info info;
+    kiln_status st = kiln_cache_open(&o, &c);
+    if (st)
+        fail(phase, st, NULL);
+    if ((st = kiln_cache_layer(c, 0, &info)) || !info.active)
+        fail(phase, st, st ? NULL : info.reason);
     return c;
 }
 
@@ -265,7 +321,8 @@ int main(int argc, char **argv)
         char msg[512];
         snprintf(msg, sizeof msg, "no driver: %s", why ? why : "unknown");
         bench_json_str(&j, "skipped", msg);
-        bench_json_str(&j, "phases_skipped", "cold_compile,database_hit,database_read,memory_hit");
+        bench_json_str(&j, "phases_skipped",
+                       "cold_compile,database_hit,database_read,memory_hit,signed_layer_hit,signed_layer_hit_trusted");
         bench_json_end(&j);
         free(specs);
         free(t);
@@ -324,6 +381,33 @@ int main(int argc, char **argv)
 
     kiln_jit_destroy(jit);
     kiln_cache_close(cache);
+
+    /* (d) The same database signed and shipped: the read-only layer of a
+     * fresh writable one, each time with a new jit; first without a trust
+     * policy, then with one that lists the key. */
+    kiln_jit_counters d_layer[2];
+    char key_path[4300], pub_path[4300];
+    tempdb_make(&g_layered, db_parent, "layered");
+    write_key(&g_layered, key_files[0], bench_key_pem, key_path, sizeof key_path);
+    write_key(&g_layered, key_files[1], bench_pub_pem, pub_path, sizeof pub_path);
+    sign_database(&g_online, key_path);
+    for (int trusted = 0; trusted < 2; trusted++) {
+        const char *phase = trusted ? "signed_layer_hit_trusted" : "signed_layer_hit";
+        cache = layered_open(&g_layered, g_online.path, trusted ? pub_path : NULL, phase);
+        jit = jit_create(cache, rt, arch, phase);
+        if ((st = kiln_jit_acquire(jit, &warm, &k)))
+            fail(phase, st, NULL);
+        time_acquire_all(jit, specs, n, 1, t, phase, &d_layer[trusted]);
+        print_timing(phase,
+                     trusted ? "kiln_jit_acquire, new jit, a signed read-only layer under a trust policy: a database"
+                               " hit + the manifest check (a binary search, a SHA-256 of the row's columns)"
+                             : "kiln_jit_acquire, new jit, a signed read-only layer without a trust policy: a"
+                               " database hit from a layer",
+                     arch, t, (size_t)n, 1, TARGET_DATABASE_HIT_US);
+        kiln_jit_destroy(jit);
+        kiln_cache_close(cache);
+    }
+    tempdb_remove(&g_layered);
     tempdb_remove(&g_online);
     kiln_runtime_destroy(rt);
 
@@ -332,6 +416,8 @@ int main(int argc, char **argv)
     ok &= print_counters("cold_compile", &d_cold, (uint64_t)n, 0, 0);
     ok &= print_counters("database_hit", &d_db, 0, (uint64_t)n, 0);
     ok &= print_counters("memory_hit", &d_mem, 0, 0, (uint64_t)n * (uint64_t)reps);
+    ok &= print_counters("signed_layer_hit", &d_layer[0], 0, (uint64_t)n, 0);
+    ok &= print_counters("signed_layer_hit_trusted", &d_layer[1], 0, (uint64_t)n, 0);
     free(specs);
     free(t);
     return ok ? 0 : 1;

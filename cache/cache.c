@@ -177,6 +177,12 @@ static const char *text_or_null(sqlite3_stmt *q, int i)
     return sqlite3_column_type(q, i) == SQLITE_TEXT ? (const char *)sqlite3_column_text(q, i) : NULL;
 }
 
+static const char *text_or_empty(sqlite3_stmt *q, int i)
+{
+    const char *t = text_or_null(q, i);
+    return t ? t : "";
+}
+
 /* Whether the row of st_get (columns 3 to 8: template_id, constants, arch,
  * nvrtc_major, nvrtc_minor, parts) is the kernel x describes: a checksum
  * covers a cubin, not the key it is filed under. When not, detail names the
@@ -240,6 +246,17 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const ki
             dst = kiln__row_decode(sqlite3_column_blob(q, 0), (size_t)sqlite3_column_bytes(q, 0), *size,
                                    sqlite3_column_type(q, 1) == SQLITE_INTEGER, sqlite3_column_blob(q, 2),
                                    (size_t)sqlite3_column_bytes(q, 2), raw, detail, sizeof detail);
+        /* A layer admitted by a trust policy: the row must be one it signed
+         * (its checksum was just checked against the cubin). */
+        if (dst == KILN_OK && d->manifest &&
+            !kiln__manifest_row_ok(d->manifest, fp, sqlite3_column_blob(q, 2), (size_t)sqlite3_column_bytes(q, 2),
+                                   text_or_empty(q, 3), text_or_empty(q, 4), text_or_empty(q, 5),
+                                   sqlite3_column_int64(q, 6), sqlite3_column_int64(q, 7), text_or_empty(q, 9),
+                                   text_or_empty(q, 8), detail, sizeof detail)) {
+            free(*raw);
+            *raw = NULL;
+            dst = KILN_ERR_CACHE_CORRUPT;
+        }
         if (dst == KILN_OK) {
             result = 1;
         } else if (dst == KILN_ERR_CACHE_CORRUPT) {

@@ -17,6 +17,26 @@
 #define KILN__PENDING_HITS_MAX 256
 #define KILN_CACHE_ZSTD_LEVEL 9
 
+/* A parsed, verified manifest (cache/sign.c): what a signature covers. */
+typedef struct kiln__manifest {
+    uint8_t public_key[32], key_id[32];
+    uint64_t n;              /* entries */
+    const uint8_t *entries;  /* n x KILN__MANIFEST_ENTRY bytes, strictly increasing fingerprints, in data */
+    uint8_t *data;           /* a copy of the manifest */
+    size_t size;
+} kiln__manifest;
+
+/* The domain separation string that opens every manifest, its NUL included. */
+#define KILN__MANIFEST_DOMAIN "kiln-signed-layer-1"
+#define KILN__MANIFEST_DOMAIN_SIZE sizeof(KILN__MANIFEST_DOMAIN)
+/* domain, public key, key id, entry count (8 bytes, little-endian) */
+#define KILN__MANIFEST_HEADER (KILN__MANIFEST_DOMAIN_SIZE + 32 + 32 + 8)
+/* fingerprint, SHA-256 of the cubin, SHA-256 of the row's other loaded columns */
+#define KILN__MANIFEST_ENTRY 96
+/* A bound on a manifest's rows (a shipped database holds thousands). */
+#define KILN__MANIFEST_MAX_ROWS (1u << 22)
+#define KILN__SIGNATURE_SIZE 64
+
 /* One SQLite database: the writable one, or a shipped read-only layer. */
 typedef struct kiln__db {
     sqlite3 *db;
@@ -24,6 +44,7 @@ typedef struct kiln__db {
     int read_only;  /* opened without writing */
     int immutable;  /* opened with immutable=1: a file nobody may write */
     int schema;     /* its user_version */
+    kiln__manifest *manifest; /* under a trust policy, a layer's verified manifest; else NULL */
     sqlite3_stmt *st_get, *st_contains, *st_put, *st_delete, *st_hit;
 } kiln__db;
 
@@ -45,6 +66,8 @@ struct kiln_cache {
     size_t n_pending;
     void (*on_event)(void *user, const kiln_cache_event *event);
     void *user;
+    uint8_t (*trusted)[32];         /* the trust policy's key ids; n_trusted 0: no policy */
+    size_t n_trusted;
     double open_deadline;           /* kiln__now() past which the open stops waiting for locks */
     kiln__errslot err;
 };
@@ -80,5 +103,33 @@ kiln_status kiln__db_fail(kiln_cache *c, kiln__db *d, int rc, const char *what);
 
 /* Maps an SQLite result code to a status. */
 kiln_status kiln__sqlite_status(int rc);
+
+/* Parses a manifest and checks its signature with the public key it names:
+ * the domain string, the key id being SHA-256 of the key, the size being
+ * that of its entry count, the fingerprints strictly increasing, and the
+ * Ed25519 signature of the whole manifest. KILN_OK with *out (freed with
+ * kiln__manifest_free); KILN_ERR_CACHE_CORRUPT with detail saying what
+ * failed; KILN_ERR_HOST_OUT_OF_MEMORY. */
+kiln_status kiln__manifest_parse(const void *manifest, size_t size, const void *signature, size_t signature_size,
+                                 kiln__manifest **out, char *detail, size_t cap);
+void kiln__manifest_free(kiln__manifest *m);
+
+/* Reads d's signature: 0 unsigned, 1 with *out parsed and verified, -1 a
+ * signature that is unreadable or invalid (detail says why). */
+int kiln__manifest_read(sqlite3 *db, kiln__manifest **out, char *detail, size_t cap);
+
+/* Whether the row is the one the manifest signed: its fingerprint listed,
+ * its checksum column (already checked against its cubin) and the digest of
+ * its other loaded columns those listed. When not, detail says why. */
+int kiln__manifest_row_ok(const kiln__manifest *m, const uint8_t *fp, const void *checksum, size_t checksum_size,
+                          const char *template_id, const char *constants, const char *arch, sqlite3_int64 nvrtc_major,
+                          sqlite3_int64 nvrtc_minor, const char *entries, const char *parts, char *detail,
+                          size_t cap);
+
+/* Loads the trust policy (key paths, or $KILN_TRUSTED_KEYS) into c->trusted. */
+kiln_status kiln__load_trust(kiln_cache *c, const char *const *paths, size_t n, int ignore_env);
+
+/* Under a trust policy, admits layer d (1) or says why not in reason (0). */
+int kiln__layer_trusted(kiln_cache *c, kiln__db *d, char *reason, size_t cap);
 
 #endif

@@ -402,9 +402,9 @@ static kiln_status open_db(kiln_cache *c, kiln__db *d, const char *path, int rea
     }
     if ((st = prepare(c, d, &d->st_get,
                       d->schema >= 2 ? "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
-                                       " nvrtc_minor, parts FROM kernels WHERE fingerprint = ?1"
+                                       " nvrtc_minor, parts, entries FROM kernels WHERE fingerprint = ?1"
                                      : "SELECT cubin, raw_size, checksum, template_id, constants, arch, nvrtc_major,"
-                                       " nvrtc_minor, '' FROM kernels WHERE fingerprint = ?1")) ||
+                                       " nvrtc_minor, '', entries FROM kernels WHERE fingerprint = ?1")) ||
         (st = prepare(c, d, &d->st_contains, "SELECT 1 FROM kernels WHERE fingerprint = ?1")))
         return st;
     if (!read_only &&
@@ -429,6 +429,7 @@ static void close_db(kiln__db *d)
     sqlite3_finalize(d->st_delete);
     sqlite3_finalize(d->st_hit);
     sqlite3_close(d->db);
+    kiln__manifest_free(d->manifest);
     free(d->path);
     memset(d, 0, sizeof *d);
 }
@@ -507,7 +508,9 @@ static kiln_status open_layers(kiln_cache *c, const kiln_cache_options *o, int b
         if (!paths[i] || open_db(c, &d, paths[i], 1, o, busy_ms) != KILN_OK) {
             snprintf(reason, sizeof reason, "%s", paths[i] ? kiln_errmsg() : "NULL path");
             close_db(&d);
-        } else if (!layer_matches(&d, o, reason, sizeof reason, &info->entries)) {
+        } else if (!layer_matches(&d, o, reason, sizeof reason, &info->entries) ||
+                   (c->n_trusted && !kiln__layer_trusted(c, &d, reason, sizeof reason))) {
+            /* Under a trust policy no row of a layer it does not admit is searched. */
             close_db(&d);
         } else {
             c->layers[c->n_layers++] = d;
@@ -560,7 +563,8 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     c->user = opts->user;
     int busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 10000;
     c->open_deadline = kiln__now() + busy_ms / 1000.0;
-    if ((st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
+    if ((st = kiln__load_trust(c, opts->trusted_keys, opts->n_trusted_keys, opts->ignore_env)) ||
+        (st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
         goto out_free;
     *out = c;
     return KILN_OK;
@@ -585,6 +589,7 @@ void kiln_cache_close(kiln_cache *c)
     }
     free(c->layers);
     free(c->layer_info);
+    free(c->trusted);
     pthread_mutex_destroy(&c->lock);
     kiln__errslot_destroy(&c->err);
     free(c);

@@ -40,6 +40,7 @@ int cli_merge(int argc, char **argv);
 int cli_explain(int argc, char **argv);
 int cli_ls_ops(int argc, char **argv);
 int cli_check(int argc, char **argv);
+int cli_sign(int argc, char **argv);
 
 /* Prints "kiln <cmd>: <message>" to stderr and returns CLI_EXIT_FAILURE. */
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -84,6 +85,12 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
 int cli_verify_cache(const char *cmd, kiln_cache *cache);
 /* The same, naming the database shown (the path it will have) instead of its own. */
 int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown);
+/* kiln verify's signature check of the database at path, under the trust
+ * policy of $KILN_TRUSTED_KEYS: prints "bad <fingerprint> <detail>" per row
+ * that is not as signed and one "signature <path>: ..." line. CLI_EXIT_OK
+ * when unsigned without a policy, or validly signed (by a listed key under
+ * a policy); otherwise reports and returns CLI_EXIT_FAILURE. */
+int cli_verify_signature(const char *cmd, const char *path);
 /* The number of online CPUs, in [1, CLI_MAX_JOBS]. */
 long cli_default_jobs(void);
 

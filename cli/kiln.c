@@ -24,6 +24,7 @@ static const char usage_text[] =
     "  gc        drop the least recently used kernels (--max-bytes, --older-than)\n"
     "  export    a new database of exactly what one model needs, for shipping\n"
     "  merge     a new database holding the rows of several\n"
+    "  sign      sign a database with an Ed25519 key, for a trust policy\n"
     "  explain   why a model's kernel would miss: the nearest row, the parts that differ\n"
     "  ls-ops    the operations kiln provides: id, version, capabilities, kernels\n"
     "  check     whether the databases hold every kernel a model needs (nothing to compile)\n"
@@ -158,7 +159,7 @@ int main(int argc, char **argv)
     } commands[] = {{"prewarm", cli_prewarm}, {"ls", cli_ls},         {"stats", cli_stats},
                     {"verify", cli_verify},   {"gc", cli_gc},         {"export", cli_export},
                     {"merge", cli_merge},     {"explain", cli_explain}, {"ls-ops", cli_ls_ops},
-                    {"check", cli_check}};
+                    {"check", cli_check},     {"sign", cli_sign}};
 
     if (argc < 2) {
         fputs(usage_text, stderr);

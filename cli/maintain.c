@@ -29,9 +29,17 @@ static const char verify_help[] =
     "  keys <path>: <K> of <N> recomputed from their rows (...)\n"
     "and one line,\n"
     "  verified <path>: <N> rows, <B> bad, integrity ok|failed\n"
+    "then its signature ('kiln sign'), a line per row that is not as signed\n"
+    "  bad <fingerprint> <what differs>\n"
+    "and one line,\n"
+    "  signature <path>: unsigned | valid, key <key id>, <N> rows as signed[, trusted\n"
+    "                    | , not trusted] | invalid: <why>\n"
+    "(trusted or not: whether $KILN_TRUSTED_KEYS, when set, lists the key).\n"
     "\n"
-    "exit status: 0 every row is whole and the integrity check passed; 1 a bad\n"
-    "row, a failed integrity check, a missing or unreadable database; 2 a usage error.\n";
+    "exit status: 0 every row is whole, the integrity check passed and the\n"
+    "signature is valid or absent; 1 a bad row, a failed integrity check, an\n"
+    "invalid signature, under $KILN_TRUSTED_KEYS a database unsigned or signed by\n"
+    "a key it does not list, a missing or unreadable database; 2 a usage error.\n";
 
 static const char gc_help[] =
     "usage: kiln gc [--db PATH] --max-bytes N | --older-than DAYS\n"
@@ -219,8 +227,9 @@ int cli_verify(int argc, char **argv)
     if (rc)
         return rc;
     rc = cli_verify_cache(cmd, cache);
+    int sig_rc = cli_verify_signature(cmd, kiln_cache_path(cache));
     kiln_cache_close(cache);
-    return rc;
+    return rc ? rc : sig_rc;
 }
 
 /* "4096", "64K", "2G": a byte count >= 1. 0 on success, -1 otherwise. */

@@ -364,6 +364,70 @@ grep -q "^verified $SWAPK: $N rows, 2 bad, integrity ok\$" "$OUT" || fail "verif
 expect 0 "$KILN" prewarm --db "$SWAPK"
 [[ $(grep -c ' compiled ' "$OUT") -eq 2 ]] || fail "prewarm over two swapped keys did not compile exactly those two"
 expect 0 "$KILN" verify --db "$SWAPK"
+# Signed layers (kiln sign, verify's signature line, $KILN_TRUSTED_KEYS), with
+# keys from the openssl tool when there is one.
+if command -v openssl >/dev/null; then
+    SG="$S/sign"
+    mkdir -p "$SG"
+    for k in a b; do
+        openssl genpkey -algorithm ed25519 -out "$SG/$k.pem" 2>/dev/null
+        openssl pkey -in "$SG/$k.pem" -pubout -out "$SG/$k.pub" 2>/dev/null
+    done
+    # A key's id: SHA-256 of the raw public key, the last 32 bytes of its DER.
+    KEYA=$(openssl pkey -pubin -in "$SG/a.pub" -outform DER 2>/dev/null | tail -c 32 | sha256sum | cut -c1-64)
+    KEYB=$(openssl pkey -pubin -in "$SG/b.pub" -outform DER 2>/dev/null | tail -c 32 | sha256sum | cut -c1-64)
+    SIGNED="$SG/signed.db"
+    cp "$EXP" "$SIGNED"
+    expect 2 "$KILN" sign "$SIGNED"
+    grep -q -- '--key' "$ERR" || fail "sign without a key does not ask for one"
+    expect 2 "$KILN" sign --key "$SG/a.pem"
+    expect 1 "$KILN" sign --key "$SG/a.pub" "$SIGNED"
+    grep -q 'not a PEM private key' "$ERR" || fail "sign with a public key: $(cat "$ERR")"
+    expect 0 "$KILN" sign --key "$SG/a.pem" "$SIGNED"
+    grep -q "^verified $SIGNED: $N rows, 0 bad, integrity ok\$" "$OUT" || fail "sign did not verify first"
+    grep -q "^signed $SIGNED: $N rows, key $KEYA\$" "$OUT" || fail "sign: no final line naming key $KEYA"
+    [[ ! -e $SIGNED-wal && ! -e $SIGNED-shm ]] || fail "sign did not seal the database"
+    expect 0 "$KILN" verify --db "$SIGNED"
+    grep -q "^signature $SIGNED: valid, key $KEYA, $N rows as signed\$" "$OUT" || fail "verify of a signed database"
+    KILN_TRUSTED_KEYS="$SG/b.pub:$SG/a.pub" expect 0 "$KILN" verify --db "$SIGNED"
+    grep -q "^signature $SIGNED: valid, key $KEYA, $N rows as signed, trusted\$" "$OUT" || fail "verify: key not trusted"
+    KILN_TRUSTED_KEYS="$SG/b.pub" expect 1 "$KILN" verify --db "$SIGNED"
+    grep -q ", not trusted\$" "$OUT" && grep -q 'would be skipped' "$ERR" || fail "verify: an unlisted key passes"
+    expect 0 "$KILN" verify --db "$EXP"
+    grep -q "^signature $EXP: unsigned\$" "$OUT" || fail "verify of an unsigned database: $(cat "$OUT")"
+    KILN_TRUSTED_KEYS="$SG/a.pub" expect 1 "$KILN" verify --db "$EXP"
+    grep -q 'unsigned: under this trust policy' "$ERR" || fail "verify: unsigned under a policy passes"
+    # A planted entry: two rows' cubins swapped with their checksums and
+    # sizes, so that every checksum and key still verifies.
+    PLANT="$SG/planted.db"
+    cp "$SIGNED" "$PLANT"
+    py '
+db = sqlite3.connect(sys.argv[1])
+a, b = db.execute("SELECT fingerprint, cubin, checksum, raw_size FROM kernels ORDER BY fingerprint LIMIT 2").fetchall()
+for x, y in ((a, b), (b, a)):
+    db.execute("UPDATE kernels SET cubin = ?, checksum = ?, raw_size = ? WHERE fingerprint = ?", (y[1], y[2], y[3], x[0]))
+db.commit()' "$PLANT"
+    expect 1 "$KILN" verify --db "$PLANT"
+    grep -q "^verified $PLANT: $N rows, 0 bad, integrity ok\$" "$OUT" || fail "planted rows fail their checksums"
+    [[ $(grep -c "^bad .*not the one the layer's manifest signed" "$OUT") -eq 2 ]] ||
+        fail "verify does not name the 2 planted rows"
+    grep -q "^signature $PLANT: invalid: 2 of $N rows are not as signed\$" "$OUT" || fail "verify: planted rows pass"
+    # Without a policy the planted layer serves both (what a checksum trusts);
+    # with one those two are compiled instead, and another key's layer is skipped.
+    KILN_CACHE_READONLY="$PLANT" expect 0 "$KILN" prewarm --db "$SG/w0.db"
+    parse_summary
+    [[ $N_COMPILED -eq 0 ]] || fail "prewarm without a policy compiled $N_COMPILED over a full layer"
+    KILN_TRUSTED_KEYS="$SG/a.pub" KILN_CACHE_READONLY="$PLANT" expect 0 "$KILN" prewarm --db "$SG/w1.db"
+    parse_summary
+    [[ $N_COMPILED -eq 2 ]] || fail "prewarm under a policy compiled $N_COMPILED, not the 2 planted kernels"
+    expect 0 "$KILN" sign --key "$SG/b.pem" "$PLANT"
+    KILN_TRUSTED_KEYS="$SG/a.pub" KILN_CACHE_READONLY="$PLANT" expect 0 "$KILN" prewarm --db "$SG/w2.db"
+    grep -q "read-only layer $PLANT skipped: signed by key $KEYB" "$ERR" || fail "prewarm: a layer of key B not skipped"
+    parse_summary
+    [[ $N_COMPILED -eq $N ]] || fail "prewarm used $((N - N_COMPILED)) kernels of an untrusted layer"
+else
+    echo "note: no openssl tool: the kiln sign lines are skipped (tests/test_cache_sign.c covers signing)" >&2
+fi
 
 # ---- merge ----
 MERGED="$S/ship/merged.db"

@@ -72,6 +72,15 @@ typedef struct kiln_cache_options {
      * is 1 (unless ignore_env); a link to nothing is refused even then (kiln
      * never creates a file through a link). A refused layer is skipped. */
     int follow_symlinks;
+    /* A trust policy for the read-only layers: paths of Ed25519 public keys
+     * (PEM). With one, a layer is searched only when it carries a valid
+     * signature (kiln_cache_sign) by one of these keys, and a row of it only
+     * when its digests are those the signature covers; any other layer is
+     * skipped with the reason. NULL: the colon-separated list in
+     * $KILN_TRUSTED_KEYS (unless ignore_env); none there: no policy, every
+     * layer that opens is searched. A key that cannot be read fails the open. */
+    const char *const *trusted_keys;
+    size_t n_trusted_keys;
 } kiln_cache_options;
 
 /* A read-only layer as opened: searched (active) or skipped, and why. */
@@ -207,6 +216,47 @@ KILN_API kiln_status kiln_cache_seal(kiln_cache *cache);
 /* Copies every row of the database at src_path that verifies and is not
  * already present; a row that fails verification is skipped and counted. */
 KILN_API kiln_status kiln_cache_merge(kiln_cache *cache, const char *src_path, uint64_t *copied, uint64_t *skipped);
+
+/* ---- signatures (docs/cache.md, "Signed layers") ---- */
+
+#define KILN_KEY_ID_SIZE 32 /* SHA-256 of the raw 32-byte Ed25519 public key */
+
+/* Signs the writable database with the Ed25519 private key in the PEM file
+ * at key_path: every row is decoded and verified first, then a manifest of
+ * each row's fingerprint, cubin SHA-256 and the SHA-256 of what else a load
+ * reads (template, constants, arch, NVRTC, entries, parts), sorted by
+ * fingerprint, is signed and stored in the database (table kiln_signature),
+ * replacing an earlier signature. key_id (may be NULL) receives the key's id.
+ * Seal it afterwards to ship it. KILN_ERR_INVALID_ARGUMENT: a read-only
+ * cache, a key that is not an Ed25519 private key in PEM; KILN_ERR_CACHE_CORRUPT:
+ * a row fails verification (nothing is signed); the other KILN_ERR_CACHE_*. */
+KILN_API kiln_status kiln_cache_sign(kiln_cache *cache, const char *key_path, uint8_t key_id[KILN_KEY_ID_SIZE]);
+
+typedef enum kiln_cache_signature_state {
+    KILN_CACHE_UNSIGNED = 0,          /* no kiln_signature table, or no row in it */
+    KILN_CACHE_SIGNATURE_VALID = 1,   /* the signature verifies and every row is as signed */
+    KILN_CACHE_SIGNATURE_INVALID = 2  /* see detail */
+} kiln_cache_signature_state;
+
+typedef struct kiln_cache_signature_report {
+    kiln_cache_signature_state state;
+    uint8_t key_id[KILN_KEY_ID_SIZE]; /* the signing key's id; zero when unsigned or unreadable */
+    int trusted;                      /* the cache's trust policy lists the key: 1, 0; no policy: -1 */
+    uint64_t signed_rows;             /* rows the manifest lists */
+    uint64_t rows;                    /* rows in the database */
+    uint64_t bad_rows;                /* rows absent from the manifest or whose digests differ */
+    char detail[256];                 /* why it is invalid; "" otherwise */
+} kiln_cache_signature_report;
+
+/* Checks the writable database's signature and every row against its
+ * manifest (without decoding the cubins: kiln_cache_verify does that);
+ * on_bad (may be NULL) is called for each row that is not as signed, under
+ * the cache's lock. Changes nothing. KILN_ERR_CACHE_IO / _BUSY when SQLite fails. */
+KILN_API kiln_status kiln_cache_check_signature(kiln_cache *cache,
+                                                void (*on_bad)(void *user,
+                                                               const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                                               const char *detail),
+                                                void *user, kiln_cache_signature_report *out);
 
 /* The fingerprint as 64 lowercase hex digits and a NUL. */
 KILN_API void kiln_fingerprint_hex(const uint8_t fp[KILN_FINGERPRINT_SIZE], char out[2 * KILN_FINGERPRINT_SIZE + 1]);

@@ -18,7 +18,8 @@ set(KILN_FUZZ_DEPS SQLite::SQLite3 OpenSSL::Crypto PkgConfig::ZSTD)
 set(KILN_FUZZ_TARGETS
   fuzz_config corpus_config 100000
   fuzz_cache_row corpus_cache 10000
-  fuzz_safetensors corpus_safetensors 200000)
+  fuzz_safetensors corpus_safetensors 200000
+  fuzz_manifest corpus_manifest 2000)
 
 set(KILN_FUZZ_WITH_LIBFUZZER OFF)
 if(KILN_LIBFUZZER)
