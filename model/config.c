@@ -35,6 +35,21 @@ void kiln_model_config_default(kiln_model_config *c)
     c->max_position_embeddings = 8192;
 }
 
+/* src into dst (cap bytes), cut short at a character boundary: a name longer
+ * than the field never ends in part of a UTF-8 sequence (the strict check
+ * has already made src well-formed). */
+static void copy_name(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)src[n] & 0xc0) == 0x80)
+            n--;
+    }
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
 /* The item's JSON text, shortened, for messages. */
 static void value_text(const cJSON *item, char *buf, size_t cap)
 {
@@ -570,7 +585,7 @@ static kiln_status parse_config(const char *json, size_t len, const kiln_model_c
         root = text;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (cJSON_IsString(mt) && mt->valuestring && *mt->valuestring)
-        snprintf(c.name, sizeof c.name, "%s", mt->valuestring);
+        copy_name(c.name, sizeof c.name, mt->valuestring);
     if ((st = get_int(root, "vocab_size", 1, 0, KILN_MODEL_MAX_VOCAB, &c.vocab_size)) ||
         (st = get_int(root, "hidden_size", 1, 0, KILN_MODEL_MAX_HIDDEN, &c.hidden_size)) ||
         (st = get_int(root, "intermediate_size", 1, 0, KILN_MODEL_MAX_INTERMEDIATE, &c.intermediate_size)) ||

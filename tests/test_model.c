@@ -141,6 +141,13 @@ static void test_strict_json_refused(void **state)
                      " \"x\": {\"a\": [1, {\"a\": 2}]}, \"a\": null}\r\n\t ",
                      &c));
     assert_int_equal(c.hidden_size, 64);
+    /* A model_type longer than the name field is cut at a character, never
+     * inside a UTF-8 sequence: 62 ASCII bytes, then a two-byte é. */
+    KILN_CHECK(parse("{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128,"
+                     " \"num_attention_heads\": 4, \"model_type\": "
+                     "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\xc3\xa9\"}",
+                     &c));
+    assert_int_equal(strlen(c.name), 62);
     /* Nesting: cJSON's limit is 1000, kiln's 512. */
     char deep[2 * 600 + 128];
     size_t n = (size_t)snprintf(deep, sizeof deep, "{" "\"vocab_size\": 1000, \"x\": ");
