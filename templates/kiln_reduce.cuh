@@ -97,60 +97,24 @@ __device__ __forceinline__ kiln_u64 kiln_ldg8(const void *p)
     return v;
 }
 
-// Two halves of a 32-bit word to f32 (low half first) and back (f32 -> f16
-// rounds to nearest even).
-__device__ __forceinline__ void kiln_h2_to_f32(kiln_u32 w, float *lo, float *hi)
-{
-    *lo = kiln_f16_to_f32((kiln_f16)(w & 0xffffu));
-    *hi = kiln_f16_to_f32((kiln_f16)(w >> 16));
-}
-
-__device__ __forceinline__ kiln_u32 kiln_f32_to_h2(float lo, float hi)
-{
-    kiln_u32 w;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-    return w;
-}
-
-__device__ __forceinline__ void kiln_h8_to_f32(kiln_u32x4 v, float *f)
-{
-    kiln_h2_to_f32(v.x, &f[0], &f[1]);
-    kiln_h2_to_f32(v.y, &f[2], &f[3]);
-    kiln_h2_to_f32(v.z, &f[4], &f[5]);
-    kiln_h2_to_f32(v.w, &f[6], &f[7]);
-}
-
-__device__ __forceinline__ kiln_u32x4 kiln_f32_to_h8(const float *f)
-{
-    kiln_u32x4 v;
-    v.x = kiln_f32_to_h2(f[0], f[1]);
-    v.y = kiln_f32_to_h2(f[2], f[3]);
-    v.z = kiln_f32_to_h2(f[4], f[5]);
-    v.w = kiln_f32_to_h2(f[6], f[7]);
-    return v;
-}
-
-// The same for kiln_elt (f16 or bf16 by KILN_BF16): two elements of a word
-// to f32 and back (rounding to nearest even), and eight of a 16-byte vector.
+// Two kiln_elt (f16 or bf16 by KILN_BF16) of a 32-bit word to f32 (low half
+// first) and back (rounding to nearest even), and eight of a 16-byte vector.
 __device__ __forceinline__ void kiln_e2_to_f32(kiln_u32 w, float *lo, float *hi)
 {
 #if KILN_BF16
     *lo = __uint_as_float(w << 16);
     *hi = __uint_as_float(w & 0xffff0000u);
 #else
-    kiln_h2_to_f32(w, lo, hi);
+    *lo = kiln_f16_to_f32((kiln_f16)(w & 0xffffu));
+    *hi = kiln_f16_to_f32((kiln_f16)(w >> 16));
 #endif
 }
 
 __device__ __forceinline__ kiln_u32 kiln_f32_to_e2(float lo, float hi)
 {
-#if KILN_BF16
     kiln_u32 w;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    asm("cvt.rn." KILN_ELT_PTX "x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
     return w;
-#else
-    return kiln_f32_to_h2(lo, hi);
-#endif
 }
 
 __device__ __forceinline__ void kiln_e8_to_f32(kiln_u32x4 v, float *f)
