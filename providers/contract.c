@@ -53,6 +53,12 @@ kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *b
     return KILN_OK;
 }
 
+int kiln__arch_number(const char *arch)
+{
+    int sm = 0;
+    return arch && sscanf(arch, "sm_%d", &sm) == 1 && sm >= 1 ? sm : 0;
+}
+
 kiln_status kiln__check_elt(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
                             kiln_runtime *rt, kiln_dtype *elt)
 {
@@ -64,7 +70,7 @@ kiln_status kiln__check_elt(kiln__errslot *err, const char *op, const char *bind
     if (t->dtype == KILN_DTYPE_BF16 && rt) {
         kiln_runtime_info info;
         kiln_runtime_get_info(rt, &info);
-        if (strncmp(info.arch, "sm_", 3) || atoi(info.arch + 3) < 80)
+        if (kiln__arch_number(info.arch) < 80)
             return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, "%s: binding %s is bf16, which %s (before sm_80) lacks",
                               op, binding, info.arch);
     }

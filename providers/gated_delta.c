@@ -154,9 +154,7 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
         return st;
     if (dk > CHUNK_MAX_DK)
         return KILN_OK;
-    int sm = 0;
-    if (!arch || sscanf(arch, "sm_%d", &sm) != 1 || sm < 1)
-        sm = 0;
+    const int sm = kiln__arch_number(arch);
     if (sm && sm < 80)
         return KILN_OK;
     const int vec = dk % 8 || dv % 8 ? 1 : 8;
@@ -290,8 +288,7 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int sm = 0;
-    if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 80)
+    if (kiln__arch_number(info.arch) < 80)
         return 0;
     const uint64_t heads = (uint64_t)S * (uint64_t)VH,
                    sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;

@@ -13,6 +13,9 @@
 kiln_status kiln__check_tensor(kiln__errslot *err, const char *op, const char *binding, const kiln_tensor *t,
                                kiln_runtime *rt, kiln_dtype dtype, uint32_t rank, const int64_t *want,
                                size_t *bytes);
+/* The number of an architecture name ("sm_90a" -> 90, "sm_100" -> 100); 0
+ * when arch is NULL or not of that form. */
+int kiln__arch_number(const char *arch);
 /* The element type of an op's activations, weights and KV cache, from its
  * binding named binding (present): f16, or bf16 on a device of sm_80 or
  * later; any other dtype is refused naming op, binding and the dtype. The

@@ -220,9 +220,7 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     const int64_t d = cfg->head_dim, h = cfg->num_attention_heads, kvh = cfg->num_key_value_heads;
     if ((d != 64 && d != 128) || kvh < 1 || h % kvh || kvh * d > KILN_PAGED_KV_PAGE_BYTES / 4)
         return KILN_OK;
-    int sm = 0;
-    if (!arch || sscanf(arch, "sm_%d", &sm) != 1 || sm < 1)
-        sm = 0;
+    const int sm = kiln__arch_number(arch);
     const kiln_dtype elt = cfg->dtype;
     if (elt == KILN_DTYPE_BF16 && sm && sm < 80)
         return KILN_OK; /* no bf16 before sm_80: the encode refuses it */
@@ -519,9 +517,8 @@ static int arch_number(kiln_runtime *rt, int *sms)
 {
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int sm = 0;
     *sms = info.multiprocessors;
-    return sscanf(info.arch, "sm_%d", &sm) == 1 ? sm : 0;
+    return kiln__arch_number(info.arch);
 }
 
 /* How many clusters of n decode blocks of smem bytes each the device holds

@@ -80,8 +80,7 @@ int kiln__skinny_linear_applies(kiln_runtime *rt, int64_t tokens, int64_t in, ui
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int sm = 0; /* "sm_90" -> 90, "sm_100" -> 100: tensor-core mma.sync m16n8k16 from sm_80 */
-    return sscanf(info.arch, "sm_%d", &sm) == 1 && sm >= 80;
+    return kiln__arch_number(info.arch) >= 80; /* tensor-core mma.sync m16n8k16 from sm_80 */
 }
 
 /* Whether grid blocks of fn take more than one wave of the SMs and fit in

@@ -23,8 +23,7 @@ int kiln__tma_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t k_pa
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    int sm = 0;
-    if (sscanf(info.arch, "sm_%d", &sm) != 1 || sm < 90 || info.multiprocessors < 1 || k_parts < 1)
+    if (kiln__arch_number(info.arch) < 90 || info.multiprocessors < 1 || k_parts < 1)
         return 0;
     return tokens >= KILN__TMA_MIN_TOKENS && tokens <= KILN__TMA_MAX_TOKENS && in % (KILN__TMA_K * k_parts) == 0 &&
            in <= INT32_MAX && (dx | dw) % 16 == 0;
