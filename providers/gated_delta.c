@@ -288,7 +288,8 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    if (kiln__arch_number(info.arch) < 80)
+    const int sm = kiln__arch_number(info.arch);
+    if (sm < 80)
         return 0;
     const uint64_t heads = (uint64_t)S * (uint64_t)VH,
                    sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;
