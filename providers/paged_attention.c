@@ -464,6 +464,7 @@ typedef struct attn_launch {
     unsigned smem; /* the decode kernel's dynamic shared memory */
     uint32_t stages; /* and its stages (decode_stages) */
     int pdl;       /* the decode's cluster launch also asks for programmatic dependent launch */
+    uint32_t window; /* the sliding window, 0xffffffff for none */
     float qscale;
     /* The kernels' rope_freqs (templates/kiln_paged.cuh), by value: head_dim
      * / 2 floats (the first rope_dim / 2 used), then the scale, then the
@@ -485,7 +486,7 @@ static kiln_status launch_decode(attn_launch *l, const kiln_launch_context *ctx,
 {
     void *args[] = {&l->q,     &l->q_stride,   &l->k,      &l->v,         &l->kv_stride, &l->pos,
                     &l->table, &l->lens,       &l->spans,  &l->pages,     &l->out,       &l->n_pages,
-                    &l->max_blocks, &l->tokens, &l->max_query, &l->stages, &l->qscale, l->rope, fault};
+                    &l->max_blocks, &l->tokens, &l->max_query, &l->window, &l->stages, &l->qscale, l->rope, fault};
     const unsigned grid[3] = {l->attention_tiles * l->splits, l->kv_heads, l->seqs};
     kiln_status st = kiln__launch_cluster(ctx, l->rt, l->decode, grid, l->splits, THREADS, l->smem, args,
                                           l->pdl ? KILN__LAUNCH_PDL : 0);
@@ -507,7 +508,7 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->qscale, l->rope,      &fault};
+                         &l->window, &l->qscale,   l->rope,     &fault};
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
@@ -705,6 +706,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->append_tiles = in.append_tiles;
     l->attention_tiles = tiles;
     l->splits = splits;
+    l->window = d->sliding_window ? d->sliding_window : UINT32_MAX;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
     /* RoPE's parameters, computed once here (checked: rope_dim even in [2,
@@ -722,7 +724,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         char tag[sizeof KEY_TAG];
         uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
         uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
-        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages;
+        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages, window;
         float theta;
         float rope[64 + 2]; /* the launch's: frequencies, scale and rotated pairs */
     } key;
@@ -751,6 +753,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.kv_stride = in.kv_stride;
     key.splits = splits;
     key.stages = stages;
+    key.window = l->window;
     key.theta = d->rope_theta;
     memcpy(key.rope, l->rope, sizeof key.rope);
     const kiln__kernel_command_desc cd = {.op = OP, .participants = in.seqs, .tokens = in.tokens,

@@ -120,8 +120,16 @@ struct prefill_block {
     seq_info q;
     kiln_u32 tile, h, s;    // the row tile, kv head and sequence
     kiln_u32 nrows, r0;     // the sequence's rows and the block's first
-    kiln_u32 base, ke;      // the cache index of the first new token; keys [0, ke) are read
+    kiln_u32 base, ke;      // the cache index of the first new token; keys [ks, ke) are read
+    kiln_u32 ks;            // the first row's first key: 0, or past a sliding window
 };
+
+// The first key the token at cache index c attends: its window (the window
+// keys up to c; window 0xffffffff: no window) or key 0.
+__device__ __forceinline__ kiln_u32 first_key(kiln_u32 c, kiln_u32 window)
+{
+    return c >= window ? c - window + 1 : 0u;
+}
 
 // The block of BMR rows at (x, y, z) = (row tiles from the last, kv head,
 // sequence): false when it has no row or its sequence is bad (checked and
@@ -132,7 +140,7 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
                                                     const kiln_u32 *__restrict__ seq_lens,
                                                     const kiln_u32 *__restrict__ spans, kiln_u32 n_pages,
                                                     kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query,
-                                                    kiln_fault *fault, prefill_block *b)
+                                                    kiln_u32 window, kiln_fault *fault, prefill_block *b)
 {
     b->tile = gridDim.x - 1 - blockIdx.x;
     b->h = blockIdx.y;
@@ -149,33 +157,36 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     b->base = b->q.len - b->q.count;
     const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
     b->ke = b->base + rlast / G + 1;
+    b->ks = first_key(b->base + b->r0 / G, window);
     return true;
 }
 
-// A thread's two rows: the last key each attends (and the lesser), and
-// their running max (log2 domain) and sum.
+// A thread's two rows: the first and last key each attends (and the greater
+// first, the lesser last), and their running max (log2 domain) and sum.
 struct prefill_rows {
-    kiln_u32 last_a, last_b, last_min;
+    kiln_u32 first_a, first_b, first_max, last_a, last_b, last_min;
     float m_a, m_b, l_a, l_b;
 };
 
-// Masks the scores of keys [c0, c0 + NB) past each row's last key, updates the
-// rows' running max and sum, turns sc into the probabilities (f32, in place)
-// and says the factors the output must be rescaled by. Finite maxima: every
-// row's first tile holds key 0.
+// Masks the scores of keys [c0, c0 + NB) outside each row's keys, updates
+// the rows' running max and sum, turns sc into the probabilities (f32, in
+// place) and says the factors the output must be rescaled by. Only tiles
+// that cross a row's last key (the diagonal) or its first (a window's start)
+// are masked. A row with no key yet (before its window) keeps max -inf: its
+// exponents are taken against 0, so that they are 0, never NaN.
 template <int NB>
 __device__ __forceinline__ void prefill_softmax(float *sc, kiln_u32 c0, kiln_u32 lane, prefill_rows *r,
                                                 float *scale_a, float *scale_b)
 {
-    if (c0 + NB - 1 > r->last_min) {
+    if (c0 + NB - 1 > r->last_min || c0 < r->first_max) {
 #pragma unroll
         for (int j = 0; j < NB / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const kiln_u32 c = c0 + 8 * j + 2 * (lane % 4) + e;
-                if (c > r->last_a)
+                if (c > r->last_a || c < r->first_a)
                     sc[4 * j + e] = neg_inf();
-                if (c > r->last_b)
+                if (c > r->last_b || c < r->first_b)
                     sc[4 * j + 2 + e] = neg_inf();
             }
     }
@@ -189,17 +200,18 @@ __device__ __forceinline__ void prefill_softmax(float *sc, kiln_u32 c0, kiln_u32
     mx_a = fmaxf(mx_a, kiln_shfl_xor_f32(mx_a, 2));
     mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 1));
     mx_b = fmaxf(mx_b, kiln_shfl_xor_f32(mx_b, 2));
-    *scale_a = fast_exp2(r->m_a - mx_a);
-    *scale_b = fast_exp2(r->m_b - mx_b);
+    const float ua = mx_a == neg_inf() ? 0.0f : mx_a, ub = mx_b == neg_inf() ? 0.0f : mx_b;
+    *scale_a = fast_exp2(r->m_a - ua);
+    *scale_b = fast_exp2(r->m_b - ub);
     r->m_a = mx_a;
     r->m_b = mx_b;
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int j = 0; j < NB / 8; j++) {
-        sc[4 * j] = fast_exp2(sc[4 * j] - mx_a);
-        sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - mx_a);
-        sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - mx_b);
-        sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - mx_b);
+        sc[4 * j] = fast_exp2(sc[4 * j] - ua);
+        sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - ua);
+        sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - ub);
+        sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - ub);
         sum_a += sc[4 * j] + sc[4 * j + 1];
         sum_b += sc[4 * j + 2] + sc[4 * j + 3];
     }
@@ -254,14 +266,18 @@ __device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, k
     }
 }
 
-// The row state of a thread whose rows are ra and ra + 8 of the block's.
-__device__ __forceinline__ prefill_rows prefill_rows_init(kiln_u32 r0, kiln_u32 ra, kiln_u32 nrows, kiln_u32 base,
-                                                          kiln_u32 ke)
+// The row state of a thread whose rows are ra and ra + 8 of the block b's
+// (rows past the sequence's attend the block's keys, and are never stored).
+__device__ __forceinline__ prefill_rows prefill_rows_init(const prefill_block &b, kiln_u32 ra, kiln_u32 window)
 {
     prefill_rows r;
-    r.last_a = r0 + ra < nrows ? base + (r0 + ra) / G : ke - 1;
-    r.last_b = r0 + ra + 8 < nrows ? base + (r0 + ra + 8) / G : ke - 1;
+    const bool live_a = b.r0 + ra < b.nrows, live_b = b.r0 + ra + 8 < b.nrows;
+    r.last_a = live_a ? b.base + (b.r0 + ra) / G : b.ke - 1;
+    r.last_b = live_b ? b.base + (b.r0 + ra + 8) / G : b.ke - 1;
+    r.first_a = live_a ? first_key(r.last_a, window) : b.ks;
+    r.first_b = live_b ? first_key(r.last_b, window) : b.ks;
     r.last_min = r.last_a < r.last_b ? r.last_a : r.last_b;
+    r.first_max = r.first_a > r.first_b ? r.first_a : r.first_b;
     r.m_a = r.m_b = neg_inf();
     r.l_a = r.l_b = 0.0f;
     return r;

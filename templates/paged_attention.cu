@@ -16,6 +16,8 @@
 // Everything that lives in device memory (spans, lengths, block table) is
 // checked here before it is used: a bad sequence is skipped (nothing of it
 // read or written) and reported through the fault record.
+// The argument window: a token attends the window keys up to its own
+// (Mistral's sliding_window), 0xffffffff for every key before it.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (query rows per
 // attention block: 4, 8 or 16).
@@ -140,8 +142,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                      const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                      const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
-                     kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
-                     rope_freqs freqs, kiln_fault *fault)
+                     kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
+                     float qscale, rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ __align__(16) float sq[ROWS][D];
@@ -149,7 +151,7 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
     __shared__ __align__(16) kiln_elt sv[KC][D];
     __shared__ __align__(16) float sp[ROWS][KC];
     __shared__ float sm[ROWS], sl[ROWS], sscale[ROWS];
-    __shared__ kiln_u32 slast[ROWS];
+    __shared__ kiln_u32 sfirst[ROWS], slast[ROWS];
 
     const kiln_u32 tile = blockIdx.x, s = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
     if ((kiln_u64)tile * ROWS >= (kiln_u64)spans[2 * s + 1] * G)
@@ -163,12 +165,15 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
         return;
     const kiln_u32 base = q.len - q.count;
     const kiln_u32 rlast = (r0 + ROWS < nrows ? r0 + ROWS : nrows) - 1;
-    const kiln_u32 ke = base + rlast / G + 1; // keys [0, ke) are read
+    const kiln_u32 ke = base + rlast / G + 1; // keys [ks, ke) are read
+    // The first row's first key: 0, or the start of its sliding window
+    // (window 0xffffffff: none); each row attends its window's keys up to its own.
+    const kiln_u32 ks = base + r0 / G >= window ? base + r0 / G - window + 1 : 0u;
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
 
     // The first tile in flight while the queries are rotated.
     kiln_u32x4 kv[TILE_VECS], vv[TILE_VECS];
-    load_tile(pages, trow, h, 0, ke, kv, vv);
+    load_tile(pages, trow, h, ks, ke, kv, vv);
 
     // Rotated, scaled queries (rows past the sequence's: zero, attending every key).
     for (kiln_u32 idx = tid; idx < ROWS * HALF; idx += THREADS) {
@@ -188,6 +193,7 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
     if (tid < ROWS) {
         const kiln_u32 row = r0 + tid;
         slast[tid] = row < nrows ? base + row / G : ke - 1;
+        sfirst[tid] = row < nrows && slast[tid] >= window ? slast[tid] - window + 1 : ks;
         sm[tid] = neg_inf();
         sl[tid] = 0.0f;
     }
@@ -198,7 +204,7 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
         acc[r][0] = acc[r][1] = 0.0f;
     const kiln_u32 cp = tid % HALF, pg = tid / HALF;
 
-    for (kiln_u32 c0 = 0; c0 < ke; c0 += KC) {
+    for (kiln_u32 c0 = ks; c0 < ke; c0 += KC) {
         __syncthreads(); // the previous tile is consumed (and the setup is visible)
 #pragma unroll
         for (int e = 0; e < TILE_VECS; e++) {
@@ -233,7 +239,7 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
 #pragma unroll
             for (int r = 0; r < QK_RPT; r++) {
                 const int row = rg * QK_RPT + r;
-                sp[row][j] = c < ke && c <= slast[row] ? sc[r] : neg_inf();
+                sp[row][j] = c < ke && c <= slast[row] && c >= sfirst[row] ? sc[r] : neg_inf();
             }
         }
         __syncthreads();
@@ -248,12 +254,13 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
 #pragma unroll
             for (int m = LPR / 2; m; m >>= 1)
                 mx = fmaxf(mx, kiln_shfl_xor_f32(mx, m));
-            // Finite: every row's first tile holds a key it attends (key 0).
-            const float m_new = fmaxf(m_old, mx);
+            // -inf for a row with no key yet (before its window): its
+            // exponents are taken against 0, so that they are 0, never NaN.
+            const float m_new = fmaxf(m_old, mx), u = m_new == neg_inf() ? 0.0f : m_new;
             float sum = 0.0f;
 #pragma unroll
             for (int e = 0; e < KC / LPR; e++) {
-                const float p = fast_exp2(sp[r][l + e * LPR] - m_new);
+                const float p = fast_exp2(sp[r][l + e * LPR] - u);
                 sp[r][l + e * LPR] = p;
                 sum += p;
             }
@@ -262,7 +269,7 @@ kiln_paged_attention(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const 
                 sum += kiln_shfl_xor_f32(sum, m);
             __syncwarp();
             if (l == 0) {
-                const float scale = fast_exp2(m_old - m_new);
+                const float scale = fast_exp2(m_old - u);
                 sscale[r] = scale;
                 sl[r] = sl[r] * scale + sum;
                 sm[r] = m_new;

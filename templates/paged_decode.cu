@@ -39,6 +39,8 @@
 // tiles are requested while the check is pending, a page past the arena
 // reading as zero. The split's blocks send their partials into the shared
 // memory of the rank that combines them (no block reads another's memory).
+// The argument window: a token attends the window keys up to its own
+// (Mistral's sliding_window), 0xffffffff for every key before it.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles x n, y = kv head, z = sequence;
 // 128 threads; dynamic shared memory stages x 2 x 64 x HEAD_DIM halves.
@@ -158,8 +160,8 @@ kiln_paged_decode(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kil
                   const kiln_elt *__restrict__ v, kiln_u32 kv_stride, const kiln_u32 *__restrict__ positions,
                   const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                   const kiln_u32 *__restrict__ spans, unsigned char *pages, kiln_elt *out, kiln_u32 n_pages,
-                  kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 stages, float qscale,
-                  rope_freqs freqs, kiln_fault *fault)
+                  kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window, kiln_u32 stages,
+                  float qscale, rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -191,9 +193,11 @@ kiln_paged_decode(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kil
     if (r0 >= G)
         return;
     const kiln_u32 len = q.len, cnew = len - 1, t = q.start; // one new token: count is 1
-    // This block's keys: [kb, ke), whole tiles but the last.
-    const kiln_u32 per = (len + nsplit - 1) / nsplit, chunk = (per + KT - 1) / KT * KT;
-    const kiln_u64 kb64 = (kiln_u64)split * chunk;
+    // The keys attended: [ks, len), the last window of them (window
+    // 0xffffffff: none); this block's: [kb, ke), whole tiles but the last.
+    const kiln_u32 ks = len > window ? len - window : 0u;
+    const kiln_u32 per = (len - ks + nsplit - 1) / nsplit, chunk = (per + KT - 1) / KT * KT;
+    const kiln_u64 kb64 = ks + (kiln_u64)split * chunk;
     const kiln_u32 kb = kb64 < len ? (kiln_u32)kb64 : len;
     const kiln_u32 ke = kb64 + chunk < len ? (kiln_u32)(kb64 + chunk) : len;
     const kiln_u32 ntiles = (ke - kb + KT - 1) / KT;
@@ -513,7 +517,7 @@ kiln_paged_decode(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kil
         r = item / CH;
         d0 = (item % CH) * 8;
         if (tid < per_rank && item < items) {
-            // Finite: rank 0's chunk starts at key 0, and every sequence has one.
+            // Finite: rank 0's chunk starts at key ks, and every sequence has one.
             float M = neg_inf();
             for (kiln_u32 b = 0; b < nsplit; b++)
                 M = fmaxf(M, rcv[(b * per_rank + tid) * 12 + 8]);

@@ -21,9 +21,13 @@
 // once, in shared memory for the whole block; the softmax runs online in f32
 // with exp2, and P is rounded to kiln_elt for its product, as FlashAttention
 // does. The causal mask is applied only on the tiles that cross a row's last
-// key. Blocks take row tiles from the last (the longest) down.
+// key (and, with a sliding window, the tiles that cross a row's first: a
+// block reads the keys from its first row's first on). Blocks take row tiles
+// from the last (the longest) down.
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
+// The argument window: a token attends the window keys up to its own
+// (Mistral's sliding_window), 0xffffffff for every key before it.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
@@ -111,8 +115,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
-                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
-                   rope_freqs freqs, kiln_fault *fault)
+                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
+                   float qscale, rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -120,11 +124,13 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     prefill_block blk;
-    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, &blk))
+    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, window, fault,
+                                 &blk))
         return;
     const seq_info q = blk.q;
-    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, base = blk.base, ke = blk.ke;
-    const kiln_u32 ntiles = (ke + BN - 1) / BN;
+    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
+    // Tiles of keys kb + n BN, n < ntiles: from the tile of the block's first key.
+    const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
     if (tid == 0) {
@@ -145,7 +151,8 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             const kiln_u32 st = n % STAGES;
             if (n >= STAGES)
                 bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
-            prefill_load_kv<BN>(pages, trow, h, n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS, THREADS - CONSUMERS);
+            prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
+                                THREADS - CONSUMERS);
             asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
         }
         return;
@@ -159,7 +166,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 
     // This thread's two rows (of its warp's 16).
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, ra = wg * 64 + warp * 16 + lane / 4;
-    prefill_rows rows = prefill_rows_init(r0, ra, nrows, base, ke);
+    prefill_rows rows = prefill_rows_init(blk, ra, window);
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
@@ -182,7 +189,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     scores(sc, sq, skv, wg, 0);
     named_arrive(other_turn);
     wgmma_wait<0>();
-    prefill_softmax<BN>(sc, 0, lane, &rows, &scale_a, &scale_b);
+    prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
     prefill_pack<BN>(sc, p);
     for (kiln_u32 n = 1; n < ntiles; n++) {
         const kiln_u32 pst = (n - 1) % STAGES;
@@ -193,7 +200,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
         named_arrive(other_turn);
         wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
-        prefill_softmax<BN>(sc, n * BN, lane, &rows, &scale_a, &scale_b);
+        prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
         wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
         asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
         prefill_rescale(o, scale_a, scale_b);

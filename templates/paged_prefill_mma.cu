@@ -16,6 +16,8 @@
 // does; the causal mask only on the tiles that cross a row's last key.
 // Blocks take row tiles from the last (the longest) down. Device data is
 // checked as in templates/kiln_paged.cuh.
+// The argument window: a token attends the window keys up to its own
+// (Mistral's sliding_window), 0xffffffff for every key before it.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; 128
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
@@ -46,25 +48,27 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                        const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                        const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
-                       kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, float qscale,
-                       rope_freqs freqs, kiln_fault *fault)
+                       kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
+                       float qscale, rope_freqs freqs, kiln_fault *fault)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ unsigned char smem_raw[];
     const kiln_u32 tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     prefill_block blk;
-    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault, &blk))
+    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, window, fault,
+                                 &blk))
         return;
     const seq_info q = blk.q;
-    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, base = blk.base, ke = blk.ke;
-    const kiln_u32 ntiles = (ke + BN - 1) / BN;
+    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
+    // Tiles of keys kb + n BN, n < ntiles: from the tile of the block's first key.
+    const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
     const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
 
     // The first tile in flight while the queries are rotated.
-    prefill_load_kv<BN>(pages, trow, h, 0, ke, skv, tid, THREADS);
+    prefill_load_kv<BN>(pages, trow, h, kb, ke, skv, tid, THREADS);
     cp_async_commit();
     prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, THREADS);
     __syncthreads();
@@ -78,14 +82,15 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
     for (int kk = 0; kk < D / 16; kk++)
         ldsm_x4(sq + swz_at(warp * 16 + i8 + 8 * (m8 % 2), kk * 16 + 8 * (m8 / 2), BM * 128), qf[kk]);
 
-    prefill_rows rows = prefill_rows_init(r0, warp * 16 + lane / 4, nrows, base, ke);
+    prefill_rows rows = prefill_rows_init(blk, warp * 16 + lane / 4, window);
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
         o[i] = 0.0f;
     for (kiln_u32 n = 0; n < ntiles; n++) {
         if (n + 1 < ntiles)
-            prefill_load_kv<BN>(pages, trow, h, (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES, tid, THREADS);
+            prefill_load_kv<BN>(pages, trow, h, kb + (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES, tid,
+                                THREADS);
         cp_async_commit();
         cp_async_wait<1>(); // this thread's copies of tile n have landed
         __syncthreads();                                      // and everyone's
@@ -107,7 +112,7 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
                 mma(sc + 8 * j + 4, qf[kk], b[2], b[3]);
             }
         float scale_a, scale_b;
-        prefill_softmax<BN>(sc, n * BN, lane, &rows, &scale_a, &scale_b);
+        prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
         prefill_rescale(o, scale_a, scale_b);
         kiln_u32 p[BN / 16][4];
         prefill_pack<BN>(sc, p);

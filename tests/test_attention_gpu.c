@@ -96,7 +96,8 @@ static struct {
     const float *inv;
     float scaling;     /* the desc's rope_attention_scaling (0: 1) */
     int64_t rope_dim;  /* 0: head_dim */
-} next_cfg = {KILN_DTYPE_F16, NULL, 0.0f, 0};
+    uint32_t window;   /* the desc's sliding_window (0: none) */
+} next_cfg = {KILN_DTYPE_F16, NULL, 0.0f, 0, 0};
 
 static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
 {
@@ -125,6 +126,7 @@ typedef struct sess {
     double rope_m;         /* cos and sin multiplied by it: scaling, or 1 for 0 */
     int64_t rope_dim;      /* the desc's (0: head_dim) */
     int64_t rh;            /* rotated pairs: rope_dim / 2 */
+    uint32_t window;       /* the desc's sliding_window (0: none) */
     uint16_t *img;     /* the arena as it must be: n_pages * PAGE_HALVES */
     uint16_t *back;    /* read back */
     uint32_t *table;   /* S * MB */
@@ -150,6 +152,7 @@ static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint3
     s->rope_m = s->scaling != 0.0f ? (double)s->scaling : 1.0;
     s->rope_dim = next_cfg.rope_dim;
     s->rh = (s->rope_dim ? s->rope_dim : L.D) / 2;
+    s->window = next_cfg.window;
     KILN_CHECK(kiln_op_paged_attention_page_tokens(L.D, L.KVH, &s->pt));
     uint32_t total = 0, mb = 0;
     for (uint32_t i = 0; i < S; i++) {
@@ -293,8 +296,10 @@ static void *ref_worker(void *arg)
                 rope_ref(s, dec(s, src[i]), dec(s, src[i + rh]), r->pos[t], i, &q[i], &q[i + rh]);
             for (int64_t i = 2 * rh; i < D; i++)
                 q[i] = dec(s, src[i]);
+            /* The keys attended: the window's up to c, or all up to c. */
+            const uint32_t k0 = s->window && c >= s->window ? c - s->window + 1 : 0;
             double m = -INFINITY, sum = 0;
-            for (uint32_t k = 0; k <= c; k++) {
+            for (uint32_t k = k0; k <= c; k++) {
                 const uint16_t *kr = s->img + at(s, trow[k / s->pt], 0, kh, k % s->pt, 0);
                 double dot = 0;
                 for (int64_t d = 0; d < D; d++)
@@ -302,10 +307,10 @@ static void *ref_worker(void *arg)
                 p[k] = dot / sqrt((double)D);
                 m = p[k] > m ? p[k] : m;
             }
-            for (uint32_t k = 0; k <= c; k++)
+            for (uint32_t k = k0; k <= c; k++)
                 sum += (p[k] = exp(p[k] - m));
             double o[128] = {0}, mag[128] = {0};
-            for (uint32_t k = 0; k <= c; k++) {
+            for (uint32_t k = k0; k <= c; k++) {
                 const uint16_t *vr = s->img + at(s, trow[k / s->pt], 1, kh, k % s->pt, 0);
                 for (int64_t d = 0; d < D; d++) {
                     o[d] += p[k] * dec(s, vr[d]);
@@ -447,7 +452,7 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
                                        .rope_theta = s->theta, .max_query_tokens = st->max_query,
                                        .workspace = bw ? &wr : NULL, .qkv = st->fused ? &tf : NULL,
                                        .rope_inv_freq = s->inv_given, .rope_attention_scaling = s->scaling,
-                                       .rope_dim = s->rope_dim};
+                                       .rope_dim = s->rope_dim, .sliding_window = s->window};
         kiln_command *cmd;
         if (st->no_workspace)
             kiln__paged_attention_set_split_target(1);
@@ -541,9 +546,9 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
     for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     pthread_mutex_destroy(&r.lock);
-    fprintf(stderr, "%s: %s D %lld H %lld KVH %lld S %u T %u max_query %u rope_dim %lld%s%s: %zu outputs, max rel err %.3g\n",
+    fprintf(stderr, "%s: %s D %lld H %lld KVH %lld S %u T %u max_query %u rope_dim %lld window %u%s%s: %zu outputs, max rel err %.3g\n",
             label, s->bf16 ? "bf16" : "f16", (long long)D, (long long)H, (long long)KVH, S, T, st->max_query,
-            (long long)(2 * s->rh), st->no_workspace ? " unsplit" : "", st->fused ? " fused" : "", r.checked,
+            (long long)(2 * s->rh), s->window, st->no_workspace ? " unsplit" : "", st->fused ? " fused" : "", r.checked,
             r.worst);
     if (r.wrong)
         fail_msg("%s: %zu of %zu outputs wrong", label, r.wrong, r.checked);
@@ -1139,6 +1144,60 @@ static void test_scaled_partial_rope(void **state)
     }
 }
 
+/* A sliding window (Mistral's sliding_window) of W keys, in elt, on one
+ * session of 4 sequences: the first with no cached prefix, the others with
+ * prefixes shorter and longer than W; chunked prefill on every prefill
+ * kernel in turn, then decode on the one-kernel and the two-kernel paths,
+ * split and unsplit. W = 1 leaves each token its own key. */
+static void window_case(gpu_fixture *f, layout L, kiln_dtype elt, uint32_t W)
+{
+    next_cfg.elt = elt;
+    next_cfg.window = W;
+    enum { S = 4 };
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1, 1};
+    for (uint32_t i = 0; i < S; i++) {
+        ctx[i] = i == 0 ? 0 : i == 1 ? kiln_rng_below(&f->rng, W + 1) : W + kiln_rng_below(&f->rng, quick() ? 300 : 3000);
+        cap[i] = ctx[i] + 3;
+        for (int k = 0; k < 3; k++) {
+            count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 100 : 2 * W + 300);
+            cap[i] += count[i][k];
+        }
+    }
+    sess s;
+    sess_init(&s, f, L, S, ctx, cap, 10000.0f);
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"window prefill", "window prefill mma", "window prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
+        uint32_t c[S] = {count[0][k], count[1][k], count[2][k], count[3][k]};
+        kiln__paged_attention_set_prefill_kernel(kernels[k]);
+        step st = {.count = c};
+        KILN_CHECK(run_step(&s, &st, names[k]));
+    }
+    kiln__paged_attention_set_prefill_kernel(0);
+    step dec = {.count = one, .max_query = 1};
+    KILN_CHECK(run_step(&s, &dec, "window decode"));
+    dec.no_workspace = 1; /* one block per sequence and kv head: no split */
+    KILN_CHECK(run_step(&s, &dec, "window decode unsplit"));
+    dec.no_workspace = 0;
+    kiln__paged_attention_set_two_kernel_decode(1);
+    KILN_CHECK(run_step(&s, &dec, "window two-kernel decode"));
+    kiln__paged_attention_set_two_kernel_decode(0);
+    sess_free(&s);
+    next_cfg.window = 0;
+}
+
+static void test_sliding_window(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{128, 32, 8}, {64, 14, 2}, {128, 8, 8}};
+    static const uint32_t windows[] = {1, 37, 128, 200, 1000};
+    for (int b = 0; b < 2; b++)
+        for (size_t l = 0; l < 3; l++)
+            for (size_t w = 0; w < (quick() ? 3 : 5); w++)
+                if (!b || w % 2 == 0)
+                    window_case(f, ls[l], b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, windows[w]);
+}
+
 /* One sequence of T new tokens (prefill, no cached prefix) on this device's
  * prefill kernel, every output element checked against the CUDA-core prefill
  * (templates/paged_attention.cu: f32 scores and P.V, an independent
@@ -1271,7 +1330,7 @@ static void test_contract_errors_at_encode(void **state)
     tv.offset = 2 << 20;
     to.offset = 3 << 20;
     kiln_region pr = {kv, 0, 4 * KILN_PAGED_KV_PAGE_BYTES};
-    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0, NULL, NULL, NULL, 0.0f, 0};
+    kiln_paged_attention_desc d = {0, &tq, &tk, &tv, &tp, &tt, &tl, &ts, &to, &pr, 10000.0f, 0, NULL, NULL, NULL, 0.0f, 0, 0};
     kiln_command *cmd = NULL;
     KILN_EXPECT(kiln_op_paged_attention_encode(f->jit, &d, &cmd), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_runtime_errmsg(f->rt), "3 kv heads", "does not divide the 28 heads");
@@ -1318,6 +1377,7 @@ static int teardown_hooks(void **state)
     next_cfg.inv = NULL;
     next_cfg.scaling = 0.0f;
     next_cfg.rope_dim = 0;
+    next_cfg.window = 0;
     return gpu_fixture_teardown(state);
 }
 
@@ -1345,6 +1405,7 @@ int main(void)
         T(test_bf16_prefill_cuda_core),
         T(test_bf16_decode),
         T(test_scaled_partial_rope),
+        T(test_sliding_window),
         T(test_prefill_32768_tokens),
         T(test_contract_errors_at_encode),
     };

@@ -84,6 +84,12 @@ static void test_config(void **state)
     assert_string_equal(c.model_type, "mistral");
     KILN_CHECK(parse_mistral(",\"sliding_window\":32768,\"max_position_embeddings\":32768",
                           &c));
+    assert_int_equal(c.base.sliding_window, 0);
+    /* A shorter window is the attention's. */
+    KILN_CHECK(parse_mistral(",\"sliding_window\":4096,\"max_position_embeddings\":32768", &c));
+    assert_int_equal(c.base.sliding_window, 4096);
+    KILN_CHECK(parse_mistral(",\"sliding_window\":4096", &c));
+    assert_int_equal(c.base.sliding_window, 4096);
     /* head_dim 256 (Qwen3-Next's, Gemma's) is refused until the attention takes it. */
     const char *hd256 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
                         "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":256}";
@@ -116,15 +122,11 @@ static void test_config_refused(void **state)
                       "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
     expect_msg(dec_config_parse(bad, strlen(bad), &c), KILN_ERR_CONFIG, "model_type = \"gemma\"",
                "unsupported architecture");
-    /* Qwen3's q/k norm and Mistral's window: parsed, not yet run by the engine. */
+    /* Qwen3's q/k norm: parsed, not yet run by the engine. */
     const char *qwen3 = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
                         "\"intermediate_size\":256,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":128}";
     expect_msg(dec_config_parse(qwen3, strlen(qwen3), &c), KILN_ERR_CONFIG, "model_type qwen3 needs q/k norm",
                "not yet in this decoder");
-    expect_msg(parse_mistral(",\"sliding_window\":4096,\"max_position_embeddings\":32768", &c),
-               KILN_ERR_CONFIG, "sliding_window = 4096", "max_position_embeddings 32768");
-    expect_msg(parse_mistral(",\"sliding_window\":4096", &c), KILN_ERR_CONFIG,
-               "sliding_window = 4096", "not yet in this decoder");
     const char *hd80 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":160,\"intermediate_size\":256,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
     expect_msg(dec_config_parse(hd80, strlen(hd80), &c), KILN_ERR_CONFIG, "head_dim = 80", "64 or 128");

@@ -2,8 +2,9 @@
 """Checks examples/decode against transformers, token for token.
 
 For each model below: build it with random weights through transformers
-(LlamaConfig or Qwen2Config, a few layers, small sizes; Llama and Qwen2 with
-and without tied embeddings, Llama with llama3 and yarn RoPE scaling),
+(LlamaConfig, Qwen2Config or MistralConfig, a few layers, small sizes; Llama
+and Qwen2 with and without tied embeddings, Llama with llama3 and yarn RoPE
+scaling, Mistral with a sliding window shorter than its longer prompts),
 save_pretrained in its dtype (f16 or bf16, safetensors; one model sharded into
 three files), run greedy generate in that dtype on cuda for several prompts
 of different lengths (one longer than 2048 tokens), one at a time, then run
@@ -49,7 +50,8 @@ import time
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 MARGIN = 0.01
 TRIES = 16
@@ -85,6 +87,13 @@ MODELS = [
          sizes=dict(vocab_size=1536, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=64),
          prompts=[(7, 40), (300, 34), (31, 44)]),
+    # A window shorter than two of the prompts: prefill and decode both
+    # attend only the last 256 keys.
+    dict(name="mistral-window-bf16", cls=(MistralConfig, MistralForCausalLM), tie=False, theta=1000000.0,
+         dtype="bf16", extra=dict(sliding_window=256),
+         sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+         prompts=[(5, 40), (400, 36), (900, 32)]),
 ]
 
 
@@ -97,6 +106,7 @@ def make_model(spec, path, seed):
     kw = dict(spec["sizes"])
     kw.update(tie_word_embeddings=spec["tie"], initializer_range=0.06, rms_norm_eps=1e-6,
               max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kw.update(spec.get("extra", {}))
     rope = dict(spec.get("rope", {"rope_type": "default"}))
     if int(transformers.__version__.split(".")[0]) >= 5:
         kw["rope_parameters"] = dict(rope, rope_theta=spec["theta"])

@@ -50,8 +50,8 @@ const char *dec_errmsg(void);
 
 /* Parses a config.json held in memory. KILN_ERR_CONFIG names the field and
  * the value: an unsupported architecture (model_type other than llama, qwen2,
- * qwen3 and mistral), what the engine does not run yet (Qwen3's q/k norm, a
- * sliding window shorter than max_position_embeddings), an activation other
+ * qwen3 and mistral), what the engine does not run yet (Qwen3's q/k norm,
+ * Qwen2's use_sliding_window), an activation other
  * than silu, MLP biases, a head_dim the attention provider does not take (64,
  * 128, 256), and everything kiln_model_config_parse refuses (RoPE scaling of
  * an unknown type or with bad fields among it). */

@@ -58,6 +58,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     e->QKVD = e->QD + 2 * e->KVD;
     e->eps = (float)c->rms_norm_eps;
     e->theta = (float)c->rope_theta;
+    e->window = (uint32_t)c->sliding_window; /* the loader checked it fits */
     const uint32_t P = o->max_participants;
     e->max_rows = o->max_prefill_tokens > P ? o->max_prefill_tokens : P;
     const size_t R = e->max_rows;
@@ -280,7 +281,8 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
                                        .seq_lens = &lens, .query_spans = &spans, .out = &at3, .kv_pages = &pages,
                                        .rope_theta = e->theta, .max_query_tokens = maxq, .workspace = &ws,
                                        .rope_inv_freq = e->rope_inv_freq, .rope_attention_scaling = e->rope_scaling,
-                                       .rope_dim = e->rope_dim};
+                                       .rope_dim = e->rope_dim,
+                                       .sliding_window = e->window};
         if ((st = push(&c, cap, kiln_op_paged_attention_encode(e->jit, &d, &cmd), &cmd, "attention", l)) ||
             (st = push(&c, cap,
                        kiln_op_dense_linear_norm_encode(e->jit, &at, &wo, &res, &post_w, e->eps, &nrm, &ws, &cmd), &cmd,

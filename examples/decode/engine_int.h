@@ -33,6 +33,7 @@ struct dec_engine {
     int64_t rope_dim;
     float rope_inv_freq[KILN_MODEL_MAX_HEAD_DIM / 2], rope_scaling;
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
+    uint32_t window; /* the attention's sliding window (0: none) */
     kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
     kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
     kiln_binding_arena *arena;

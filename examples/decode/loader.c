@@ -101,12 +101,10 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
         goto out;
     }
     /* A window at least as long as the longest sequence is no window (plain Llama). */
-    if (c.base.sliding_window &&
-        (!c.base.max_position_embeddings || c.base.sliding_window < c.base.max_position_embeddings)) {
-        dec_fail(KILN_ERR_CONFIG,
-                 "config: model_type %s: sliding_window = %lld (max_position_embeddings %lld) needs a sliding "
-                 "window, not yet in this decoder",
-                 c.model_type, (long long)c.base.sliding_window, (long long)c.base.max_position_embeddings);
+    if (c.base.max_position_embeddings && c.base.sliding_window >= c.base.max_position_embeddings)
+        c.base.sliding_window = 0;
+    if (c.base.sliding_window > UINT32_MAX) {
+        dec_fail(KILN_ERR_CONFIG, "config: sliding_window = %lld: at most 2^32 - 1", (long long)c.base.sliding_window);
         goto out;
     }
     const cJSON *nl = cJSON_GetObjectItemCaseSensitive(root, "num_hidden_layers");

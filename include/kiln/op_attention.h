@@ -55,7 +55,8 @@
  *     f32 y[i] = x[i] cs - x[i + r/2] sn, y[i + r/2] = x[i + r/2] cs + x[i] sn.
  *   Append: rotated k (rounded to elt) and v are written at cache index c.
  *   Attention, for each query head hq (kv head hq / (heads / kv_heads)):
- *     out[t, hq] = softmax_{c' <= c}(q_rot . k_cache[c'] / sqrt(head_dim)) . v_cache[c'],
+ *     out[t, hq] = softmax_{c - W < c' <= c}(q_rot . k_cache[c'] / sqrt(head_dim)) . v_cache[c'],
+ *     W = sliding_window (with none, every c' <= c),
  *     scores and softmax in f32 with a running max (online), one rounding to elt.
  * A sequence with count 0 is skipped (nothing read, checked or written).
  * Spans of different sequences must not overlap, nor two sequences' pages
@@ -179,6 +180,11 @@ typedef struct kiln_paged_attention_desc {
     /* The dims of each head that rotate (partial_rotary_factor x head_dim):
      * even, in [2, head_dim]; 0: head_dim. */
     int64_t rope_dim;
+    /* Appended for sliding-window attention (a desc whose size ends at
+     * rope_dim has none): a new token attends only the sliding_window keys
+     * up to its own (cache indices c' with c - sliding_window < c' <= c, as
+     * Mistral's and transformers' sliding_window); 0: every key before it. */
+    uint32_t sliding_window;
 } kiln_paged_attention_desc;
 
 KILN_API kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc,
