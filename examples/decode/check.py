@@ -34,7 +34,7 @@ every step (at most TRIES draws; the best draw otherwise). The selection looks
 at transformers' outputs only, never at kiln's.
 
 Usage (on the GPU machine, from the repository root, after building build-h8):
-  python3 examples/decode/check.py --build build-h8 [--out DIR]
+  python3 examples/decode/check.py --build build-h8 [--out DIR] [--only NAME,...]
 Exit 0 when every check passes.
 """
 import argparse
@@ -214,7 +214,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build-h8")
     ap.add_argument("--out", default=None, help="where the models go (default: a temporary folder)")
+    ap.add_argument("--only", default=None, help="comma-separated model names to check (default: all)")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    unknown = (only or set()) - {m["name"] for m in MODELS}
+    if unknown:
+        sys.exit("check.py: --only names no model: %s" % ", ".join(sorted(unknown)))
     root = args.out or tempfile.mkdtemp(prefix="kiln-check-")
     os.makedirs(root, exist_ok=True)
     log("torch %s, transformers %s, %s" % (torch.__version__, transformers.__version__,
@@ -222,6 +227,8 @@ def main():
     failures = []
     gen = torch.Generator().manual_seed(1234)
     for mi, spec in enumerate(MODELS):
+        if only and spec["name"] not in only:
+            continue
         path = os.path.join(root, spec["name"])
         model, saved = make_model(spec, path, seed=100 + mi)
         model32 = copy.deepcopy(model).float()
