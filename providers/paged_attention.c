@@ -117,8 +117,8 @@ kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_hea
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
-    if (head_dim != 64 && head_dim != 128)
-        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": head_dim %lld; supported: 64, 128",
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": head_dim %lld; supported: 64, 128, 256",
                           (long long)head_dim);
     if (kv_heads < 1 || kv_heads * head_dim * 2 > KILN_PAGED_KV_PAGE_BYTES / 2)
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
@@ -130,12 +130,20 @@ kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_hea
     return KILN_OK;
 }
 
-static int64_t rows_for(int64_t group, int decode)
+/* The CUDA-core kernel's query rows a block: at head_dim 256 at most 8 (its
+ * shared memory). */
+static int64_t rows_for(int64_t group, int decode, int64_t head_dim)
 {
+    const int64_t most = head_dim == 256 ? 8 : PREFILL_ROWS;
     if (!decode)
-        return PREFILL_ROWS;
-    return group <= 4 ? 4 : group <= 8 ? 8 : 16;
+        return most;
+    const int64_t rows = group <= 4 ? 4 : group <= 8 ? 8 : 16;
+    return rows < most ? rows : most;
 }
+
+/* Head dims the tensor-core kernels (paged_decode, paged_prefill,
+ * paged_prefill_mma) take; 256 runs on the CUDA-core kernel alone. */
+static int tensor_core_head_dim(int64_t head_dim) { return head_dim <= 128; }
 
 /* The paged_attention template's spec with rows query rows per block (16:
  * prefill; 4, 8 or 16: its decode, taken where the one-kernel decode does not
@@ -164,9 +172,11 @@ static kiln_status attention_spec(kiln_dtype elt, int64_t head_dim, int64_t head
 kiln_status kiln_op_paged_attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                          kiln_spec *out)
 {
-    kiln_status st = attention_spec(elt, head_dim, heads, kv_heads, PREFILL_ROWS, out);
+    kiln_status st = attention_spec(elt, head_dim, heads, kv_heads, rows_for(1, 0, head_dim), out);
     if (st || !decode)
         return st;
+    if (!tensor_core_head_dim(head_dim))
+        return attention_spec(elt, head_dim, heads, kv_heads, rows_for(heads / kv_heads, 1, head_dim), out);
     return layout_spec(elt, "paged_decode", head_dim, heads, kv_heads, out);
 }
 
@@ -218,7 +228,7 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
                                              void *user)
 {
     const int64_t d = cfg->head_dim, h = cfg->num_attention_heads, kvh = cfg->num_key_value_heads;
-    if ((d != 64 && d != 128) || kvh < 1 || h % kvh || kvh * d > KILN_PAGED_KV_PAGE_BYTES / 4)
+    if ((d != 64 && d != 128 && d != 256) || kvh < 1 || h % kvh || kvh * d > KILN_PAGED_KV_PAGE_BYTES / 4)
         return KILN_OK;
     const int sm = kiln__arch_number(arch);
     const kiln_dtype elt = cfg->dtype;
@@ -228,13 +238,19 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
+    if (!tensor_core_head_dim(d)) { /* the CUDA-core kernel alone, with its decode rows */
+        const int64_t rows = rows_for(h / kvh, 1, d);
+        if (rows != rows_for(1, 0, d) && ((st = attention_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
+            return st;
+        return KILN_OK;
+    }
     if (sm >= 80 && ((st = layout_spec(elt, sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
                      (st = sink(user, &spec))))
         return st;
     if ((!sm || sm >= 80) &&
         ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
         return st;
-    const int64_t rows = rows_for(h / kvh, 1);
+    const int64_t rows = rows_for(h / kvh, 1, d);
     if (sm && decode_falls_back(sm, d) && rows != PREFILL_ROWS &&
         ((st = attention_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
         return st;
@@ -272,8 +288,8 @@ static kiln_status check_qkv(kiln__errslot *err, kiln_runtime *rt, const kiln_pa
     *T = shape->dims[0];
     *H = shape->dims[1];
     *D = shape->dims[2];
-    if (*D != 64 && *D != 128)
-        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding %s has head_dim %lld; supported: 64, 128",
+    if (*D != 64 && *D != 128 && *D != 256)
+        return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": binding %s has head_dim %lld; supported: 64, 128, 256",
                           shape_name, (long long)*D);
     if (*T > INT32_MAX || *H > KILN_MODEL_MAX_HEADS)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
@@ -397,7 +413,7 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
                           d->max_query_tokens, (long long)T, d->qkv ? "qkv" : "q");
     const int64_t G = H / KVH;
     const int decode = maxq == 1;
-    const uint64_t rows = (uint64_t)rows_for(G, decode), tiles = (maxq * (uint64_t)G + rows - 1) / rows;
+    const uint64_t rows = (uint64_t)rows_for(G, decode, D), tiles = (maxq * (uint64_t)G + rows - 1) / rows;
     if (maxq * (uint64_t)G > INT32_MAX || tiles > GRID_X_MAX)
         return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": max_query_tokens %llu x %lld heads per kv head exceeds 2^31 - 1 query rows",
@@ -469,7 +485,7 @@ typedef struct attn_launch {
     /* The kernels' rope_freqs (templates/kiln_paged.cuh), by value: head_dim
      * / 2 floats (the first rope_dim / 2 used), then the scale, then the
      * rotated pairs as a u32. */
-    float rope[64 + 2];
+    float rope[128 + 2];
 } attn_launch;
 
 static kiln_status launch3(const kiln_launch_context *ctx, kiln_runtime *rt, CUfunction fn, unsigned x, unsigned y,
@@ -610,7 +626,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     /* Decode: one kernel on the tensor cores (sm_80 on, where a block gets
      * its shared memory); before that, and for prefill, the append and
      * attention kernels. */
-    int one_kernel = in.decode && sm >= 80 && !atomic_load(&two_kernel_decode);
+    int one_kernel = in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && !atomic_load(&two_kernel_decode);
     uint32_t splits = 1, tiles = in.attention_tiles;
     unsigned smem = 0, stages = 0;
     if (one_kernel) {
@@ -632,8 +648,8 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         }
     }
     if (!one_kernel &&
-        ((st = attention_spec(elt, in.head_dim, in.heads, in.kv_heads, rows_for(in.heads / in.kv_heads, in.decode),
-                              &spec)) ||
+        ((st = attention_spec(elt, in.head_dim, in.heads, in.kv_heads,
+                              rows_for(in.heads / in.kv_heads, in.decode, in.head_dim), &spec)) ||
          (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, "kiln_paged_append", &fa)) ||
          (st = kiln_kernel_function(k, "kiln_paged_attention", &fb))))
         return kiln__propagate(err, st);
@@ -642,7 +658,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
      * a block its shared memory; the CUDA-core kernel before. */
     unsigned attention_threads = THREADS, attention_smem = 0;
     const int forced = atomic_load(&prefill_forced);
-    if (!in.decode && sm >= 80 && forced != KILN__PREFILL_CUDA_CORE) {
+    if (!in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && forced != KILN__PREFILL_CUDA_CORE) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
@@ -726,7 +742,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
         uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages, window;
         float theta;
-        float rope[64 + 2]; /* the launch's: frequencies, scale and rotated pairs */
+        float rope[128 + 2]; /* the launch's: frequencies, scale and rotated pairs */
     } key;
     memset(&key, 0, sizeof key);
     memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);

@@ -14,8 +14,8 @@
 #define PAGE_BYTES 65536ull
 #define V_OFFSET 32768ull
 
-#if D != 64 && D != 128
-#error "KILN_HEAD_DIM must be 64 or 128"
+#if D != 64 && D != 128 && D != 256
+#error "KILN_HEAD_DIM must be 64, 128 or 256"
 #endif
 #if NH % KVH != 0
 #error "KILN_KV_HEADS must divide KILN_HEADS"

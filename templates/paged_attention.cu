@@ -18,9 +18,9 @@
 // read or written) and reported through the fault record.
 // The argument window: a token attends the window keys up to its own
 // (Mistral's sliding_window), 0xffffffff for every key before it.
-// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128, 256),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (query rows per
-// attention block: 4, 8 or 16).
+// attention block: 4, 8 or 16; at most 8 at head_dim 256).
 // Grids: x = tiles of a sequence's new tokens, y = kv head (append: 1, it
 // writes every kv head), z = sequence; 128 threads.
 #include "kiln_reduce.cuh"
@@ -36,13 +36,16 @@
 #define PT KILN_PAGE_TOKENS
 #define ROWS KILN_ROWS
 #define THREADS 128
-#define KC 64              // keys per tile
+#define KC (D == 256 ? 32 : 64) // keys per tile: at head_dim 256 the tiles' shared memory stays under 48 KiB
 #define KPAD 8             // halves of padding per K row: conflict-free 16-byte reads
 #define APPEND_TOKENS 4    // new tokens per append block (providers/paged_attention.c restates it)
 #define APPEND_HEADS 8     // kv heads whose loads an append thread has in flight at once
 
 #if ROWS != 4 && ROWS != 8 && ROWS != 16
 #error "KILN_ROWS must be 4, 8 or 16"
+#endif
+#if D == 256 && ROWS > 8
+#error "KILN_ROWS must be 4 or 8 at head_dim 256 (shared memory)"
 #endif
 
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
@@ -106,8 +109,9 @@ kiln_paged_append(const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v
 
 // Rows of a block: ROWS consecutive (new token, group head) pairs of one
 // sequence and kv head, row r = token * G + head within the group.
-#define QK_RPT (ROWS / 2)                 // rows per thread in the scores
-#define PV_GROUPS (THREADS / HALF)        // row groups in P.V (2 or 4)
+#define QK_GROUPS (THREADS / KC)          // row groups in the scores (2 or 4)
+#define QK_RPT (ROWS / QK_GROUPS)         // rows per thread in the scores
+#define PV_GROUPS (THREADS / HALF)        // row groups in P.V (1, 2 or 4)
 #define PV_RPT (ROWS / PV_GROUPS)
 #define LPR (THREADS / ROWS)              // lanes per row in the softmax
 #define VECS_PER_KEY (D / 8)
@@ -115,8 +119,9 @@ kiln_paged_append(const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v
 
 // Blocks per SM the attention kernel's registers must allow, so that enough
 // warps keep the next tiles' loads in flight: 4 (128 registers a thread),
-// except 3 for 16 rows at head_dim 128, whose shared memory allows no more.
-#define MIN_BLOCKS (ROWS == 16 && D == 128 ? 3 : 4)
+// except 3 for 16 rows at head_dim 128, whose shared memory allows no more,
+// and 2 at head_dim 256 (a thread's P.V covers every row of the block).
+#define MIN_BLOCKS (D == 256 ? 2 : ROWS == 16 && D == 128 ? 3 : 4)
 
 // K and V of keys [c0, c0 + KC) into registers, zero from key end on.
 __device__ __forceinline__ void load_tile(const unsigned char *__restrict__ pages, const kiln_u32 *__restrict__ trow,

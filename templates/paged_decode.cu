@@ -76,6 +76,9 @@
 #error "the epilogue does not fit the tiles' shared memory"
 #endif
 
+#if KILN_HEAD_DIM > 128
+#error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
+#endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 
 // Eight halves at p (4-byte aligned: out's rows are only that).

@@ -59,6 +59,9 @@
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product
 
+#if KILN_HEAD_DIM > 128
+#error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
+#endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh"
 #include "kiln_tma.cuh"   // saddr, bar_wait

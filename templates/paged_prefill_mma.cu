@@ -40,6 +40,9 @@
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define SMEM_BYTES (Q_BYTES + 2 * STAGE_BYTES + 1024) // and the slack to align to 1024
 
+#if KILN_HEAD_DIM > 128
+#error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
+#endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh" // and kiln_mma.cuh
 

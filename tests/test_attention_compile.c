@@ -160,6 +160,51 @@ static void test_every_path_compiles_for_sm90(void **state)
     assert_int_equal(k.compiles, total); /* every spec its own kernel */
 }
 
+/* head_dim 256 (Qwen3-Next's attention layers, Gemma's) runs on the CUDA-core
+ * kernel alone, 8 rows a block (its decode: 4 for a group of at most 4):
+ * every architecture lists that, and it compiles in f16 and bf16 for sm_90
+ * and sm_80. */
+static void test_head_dim_256_lists_and_compiles(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t heads, kv_heads, decode_rows; } layouts[] = {{16, 2, 8}, {8, 8, 4}, {32, 16, 4}};
+    static const char *const archs[] = {NULL, "sm_75", "sm_86", "sm_90"};
+    size_t total = 0;
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+            const kiln_dtype elt = b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+            const int64_t H = layouts[i].heads, KVH = layouts[i].kv_heads, rows = layouts[i].decode_rows;
+            kiln_spec prefill, decode;
+            KILN_CHECK(kiln_op_paged_attention_spec(elt, 256, H, KVH, 0, &prefill));
+            KILN_CHECK(kiln_op_paged_attention_spec(elt, 256, H, KVH, 1, &decode));
+            assert_string_equal(prefill.template_id, "paged_attention");
+            assert_string_equal(decode.template_id, "paged_attention");
+            const kiln_spec want_prefill = fallback_spec_elt(elt, 256, H, KVH, 8),
+                            want_decode = fallback_spec_elt(elt, 256, H, KVH, rows);
+            assert_true(has_spec(&prefill, 1, &want_prefill));
+            assert_true(has_spec(&decode, 1, &want_decode));
+            for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+                if (b && a == 1)
+                    continue; /* no bf16 before sm_80 */
+                spec_set l = arch_specs_elt(elt, 256, H, KVH, archs[a]);
+                assert_int_equal(l.n, rows == 8 ? 1 : 2);
+                assert_true(has_spec(l.items, l.n, &prefill));
+                assert_true(has_spec(l.items, l.n, &decode));
+            }
+            int compiled = 0;
+            KILN_CHECK(kiln_jit_prepare(f->jit, &prefill, &compiled));
+            total++;
+            if (rows != 8) {
+                KILN_CHECK(kiln_jit_prepare(f->jit, &decode, &compiled));
+                total++;
+            }
+        }
+    kiln_jit_counters k;
+    kiln_jit_get_counters(f->jit, &k);
+    assert_int_equal(k.compile_errors, 0);
+    assert_int_equal(k.compiles, total);
+}
+
 /* Prewarm for an architecture that takes the two-kernel decode lists it, so
  * that a prewarmed database holds every kernel a decode there asks for: before
  * sm_80 (without the one-kernel decode, which is never asked for there), and
@@ -344,7 +389,7 @@ static void test_spec_and_page_arguments(void **state)
     KILN_EXPECT(kiln_op_paged_attention_page_tokens(128, 129, &pt), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "at least one token", "129");
     KILN_EXPECT(kiln_op_paged_attention_page_tokens(96, 8, &pt), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "head_dim 96", "64, 128");
+                "head_dim 96", "64, 128, 256");
     KILN_EXPECT(kiln_op_paged_attention_page_tokens(64, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
     kiln_spec s;
@@ -461,7 +506,7 @@ static void test_validation_names_binding_and_values(void **state)
     link_call(&b);
     b.q.dims[2] = 96;
     KILN_EXPECT(kiln__paged_attention_check(rt, &b.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding q has head_dim 96", "64, 128");
+                "binding q has head_dim 96", "64, 128, 256");
     b = c;
     link_call(&b);
     b.v.dims[0] = 99;
@@ -689,7 +734,7 @@ static void test_workspace_and_fused_qkv(void **state)
     qkv.dtype = KILN_DTYPE_F16;
     f.out.dims[2] = 96;
     KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding out has head_dim 96", "64, 128");
+                "binding out has head_dim 96", "64, 128, 256");
     f.out.dims[2] = D;
     f.out.offset = 64; /* over qkv */
     KILN_EXPECT(kiln__paged_attention_check(rt, &f.d, &in), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
@@ -879,6 +924,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_lists_prefill_and_decode),
         cmocka_unit_test_setup_teardown(test_every_path_compiles_for_sm90, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_head_dim_256_lists_and_compiles, offline_fixture_setup,
+                                        offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_fallback_archs_list_the_two_kernel_decode, offline_fixture_setup,
                                         offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_specs_listed_and_compiled, offline_fixture_setup,

@@ -117,7 +117,7 @@ typedef struct sess {
     layout L;
     int64_t G;
     uint32_t pt, S, MB, n_pages;
-    float theta, inv[64];
+    float theta, inv[128];
     kiln_dtype elt;        /* of q, k, v, out and the pages */
     int bf16;
     const double *dec;     /* an element's value: f16_table or bf16_table */
@@ -265,7 +265,7 @@ static void *ref_worker(void *arg)
     ref_ctx *r = arg;
     const sess *s = r->s;
     const int64_t D = s->L.D, H = s->L.H, G = s->G;
-    double *p = NULL, q[128];
+    double *p = NULL, q[256];
     size_t pcap = 0, wrong = 0, checked = 0;
     double worst = 0;
     for (;;) {
@@ -309,7 +309,7 @@ static void *ref_worker(void *arg)
             }
             for (uint32_t k = k0; k <= c; k++)
                 sum += (p[k] = exp(p[k] - m));
-            double o[128] = {0}, mag[128] = {0};
+            double o[256] = {0}, mag[256] = {0};
             for (uint32_t k = k0; k <= c; k++) {
                 const uint16_t *vr = s->img + at(s, trow[k / s->pt], 1, kh, k % s->pt, 0);
                 for (int64_t d = 0; d < D; d++) {
@@ -1198,6 +1198,41 @@ static void test_sliding_window(void **state)
                     window_case(f, ls[l], b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, windows[w]);
 }
 
+/* head_dim 256 (Qwen3-Next's attention layers: 16 / 2 heads; Gemma's), which
+ * runs on the CUDA-core kernel for prefill and decode on every device:
+ * prefills of one sequence, packed chunked prefill, decode (one and seven
+ * sequences, two steps), a sliding window, in f16 and bf16. */
+static void test_head_dim_256(void **state)
+{
+    gpu_fixture *f = *state;
+    static const layout ls[] = {{256, 16, 2}, {256, 8, 8}, {256, 32, 16}};
+    static const uint32_t lens[] = {1, 37, 300, 1000};
+    for (int b = 0; b < 2; b++) {
+        next_cfg.elt = b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+        for (size_t l = 0; l < 3; l++) {
+            for (size_t i = 0; i < (quick() ? 2 : 4); i++)
+                prefill_one(f, ls[l], lens[i], 1e7f);
+            enum { S = 3 };
+            uint32_t ctx[S], cap[S], count[S], one[S] = {1, 1, 1};
+            for (uint32_t i = 0; i < S; i++) {
+                ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 300 : 2000);
+                count[i] = 1 + kiln_rng_below(&f->rng, quick() ? 60 : 300);
+                cap[i] = ctx[i] + count[i] + 2;
+            }
+            sess s;
+            sess_init(&s, f, ls[l], S, ctx, cap, 1e7f);
+            step st = {.count = count};
+            KILN_CHECK(run_step(&s, &st, "hd256 packed prefill"));
+            step dec = {.count = one, .max_query = 1};
+            KILN_CHECK(run_step(&s, &dec, "hd256 decode"));
+            KILN_CHECK(run_step(&s, &dec, "hd256 decode 2"));
+            sess_free(&s);
+        }
+        window_case(f, ls[0], next_cfg.elt, 100);
+    }
+    next_cfg.elt = KILN_DTYPE_F16;
+}
+
 /* One sequence of T new tokens (prefill, no cached prefix) on this device's
  * prefill kernel, every output element checked against the CUDA-core prefill
  * (templates/paged_attention.cu: f32 scores and P.V, an independent
@@ -1406,6 +1441,7 @@ int main(void)
         T(test_bf16_decode),
         T(test_scaled_partial_rope),
         T(test_sliding_window),
+        T(test_head_dim_256),
         T(test_prefill_32768_tokens),
         T(test_contract_errors_at_encode),
     };

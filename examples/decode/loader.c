@@ -143,9 +143,9 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
     }
     if (!strcmp(c.model_type, "qwen2"))
         c.qkv_bias = 1;
-    if (c.base.head_dim != 64 && c.base.head_dim != 128) {
-        dec_fail(KILN_ERR_CONFIG, "config: head_dim = %lld: the attention provider takes 64 or 128%s",
-                 (long long)c.base.head_dim, c.base.head_dim == 256 ? " (256: not yet)" : "");
+    if (c.base.head_dim != 64 && c.base.head_dim != 128 && c.base.head_dim != 256) {
+        dec_fail(KILN_ERR_CONFIG, "config: head_dim = %lld: the attention provider takes 64, 128 or 256",
+                 (long long)c.base.head_dim);
         goto out;
     }
     if (c.base.linear_num_key_heads) {

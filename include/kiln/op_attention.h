@@ -65,7 +65,7 @@
  *
  * Checked at encode (KILN_ERR_RUNTIME_CONTRACT naming the binding, the
  * expected and the actual value): dtypes, ranks and dims of every binding,
- * head_dim in {64, 128}, kv_heads dividing heads, a page holding >= 1 token,
+ * head_dim in {64, 128, 256}, kv_heads dividing heads, a page holding >= 1 token,
  * kv_pages whole pages, max_blocks * page_tokens <= 2^32 - 65, 1 <= S <= 65535,
  * max_query_tokens <= T, rope_theta finite and > 0, rope_inv_freq's values
  * finite and > 0, rope_attention_scaling finite, rope_dim even in [2,
@@ -95,9 +95,10 @@
  *     on the tensor cores;
  *   sm_80 on otherwise: templates/paged_prefill_mma.cu, 64 rows a block on
  *     mma.sync m16n8k16 (FlashAttention-2's design);
- *   before sm_80, or where a block cannot have the shared memory: the
- *     CUDA-core kernel of templates/paged_attention.cu (16 rows a block, f32
- *     arithmetic).
+ *   before sm_80, where a block cannot have the shared memory, and at
+ *     head_dim 256 everywhere (prefill and decode): the CUDA-core kernel of
+ *     templates/paged_attention.cu (16 rows a block, 8 at head_dim 256, f32
+ *     arithmetic; the tensor-core kernels take head_dim 64 and 128).
  * On the tensor cores q (rotated, scaled) and the softmax's p are rounded to
  * elt for their products, as FlashAttention does: an output may differ from
  * the f32 result by about 2^-11 (f16; 2^-8 in bf16) of sum p |v| / sum p
@@ -193,14 +194,15 @@ KILN_API kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_pa
 KILN_API kiln_status kiln_op_paged_attention(kiln_jit *jit, const kiln_paged_attention_desc *desc);
 
 /* Tokens one page holds: 32768 / (kv_heads * head_dim * 2), rounded down.
- * KILN_ERR_RUNTIME_CONTRACT when head_dim is not 64 or 128, kv_heads < 1, or
+ * KILN_ERR_RUNTIME_CONTRACT when head_dim is not 64, 128 or 256, kv_heads < 1, or
  * a page would hold no token; KILN_ERR_INVALID_ARGUMENT for a NULL out. */
 KILN_API kiln_status kiln_op_paged_attention_page_tokens(int64_t head_dim, int64_t kv_heads, uint32_t *out);
 
 /* The specialization for an element type (f16 or bf16) and a head layout,
- * decode (1: one new token per sequence; template paged_decode) or prefill
- * (0; template paged_attention). KILN_ERR_RUNTIME_CONTRACT for another elt, head_dim not in
- * {64, 128}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
+ * decode (1: one new token per sequence; template paged_decode, or at
+ * head_dim 256 paged_attention with the decode's rows) or prefill (0;
+ * template paged_attention). KILN_ERR_RUNTIME_CONTRACT for another elt, head_dim not in
+ * {64, 128, 256}, kv_heads not dividing heads, heads > KILN_MODEL_MAX_HEADS, or a
  * page holding no token. */
 KILN_API kiln_status kiln_op_paged_attention_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int decode,
                                                   kiln_spec *out);
