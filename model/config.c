@@ -443,6 +443,36 @@ static kiln_status get_family(const cJSON *root, kiln_model_config *c)
     return KILN_OK;
 }
 
+/* A mixture of experts' fields, as Mixtral (num_local_experts, its experts
+ * intermediate_size wide), Qwen2-MoE, Qwen3-MoE and Qwen3-Next (num_experts,
+ * moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob)
+ * and DeepSeek (n_routed_experts) write them; all 0 for a dense model. */
+static kiln_status get_experts(const cJSON *root, kiln_model_config *c)
+{
+    static const char *const count_keys[3] = {"num_local_experts", "num_experts", "n_routed_experts"};
+    kiln_status st;
+    c->num_experts = 0;
+    for (int i = 0; i < 3 && !c->num_experts; i++)
+        if ((st = get_whole(root, "", count_keys[i], 0, 0, KILN_MODEL_MAX_EXPERTS, &c->num_experts)))
+            return st;
+    if (!c->num_experts)
+        return KILN_OK;
+    if ((st = get_whole(root, "", "num_experts_per_tok", 1, 1, c->num_experts, &c->num_experts_per_tok)) ||
+        (st = get_whole(root, "", "moe_intermediate_size", c->intermediate_size, 1, KILN_MODEL_MAX_INTERMEDIATE,
+                        &c->moe_intermediate_size)) ||
+        (st = get_whole(root, "", "shared_expert_intermediate_size", 0, 0, KILN_MODEL_MAX_INTERMEDIATE,
+                        &c->shared_expert_intermediate_size)))
+        return st;
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
+    if (norm && !cJSON_IsNull(norm) && !cJSON_IsBool(norm)) {
+        char text[64];
+        value_text(norm, text, sizeof text);
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: norm_topk_prob = %s: must be true or false", text);
+    }
+    c->norm_topk_prob = cJSON_IsTrue(norm);
+    return KILN_OK;
+}
+
 /* get_mscale of _compute_yarn_parameters. */
 static double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
 
@@ -619,7 +649,8 @@ static kiln_status parse_config(const char *json, size_t len, const kiln_model_c
                         (long long)c.num_attention_heads, (long long)c.hidden_size);
         goto out;
     }
-    if ((st = get_linear_attention(root, &c)) || (st = get_rope(root, &c)) || (st = get_family(root, &c)))
+    if ((st = get_linear_attention(root, &c)) || (st = get_rope(root, &c)) || (st = get_family(root, &c)) ||
+        (st = get_experts(root, &c)))
         goto out;
     if (opts && opts->dtype)
         c.dtype = opts->dtype;

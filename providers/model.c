@@ -29,6 +29,29 @@ static kiln_status add_spec(void *user, const kiln_spec *spec)
     return KILN_OK;
 }
 
+/* What kiln cannot serve is refused by name, rather than listed as a dense
+ * model of its sizes: prewarm would compile kernels it never runs and none of
+ * those it does. A hand-built config, or a file without a model_type, is
+ * taken as the Llama layout. */
+static kiln_status servable(const kiln_model_config *cfg)
+{
+    static const char *const families[] = {"llama", "mistral", "qwen2", "qwen3", "config", "llama-3-8b"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        known |= !strcmp(cfg->name, families[i]);
+    if (cfg->num_experts)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "model %s: a mixture of experts (%lld experts, %lld a token, expert intermediate size %lld%s): "
+                          "kiln has no MoE operation yet, and its dense kernels are not this model's",
+                          cfg->name, (long long)cfg->num_experts, (long long)cfg->num_experts_per_tok,
+                          (long long)cfg->moe_intermediate_size, cfg->shared_expert_intermediate_size ? ", a shared expert" : "");
+    if (!known)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "model %s: not a family kiln serves (llama, mistral, qwen2, qwen3: model_type names it)",
+                          cfg->name);
+    return KILN_OK;
+}
+
 kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec **specs, size_t *count)
 {
     return kiln_model_specializations_for_arch(cfg, NULL, specs, count);
@@ -42,9 +65,12 @@ kiln_status kiln_model_specializations_for_arch(const kiln_model_config *cfg, co
                           arch ? "_for_arch" : "");
     *specs = NULL;
     *count = 0;
+    kiln_status st = servable(cfg);
+    if (st)
+        return st;
     spec_list l = {0};
     /* Every operation of the catalog, in its order. */
-    kiln_status st = kiln__catalog_specs(cfg, arch, add_spec, &l);
+    st = kiln__catalog_specs(cfg, arch, add_spec, &l);
     if (st) {
         free(l.items);
         return st;

@@ -289,6 +289,57 @@ static void test_bad_linear_attention_names_field_and_value(void **state)
         expect_refused(cases[i].json, cases[i].field, cases[i].value);
 }
 
+/* Mixtral's, Qwen3-MoE's and Qwen2-MoE's expert fields are read; a MoE
+ * model, or a family kiln does not serve, is refused by prewarm's listing
+ * with its name rather than listed as a dense model of its sizes. */
+static void test_moe_and_unknown_families_are_refused(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_spec *specs = NULL;
+    size_t n = 0;
+#define DENSE "\"vocab_size\": 32000, \"hidden_size\": 4096, \"intermediate_size\": 14336, \"num_attention_heads\": 32"
+    KILN_CHECK(parse("{\"model_type\": \"mixtral\", " DENSE ", \"num_local_experts\": 8, \"num_experts_per_tok\": 2}", &c));
+    assert_int_equal(c.num_experts, 8);
+    assert_int_equal(c.num_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 14336); /* Mixtral's experts are intermediate_size wide */
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model mixtral: a mixture of experts (8 experts, 2 a token"));
+    assert_null(specs);
+    KILN_CHECK(parse("{\"model_type\": \"qwen3_moe\", " DENSE ", \"num_experts\": 128, \"num_experts_per_tok\": 8,"
+                     " \"moe_intermediate_size\": 768, \"norm_topk_prob\": true}", &c));
+    assert_true(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
+    assert_int_equal(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model qwen3_moe: a mixture of experts (128 experts, 8 a token, expert "
+                                          "intermediate size 768)"));
+    KILN_CHECK(parse("{\"model_type\": \"qwen2_moe\", " DENSE ", \"num_experts\": 60, \"num_experts_per_tok\": 4,"
+                     " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632}", &c));
+    assert_int_equal(c.shared_expert_intermediate_size, 5632);
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "a shared expert"));
+    /* Bad expert fields name the field and the value. */
+    assert_int_equal(parse("{" DENSE ", \"num_experts\": 8, \"num_experts_per_tok\": 9}", &c), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "num_experts_per_tok = 9"));
+    assert_int_equal(parse("{" DENSE ", \"num_experts\": -1}", &c), KILN_ERR_CONFIG);
+    assert_int_equal(parse("{" DENSE ", \"num_experts\": 4, \"norm_topk_prob\": 1}", &c), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "norm_topk_prob = 1"));
+    /* num_experts 0 or null is dense. */
+    KILN_CHECK(parse("{\"model_type\": \"qwen3\", " DENSE ", \"num_experts\": null}", &c));
+    assert_int_equal(c.num_experts, 0);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    kiln_free(specs);
+    specs = NULL;
+    /* A family kiln does not serve. */
+    KILN_CHECK(parse("{\"model_type\": \"gemma\", " DENSE "}", &c));
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model gemma: not a family kiln serves"));
+    /* Without a model_type: kiln's layout. */
+    KILN_CHECK(parse("{" DENSE "}", &c));
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    kiln_free(specs);
+#undef DENSE
+}
+
 static void test_linear_attention_specializations(void **state)
 {
     (void)state;
@@ -296,6 +347,13 @@ static void test_linear_attention_specializations(void **state)
     kiln_spec *specs = NULL, want;
     size_t n = 0, found = 0;
     KILN_CHECK(parse(QWEN3_NEXT "}", &c));
+    /* Qwen3-Next as it ships is a mixture of experts: refused by name. */
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model qwen3_next: a mixture of experts (512 experts"));
+    assert_null(specs);
+    /* Its linear-attention layers, in a config of kiln's layout. */
+    c.num_experts = 0;
+    snprintf(c.name, sizeof c.name, "config");
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &want));
     for (size_t i = 0; i < n; i++)
@@ -748,6 +806,7 @@ int main(void)
         cmocka_unit_test(test_load_not_regular_file),
         cmocka_unit_test(test_specializations),
         cmocka_unit_test(test_qwen3_next_linear_attention),
+        cmocka_unit_test(test_moe_and_unknown_families_are_refused),
         cmocka_unit_test(test_bad_linear_attention_names_field_and_value),
         cmocka_unit_test(test_linear_attention_specializations),
         cmocka_unit_test(test_dtype),

@@ -28,6 +28,7 @@ extern "C" {
 #define KILN_MODEL_MAX_HEADS 1024
 #define KILN_MODEL_MAX_HEAD_DIM 1024
 #define KILN_MODEL_MAX_POSITIONS 1073741824 /* 2^30: max_position_embeddings, sliding_window */
+#define KILN_MODEL_MAX_EXPERTS 4096
 
 /* RoPE scaling as transformers' modeling_rope_utils defines it (ROPE_INIT_FUNCTIONS). */
 typedef enum kiln_rope_type {
@@ -88,6 +89,18 @@ typedef struct kiln_model_config {
     /* The attention window (sliding_window; Qwen2's only when
      * use_sliding_window is true): 0 when none. */
     int64_t sliding_window;
+    /* A mixture of experts (num_local_experts, num_experts or
+     * n_routed_experts): the experts, those a token takes
+     * (num_experts_per_tok, 1 when absent), an expert's intermediate size
+     * (moe_intermediate_size, else intermediate_size as Mixtral's), the
+     * shared expert's (0: none) and norm_topk_prob; all 0 for a dense model.
+     * kiln has no MoE operation yet: kiln_model_specializations refuses such
+     * a config rather than list kernels the model never runs. */
+    int64_t num_experts;
+    int64_t num_experts_per_tok;
+    int64_t moe_intermediate_size;
+    int64_t shared_expert_intermediate_size;
+    int norm_topk_prob;
 } kiln_model_config;
 
 /* The built-in default shape: Llama-3-8B. */
@@ -140,7 +153,10 @@ KILN_API kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, i
                                                  size_t n, float *attention_scaling);
 
 /* Lists the specializations a model needs, deduplicated, in a stable order.
- * *specs is freed with kiln_free. */
+ * *specs is freed with kiln_free. KILN_ERR_CONFIG, naming the model, for one
+ * kiln cannot serve, whose kernels would be another model's: a model_type
+ * outside llama, mistral, qwen2 and qwen3 (a config without one is taken as
+ * their layout), or a mixture of experts. */
 KILN_API kiln_status kiln_model_specializations(const kiln_model_config *config, kiln_spec **specs,
                                                 size_t *count);
 /* The same for a known architecture ("sm_90"; NULL: as above): adds what
