@@ -98,6 +98,10 @@ kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec
 kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__moe_router_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+/* The router's checks (include/kiln/op_moe.h), without encoding: *elt and
+ * each binding's bytes (logits, ids, weights). */
+kiln_status kiln__moe_router_check(kiln_runtime *rt, const kiln_moe_router_desc *d, kiln_dtype *elt, size_t bytes[3]);
 
 /* Validation alone (no jit, no launch), for encode and for the CPU tests. *vec
  * is the vector width the bindings allow (8 or 1). */

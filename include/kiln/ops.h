@@ -67,4 +67,5 @@ KILN_API kiln_status kiln_op_token_embedding_spec(kiln_dtype elt, int64_t vocab,
 #include "kiln/op_sample.h"
 #include "kiln/op_recurrent.h"
 #include "kiln/op_attention.h"
+#include "kiln/op_moe.h"
 #endif
