@@ -10,7 +10,9 @@
  * Semantics, per token t: p = softmax(f32(logits[t])) over the experts (in
  * f32, exp of the difference to the row's max, divided by the sum, as
  * torch.softmax(dtype=float32)); the top_k largest p, the lower expert on
- * ties (torch.topk's order on CUDA); with normalize, each chosen weight
+ * ties: the experts torch.topk chooses on CUDA (it takes the lower experts
+ * of a tie too, though it may list tied ones in another order; the MoE
+ * output sums over them, so the order is immaterial); with normalize, each chosen weight
  * divided by the sum of the chosen (norm_topk_prob; Mixtral always). A NaN
  * logit ranks below every number (its row's weights are then NaN); ids are
  * always distinct experts below experts, whatever the logits hold.
