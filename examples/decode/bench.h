@@ -51,6 +51,12 @@ typedef struct dec_bench_args {
     uint32_t iters;
 } dec_bench_args;
 
+/* Start-up to the first decode step: the session (database, runtime, jit),
+ * the weights put on the device (not counted), the engine, the first step;
+ * t_main is when main began (dec__now_s's clock). */
+int dec_run_bench_startup(const dec_bench_args *a, double t_main);
+/* The monotonic clock, in seconds. */
+double dec_bench_now_s(void);
 /* The decode step at every (context, batch), contexts outer. */
 int dec_run_bench_decode(const dec_bench_args *a);
 /* The dense peak in the model's element type, then the prefill of every shape. */

@@ -152,6 +152,12 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
 kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
                             double *device_ms, double *wall_ms, uint64_t *replayed_commands);
 
+/* The first decode step of a new engine, as a server's first request meets
+ * it: *encode_ms to encode the step's commands (kernels from the jit or its
+ * database, products planned), *step_ms to submit it (capturing its graph)
+ * and wait for it. */
+kiln_status dec_bench_first_step(dec_engine *e, uint32_t batch, uint32_t context, double *encode_ms, double *step_ms);
+
 /* After dec_bench_steps for batch: one more step, eager, timed command by
  * command; prints one JSON line of milliseconds (and, for the commands that
  * read weights or the KV cache, bytes and GB/s) per kind of command. */

@@ -74,6 +74,35 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
 }
 
 /* Bytes a decode step's command of that label must read (weights, KV). */
+kiln_status dec_bench_first_step(dec_engine *e, uint32_t batch, uint32_t context, double *encode_ms, double *step_ms)
+{
+    if (!batch || batch > e->o.max_participants || !context || context > e->o.max_seq_tokens)
+        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "bench: batch %u (1..%u), context %u (1..%u)", batch,
+                        e->o.max_participants, context, e->o.max_seq_tokens);
+    const step_cmds *c;
+    dec_stats stats = {0};
+    double t0 = dec__now_s();
+    kiln_status st = dec__decode_cmds(e, batch, &stats, &c);
+    if (st)
+        return st;
+    *encode_ms = (dec__now_s() - t0) * 1e3;
+    for (uint32_t j = 0; j < batch; j++) {
+        e->ids[j] = (j * 7919u + 1) % (uint32_t)e->V;
+        e->pos[j] = context - 1;
+        e->lens[j] = context;
+        e->spans[2 * j] = j;
+        e->spans[2 * j + 1] = 1;
+        dec__set_rows(e, j, j);
+    }
+    kiln_fence *fence;
+    t0 = dec__now_s();
+    if ((st = dec__submit_step(e, c, batch, batch, 1, "decode", KILN_TIMING_OFF, &fence)) ||
+        (st = dec__finish_step(e, fence, c->n, batch, 0, &stats)))
+        return st;
+    *step_ms = (dec__now_s() - t0) * 1e3;
+    return KILN_OK;
+}
+
 static double label_bytes(const dec_engine *e, const char *label, uint32_t batch, uint32_t context)
 {
     const double H = (double)e->H, I = (double)e->I, Q = (double)e->QD, KV = (double)e->KVD, L = (double)e->m->config.layers;

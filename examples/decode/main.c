@@ -9,6 +9,8 @@
  *          [--chunk-file FILE] [--db PATH]
  *   decode --bench-prefill [--config config.json] [--layers N] [--dtype f16|bf16]
  *          [--shapes 1x512,1x4096,4x1024,1x16384] [--iters N] [--db PATH]
+ *   decode --bench-startup [--config config.json] [--layers N] [--dtype f16|bf16]
+ *          [--batch 1] [--context 1024] [--db PATH]
  *
  * Output: JSON lines on stdout. Generation prints one line per prompt (the
  * generated token ids and why it stopped) and a summary (prefill and decode
@@ -20,6 +22,10 @@
  * the built-in shape).
  * --bench-prefill prints the dense throughput of a large cuBLASLt product
  * in the model's element type, then per shape the prefill's time, tokens/s, TFLOP/s and MFU.
+ * --bench-startup prints the time from main's start to the first decode
+ * step done (the database, runtime and jit, the engine, the step's encode
+ * and its first submission), the weights' upload apart: run it against a
+ * database that already holds the model's kernels.
  * --dump-logits writes, per participant and step, a record: u32 participant,
  * u32 step, u32 vocab, then vocab f32 logits (little-endian). Exit codes: 0
  * ok, 1 failure, 2 usage.
@@ -300,12 +306,13 @@ out:
 
 int main(int argc, char **argv)
 {
+    const double t_main = dec_bench_now_s();
     const char *model = NULL, *db = NULL, *dump_path = NULL, *config = NULL, *chunk = NULL;
     static prompt prompts[MAX_PROMPTS];
     size_t n_prompts = 0, n_batches = 0, n_contexts = 0, n_shapes = 0;
     uint32_t max_new = 32, steps = 30, iters = 10, layers = 0, batches[DEC_MAX_LIST], contexts[DEC_MAX_LIST];
     dec_shape shapes[DEC_MAX_LIST];
-    int bench = 0, bench_prefill = 0, decode_opts = 0, prefill_opts = 0, eos_given = 0, rc;
+    int bench = 0, bench_prefill = 0, bench_startup = 0, decode_opts = 0, prefill_opts = 0, eos_given = 0, rc;
     int64_t eos_value = 0;
     kiln_dtype dtype = KILN_DTYPE_BYTES;
     for (int i = 1; i < argc; i++) {
@@ -321,6 +328,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--bench-prefill")) {
             bench_prefill = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bench-startup")) {
+            bench_startup = 1;
             continue;
         }
         if (!v)
@@ -389,18 +400,20 @@ int main(int argc, char **argv)
             return usage(NULL);
         }
     }
-    if (bench && bench_prefill)
-        return usage("--bench and --bench-prefill are separate runs");
+    if (bench + bench_prefill + bench_startup > 1)
+        return usage("--bench, --bench-prefill and --bench-startup are separate runs");
     if (prefill_opts && !bench_prefill)
         return usage("--shapes and --iters are --bench-prefill options");
     if (decode_opts && bench_prefill)
         return usage("--batch, --context, --steps and --chunk-file are --bench options");
-    if (dtype && !bench && !bench_prefill)
-        return usage("--dtype is a --bench and --bench-prefill option (a checkpoint's dtype is its own)");
+    if (dtype && !bench && !bench_prefill && !bench_startup)
+        return usage("--dtype is a benchmark option (a checkpoint's dtype is its own)");
     dec_bench_args ba = {.config = config, .db = db, .layers = layers, .dtype = dtype, .batches = batches, .n_batches = n_batches,
                          .contexts = contexts, .n_contexts = n_contexts, .steps = steps, .chunk_file = chunk,
                          .shapes = shapes, .n_shapes = n_shapes, .iters = iters};
-    if (bench) {
+    if (bench_startup) {
+        rc = dec_run_bench_startup(&ba, t_main);
+    } else if (bench) {
         if (!n_batches) {
             batches[0] = 1, batches[1] = 8, batches[2] = 32;
             ba.n_batches = 3;
