@@ -17,7 +17,7 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     if [[ ${args[i]} == --config ]] && ((i + 1 < ${#args[@]})); then config=(--model "${args[i + 1]}"); fi
 done
-"$build/cli/kiln" prewarm --db "$dir/kernels.db" "${config[@]}" >/dev/null
+"$build/kiln" prewarm --db "$dir/kernels.db" "${config[@]}" >/dev/null
 "$build/examples/decode/decode" --bench-startup --db "$dir/kernels.db" "$@" | sed 's/^{/{"phase":"fill",/'
 for ((r = 0; r < runs; r++)); do
     "$build/examples/decode/decode" --bench-startup --db "$dir/kernels.db" "$@" | sed 's/^{/{"phase":"measured",/'
