@@ -98,6 +98,8 @@ kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec
 kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+/* Only for a config with qk_norm (Qwen3). */
+kiln_status kiln__head_rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 
 /* Validation alone (no jit, no launch), for encode and for the CPU tests. *vec
  * is the vector width the bindings allow (8 or 1). */
@@ -114,6 +116,23 @@ kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const k
                                  const kiln_tensor *weight, float eps, const kiln_tensor *out, int *vec);
 kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, const kiln_tensor *b,
                                      const kiln_tensor *out, int *vec);
+/* A checked head RMSNorm: its kernel's arguments (device addresses of the q
+ * and k row bases, in and out, the weights; row strides in elements), the
+ * spec's sizes, its regions, and bytes: qkv or q, k (0 fused), out or q_out,
+ * k_out (0 fused), q_weight, k_weight. */
+typedef struct kiln__head_norm_info {
+    CUdeviceptr q, k, q_out, k_out, qw, kw;
+    uint64_t q_stride, k_stride;
+    float eps;
+    kiln_dtype elt;
+    int64_t tokens, head_dim, heads, kv_heads;
+    int vec;
+    size_t bytes[6];
+    kiln_region regions[6];
+    size_t n_regions;
+} kiln__head_norm_info;
+kiln_status kiln__head_rms_norm_check(kiln_runtime *rt, const kiln_head_rms_norm_bindings *b,
+                                      kiln__head_norm_info *info);
 /* bytes[7]: each binding's bytes, in the order of kiln_masked_argmax_bindings. */
 kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
                                       int *vec);
