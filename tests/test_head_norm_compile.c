@@ -4,6 +4,7 @@
  * the validation of both forms' bindings against fake buffers (a check that
  * let a bad call through to the driver would crash here). */
 #include <math.h>
+#include <stddef.h>
 
 #include "providers/internal.h"
 #include "offline_fixture.h"
@@ -59,16 +60,6 @@ static void test_qk_norm_config_lists_the_kernel(void **state)
 
 typedef offline_fixture fixture;
 
-static void prepare(kiln_jit *jit, const kiln_spec *s)
-{
-    int compiled = 0;
-    char text[256];
-    KILN_CHECK(kiln_spec_constants_text(s, text, sizeof text));
-    kiln_status st = kiln_jit_prepare(jit, s, &compiled);
-    if (st)
-        fail_msg("%s %s: %s: %s", s->template_id, text, kiln_status_code(st), kiln_errmsg());
-}
-
 /* Groups of 32, 16 and 8 lanes (head_dim 256, 128, 64), several items a lane
  * (1024), the scalar path (odd and tiny heads), in both element types. */
 static void test_every_code_path_compiles(void **state)
@@ -81,7 +72,7 @@ static void test_every_code_path_compiles(void **state)
     for (int e = 0; e < 2; e++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             KILN_CHECK(kiln_op_head_rms_norm_spec(elts[e], cases[i].d, cases[i].h, cases[i].kv, cases[i].vec, &s));
-            prepare(f->jit, &s);
+            offline_prepare(f->jit, &s);
         }
     kiln_jit_counters k;
     kiln_jit_get_counters(f->jit, &k);
@@ -91,9 +82,9 @@ static void test_every_code_path_compiles(void **state)
     kiln_jit *jit;
     KILN_CHECK(kiln_jit_create(&jo, &jit));
     KILN_CHECK(kiln_op_head_rms_norm_spec(KILN_DTYPE_BF16, 128, 32, 8, 8, &s));
-    prepare(jit, &s);
+    offline_prepare(jit, &s);
     KILN_CHECK(kiln_op_head_rms_norm_spec(KILN_DTYPE_BF16, 100, 12, 3, 1, &s));
-    prepare(jit, &s);
+    offline_prepare(jit, &s);
     kiln_jit_destroy(jit);
 }
 
@@ -144,6 +135,27 @@ static kiln_tensor view(kiln_buffer *b, size_t offset, kiln_dtype dt, uint32_t r
 }
 
 #define MB ((size_t)1 << 20)
+#define AT(field) offsetof(kiln_head_rms_norm_bindings, field)
+
+/* A binding replaced (at, the offsetof of its pointer in the bindings; NULL
+ * t drops it), and the message the check must give. */
+typedef struct bad_binding {
+    size_t at;
+    const kiln_tensor *t;
+    const char *a, *b;
+} bad_binding;
+
+static void expect_refused(kiln_runtime *rt, const kiln_head_rms_norm_bindings *good, const bad_binding *bad,
+                           size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kiln_head_rms_norm_bindings c = *good;
+        memcpy((char *)&c + bad[i].at, &bad[i].t, sizeof bad[i].t);
+        kiln__head_norm_info info;
+        KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                    bad[i].a, bad[i].b);
+    }
+}
 
 static void test_fused_validation(void **state)
 {
@@ -166,88 +178,50 @@ static void test_fused_validation(void **state)
     assert_int_equal(info.k_stride, 6144);
     assert_int_equal(info.k - info.q, 32 * 128 * 2);
     assert_int_equal(info.n_regions, 4);
-    b.out = &qkv; /* in place */
-    KILN_CHECK(kiln__head_rms_norm_check(rt, &b, &info));
-    b.size = 0; /* 0: this header's size */
-    KILN_CHECK(kiln__head_rms_norm_check(rt, &b, &info));
-    b.out = &out;
-
     kiln_head_rms_norm_bindings c = b;
-    kiln_tensor t = kw;
-    t.dims[0] = 64;
-    c.k_weight = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
-                "head_rms_norm: binding k_weight has dims [64]", "must be 128");
-    t = qw;
-    t.rank = 2;
-    t.dims[1] = 1;
-    c = b;
-    c.q_weight = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding q_weight must have rank 1", "got 2");
-    t = kw;
-    t.dtype = KILN_DTYPE_F16;
-    c = b;
-    c.k_weight = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k_weight must be bf16", "got f16");
-    t = out;
-    t.dtype = KILN_DTYPE_F16;
-    c = b;
-    c.out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding out must be bf16", "got f16");
-    t = qkv;
-    t.dtype = KILN_DTYPE_F32;
-    c = b;
-    c.qkv = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding qkv must be f16 or bf16", "got f32");
+    c.out = &qkv; /* in place */
+    KILN_CHECK(kiln__head_rms_norm_check(rt, &c, &info));
+    c.size = 0; /* 0: this header's size */
+    KILN_CHECK(kiln__head_rms_norm_check(rt, &c, &info));
+
+    kiln_tensor kw64 = kw, qw2 = qw, kw16 = kw, out16 = out, qkv32 = qkv, out6 = out, part = out, over_w = out,
+                alien = view(foreign, 0, F, 1, 128, 0, 0);
+    kw64.dims[0] = 64;
+    qw2.rank = 2;
+    qw2.dims[1] = 1;
+    kw16.dtype = out16.dtype = KILN_DTYPE_F16;
+    qkv32.dtype = KILN_DTYPE_F32;
+    out6.dims[0] = 6;
+    part.offset = 256;
+    over_w.offset = 16 * MB - 256;
+    const bad_binding bad[] = {
+        {AT(k_weight), &kw64, "head_rms_norm: binding k_weight has dims [64]", "must be 128"},
+        {AT(q_weight), &qw2, "binding q_weight must have rank 1", "got 2"},
+        {AT(k_weight), &kw16, "binding k_weight must be bf16", "got f16"},
+        {AT(out), &out16, "binding out must be bf16", "got f16"},
+        {AT(qkv), &qkv32, "binding qkv must be f16 or bf16", "got f32"},
+        {AT(out), &out6, "binding out has dims [6, 6144]", "must be 7"},
+        {AT(out), &part, "out (offset 256) partly overlaps qkv (offset 0)", NULL},
+        {AT(out), &over_w, "binding out overlaps binding q_weight", NULL},
+        {AT(q), &qkv, "the fused form takes qkv and out only", NULL},
+        {AT(k_weight), NULL, "binding k_weight has no buffer", NULL},
+        {AT(q_weight), &alien, "q_weight belongs to another runtime", NULL},
+    };
+    expect_refused(rt, &b, bad, sizeof bad / sizeof bad[0]);
     c = b;
     c.kv_heads = 4; /* rows of (32 + 8) * 128: not this qkv */
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "binding qkv has dims [7, 6144]", "5120");
-    c = b;
+    c.kv_heads = 8;
     c.heads = 0;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "heads 0 and kv_heads 8", NULL);
-    t = out;
-    t.dims[0] = 6;
-    c = b;
-    c.out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding out has dims [6, 6144]", "must be 7");
-    t = out;
-    t.offset = 256; /* partly over qkv */
-    c = b;
-    c.out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "out (offset 256) partly overlaps qkv (offset 0)", NULL);
-    t = out;
-    t.offset = 16 * MB - 256;
-    c = b;
-    c.out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding out overlaps binding q_weight", NULL);
-    c = b;
+    c.heads = 32;
     c.eps = 0.0f;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "eps must be a finite number > 0", "got 0");
     c.eps = NAN;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(), "eps", "nan");
-    c = b;
-    c.q = &qkv;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "the fused form takes qkv and out only", NULL);
-    c = b;
-    c.k_weight = NULL;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k_weight has no buffer", NULL);
-    t = view(foreign, 0, F, 1, 128, 0, 0);
-    c = b;
-    c.q_weight = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "q_weight belongs to another runtime", NULL);
     c = b;
     c.size = 8;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
@@ -255,10 +229,10 @@ static void test_fused_validation(void **state)
     KILN_EXPECT(kiln__head_rms_norm_check(rt, NULL, &info), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
     /* A misaligned binding, or a head_dim of no whole vectors, takes the scalar path. */
-    t = out;
-    t.offset += 2;
+    kiln_tensor skewed = out;
+    skewed.offset += 2;
     c = b;
-    c.out = &t;
+    c.out = &skewed;
     KILN_CHECK(kiln__head_rms_norm_check(rt, &c, &info));
     assert_int_equal(info.vec, 1);
     kiln_tensor q2 = view(buf, 0, F, 2, 3, 1400, 0), w2 = view(buf, 16 * MB, F, 1, 100, 0, 0),
@@ -303,59 +277,30 @@ static void test_separate_validation(void **state)
     c.heads = 8;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
                 "heads 8, but binding q has 16 heads", NULL);
-    c = b;
+    c.heads = 16;
     c.kv_heads = 4;
     KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "binding k has dims [5, 2, 64]", "must be 4");
-    kiln_tensor t = k;
-    t.dims[2] = 128;
-    c = b;
-    c.k = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k has dims [5, 2, 128]", "must be 64");
-    t = kw;
-    t.dims[0] = 128;
-    c = b;
-    c.k_weight = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k_weight has dims [128]", "must be 64");
-    t = ko;
-    t.dims[1] = 16;
-    c = b;
-    c.k_out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k_out has dims [5, 16, 64]", "dim 1 must be 2");
-    t = qo;
-    t.dtype = KILN_DTYPE_BF16;
-    c = b;
-    c.q_out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding q_out must be f16", "got bf16");
-    c = b;
-    c.k_out = &ko;
-    c.q_out = &k; /* the wrong shape first */
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding q_out has dims [5, 2, 64]", NULL);
-    t = ko;
-    t.offset = 0; /* k_out over q */
-    c = b;
-    c.k_out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k_out overlaps binding q", NULL);
-    t = qo;
-    t.offset = 12 * MB; /* q_out over k_out */
-    c = b;
-    c.q_out = &t;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding q_out overlaps binding k_out", NULL);
-    c = b;
-    c.out = &qo;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "out given without qkv", NULL);
-    c = b;
-    c.k = NULL;
-    KILN_EXPECT(kiln__head_rms_norm_check(rt, &c, &info), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
-                "binding k has no buffer", NULL);
+
+    kiln_tensor k128 = k, kw128 = kw, ko16 = ko, qo_bf = qo, ko_over_q = ko, qo_over_ko = qo;
+    k128.dims[2] = 128;
+    kw128.dims[0] = 128;
+    ko16.dims[1] = 16;
+    qo_bf.dtype = KILN_DTYPE_BF16;
+    ko_over_q.offset = 0;
+    qo_over_ko.offset = 12 * MB;
+    const bad_binding bad[] = {
+        {AT(k), &k128, "binding k has dims [5, 2, 128]", "must be 64"},
+        {AT(k_weight), &kw128, "binding k_weight has dims [128]", "must be 64"},
+        {AT(k_out), &ko16, "binding k_out has dims [5, 16, 64]", "dim 1 must be 2"},
+        {AT(q_out), &qo_bf, "binding q_out must be f16", "got bf16"},
+        {AT(q_out), &k, "binding q_out has dims [5, 2, 64]", NULL},
+        {AT(k_out), &ko_over_q, "binding k_out overlaps binding q", NULL},
+        {AT(q_out), &qo_over_ko, "binding q_out overlaps binding k_out", NULL},
+        {AT(out), &qo, "out given without qkv", NULL},
+        {AT(k), NULL, "binding k has no buffer", NULL},
+    };
+    expect_refused(rt, &b, bad, sizeof bad / sizeof bad[0]);
     free(buf);
     fake_runtime_free(rt);
 }

@@ -15,30 +15,14 @@
 
 typedef gpu_fixture fixture;
 
-typedef struct elt_t {
-    kiln_dtype dtype;
-    const char *name;
-    float (*to_f32)(uint16_t);
-    uint16_t (*from)(double);
-    double tol;
-} elt_t;
-
-static uint16_t bf16_from_double(double x) { return kiln_test_bf16_from_f32((float)x); }
-
-static const elt_t F16 = {KILN_DTYPE_F16, "f16", h2f, f2h, 1e-3};
-static const elt_t BF16 = {KILN_DTYPE_BF16, "bf16", kiln_test_bf16_to_f32, bf16_from_double, 5e-3};
-
-static double uniform(kiln_rng *r, double lo, double hi)
+/* An element type's host conversions and the tolerance of one rounding to it. */
+static double to_double(kiln_dtype dt, uint16_t h) { return dt == KILN_DTYPE_BF16 ? kiln_test_bf16_to_f32(h) : h2f(h); }
+static uint16_t from_double(kiln_dtype dt, double x)
 {
-    return lo + (hi - lo) * (double)(kiln_rng_next(r) >> 11) * ldexp(1, -53);
+    return dt == KILN_DTYPE_BF16 ? kiln_test_bf16_from_f32((float)x) : f2h(x);
 }
-
-static kiln_buffer *buffer(kiln_runtime *rt, size_t bytes)
-{
-    kiln_buffer *b;
-    KILN_CHECK(kiln_buffer_create(rt, bytes, 256, &b));
-    return b;
-}
+static double tolerance(kiln_dtype dt) { return dt == KILN_DTYPE_BF16 ? 5e-3 : 1e-3; }
+static const char *elt_name(kiln_dtype dt) { return dt == KILN_DTYPE_BF16 ? "bf16" : "f16"; }
 
 static double rel_err(double got, double ref)
 {
@@ -57,7 +41,7 @@ typedef struct head_case {
 
 /* Runs one case; the host arrays are the fused rows [T, (heads + 2 kv) * d]
  * whatever the form (the separate form uploads their q and k parts). */
-static void run_case(fixture *f, const head_case *c, const elt_t *e)
+static void run_case(fixture *f, const head_case *c, kiln_dtype dt)
 {
     const size_t D = (size_t)c->d, NH = (size_t)c->heads, KV = (size_t)c->kv_heads, T = (size_t)c->tokens;
     const size_t W = (NH + 2 * KV) * D, n = T * W, bytes = n * 2, qb = T * NH * D * 2, kb = T * KV * D * 2;
@@ -67,20 +51,21 @@ static void run_case(fixture *f, const head_case *c, const elt_t *e)
     for (size_t v = 0; v < n / D; v++) {
         const double scale = ldexp(1, (int)kiln_rng_below(&f->rng, 10) - 5);
         for (size_t i = 0; i < D; i++)
-            x[v * D + i] = e->from(uniform(&f->rng, -scale, scale));
+            x[v * D + i] = from_double(dt, kiln_rng_uniform(&f->rng, -scale, scale));
     }
     for (size_t i = 0; i < 2 * D; i++)
-        w[i] = e->from(uniform(&f->rng, -2, 2));
+        w[i] = from_double(dt, kiln_rng_uniform(&f->rng, -2, 2));
     const float eps = 1e-6f;
     const size_t sk = c->skew;
-    kiln_buffer *bx = buffer(f->rt, bytes + sk), *bo = buffer(f->rt, bytes + sk), *bw = buffer(f->rt, 4 * D + 2 * sk);
+    kiln_buffer *bx = gpu_buffer(f->rt, bytes + sk), *bo = gpu_buffer(f->rt, bytes + sk),
+                *bw = gpu_buffer(f->rt, 4 * D + 2 * sk);
     KILN_CHECK(kiln_buffer_upload(bw, sk, w, 2 * D));
     KILN_CHECK(kiln_buffer_upload(bw, 2 * D + 2 * sk, w + D, 2 * D));
     KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, bytes + sk)); /* NaN everywhere */
-    kiln_tensor qw = {.buffer = bw, .offset = sk, .dtype = e->dtype, .rank = 1, .dims = {c->d}}, kw = qw;
+    kiln_tensor qw = {.buffer = bw, .offset = sk, .dtype = dt, .rank = 1, .dims = {c->d}}, kw = qw;
     kw.offset = 2 * D + 2 * sk;
     kiln_head_rms_norm_bindings b = {.size = sizeof b, .q_weight = &qw, .k_weight = &kw, .eps = eps};
-    kiln_tensor qkv = {.buffer = bx, .offset = sk, .dtype = e->dtype, .rank = 2, .dims = {c->tokens, (int64_t)W}},
+    kiln_tensor qkv = {.buffer = bx, .offset = sk, .dtype = dt, .rank = 2, .dims = {c->tokens, (int64_t)W}},
                 out = qkv, q, k, qo, ko;
     if (c->how == FUSED_IN_PLACE || c->how == FUSED) {
         KILN_CHECK(kiln_buffer_upload(bx, sk, x, bytes));
@@ -101,7 +86,8 @@ static void run_case(fixture *f, const head_case *c, const elt_t *e)
         KILN_CHECK(kiln_buffer_upload(bx, sk + qb, sk_, kb));
         free(sq);
         free(sk_);
-        q = (kiln_tensor){.buffer = bx, .offset = sk, .dtype = e->dtype, .rank = 3, .dims = {c->tokens, c->heads, c->d}};
+        q = (kiln_tensor){.buffer = bx, .offset = sk, .dtype = dt, .rank = 3,
+                          .dims = {c->tokens, c->heads, c->d}};
         k = q;
         k.offset = sk + qb;
         k.dims[1] = c->kv_heads;
@@ -143,7 +129,7 @@ static void run_case(fixture *f, const head_case *c, const elt_t *e)
                 for (size_t i = 0; i < D; i++) {
                     const uint16_t want = c->how == FUSED ? 0xffff : x[at + i];
                     if (got[at + i] != want && wrong++ < 5)
-                        fprintf(stderr, "%s %s d %zu: v[%zu][%zu][%zu] = 0x%04x, want 0x%04x\n", e->name,
+                        fprintf(stderr, "%s %s d %zu: v[%zu][%zu][%zu] = 0x%04x, want 0x%04x\n", elt_name(dt),
                                 form_names[c->how], D, t, h, i, got[at + i], want);
                 }
                 continue;
@@ -151,21 +137,21 @@ static void run_case(fixture *f, const head_case *c, const elt_t *e)
             const uint16_t *wt = h < NH ? w : w + D;
             double ss = 0;
             for (size_t i = 0; i < D; i++) {
-                const double v = e->to_f32(x[at + i]);
+                const double v = to_double(dt, x[at + i]);
                 ss += v * v;
             }
             const double inv = 1.0 / sqrt(ss / (double)D + (double)eps);
             for (size_t i = 0; i < D; i++) {
-                const double ref = e->to_f32(x[at + i]) * inv * e->to_f32(wt[i]), g = e->to_f32(got[at + i]),
+                const double ref = to_double(dt, x[at + i]) * inv * to_double(dt, wt[i]), g = to_double(dt, got[at + i]),
                              d = rel_err(g, ref);
                 worst = fmax(worst, d);
-                if (d > e->tol && wrong++ < 5)
-                    fprintf(stderr, "%s %s d %zu heads %zu/%zu T %zu: [%zu][%zu][%zu] = %g, want %g\n", e->name,
+                if (d > tolerance(dt) && wrong++ < 5)
+                    fprintf(stderr, "%s %s d %zu heads %zu/%zu T %zu: [%zu][%zu][%zu] = %g, want %g\n", elt_name(dt),
                             form_names[c->how], D, NH, KV, T, t, h, i, g, ref);
             }
         }
     if (wrong)
-        fail_msg("%s %s d %zu heads %zu/%zu T %zu skew %zu: %zu wrong (worst %g)", e->name, form_names[c->how], D, NH,
+        fail_msg("%s %s d %zu heads %zu/%zu T %zu skew %zu: %zu wrong (worst %g)", elt_name(dt), form_names[c->how], D, NH,
                  KV, T, sk, wrong, worst);
     kiln_buffer_destroy(bx);
     kiln_buffer_destroy(bo);
@@ -175,7 +161,7 @@ static void run_case(fixture *f, const head_case *c, const elt_t *e)
     free(w);
 }
 
-static void every_shape(fixture *f, const elt_t *e)
+static void every_shape(fixture *f, kiln_dtype dt)
 {
     static const int64_t dims[] = {64, 128, 256}, tokens[] = {1, 7, 300};
     static const int64_t gqa[][2] = {{32, 8}, {16, 2}, {8, 8}};
@@ -184,25 +170,44 @@ static void every_shape(fixture *f, const elt_t *e)
             for (size_t t = 0; t < 3; t++)
                 for (int how = 0; how < 4; how++) {
                     const head_case c = {dims[d], gqa[g][0], gqa[g][1], tokens[t], (form)how, 0};
-                    run_case(f, &c, e);
+                    run_case(f, &c, dt);
                 }
 }
 
-static void test_every_shape(void **state) { every_shape(*state, &F16); }
-static void test_every_shape_bf16(void **state) { every_shape(*state, &BF16); }
+static void test_every_shape(void **state) { every_shape(*state, KILN_DTYPE_F16); }
+static void test_every_shape_bf16(void **state) { every_shape(*state, KILN_DTYPE_BF16); }
 
 /* The scalar path: misaligned bindings, and a head_dim of no whole vectors. */
-static void scalar_paths(fixture *f, const elt_t *e)
+static void scalar_paths(fixture *f, kiln_dtype dt)
 {
     static const head_case cases[] = {{128, 32, 8, 7, FUSED_IN_PLACE, 2}, {128, 16, 2, 300, FUSED, 2},
                                       {64, 16, 2, 7, SEPARATE, 2},        {100, 12, 3, 7, FUSED_IN_PLACE, 0},
                                       {100, 12, 3, 300, SEPARATE, 0},     {1, 3, 1, 5, FUSED, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        run_case(f, &cases[i], e);
+        run_case(f, &cases[i], dt);
 }
 
-static void test_scalar_paths(void **state) { scalar_paths(*state, &F16); }
-static void test_scalar_paths_bf16(void **state) { scalar_paths(*state, &BF16); }
+static void test_scalar_paths(void **state) { scalar_paths(*state, KILN_DTYPE_F16); }
+static void test_scalar_paths_bf16(void **state) { scalar_paths(*state, KILN_DTYPE_BF16); }
+
+/* The fused form in place over one buffer: qkv [T, (NH + 2 KV) * D] at 0,
+ * q_weight at 512 KiB, k_weight 4 KiB past it. */
+typedef struct fused_views {
+    kiln_buffer *b;
+    kiln_tensor qkv, qw, kw;
+    kiln_head_rms_norm_bindings hb;
+} fused_views;
+
+static void fused_views_make(fixture *f, fused_views *v, kiln_dtype dt, int64_t T, int64_t NH, int64_t KV, int64_t D)
+{
+    v->b = gpu_buffer(f->rt, 1 << 20);
+    v->qkv = (kiln_tensor){.buffer = v->b, .dtype = dt, .rank = 2, .dims = {T, (NH + 2 * KV) * D}};
+    v->qw = (kiln_tensor){.buffer = v->b, .offset = 512 << 10, .dtype = dt, .rank = 1, .dims = {D}};
+    v->kw = v->qw;
+    v->kw.offset += 4096;
+    v->hb = (kiln_head_rms_norm_bindings){.qkv = &v->qkv, .out = &v->qkv, .q_weight = &v->qw, .k_weight = &v->kw,
+                                          .heads = NH, .kv_heads = KV, .eps = 1e-6f};
+}
 
 /* A command is replayable, its key stable: submitted twice through a graph
  * it normalizes the current contents each time. */
@@ -210,20 +215,17 @@ static void test_command_replays(void **state)
 {
     fixture *f = *state;
     const int64_t T = 4, NH = 8, KV = 2, D = 128, W = (NH + 2 * KV) * D;
-    kiln_buffer *b = buffer(f->rt, 1 << 20);
-    kiln_tensor qkv = {.buffer = b, .dtype = KILN_DTYPE_BF16, .rank = 2, .dims = {T, W}},
-                qw = {.buffer = b, .offset = 512 << 10, .dtype = KILN_DTYPE_BF16, .rank = 1, .dims = {D}}, kw = qw;
-    kw.offset += 4096;
-    kiln_head_rms_norm_bindings hb = {.qkv = &qkv, .out = &qkv, .q_weight = &qw, .k_weight = &kw, .heads = NH,
-                                      .kv_heads = KV, .eps = 1e-6f};
+    fused_views v;
+    fused_views_make(f, &v, KILN_DTYPE_BF16, T, NH, KV, D);
+    kiln_buffer *b = v.b;
     uint16_t one = 0x3f80, two = 0x4000;
     KILN_CHECK(kiln_buffer_fill(b, 0, 0, 1 << 20));
     for (int64_t i = 0; i < D; i++) {
-        KILN_CHECK(kiln_buffer_upload(b, qw.offset + (size_t)i * 2, &one, 2));
-        KILN_CHECK(kiln_buffer_upload(b, kw.offset + (size_t)i * 2, &one, 2));
+        KILN_CHECK(kiln_buffer_upload(b, v.qw.offset + (size_t)i * 2, &one, 2));
+        KILN_CHECK(kiln_buffer_upload(b, v.kw.offset + (size_t)i * 2, &one, 2));
     }
     kiln_command *cmd;
-    KILN_CHECK(kiln_op_head_rms_norm_encode(f->jit, &hb, &cmd));
+    KILN_CHECK(kiln_op_head_rms_norm_encode(f->jit, &v.hb, &cmd));
     assert_true(kiln_command_replayable(cmd));
     assert_string_equal(kiln_command_op_id(cmd), "head_rms_norm");
     for (int round = 0; round < 2; round++) {
@@ -234,16 +236,9 @@ static void test_command_replays(void **state)
         if (round)
             row[0] = 0;
         KILN_CHECK(kiln_buffer_upload(b, 0, row, (size_t)(T * W) * 2));
-        kiln_submit_options so = {.path = KILN_PATH_REPLAYED_ONLY};
-        kiln_fence *fence;
-        KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
-        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
-        KILN_CHECK(kiln_fence_wait(fence));
         kiln_attribution a;
-        KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
-        assert_int_equal(a.path, KILN_EXEC_REPLAYED);
+        gpu_submit_replayed(f->s, cmd, &a);
         assert_int_equal(a.tokens, (uint32_t)T);
-        kiln_fence_release(fence);
         KILN_CHECK(kiln_buffer_readback(b, 0, row, (size_t)(T * W) * 2));
         const double first = round ? sqrt(128.0 / 127.0) : 1.0;
         assert_true(fabs(kiln_test_bf16_to_f32(row[1]) - first) < 1e-2);
@@ -280,39 +275,32 @@ static void test_prewarmed_config_compiles_nothing(void **state)
     kiln_jit_options jo = {.cache = f->cache, .runtime = f->rt};
     kiln_jit *jit;
     KILN_CHECK(kiln_jit_create(&jo, &jit));
-    kiln_buffer *b = buffer(f->rt, 1 << 20);
-    kiln_tensor qkv = {.buffer = b, .dtype = KILN_DTYPE_BF16, .rank = 2, .dims = {3, 48 * 128}},
-                qw = {.buffer = b, .offset = 512 << 10, .dtype = KILN_DTYPE_BF16, .rank = 1, .dims = {128}}, kw = qw;
-    kw.offset += 4096;
-    kiln_head_rms_norm_bindings hb = {.qkv = &qkv, .out = &qkv, .q_weight = &qw, .k_weight = &kw, .heads = 32,
-                                      .kv_heads = 8, .eps = 1e-6f};
+    fused_views v;
+    fused_views_make(f, &v, KILN_DTYPE_BF16, 3, 32, 8, 128);
     kiln_command *cmd;
-    KILN_CHECK(kiln_op_head_rms_norm_encode(jit, &hb, &cmd));
+    KILN_CHECK(kiln_op_head_rms_norm_encode(jit, &v.hb, &cmd));
     kiln_command_release(cmd);
     kiln_jit_counters k;
     kiln_jit_get_counters(jit, &k);
     assert_int_equal(k.compiles, 0);
     assert_int_equal(k.database_hits, 1);
-    kiln_buffer_destroy(b);
+    kiln_buffer_destroy(v.b);
     kiln_jit_destroy(jit);
 }
 
 static void test_bad_bindings_are_refused_before_launch(void **state)
 {
     fixture *f = *state;
-    kiln_buffer *b = buffer(f->rt, 1 << 20);
-    kiln_tensor qkv = {.buffer = b, .dtype = KILN_DTYPE_F16, .rank = 2, .dims = {4, 12 * 64}},
-                qw = {.buffer = b, .offset = 512 << 10, .dtype = KILN_DTYPE_F16, .rank = 1, .dims = {64}}, kw = qw;
-    kw.offset += 4096;
-    kiln_head_rms_norm_bindings hb = {.qkv = &qkv, .out = &qkv, .q_weight = &qw, .k_weight = &kw, .heads = 8,
-                                      .kv_heads = 2, .eps = 1e-6f};
-    kiln_tensor bad = kw;
+    fused_views v;
+    fused_views_make(f, &v, KILN_DTYPE_F16, 4, 8, 2, 64);
+    const kiln_head_rms_norm_bindings hb = v.hb;
+    kiln_tensor bad = v.kw;
     bad.dims[0] = 32;
     kiln_head_rms_norm_bindings c = hb;
     c.k_weight = &bad;
     KILN_EXPECT(kiln_op_head_rms_norm(f->jit, &c), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(f->rt),
                 "binding k_weight has dims [32]", "must be 64");
-    bad = qw;
+    bad = v.qw;
     bad.dtype = KILN_DTYPE_BF16;
     c = hb;
     c.q_weight = &bad;
@@ -325,7 +313,7 @@ static void test_bad_bindings_are_refused_before_launch(void **state)
                 "binding qkv has dims [4, 768]", NULL);
     assert_null(cmd);
     KILN_CHECK(kiln_runtime_synchronize(f->rt));
-    kiln_buffer_destroy(b);
+    kiln_buffer_destroy(v.b);
 }
 
 int main(void)
