@@ -1,4 +1,4 @@
-/* kiln — RMSNorm and residual add (included by kiln/ops.h).
+/* kiln — RMSNorm, residual add and the per-head q/k RMSNorm (included by kiln/ops.h).
  *
  * Storage in one element type per call, f16 or bf16 (bf16 needs sm_80 or
  * later), named by x (a for residual add): every other binding is of the
@@ -93,7 +93,9 @@ KILN_API kiln_status kiln_op_residual_add_spec(kiln_dtype elt, int64_t hidden, i
  * refused. Kernels specialized on the element type, head_dim, heads and
  * kv_heads (16-byte accesses when head_dim % 8 == 0 and every binding is
  * 16-byte aligned; scalar otherwise). Key: the kernel, every binding's
- * address and bytes, the row strides, T and eps. Statuses as above. */
+ * address and bytes, the row strides, T and eps. No workspace. Statuses as
+ * above, and KILN_ERR_INVALID_ARGUMENT for NULL bindings or a size under
+ * this layout's. Threading and lifetime as the other operations. */
 typedef struct kiln_head_rms_norm_bindings {
     /* sizeof(kiln_head_rms_norm_bindings), or 0 (the same). A larger one is
      * read as far as this header's; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
@@ -109,9 +111,10 @@ typedef struct kiln_head_rms_norm_bindings {
 KILN_API kiln_status kiln_op_head_rms_norm_encode(kiln_jit *jit, const kiln_head_rms_norm_bindings *b,
                                                   kiln_command **cmd);
 KILN_API kiln_status kiln_op_head_rms_norm(kiln_jit *jit, const kiln_head_rms_norm_bindings *b);
-/* The specialization of both forms, for element type elt, head_dim, heads,
- * kv_heads (each in [1, KILN_MODEL_MAX_HEADS]) and
- * a vector width of 8 (head_dim % 8 == 0, aligned bindings) or 1. */
+/* The specialization of both forms, for element type elt, head_dim (1 to
+ * KILN_MODEL_MAX_HEAD_DIM), heads and kv_heads (each in [1,
+ * KILN_MODEL_MAX_HEADS]) and a vector width of 8 (head_dim % 8 == 0, aligned
+ * bindings) or 1. */
 KILN_API kiln_status kiln_op_head_rms_norm_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads,
                                                 int vector_width, kiln_spec *out);
 
