@@ -33,6 +33,8 @@ static const kiln__op_row rows[] = {
      "kiln_op_rms_norm_workspace", kiln__rms_norm_specs, NULL},
     {"residual_add", KILN__VERSION_RESIDUAL_ADD, KERNELS, ELT, PACKED, "residual_add",
      "kiln_op_residual_add_workspace", kiln__residual_add_specs, NULL},
+    {"head_rms_norm", KILN__VERSION_HEAD_RMS_NORM, KERNELS, ELT, PACKED, "head_rms_norm", NULL,
+     kiln__head_rms_norm_specs, NULL},
     {"masked_argmax", KILN__VERSION_MASKED_ARGMAX, KERNELS, ELT, PACKED, "masked_argmax",
      "kiln_op_masked_argmax_workspace", kiln__masked_argmax_specs, NULL},
     {"moe_router", KILN__VERSION_MOE_ROUTER, KERNELS, ELT, PACKED, "moe_router", "kiln_op_moe_router_workspace",

@@ -102,6 +102,8 @@ kiln_status kiln__moe_router_specs(const kiln_model_config *cfg, kiln__spec_sink
 /* The router's checks (include/kiln/op_moe.h), without encoding: *elt and
  * each binding's bytes (logits, ids, weights). */
 kiln_status kiln__moe_router_check(kiln_runtime *rt, const kiln_moe_router_desc *d, kiln_dtype *elt, size_t bytes[3]);
+/* Only for a config with qk_norm (Qwen3). */
+kiln_status kiln__head_rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 
 /* Validation alone (no jit, no launch), for encode and for the CPU tests. *vec
  * is the vector width the bindings allow (8 or 1). */
@@ -118,6 +120,23 @@ kiln_status kiln__rms_norm_check(kiln_runtime *rt, const kiln_tensor *x, const k
                                  const kiln_tensor *weight, float eps, const kiln_tensor *out, int *vec);
 kiln_status kiln__residual_add_check(kiln_runtime *rt, const kiln_tensor *a, const kiln_tensor *b,
                                      const kiln_tensor *out, int *vec);
+/* A checked head RMSNorm: its kernel's arguments (device addresses of the q
+ * and k row bases, in and out, the weights; row strides in elements), the
+ * spec's sizes, its regions, and bytes: qkv or q, k (0 fused), out or q_out,
+ * k_out (0 fused), q_weight, k_weight. */
+typedef struct kiln__head_norm_info {
+    CUdeviceptr q, k, q_out, k_out, qw, kw;
+    uint64_t q_stride, k_stride;
+    float eps;
+    kiln_dtype elt;
+    int64_t tokens, head_dim, heads, kv_heads;
+    int vec;
+    size_t bytes[6];
+    kiln_region regions[6];
+    size_t n_regions;
+} kiln__head_norm_info;
+kiln_status kiln__head_rms_norm_check(kiln_runtime *rt, const kiln_head_rms_norm_bindings *b,
+                                      kiln__head_norm_info *info);
 /* bytes[7]: each binding's bytes, in the order of kiln_masked_argmax_bindings. */
 kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
                                       int *vec);

@@ -211,6 +211,12 @@ for name in llama-3.1-8b llama-3.2-1b qwen2.5-7b qwen3-8b mistral-7b-v0.3; do
     dry_summary
     [[ $DRY_DTYPE == f16 && $DRY_N -eq $N_BF16 ]] || fail "$name --dtype f16: dtype $DRY_DTYPE, $DRY_N specializations"
 done
+# Qwen3's q/k norm adds the per-head norm (of its head_dim, heads and kv_heads); Qwen2.5 has none.
+expect 0 "$KILN" prewarm -n --model "$DATA/qwen3-8b.json" --arch sm_90
+grep -q -E '^head_rms_norm BF16=1;HEADS=32;HEAD_DIM=128;KV_HEADS=8;THREADS=128;VEC=8 [0-9a-f]{16}$' "$OUT" ||
+    fail "Qwen3-8B's dry run does not list head_rms_norm"
+expect 0 "$KILN" prewarm -n --model "$DATA/qwen2.5-7b.json" --arch sm_90
+grep -q '^head_rms_norm ' "$OUT" && fail "Qwen2.5-7B (no q/k norm) lists head_rms_norm"
 # Llama-3.1-8B is the built-in shape: its scaled RoPE changes no kernel key.
 expect 0 "$KILN" prewarm -n --arch sm_90
 cp "$OUT" "$S/dry-default.out"
@@ -567,6 +573,10 @@ expect 0 "$KILN" explain --db "$EXP" --op dense_swiglu
 grep -q -E '^swiglu [A-Z0-9_=;]+ hit [0-9a-f]{64}$' "$OUT" || fail "explain of an operation id: no swiglu kernel"
 grep -q -E '^skinny_linear [A-Z0-9_=;]+ hit ' "$OUT" || fail "explain of an operation id: no skinny_linear kernel"
 grep -q -v -E '^(swiglu|tma_swiglu|skinny_linear) ' "$OUT" && fail "explain of an operation id lists another template"
+# Qwen3's per-head norm, which the Llama export does not hold.
+expect 0 "$KILN" explain --db "$EXP" --model "$DATA/qwen3-8b.json" --op head_rms_norm
+grep -q -E '^head_rms_norm BF16=1;HEADS=32;HEAD_DIM=128;KV_HEADS=8;THREADS=128;VEC=8 miss [0-9a-f]{64} nearest ' "$OUT" ||
+    fail "explain does not show Qwen3-8B's head_rms_norm as missing from the Llama export"
 
 # ---- check: every kernel a model needs is in the databases (nothing to compile) ----
 CK="$S/check"
@@ -620,9 +630,9 @@ grep -q 'sm_9' "$ERR" || fail "check with a bad arch does not name it"
 # ---- ls-ops: the operation catalog ----
 expect 0 "$KILN" ls-ops
 N_OPS=$(wc -l <"$OUT")
-[[ $N_OPS -ge 11 ]] || fail "ls-ops lists $N_OPS operations"
-for op in token_embedding rms_norm rms_norm_residual residual_add masked_argmax dense_linear dense_swiglu \
-    dense_linear_norm last_token_linear gated_delta paged_attention; do
+[[ $N_OPS -ge 12 ]] || fail "ls-ops lists $N_OPS operations"
+for op in token_embedding rms_norm rms_norm_residual residual_add head_rms_norm masked_argmax dense_linear \
+    dense_swiglu dense_linear_norm last_token_linear gated_delta paged_attention; do
     grep -q -E "^$op +[0-9]+ [a-z0-9_,]+ +f16,bf16 +packed " "$OUT" || fail "ls-ops: no line for $op"
 done
 grep -q -E '^paged_attention +3 [a-z0-9_,]*paged_kv .* kiln_op_paged_attention_workspace +paged_attention paged_decode paged_prefill paged_prefill_mma$' \

@@ -31,6 +31,28 @@ static inline int gpu_fixture_setup(void **state)
     return 0;
 }
 
+/* A buffer of bytes on rt, 256-byte aligned, or the test fails. */
+static inline kiln_buffer *gpu_buffer(kiln_runtime *rt, size_t bytes)
+{
+    kiln_buffer *b;
+    KILN_CHECK(kiln_buffer_create(rt, bytes, 256, &b));
+    return b;
+}
+
+/* Submits cmd alone through its prepared graph (KILN_PATH_REPLAYED_ONLY),
+ * waits, and returns its attribution, checked to say replayed. */
+static inline void gpu_submit_replayed(kiln_stream *s, kiln_command *cmd, kiln_attribution *a)
+{
+    kiln_submit_options so = {.path = KILN_PATH_REPLAYED_ONLY};
+    kiln_fence *fence;
+    KILN_CHECK(kiln_stream_prepare(s, &cmd, 1, &so, NULL));
+    KILN_CHECK(kiln_stream_submit(s, &cmd, 1, &so, &fence));
+    KILN_CHECK(kiln_fence_wait(fence));
+    KILN_CHECK(kiln_fence_attribution(fence, 0, a));
+    kiln_fence_release(fence);
+    assert_int_equal(a->path, KILN_EXEC_REPLAYED);
+}
+
 static inline int gpu_fixture_teardown(void **state)
 {
     gpu_fixture *f = *state;

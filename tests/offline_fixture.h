@@ -25,6 +25,17 @@ static inline int offline_fixture_setup(void **state)
     return 0;
 }
 
+/* Compiles s into the jit's cache (no device), or fails naming the spec and the log. */
+static inline void offline_prepare(kiln_jit *jit, const kiln_spec *s)
+{
+    int compiled = 0;
+    char text[256];
+    KILN_CHECK(kiln_spec_constants_text(s, text, sizeof text));
+    kiln_status st = kiln_jit_prepare(jit, s, &compiled);
+    if (st)
+        fail_msg("%s %s: %s: %s", s->template_id, text, kiln_status_code(st), kiln_errmsg());
+}
+
 static inline int offline_fixture_teardown(void **state)
 {
     offline_fixture *f = *state;

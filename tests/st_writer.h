@@ -149,7 +149,7 @@ static inline int st_write_file(const char *path, const void *data, size_t size)
 /* ---- tiny checkpoints ---- */
 
 typedef struct tiny_model {
-    const char *type; /* "llama" or "qwen2" */
+    const char *type; /* "llama", "qwen2" (q/k/v biases) or "qwen3" (q/k norms) */
     int tie;
     long long vocab, hidden, inter, layers, heads, kv_heads, head_dim;
     double theta;
@@ -193,6 +193,10 @@ static inline size_t tiny_entries(const tiny_model *m, st_entry *e, size_t cap)
             TINY_LAYER("self_attn.q_proj.bias", 1, Q, 0);
             TINY_LAYER("self_attn.k_proj.bias", 1, KV, 0);
             TINY_LAYER("self_attn.v_proj.bias", 1, KV, 0);
+        }
+        if (!strcmp(m->type, "qwen3")) {
+            TINY_LAYER("self_attn.q_norm.weight", 1, m->head_dim, 0);
+            TINY_LAYER("self_attn.k_norm.weight", 1, m->head_dim, 0);
         }
         TINY_LAYER("self_attn.o_proj.weight", 2, H, Q);
         TINY_LAYER("mlp.gate_proj.weight", 2, I, H);
@@ -246,7 +250,10 @@ static inline const char *tiny_config_json(const tiny_model *m, char *buf, size_
              "\"num_key_value_heads\":%lld,\"head_dim\":%lld,\"rms_norm_eps\":1e-06,"
              "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":%g},\"tie_word_embeddings\":%s,"
              "\"hidden_act\":\"silu\",\"eos_token_id\":2,\"bos_token_id\":1,\"dtype\":\"float16\"}",
-             !strcmp(m->type, "qwen2") ? "Qwen2ForCausalLM" : "LlamaForCausalLM", m->type, m->vocab, m->hidden,
+             !strcmp(m->type, "qwen2")   ? "Qwen2ForCausalLM"
+             : !strcmp(m->type, "qwen3") ? "Qwen3ForCausalLM"
+                                         : "LlamaForCausalLM",
+             m->type, m->vocab, m->hidden,
              m->inter, m->layers, m->heads, m->kv_heads, m->head_dim, m->theta, m->tie ? "true" : "false");
     return buf;
 }

@@ -1,6 +1,6 @@
-/* examples/decode on the GPU: tiny Llama (GQA) and Qwen2 (tied, q/k/v
- * biases) checkpoints written here with random weights, decoded as one
- * batch of prompts of different lengths and limits, and checked against the
+/* examples/decode on the GPU: tiny Llama (GQA), Qwen2 (tied, q/k/v biases)
+ * and Qwen3 (q/k norms; head_dim 128, heads * head_dim != hidden)
+ * checkpoints written here with random weights, decoded as one batch of prompts of different lengths and limits, and checked against the
  * same prompts decoded one at a time (tokens identical but at near ties of
  * the single run's logits; last-position logits within 2e-2 relative); an
  * EOS stops its participant while the others go on; a second jit on the same
@@ -19,9 +19,11 @@
 #define TOL 2e-2
 #define TIE 0.02 /* a top-2 gap below this many standard deviations is a near tie */
 
-static const tiny_model MODELS[2] = {
+#define N_MODELS 3
+static const tiny_model MODELS[N_MODELS] = {
     {"llama", 0, 512, 128, 256, 2, 2, 1, 64, 10000.0, 0.12f, 11},
     {"qwen2", 1, 768, 256, 512, 2, 4, 2, 64, 1e6, 0.08f, 13},
+    {"qwen3", 0, 640, 256, 512, 2, 4, 2, 128, 1e6, 0.08f, 17},
 };
 
 typedef struct capture {
@@ -118,7 +120,7 @@ static int compare(const char *what, const dec_result *a, const capture *ca, uin
 static void test_decode(void **state)
 {
     gpu_fixture *f = *state;
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < N_MODELS; mi++) {
         const tiny_model *tm = &MODELS[mi];
         char dir[700];
         snprintf(dir, sizeof dir, "%s/%s", f->dir, tm->type);

@@ -8,6 +8,8 @@
 
 static const tiny_model LLAMA = {"llama", 0, 512, 128, 256, 2, 2, 1, 64, 10000.0, 0.05f, 7};
 static const tiny_model QWEN = {"qwen2", 1, 512, 128, 256, 2, 4, 2, 64, 1e6, 0.05f, 9};
+/* head_dim 128, 4 heads: q is 512 wide, hidden 128. */
+static const tiny_model QWEN3 = {"qwen3", 0, 512, 128, 256, 2, 4, 2, 128, 1e6, 0.05f, 5};
 
 static const char *LLAMA_JSON =
     "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":128,"
@@ -95,10 +97,9 @@ static void test_config(void **state)
                         "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":256}";
     KILN_CHECK(dec_config_parse(hd256, strlen(hd256), &c));
     assert_int_equal(c.base.head_dim, 256);
-    /* The real configs of tests/data: Llama 3.x, Qwen2.5 and Mistral parse;
-     * Qwen3 is refused for its q/k norm. */
+    /* The real configs of tests/data: Llama 3.x, Qwen2.5, Qwen3 and Mistral parse. */
     static const char *const real[] = {"llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "mistral-7b-v0.3",
-                                       "qwen2.5-0.5b"};
+                                       "qwen2.5-0.5b", "qwen3-8b"};
     char path[1024];
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
         snprintf(path, sizeof path, "%s/%s.json", KILN_TEST_DATA_DIR, real[i]);
@@ -112,7 +113,9 @@ static void test_config(void **state)
     KILN_CHECK(dec_config_load(path, &c));
     assert_true(c.qkv_bias);
     snprintf(path, sizeof path, "%s/qwen3-8b.json", KILN_TEST_DATA_DIR);
-    expect_msg(dec_config_load(path, &c), KILN_ERR_CONFIG, "qwen3-8b.json", "q/k norm");
+    KILN_CHECK(dec_config_load(path, &c));
+    assert_true(c.base.qk_norm && c.base.head_dim == 128 && !c.qkv_bias);
+    assert_string_equal(c.model_type, "qwen3");
 }
 
 static void test_config_refused(void **state)
@@ -123,11 +126,6 @@ static void test_config_refused(void **state)
                       "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
     expect_msg(dec_config_parse(bad, strlen(bad), &c), KILN_ERR_CONFIG, "model_type = \"gemma\"",
                "unsupported architecture");
-    /* Qwen3's q/k norm: parsed, not yet run by the engine. */
-    const char *qwen3 = "{\"architectures\":[\"Qwen3ForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
-                        "\"intermediate_size\":256,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":128}";
-    expect_msg(dec_config_parse(qwen3, strlen(qwen3), &c), KILN_ERR_CONFIG, "model_type qwen3 needs q/k norm",
-               "not yet in this decoder");
     const char *hd80 = "{\"model_type\":\"llama\",\"vocab_size\":512,\"hidden_size\":160,\"intermediate_size\":256,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":2}";
     expect_msg(dec_config_parse(hd80, strlen(hd80), &c), KILN_ERR_CONFIG, "head_dim = 80", "64, 128 or 256");
@@ -191,6 +189,17 @@ static void test_checkpoints(void **state)
     assert_true(tiny_write(&QWEN, dir));
     KILN_CHECK(dec_checkpoint_open(dir, &ck));
     dec_checkpoint_close(&ck);
+    assert_true(tiny_write(&QWEN3, dir));
+    KILN_CHECK(dec_checkpoint_open(dir, &ck));
+    assert_true(ck.config.base.qk_norm);
+    dec_checkpoint_close(&ck);
+    /* Qwen3's q/k norms: needed, and of [head_dim]. */
+    write_changed(&QWEN3, dir, "model.layers.1.self_attn.q_norm.weight", 1, 0, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND,
+               "tensor model.layers.1.self_attn.q_norm.weight is missing", "qwen3");
+    write_changed(&QWEN3, dir, "model.layers.0.self_attn.k_norm.weight", 0, 64, NULL);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.layers.0.self_attn.k_norm.weight: shape [64], expected [128]", NULL);
 
     write_changed(&LLAMA, dir, "model.layers.1.self_attn.k_proj.weight", 1, 0, NULL);
     expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, "tensor model.layers.1.self_attn.k_proj.weight is missing",

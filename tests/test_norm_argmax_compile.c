@@ -88,16 +88,6 @@ static void test_model_lists_every_norm_argmax_spec(void **state)
 
 typedef offline_fixture fixture;
 
-static void prepare(kiln_jit *jit, const kiln_spec *s)
-{
-    int compiled = 0;
-    char text[256];
-    KILN_CHECK(kiln_spec_constants_text(s, text, sizeof text));
-    kiln_status st = kiln_jit_prepare(jit, s, &compiled);
-    if (st)
-        fail_msg("%s %s: %s: %s", s->template_id, text, kiln_status_code(st), kiln_errmsg());
-}
-
 static int ours(const char *t)
 {
     return !strcmp(t, "rms_norm") || !strcmp(t, "residual_add") || !strcmp(t, "masked_argmax") ||
@@ -119,7 +109,7 @@ static void test_every_model_spec_compiles_for_sm90(void **state)
             KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
             for (size_t i = 0; i < n; i++)
                 if (ours(specs[i].template_id)) {
-                    prepare(f->jit, &specs[i]);
+                    offline_prepare(f->jit, &specs[i]);
                     total++;
                 }
             kiln_free(specs);
@@ -144,18 +134,18 @@ static void test_every_code_path_compiles(void **state)
     for (int e = 0; e < 2; e++) {
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
             KILN_CHECK(kiln_op_rms_norm_spec(elts[e], rows[i].n, rows[i].vec, &s));
-            prepare(f->jit, &s);
+            offline_prepare(f->jit, &s);
             KILN_CHECK(kiln_op_residual_add_spec(elts[e], rows[i].n, rows[i].vec, &s));
-            prepare(f->jit, &s);
+            offline_prepare(f->jit, &s);
         }
         for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
             KILN_CHECK(kiln_op_masked_argmax_spec(elts[e], vocabs[i].n, vocabs[i].vec, &s));
-            prepare(f->jit, &s);
+            offline_prepare(f->jit, &s);
             KILN_CHECK(kiln__masked_argmax_spec_cluster(elts[e], vocabs[i].n, vocabs[i].vec, 8, &s));
-            prepare(f->jit, &s);
+            offline_prepare(f->jit, &s);
         }
         KILN_CHECK(kiln_op_token_embedding_spec(elts[e], 50001, 1001, 1, &s)); /* the scalar path */
-        prepare(f->jit, &s);
+        offline_prepare(f->jit, &s);
     }
 }
 
@@ -173,11 +163,11 @@ static void test_bf16_compiles_for_sm80(void **state)
     kiln_spec s;
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         KILN_CHECK(kiln_op_rms_norm_spec(KILN_DTYPE_BF16, rows[i].n, rows[i].vec, &s));
-        prepare(jit, &s);
+        offline_prepare(jit, &s);
         KILN_CHECK(kiln_op_residual_add_spec(KILN_DTYPE_BF16, rows[i].n, rows[i].vec, &s));
-        prepare(jit, &s);
+        offline_prepare(jit, &s);
         KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_BF16, 128256, rows[i].n, rows[i].vec, &s));
-        prepare(jit, &s);
+        offline_prepare(jit, &s);
     }
     kiln_jit_destroy(jit);
     jo.arch = "sm_75";

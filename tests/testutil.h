@@ -81,6 +81,12 @@ static inline uint64_t kiln_rng_next(kiln_rng *r)
 
 static inline uint32_t kiln_rng_below(kiln_rng *r, uint32_t n) { return (uint32_t)((kiln_rng_next(r) >> 32) % n); }
 
+/* Uniform in [lo, hi), 53 random bits. */
+static inline double kiln_rng_uniform(kiln_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(kiln_rng_next(r) >> 11) * 0x1p-53;
+}
+
 static inline void kiln_rng_fill(kiln_rng *r, void *p, size_t n)
 {
     uint8_t *b = p;

@@ -2,9 +2,11 @@
 """Checks examples/decode against transformers, token for token.
 
 For each model below: build it with random weights through transformers
-(LlamaConfig, Qwen2Config or MistralConfig, a few layers, small sizes; Llama
-and Qwen2 with and without tied embeddings, Llama with llama3 and yarn RoPE
-scaling, Mistral with a sliding window shorter than its longer prompts),
+(LlamaConfig, Qwen2Config, Qwen3Config or MistralConfig, a few layers, small
+sizes; Llama and Qwen2 with and without tied embeddings, Llama with llama3
+and yarn RoPE scaling, Qwen3 with its per-head q/k RMSNorm and a head_dim
+that is not hidden_size / heads, Mistral with a sliding window shorter than
+its longer prompts),
 save_pretrained in its dtype (f16 or bf16, safetensors; one model sharded into
 three files), run greedy generate in that dtype on cuda for several prompts
 of different lengths (one longer than 2048 tokens), one at a time, then run
@@ -51,7 +53,7 @@ import time
 import torch
 import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 MARGIN = 0.01
 TRIES = 16
@@ -99,6 +101,14 @@ MODELS = [
          sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=704, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=64),
          prompts=[(5, 40), (400, 36), (900, 32)]),
+    # Qwen3: q_norm / k_norm over head_dim 128 before RoPE; heads * head_dim
+    # (1024) != hidden_size (512). Its norm weights are perturbed per
+    # element (init leaves them 1), so that q's and k's weights differ.
+    dict(name="qwen3-bf16", cls=(Qwen3Config, Qwen3ForCausalLM), tie=False, theta=1000000.0, dtype="bf16",
+         qk_norm_noise=0.3,
+         sizes=dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=128),
+         prompts=[(6, 40), (250, 34), (1100, 32)]),
 ]
 
 
@@ -137,6 +147,14 @@ def make_model(spec, path, seed):
             restored += 1
     if not restored:
         raise RuntimeError("no rotary embedding with a rope_type in this transformers")
+    noise = spec.get("qk_norm_noise")
+    if noise:
+        norms = [m for name, m in model.named_modules() if name.endswith((".q_norm", ".k_norm"))]
+        if len(norms) != 2 * kw["num_hidden_layers"]:
+            raise RuntimeError("%s: %d q/k norms, expected 2 per layer" % (spec["name"], len(norms)))
+        with torch.no_grad():
+            for m in norms:
+                m.weight.copy_(1 + noise * torch.randn_like(m.weight, dtype=torch.float32))
     shard = {}
     if spec.get("shards"):
         total = sum(p.numel() * p.element_size() for p in model.parameters())

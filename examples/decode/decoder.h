@@ -50,9 +50,8 @@ const char *dec_errmsg(void);
 
 /* Parses a config.json held in memory. KILN_ERR_CONFIG names the field and
  * the value: an unsupported architecture (model_type other than llama, qwen2,
- * qwen3 and mistral), what the engine does not run yet (Qwen3's q/k norm,
- * Qwen2's use_sliding_window), an activation other
- * than silu, MLP biases, a head_dim the attention provider does not take (64,
+ * qwen3 and mistral), what the engine does not run yet (Qwen2's
+ * use_sliding_window), an activation other than silu, MLP biases, a head_dim the attention provider does not take (64,
  * 128, 256), and everything kiln_model_config_parse refuses (RoPE scaling of
  * an unknown type or with bad fields among it). */
 kiln_status dec_config_parse(const char *json, size_t len, dec_config *out);
@@ -77,9 +76,10 @@ kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *file
 /* The model's weights on the device. q_proj, k_proj and v_proj are
  * concatenated at load (rows q, then k, then v: [(heads + 2 kv_heads) *
  * head_dim, hidden]), and so are their biases when the model has them: one
- * dense product writes the fused qkv rows the attention reads. */
+ * dense product writes the fused qkv rows the attention reads. q_norm and
+ * k_norm ([head_dim] each) are Qwen3's (config qk_norm), NULL otherwise. */
 typedef struct dec_layer {
-    kiln_buffer *in_norm, *post_norm, *wqkv, *bqkv, *wo, *w_gate_up, *w_down;
+    kiln_buffer *in_norm, *post_norm, *wqkv, *bqkv, *wo, *w_gate_up, *w_down, *q_norm, *k_norm;
 } dec_layer;
 
 typedef struct dec_model {

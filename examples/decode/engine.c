@@ -232,7 +232,8 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
 kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
 {
     const dec_model *m = e->m;
-    const size_t cap = 4 + (size_t)m->config.layers * 7;
+    const int qk_norm = m->config.base.qk_norm;
+    const size_t cap = 4 + (size_t)m->config.layers * (qk_norm ? 8 : 7);
     step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
     if (!c.cmd || !c.label) {
         dec__cmds_release(&c);
@@ -275,6 +276,14 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
                        kiln_op_dense_linear_encode(e->jit, &nrm, &wqkv, L->bqkv ? &bqkv : NULL, &qkv, &ws, &cmd), &cmd,
                        "qkv_proj", l)))
             goto fail;
+        /* Qwen3: each q and k head RMSNormed in place, before the attention's RoPE. */
+        if (qk_norm) {
+            kiln_tensor qn = tensor(L->q_norm, 0, F, 1, e->HD, 0, 0), kn = tensor(L->k_norm, 0, F, 1, e->HD, 0, 0);
+            kiln_head_rms_norm_bindings hb = {.size = sizeof hb, .qkv = &qkv, .out = &qkv, .q_weight = &qn,
+                                              .k_weight = &kn, .heads = e->NH, .kv_heads = e->KVH, .eps = e->eps};
+            if ((st = push(&c, cap, kiln_op_head_rms_norm_encode(e->jit, &hb, &cmd), &cmd, "qk_norm", l)))
+                goto fail;
+        }
         const size_t layer_bytes = (size_t)e->pages_per_layer * KILN_PAGED_KV_PAGE_BYTES;
         kiln_region pages = {e->kv, (size_t)l * layer_bytes, (size_t)(l + 1) * layer_bytes};
         kiln_paged_attention_desc d = {.size = sizeof d, .qkv = &qkv, .positions = &pos, .block_table = &table,

@@ -118,6 +118,8 @@ static double label_bytes(const dec_engine *e, const char *label, uint32_t batch
         return 2 * (double)e->V * H;
     if (!strcmp(label, "attention"))
         return 2 * 2 * (double)batch * context * KV * L;
+    if (!strcmp(label, "qk_norm")) /* Qwen3's q and k heads, read and written in place */
+        return 2 * 2 * (double)batch * (Q + KV) * L;
     return 0;
 }
 

@@ -95,11 +95,6 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
                  "config: model_type = %s: unsupported architecture (supported: llama, qwen2, qwen3, mistral)", text);
         goto out;
     }
-    /* What the engine does not run yet is refused here, before any weight is read. */
-    if (c.base.qk_norm) {
-        dec_fail(KILN_ERR_CONFIG, "config: model_type %s needs q/k norm, not yet in this decoder", c.model_type);
-        goto out;
-    }
     /* A window at least as long as the longest sequence is no window (plain Llama). */
     if (c.base.max_position_embeddings && c.base.sliding_window >= c.base.max_position_embeddings)
         c.base.sliding_window = 0;
@@ -333,8 +328,9 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out)
 
 /* ---- the tensors a config needs ---- */
 
+/* The layer's tensors, W_IN_NORM to W_KN, in the order of wspec_at's names. */
 typedef enum { W_EMBED, W_FINAL_NORM, W_LM_HEAD, W_IN_NORM, W_POST_NORM, W_Q, W_K, W_V, W_BQ, W_BK, W_BV, W_O,
-               W_GATE, W_UP, W_DOWN } wkind;
+               W_GATE, W_UP, W_DOWN, W_QN, W_KN } wkind;
 
 typedef struct wspec {
     wkind kind;
@@ -345,7 +341,7 @@ typedef struct wspec {
 } wspec;
 
 /* The i-th tensor the config may need: 1, or -1 when this model has no such
- * tensor (biases), or 0 past the end. */
+ * tensor (biases; q/k norms but for Qwen3), or 0 past the end. */
 static int wspec_at(const dec_config *c, size_t i, wspec *w)
 {
     const kiln_model_config *b = &c->base;
@@ -355,8 +351,8 @@ static int wspec_at(const dec_config *c, size_t i, wspec *w)
         "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
         "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
         "self_attn.v_proj.bias", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight"};
-    const size_t head = c->base.tie_word_embeddings ? 2 : 3, per = 12;
+        "mlp.down_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+    const size_t head = c->base.tie_word_embeddings ? 2 : 3, per = 14;
     memset(w, 0, sizeof *w);
     w->layer = -1;
     if (i < head) {
@@ -378,9 +374,12 @@ static int wspec_at(const dec_config *c, size_t i, wspec *w)
         w->kind = (wkind)(W_IN_NORM + j);
         if (!c->qkv_bias && (w->kind == W_BQ || w->kind == W_BK || w->kind == W_BV))
             return -1; /* not in this model: the caller goes on to i + 1 */
+        if (!b->qk_norm && (w->kind == W_QN || w->kind == W_KN))
+            return -1;
         snprintf(w->name, sizeof w->name, "model.layers.%lld.%s", (long long)w->layer, layer_names[j]);
-        const int64_t shapes[12][2] = {{H, 0}, {H, 0}, {Q, H}, {KV, H}, {KV, H}, {Q, 0},
-                                       {KV, 0}, {KV, 0}, {H, Q}, {I, H}, {I, H}, {H, I}};
+        const int64_t D = b->head_dim;
+        const int64_t shapes[14][2] = {{H, 0},  {H, 0}, {Q, H}, {KV, H}, {KV, H}, {Q, 0}, {KV, 0},
+                                       {KV, 0}, {H, Q}, {I, H}, {I, H},  {H, I},  {D, 0}, {D, 0}};
         w->dims[0] = shapes[j][0];
         w->dims[1] = shapes[j][1];
         w->rank = shapes[j][1] ? 2 : 1;
@@ -451,6 +450,8 @@ static kiln_buffer **slot_of(dec_model *m, const wspec *w)
     case W_GATE:
     case W_UP: return &L->w_gate_up;
     case W_DOWN: return &L->w_down;
+    case W_QN: return &L->q_norm;
+    case W_KN: return &L->k_norm;
     }
     return NULL;
 }
@@ -623,7 +624,8 @@ void dec_model_free(dec_model *m)
         return;
     for (int64_t i = 0; i < m->config.layers; i++) {
         dec_layer *L = &m->layer[i];
-        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wqkv, L->bqkv, L->wo, L->w_gate_up, L->w_down};
+        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wqkv,   L->bqkv,  L->wo,
+                              L->w_gate_up, L->w_down, L->q_norm, L->k_norm};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
             kiln_buffer_destroy(all[k]);
     }

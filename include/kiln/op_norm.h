@@ -1,4 +1,4 @@
-/* kiln — RMSNorm and residual add (included by kiln/ops.h).
+/* kiln — RMSNorm, residual add and the per-head q/k RMSNorm (included by kiln/ops.h).
  *
  * Storage in one element type per call, f16 or bf16 (bf16 needs sm_80 or
  * later), named by x (a for residual add): every other binding is of the
@@ -75,6 +75,48 @@ KILN_API kiln_status kiln_op_residual_add_encode(kiln_jit *jit, const struct kil
 KILN_API kiln_status kiln_op_residual_add(kiln_jit *jit, const struct kiln_tensor *a, const struct kiln_tensor *b,
                                           const struct kiln_tensor *out);
 KILN_API kiln_status kiln_op_residual_add_spec(kiln_dtype elt, int64_t hidden, int vector_width, kiln_spec *out);
+
+/* Per-head RMSNorm of q and k (Qwen3's q_norm and k_norm, before RoPE), one
+ * dispatch: each head vector v of head_dim elements, of every token, becomes
+ *   v * w / sqrt(mean(v^2) + eps),
+ * w = q_weight [head_dim] for q's heads and k_weight [head_dim] for k's.
+ * Two forms (kiln_head_rms_norm_bindings):
+ *   fused     qkv [T, (heads + 2 kv_heads) * head_dim] (row: q heads | k
+ *             heads | v heads, as the paged attention's qkv), heads and
+ *             kv_heads given; out of qkv's shape (may be qkv itself). v is
+ *             neither read nor written (out's v columns keep their bytes);
+ *   separate  q [T, heads, head_dim], k [T, kv_heads, head_dim] (qkv NULL;
+ *             heads and kv_heads 0 or their dims), q_out and k_out of their
+ *             shapes (each may be its input itself).
+ * All f16 or all bf16, named by qkv (q); eps finite > 0; 1 <= T <= 2^31 - 1;
+ * head_dim <= KILN_MODEL_MAX_HEAD_DIM; any overlap but out = input is
+ * refused. Kernels specialized on the element type, head_dim, heads and
+ * kv_heads (16-byte accesses when head_dim % 8 == 0 and every binding is
+ * 16-byte aligned; scalar otherwise). Key: the kernel, every binding's
+ * address and bytes, the row strides, T and eps. No workspace. Statuses as
+ * above, and KILN_ERR_INVALID_ARGUMENT for NULL bindings or a size under
+ * this layout's. Threading and lifetime as the other operations. */
+typedef struct kiln_head_rms_norm_bindings {
+    /* sizeof(kiln_head_rms_norm_bindings), or 0 (the same). A larger one is
+     * read as far as this header's; a smaller one is KILN_ERR_INVALID_ARGUMENT. */
+    uint32_t size;
+    /* By reference (borrowed for the call). */
+    const struct kiln_tensor *qkv, *out;               /* the fused form */
+    const struct kiln_tensor *q, *k, *q_out, *k_out;   /* the separate form */
+    const struct kiln_tensor *q_weight, *k_weight;
+    int64_t heads, kv_heads;
+    float eps;
+} kiln_head_rms_norm_bindings;
+
+KILN_API kiln_status kiln_op_head_rms_norm_encode(kiln_jit *jit, const kiln_head_rms_norm_bindings *b,
+                                                  kiln_command **cmd);
+KILN_API kiln_status kiln_op_head_rms_norm(kiln_jit *jit, const kiln_head_rms_norm_bindings *b);
+/* The specialization of both forms, for element type elt, head_dim (1 to
+ * KILN_MODEL_MAX_HEAD_DIM), heads and kv_heads (each in [1,
+ * KILN_MODEL_MAX_HEADS]) and a vector width of 8 (head_dim % 8 == 0, aligned
+ * bindings) or 1. */
+KILN_API kiln_status kiln_op_head_rms_norm_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads,
+                                                int vector_width, kiln_spec *out);
 
 /* Workspace the operations need, in bytes: always 0 (kept for the uniform
  * provider interface). KILN_ERR_INVALID_ARGUMENT for a NULL out. */
