@@ -136,7 +136,8 @@ void cli_report_skipped_layers(const kiln_cache *cache)
     for (size_t i = 0; i < kiln_cache_layer_count(cache); i++) {
         kiln_cache_layer_info info;
         if (kiln_cache_layer(cache, i, &info) == KILN_OK && !info.active)
-            fprintf(stderr, "kiln: read-only layer %s skipped: %s\n", info.path, info.reason);
+            fprintf(stderr, "kiln: %s layer %s skipped: %s\n", info.remote ? "remote" : "read-only", info.path,
+                    info.reason);
     }
 }
 
