@@ -563,9 +563,10 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     c->user = opts->user;
     int busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 10000;
     c->open_deadline = kiln__now() + busy_ms / 1000.0;
+    /* The remote's URL is checked before any file is created. */
     if ((st = kiln__load_trust(c, opts->trusted_keys, opts->n_trusted_keys, opts->ignore_env)) ||
-        (st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)) ||
-        (st = kiln__remote_open(c, opts)))
+        (st = kiln__remote_open(c, opts)) || (st = open_layers(c, opts, busy_ms)) ||
+        (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
         goto out_free;
     *out = c;
     return KILN_OK;

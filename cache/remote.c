@@ -2,6 +2,7 @@
  * for cross-process single flight, and bounded timeouts, so that a server
  * that is down, slow or answers garbage costs a bounded wait and never an
  * acquire. docs/cache.md, "The remote tier", is the contract. */
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,10 +350,14 @@ static redisReply *command_locked(kiln__remote *r, const char *what, int argc, c
     redisContext *ctx = connection_locked(r, failed);
     if (!ctx)
         return NULL;
+    errno = 0;
     redisReply *reply = redisCommandArgv(ctx, argc, argv, lens);
     if (!reply) {
         char why[256];
-        snprintf(why, sizeof why, "%s", ctx->err ? ctx->errstr : "no reply");
+        if (ctx->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK))
+            snprintf(why, sizeof why, "no answer within %d ms (the command timeout)", r->timeout_ms);
+        else
+            snprintf(why, sizeof why, "%s", ctx->err ? ctx->errstr : "no reply");
         fail_locked(r, what, why);
         *failed = 1;
         return NULL;
