@@ -72,7 +72,6 @@ struct kiln_cache {
     size_t n_trusted;
     double open_deadline;           /* kiln__now() past which the open stops waiting for locks */
     kiln__remote *remote;           /* the remote layer; NULL when none is configured */
-    kiln_cache_layer_info remote_info; /* its kiln_cache_layer answer, refreshed at each call */
     kiln__errslot err;
 };
 
@@ -217,8 +216,8 @@ int kiln__remote_lease(kiln_cache *c, const uint8_t *fp);
 void kiln__remote_release(kiln_cache *c, const uint8_t *fp);
 /* The lease's length in milliseconds. */
 int kiln__remote_lease_ms(const kiln_cache *c);
-/* Refreshes c->remote_info from the layer's state. */
-void kiln__remote_info(kiln_cache *c);
+/* The layer's kiln_cache_layer answer, as of now. */
+void kiln__remote_info(kiln_cache *c, kiln_cache_layer_info *out);
 
 /* Stores a row whose zstd frame z (raw_size bytes once decoded, SHA-256 sum)
  * is already made, in the writable database, under c->lock. */

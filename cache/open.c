@@ -628,8 +628,7 @@ kiln_status kiln_cache_layer(const kiln_cache *c, size_t index, kiln_cache_layer
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_layer: NULL argument");
     if (index == c->n_layer_info && c->remote) {
         /* Its state changes with the server's: read now. */
-        kiln__remote_info((kiln_cache *)c);
-        *out = c->remote_info;
+        kiln__remote_info((kiln_cache *)c, out);
         return KILN_OK;
     }
     if (index >= c->n_layer_info)

@@ -416,8 +416,6 @@ kiln_status kiln__remote_open(kiln_cache *c, const kiln_cache_options *o)
     snprintf(r->token, sizeof r->token, "%ld-%lx-%lx", (long)getpid(), (unsigned long)ts.tv_nsec,
              (unsigned long)(uintptr_t)r);
     c->remote = r;
-    c->remote_info.path = r->url;
-    c->remote_info.remote = 1;
     const char *trusted_env = o->ignore_env ? NULL : getenv("KILN_CACHE_REMOTE_TRUSTED");
     int trusted = o->remote_trusted || (trusted_env && !strcmp(trusted_env, "1"));
     if (c->n_trusted && !trusted) {
@@ -451,15 +449,16 @@ void kiln__remote_close(kiln__remote *r)
 
 int kiln__remote_lease_ms(const kiln_cache *c) { return c->remote ? c->remote->lease_ms : 0; }
 
-void kiln__remote_info(kiln_cache *c)
+void kiln__remote_info(kiln_cache *c, kiln_cache_layer_info *out)
 {
     kiln__remote *r = c->remote;
     pthread_mutex_lock(&r->lock);
-    /* Tried, not merely waiting out a retry: the layer answers or says why not. */
-    c->remote_info.active = !r->disabled && r->ctx != NULL;
-    snprintf(r->snapshot, sizeof r->snapshot, "%s",
-             c->remote_info.active ? "" : r->reason[0] ? r->reason : "not connected yet");
-    c->remote_info.reason = r->snapshot;
+    memset(out, 0, sizeof *out);
+    out->path = r->url;
+    out->remote = 1;
+    out->active = !r->disabled && r->ctx != NULL;
+    snprintf(r->snapshot, sizeof r->snapshot, "%s", out->active ? "" : r->reason[0] ? r->reason : "not connected");
+    out->reason = r->snapshot;
     pthread_mutex_unlock(&r->lock);
 }
 
