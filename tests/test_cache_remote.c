@@ -237,7 +237,7 @@ static summary wait_prewarm(pid_t pid, const char *out, const char *what)
     const char *line = strstr(text, "summary: ");
     const char *arch = line ? strstr(line, ", arch ") : NULL;
     const char *colon = arch ? strstr(arch, ": ") : NULL;
-    summary s;
+    summary s = {0};
     if (!colon || sscanf(colon + 2, "%d specializations, %d compiled, %d already cached, %d failed", &s.specs,
                          &s.compiled, &s.cached, &s.failed) != 4)
         fail_msg("%s: no summary line:\n%.4000s", what, text);
