@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "cache/internal.h"
@@ -183,35 +184,34 @@ static const char *text_or_empty(sqlite3_stmt *q, int i)
     return t ? t : "";
 }
 
-/* Whether the row of st_get (columns 3 to 8: template_id, constants, arch,
- * nvrtc_major, nvrtc_minor, parts) is the kernel x describes: a checksum
- * covers a cubin, not the key it is filed under. When not, detail names the
- * first column that differs, with both values. */
-static int row_is(sqlite3_stmt *q, const kiln_cache_record *x, char *detail, size_t cap)
+int kiln__row_is(const kiln__row_meta *m, const kiln_cache_record *x, char *detail, size_t cap)
 {
     static const char *const names[] = {"template_id", "constants", "arch"};
+    const char *got_text[] = {m->template_id, m->constants, m->arch};
     const char *want[] = {x->template_id, x->constants, x->arch};
     for (int i = 0; i < 3; i++) {
-        const char *got = text_or_null(q, 3 + i);
+        const char *got = got_text[i];
         if (!want[i] || (got && !strcmp(got, want[i])))
             continue;
         snprintf(detail, cap, "the row is of another kernel than its key: its %s is %s%.100s%s, the key's %.100s",
                  names[i], got ? "\"" : "", got ? got : "not text", got ? "\"" : "", want[i]);
         return 0;
     }
-    if (sqlite3_column_type(q, 6) != SQLITE_INTEGER || sqlite3_column_type(q, 7) != SQLITE_INTEGER ||
-        sqlite3_column_int64(q, 6) != x->nvrtc_major || sqlite3_column_int64(q, 7) != x->nvrtc_minor) {
-        snprintf(detail, cap, "the row is of another kernel than its key: its NVRTC is %s.%s, the key's %d.%d",
-                 (const char *)sqlite3_column_text(q, 6) ? (const char *)sqlite3_column_text(q, 6) : "NULL",
-                 (const char *)sqlite3_column_text(q, 7) ? (const char *)sqlite3_column_text(q, 7) : "NULL",
-                 x->nvrtc_major, x->nvrtc_minor);
+    if (!m->nvrtc_is_integer || m->nvrtc_major != x->nvrtc_major || m->nvrtc_minor != x->nvrtc_minor) {
+        if (m->nvrtc_is_integer)
+            snprintf(detail, cap, "the row is of another kernel than its key: its NVRTC is %lld.%lld, the key's %d.%d",
+                     (long long)m->nvrtc_major, (long long)m->nvrtc_minor, x->nvrtc_major, x->nvrtc_minor);
+        else
+            snprintf(detail, cap,
+                     "the row is of another kernel than its key: its NVRTC version is not an integer, the key's %d.%d",
+                     x->nvrtc_major, x->nvrtc_minor);
         return 0;
     }
     /* Part by part, each one both texts have: a kiln that writes more parts
      * (or fewer) still agrees on the ones they share. */
     static const char *const parts[] = {"schema", "template", "source", "headers",
                                         "options", "arch", "nvrtc", "constants"};
-    const char *row = text_or_null(q, 8);
+    const char *row = m->parts;
     for (size_t i = 0; row && *row && x->parts && *x->parts && i < sizeof parts / sizeof parts[0]; i++) {
         const char *a, *b;
         size_t na, nb;
@@ -225,6 +225,21 @@ static int row_is(sqlite3_stmt *q, const kiln_cache_record *x, char *detail, siz
         return 0;
     }
     return 1;
+}
+
+/* The row of st_get (columns 3 to 8: template_id, constants, arch,
+ * nvrtc_major, nvrtc_minor, parts) as kiln__row_is reads it. */
+static int row_is(sqlite3_stmt *q, const kiln_cache_record *x, char *detail, size_t cap)
+{
+    kiln__row_meta m = {.template_id = text_or_null(q, 3),
+                        .constants = text_or_null(q, 4),
+                        .arch = text_or_null(q, 5),
+                        .parts = text_or_null(q, 8),
+                        .nvrtc_is_integer = sqlite3_column_type(q, 6) == SQLITE_INTEGER &&
+                                            sqlite3_column_type(q, 7) == SQLITE_INTEGER,
+                        .nvrtc_major = sqlite3_column_int64(q, 6),
+                        .nvrtc_minor = sqlite3_column_int64(q, 7)};
+    return kiln__row_is(&m, x, detail, cap);
 }
 
 /* Looks fp up in one database: 1 with *raw on a verified hit, 0 on a miss or
@@ -279,6 +294,25 @@ static int lookup_locked(kiln_cache *c, kiln__db *d, const uint8_t *fp, const ki
     return result;
 }
 
+/* A verified remote row goes into the writable database as it came (its
+ * frame is not compressed again), so that the next load is local. A store
+ * that fails loses nothing: the row is still remote. */
+static void adopt_locked(kiln_cache *c, const kiln__remote_row *row)
+{
+    if (c->main.read_only)
+        return;
+    kiln_cache_record rec = {.template_id = row->template_id,
+                             .constants = row->constants,
+                             .arch = row->arch,
+                             .nvrtc_major = (int)row->nvrtc_major,
+                             .nvrtc_minor = (int)row->nvrtc_minor,
+                             .entries = row->entries,
+                             .parts = row->parts,
+                             .cubin_size = (size_t)row->raw_size};
+    memcpy(rec.fingerprint, row->fingerprint, KILN_FINGERPRINT_SIZE);
+    kiln__store_locked(c, &rec, row->blob, row->blob_size, row->checksum);
+}
+
 kiln_status kiln_cache_get(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], void **cubin, size_t *size,
                            int *found)
 {
@@ -308,6 +342,21 @@ kiln_status kiln__cache_load(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SI
             where = &c->layers[i];
     if (r == 0 && (r = lookup_locked(c, &c->main, fp, expect, &raw, &raw_size, &dropped, &st, NULL)) == 1)
         where = &c->main;
+    if (r == 0 && c->remote) {
+        /* The network is waited on without the lock that local loads take. */
+        pthread_mutex_unlock(&c->lock);
+        kiln__remote_row row;
+        size_t n = 0;
+        if (kiln__remote_fetch(c, fp, expect, &row, &raw, &n) == 1) {
+            raw_size = (sqlite3_int64)n;
+            r = 1;
+        }
+        pthread_mutex_lock(&c->lock);
+        if (r == 1) {
+            adopt_locked(c, &row);
+            kiln__remote_row_free(&row);
+        }
+    }
     if (r == 1) {
         if (count_hit) {
             c->counters.hits++;
@@ -402,8 +451,21 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
         free(z);
         return kiln__fail(&c->err, KILN_ERR_CACHE_IO, "zstd: %s", ZSTD_getErrorName(zn));
     }
-    kiln_status st = KILN_OK;
     pthread_mutex_lock(&c->lock);
+    kiln_status st = kiln__store_locked(c, r, z, zn, sum);
+    pthread_mutex_unlock(&c->lock);
+    /* Stored here first: a fleet never holds a row its publisher lacks. */
+    if (!st && c->remote)
+        kiln__remote_publish(c, r, z, zn, sum);
+    free(z);
+    return st;
+}
+
+kiln_status kiln__store_locked(kiln_cache *c, const kiln_cache_record *r, const void *z, size_t zn,
+                               const uint8_t sum[32])
+{
+    kiln__db *d = &c->main;
+    kiln_status st = KILN_OK;
     sqlite3_stmt *q = d->st_put;
     sqlite3_bind_blob(q, 1, r->fingerprint, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, r->template_id, -1, SQLITE_STATIC);
@@ -432,9 +494,82 @@ kiln_status kiln_cache_put(kiln_cache *c, const kiln_cache_record *r)
     else
         st = keep_or_replace_locked(c, d, q, r);
     sqlite3_clear_bindings(q);
-    pthread_mutex_unlock(&c->lock);
-    free(z);
     return st;
+}
+
+/* Single flight across processes: lease, or wait for the holder's row. */
+void kiln__cache_remote_wait(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE], const kiln_cache_record *expect,
+                             int count_hit, void **cubin, size_t *size, int *found, int *leased)
+{
+    *cubin = NULL;
+    *size = 0;
+    *found = 0;
+    *leased = 0;
+    if (!c || !c->remote)
+        return;
+    double deadline = kiln__now() + kiln__remote_lease_ms(c) / 1000.0;
+    useconds_t backoff = 2000;
+    int waited = 0;
+    for (;;) {
+        int lease = kiln__remote_lease(c, fp);
+        if (lease == 1) {
+            /* The holder before may have published and given the lease back
+             * since this process looked: then its row is the answer. */
+            kiln__remote_row row;
+            void *raw = NULL;
+            size_t n = 0;
+            if (kiln__remote_fetch(c, fp, expect, &row, &raw, &n) == 1) {
+                kiln__remote_release(c, fp);
+                pthread_mutex_lock(&c->lock);
+                adopt_locked(c, &row);
+                if (count_hit)
+                    c->counters.hits++;
+                pthread_mutex_unlock(&c->lock);
+                kiln__remote_row_free(&row);
+                *cubin = raw;
+                *size = n;
+                *found = 1;
+                return;
+            }
+        }
+        if (lease != 0) {
+            *leased = lease == 1;
+            break;
+        }
+        /* Another process compiles it: its row, when published, is the answer. */
+        kiln__remote_row row;
+        void *raw = NULL;
+        size_t n = 0;
+        waited = 1;
+        if (kiln__remote_fetch(c, fp, expect, &row, &raw, &n) == 1) {
+            pthread_mutex_lock(&c->lock);
+            adopt_locked(c, &row);
+            if (count_hit)
+                c->counters.hits++;
+            c->counters.remote_waits_filled++;
+            pthread_mutex_unlock(&c->lock);
+            kiln__remote_row_free(&row);
+            *cubin = raw;
+            *size = n;
+            *found = 1;
+            return;
+        }
+        if (kiln__now() >= deadline)
+            break;
+        usleep(backoff);
+        backoff = backoff * 2 > 100000 ? 100000 : backoff * 2;
+    }
+    if (waited && !*leased) {
+        pthread_mutex_lock(&c->lock);
+        c->counters.remote_waits_expired++;
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
+void kiln__cache_remote_release(kiln_cache *c, const uint8_t fp[KILN_FINGERPRINT_SIZE])
+{
+    if (c && c->remote)
+        kiln__remote_release(c, fp);
 }
 
 int kiln__rollback_journal(sqlite3 *db)

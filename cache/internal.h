@@ -54,6 +54,8 @@ typedef struct kiln__pending_hit {
     int64_t last_used;
 } kiln__pending_hit;
 
+typedef struct kiln__remote kiln__remote; /* cache/remote.c */
+
 struct kiln_cache {
     kiln__db main;                  /* the writable database (read-only when the cache is) */
     kiln__db *layers;               /* shipped read-only databases, searched first, in order */
@@ -69,6 +71,7 @@ struct kiln_cache {
     uint8_t (*trusted)[32];         /* the trust policy's key ids; n_trusted 0: no policy */
     size_t n_trusted;
     double open_deadline;           /* kiln__now() past which the open stops waiting for locks */
+    kiln__remote *remote;           /* the remote layer; NULL when none is configured */
     kiln__errslot err;
 };
 
@@ -79,6 +82,20 @@ struct kiln_cache {
  * failed; KILN_ERR_HOST_OUT_OF_MEMORY. */
 kiln_status kiln__row_decode(const void *blob, size_t blob_size, sqlite3_int64 raw_size, int raw_size_is_integer,
                              const void *checksum, size_t checksum_size, void **raw, char *detail, size_t cap);
+
+/* What a load reads of a row besides its cubin: SQLite's columns, or a
+ * remote value's fields. A text that is NULL was not text in the row. */
+typedef struct kiln__row_meta {
+    const char *template_id, *constants, *arch, *parts;
+    int nvrtc_is_integer;
+    int64_t nvrtc_major, nvrtc_minor;
+} kiln__row_meta;
+
+/* Whether the row is the kernel x describes (template_id, constants, arch,
+ * NVRTC version, and each part both have): a checksum covers a cubin, not
+ * the key it is filed under. When not, detail names the first field that
+ * differs, with both values. */
+int kiln__row_is(const kiln__row_meta *row, const kiln_cache_record *x, char *detail, size_t cap);
 
 /* The value of part name ("template", "arch", "nvrtc", "constants", ...) in
  * a row's parts text: 1 with *value and *len (constants runs to the end, its
@@ -131,5 +148,80 @@ kiln_status kiln__load_trust(kiln_cache *c, const char *const *paths, size_t n, 
 
 /* Under a trust policy, admits layer d (1) or says why not in reason (0). */
 int kiln__layer_trusted(kiln_cache *c, kiln__db *d, char *reason, size_t cap);
+
+/* ---- the remote layer (cache/remote.c) ---- */
+
+/* The Redis URL, parsed: redis://HOST[:PORT][/PREFIX]. */
+#define KILN__REMOTE_PREFIX_MAX 64
+typedef struct kiln__remote_url {
+    char host[256];
+    int port;
+    char prefix[KILN__REMOTE_PREFIX_MAX + 1];
+} kiln__remote_url;
+
+/* KILN_OK with *out; KILN_ERR_INVALID_ARGUMENT with detail naming what is
+ * wrong (never reads past the NUL, never writes past cap). */
+kiln_status kiln__remote_url_parse(const char *url, kiln__remote_url *out, char *detail, size_t cap);
+
+/* The magic that opens every remote value, its NUL included. */
+#define KILN__REMOTE_MAGIC "kiln-remote-row-1"
+#define KILN__REMOTE_MAGIC_SIZE sizeof(KILN__REMOTE_MAGIC)
+/* A bound on each text field of a remote value. */
+#define KILN__REMOTE_TEXT_MAX 65536u
+
+/* A remote value, parsed: checksum, blob and the NUL-terminated texts are
+ * copies in store (the row outlives the value it was parsed from). */
+typedef struct kiln__remote_row {
+    uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
+    int64_t nvrtc_major, nvrtc_minor, raw_size;
+    const uint8_t *checksum; /* 32 bytes */
+    const char *template_id, *constants, *arch, *entries, *parts;
+    const uint8_t *blob;
+    size_t blob_size;
+    char *store;
+} kiln__remote_row;
+
+/* Parses a value (layout in docs/cache.md, "The remote tier"): KILN_OK with
+ * *out (free with kiln__remote_row_free); KILN_ERR_CACHE_CORRUPT with detail
+ * saying what is wrong; KILN_ERR_HOST_OUT_OF_MEMORY. The cubin is not
+ * decoded here: kiln__row_decode does that, as for an SQLite row. */
+kiln_status kiln__remote_value_parse(const void *value, size_t size, kiln__remote_row *out, char *detail, size_t cap);
+void kiln__remote_row_free(kiln__remote_row *row);
+
+/* The value of record r (its cubin unused) whose raw cubin of raw_size
+ * bytes is the zstd frame z of zn bytes with SHA-256 sum: *out malloc'd. */
+kiln_status kiln__remote_value_encode(const kiln_cache_record *r, uint64_t raw_size, const void *z, size_t zn,
+                                      const uint8_t sum[32], uint8_t **out, size_t *size);
+
+/* Opens the remote layer of opts (or $KILN_CACHE_REMOTE) into c->remote;
+ * KILN_ERR_INVALID_ARGUMENT for a URL that does not parse. An unreachable
+ * server is no error: the layer is skipped with the reason until it answers. */
+kiln_status kiln__remote_open(kiln_cache *c, const kiln_cache_options *opts);
+void kiln__remote_close(kiln__remote *r);
+
+/* Looks fp up: 1 with *row and *raw (the verified cubin, malloc'd) on a hit;
+ * 0 on a miss, a refused value (counted, and reported to on_event) or a
+ * server that failed (the layer skipped for a while). Call without c->lock. */
+int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record *expect, kiln__remote_row *row,
+                       void **raw, size_t *raw_size);
+
+/* Publishes a row just stored locally. Call without c->lock. */
+void kiln__remote_publish(kiln_cache *c, const kiln_cache_record *r, const void *z, size_t zn,
+                          const uint8_t sum[32]);
+
+/* Takes fp's lease: 1 taken, 0 held by another process, -1 the layer is
+ * skipped (no server, or it failed). */
+int kiln__remote_lease(kiln_cache *c, const uint8_t *fp);
+/* Gives back a lease this cache took (another's is left alone). */
+void kiln__remote_release(kiln_cache *c, const uint8_t *fp);
+/* The lease's length in milliseconds. */
+int kiln__remote_lease_ms(const kiln_cache *c);
+/* The layer's kiln_cache_layer answer, as of now. */
+void kiln__remote_info(kiln_cache *c, kiln_cache_layer_info *out);
+
+/* Stores a row whose zstd frame z (raw_size bytes once decoded, SHA-256 sum)
+ * is already made, in the writable database, under c->lock. */
+kiln_status kiln__store_locked(kiln_cache *c, const kiln_cache_record *r, const void *z, size_t zn,
+                               const uint8_t sum[32]);
 
 #endif

@@ -563,8 +563,10 @@ kiln_status kiln_cache_open(const kiln_cache_options *caller, kiln_cache **out)
     c->user = opts->user;
     int busy_ms = opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 10000;
     c->open_deadline = kiln__now() + busy_ms / 1000.0;
+    /* The remote's URL is checked before any file is created. */
     if ((st = kiln__load_trust(c, opts->trusted_keys, opts->n_trusted_keys, opts->ignore_env)) ||
-        (st = open_layers(c, opts, busy_ms)) || (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
+        (st = kiln__remote_open(c, opts)) || (st = open_layers(c, opts, busy_ms)) ||
+        (st = open_db(c, &c->main, path, opts->read_only, opts, busy_ms)))
         goto out_free;
     *out = c;
     return KILN_OK;
@@ -589,6 +591,7 @@ void kiln_cache_close(kiln_cache *c)
     }
     free(c->layers);
     free(c->layer_info);
+    kiln__remote_close(c->remote);
     free(c->trusted);
     pthread_mutex_destroy(&c->lock);
     kiln__errslot_destroy(&c->err);
@@ -617,14 +620,20 @@ kiln_status kiln_cache_seal(kiln_cache *c)
 
 const char *kiln_cache_path(const kiln_cache *c) { return c && c->main.path ? c->main.path : ""; }
 const char *kiln_cache_errmsg(const kiln_cache *c) { return c ? c->err.msg : ""; }
-size_t kiln_cache_layer_count(const kiln_cache *c) { return c ? c->n_layer_info : 0; }
+size_t kiln_cache_layer_count(const kiln_cache *c) { return c ? c->n_layer_info + (c->remote != NULL) : 0; }
 
 kiln_status kiln_cache_layer(const kiln_cache *c, size_t index, kiln_cache_layer_info *out)
 {
     if (!c || !out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_layer: NULL argument");
+    if (index == c->n_layer_info && c->remote) {
+        /* Its state changes with the server's: read now. */
+        kiln__remote_info((kiln_cache *)c, out);
+        return KILN_OK;
+    }
     if (index >= c->n_layer_info)
-        return kiln__fail(NULL, KILN_ERR_NOT_FOUND, "layer %zu: the cache has %zu", index, c->n_layer_info);
+        return kiln__fail(NULL, KILN_ERR_NOT_FOUND, "layer %zu: the cache has %zu", index,
+                          kiln_cache_layer_count(c));
     *out = c->layer_info[index];
     return KILN_OK;
 }

@@ -117,13 +117,15 @@ static int open_existing(const char *cmd, const char *db, int read_only, int lay
     if (!S_ISREG(sb.st_mode))
         return cli_fail(cmd, "cache database %s is not a regular file", path);
     /* The commands work on this one file, an existing kiln database: no
-     * shipped layers from the environment (unless layers: check), and never
-     * a new database. */
+     * shipped layers from the environment (unless layers: check), never the
+     * remote layer (check answers for the files, which a server may evict
+     * from), and never a new database. */
     const char *follow = getenv("KILN_CACHE_FOLLOW_SYMLINKS");
     kiln_cache_options opts = {.size = sizeof opts,
                                .path = path,
                                .read_only = read_only,
                                .ignore_env = !layers,
+                               .remote = "",
                                .existing_only = 1,
                                .follow_symlinks = follow && !strcmp(follow, "1")};
     if (kiln_cache_open(&opts, out) != KILN_OK)
@@ -136,7 +138,8 @@ void cli_report_skipped_layers(const kiln_cache *cache)
     for (size_t i = 0; i < kiln_cache_layer_count(cache); i++) {
         kiln_cache_layer_info info;
         if (kiln_cache_layer(cache, i, &info) == KILN_OK && !info.active)
-            fprintf(stderr, "kiln: read-only layer %s skipped: %s\n", info.path, info.reason);
+            fprintf(stderr, "kiln: %s layer %s skipped: %s\n", info.remote ? "remote" : "read-only", info.path,
+                    info.reason);
     }
 }
 

@@ -97,6 +97,7 @@ int cli_verify_signature(const char *cmd, const char *path)
                                .path = path,
                                .read_only = 1,
                                .existing_only = 1,
+                               .remote = "", /* a file's signature: no server */
                                .readonly_paths = no_layers,
                                .n_readonly_paths = 0};
     kiln_cache *cache = NULL;

@@ -389,6 +389,23 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         e->persisted = !st && found;
         lookup = st;
     }
+    int leased = 0;
+    if (!cubin && (!e->persisted || load) && j->cache && !j->strict && !lookup) {
+        /* Across processes: one compiles while the others wait for its row. */
+        int found = 0;
+        kiln__cache_remote_wait(j->cache, e->fingerprint, &rec, load, &cubin, &size, &found, &leased);
+        if (found) {
+            e->persisted = 1;
+            if (!load) {
+                free(cubin);
+                cubin = NULL;
+            }
+            pthread_mutex_lock(&j->lock);
+            if (load)
+                j->counters.database_hits++;
+            pthread_mutex_unlock(&j->lock);
+        }
+    }
     if (!cubin && (!e->persisted || load)) {
         /* A database that failed to answer is no miss: its error is the answer. */
         if (j->strict)
@@ -410,8 +427,11 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
         else
             j->counters.compiles++;
         pthread_mutex_unlock(&j->lock);
-        if (st)
+        if (st) {
+            if (leased) /* the others need not wait out a compile that failed */
+                kiln__cache_remote_release(j->cache, e->fingerprint);
             return st;
+        }
         if (compiled)
             *compiled = 1;
         if (j->cache && !e->persisted) {
@@ -422,6 +442,8 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
                 j->counters.cache_errors++;
                 pthread_mutex_unlock(&j->lock);
                 if (!load) {
+                    if (leased)
+                        kiln__cache_remote_release(j->cache, e->fingerprint);
                     free(cubin);
                     return st;
                 }
@@ -430,6 +452,8 @@ static kiln_status resolve(kiln_jit *j, entry *e, int load, int *compiled)
                 e->persisted = 1;
             }
         }
+        if (leased) /* after the put, which published the row */
+            kiln__cache_remote_release(j->cache, e->fingerprint);
     }
     if (load && !e->loaded) {
         st = kiln__runtime_load_module(j->rt, cubin, &e->module);

@@ -61,8 +61,8 @@ kiln_status kiln__rows_collect(kiln_cache *cache, kiln__rows *rows)
      * cache searches is listed through a handle of its own. */
     for (size_t i = 0; !st && i < kiln_cache_layer_count(cache); i++) {
         kiln_cache_layer_info layer;
-        if (kiln_cache_layer(cache, i, &layer) != KILN_OK || !layer.active)
-            continue;
+        if (kiln_cache_layer(cache, i, &layer) != KILN_OK || !layer.active || layer.remote)
+            continue; /* the remote layer lists nothing: explain sees the databases */
         kiln_cache_options o = {.size = sizeof o,
                                 .path = layer.path,
                                 .read_only = 1,

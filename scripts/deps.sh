@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kiln builds and tests with. The CUDA toolkit
 # (NVRTC, cuda.h) is expected in /usr/local/cuda, as on every kiln machine.
-# clang is for the libFuzzer run of scripts/test.sh.
+# clang is for the libFuzzer run of scripts/test.sh; redis-server for the
+# remote layer's test (tests/test_cache_remote.c starts its own).
 set -euo pipefail
-pkgs=(cmake make gcc pkg-config python3 libsqlite3-dev libzstd-dev libssl-dev libcjson-dev libcmocka-dev clang)
+pkgs=(cmake make gcc pkg-config python3 libsqlite3-dev libzstd-dev libssl-dev libcjson-dev libcmocka-dev libhiredis-dev redis-server clang)
 sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
 updated=0
 install() {

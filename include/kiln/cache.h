@@ -81,14 +81,36 @@ typedef struct kiln_cache_options {
      * layer that opens is searched. A key that cannot be read fails the open. */
     const char *const *trusted_keys;
     size_t n_trusted_keys;
+    /* A remote layer shared by a fleet (docs/cache.md, "The remote tier"):
+     * "redis://HOST[:PORT][/PREFIX]", searched after the local databases and
+     * before compiling; every row stored is published there, and a process
+     * that misses takes a lease so that one process of the fleet compiles a
+     * kernel while the others wait for its row. NULL: $KILN_CACHE_REMOTE
+     * (unless ignore_env); "" or none there: no remote layer. A URL that does
+     * not parse fails the open (KILN_ERR_INVALID_ARGUMENT, naming it); a
+     * server that cannot be reached, is slow or answers garbage never does:
+     * the layer is skipped with the reason (kiln_cache_layer), counted
+     * (kiln_cache_counters.remote_errors), tried again a second later, and
+     * kernels are compiled locally. */
+    const char *remote;
+    int remote_timeout_ms;   /* connect and each command; 0: 500 */
+    int remote_lease_ms;     /* a compile's lease, and how long others wait for its row; 0: 30000 */
+    /* Under a trust policy the remote layer is skipped unless this is set,
+     * or $KILN_CACHE_REMOTE_TRUSTED is 1 (unless ignore_env): its rows carry
+     * no signature, so trusting it is the deployment's explicit choice. */
+    int remote_trusted;
 } kiln_cache_options;
 
-/* A read-only layer as opened: searched (active) or skipped, and why. */
+/* A read-only layer as opened: searched (active) or skipped, and why. The
+ * remote layer, when one is configured, is listed last with remote = 1: its
+ * path is the URL, active and reason its state at the time of the call
+ * (reason valid until the next call into the cache), entries 0. */
 typedef struct kiln_cache_layer_info {
     const char *path;   /* valid as long as the cache */
     int active;
     const char *reason; /* why it was skipped; "" when active */
     uint64_t entries;
+    int remote;
 } kiln_cache_layer_info;
 
 /* One row, as handed to kiln_cache_put (the cache copies every field). */
@@ -121,6 +143,13 @@ typedef struct kiln_cache_stats {
 /* What this handle has done since it was opened. */
 typedef struct kiln_cache_counters {
     uint64_t hits, misses, inserts, corrupt_dropped;
+    /* The remote layer: rows found there (also counted in hits), looked up
+     * and absent, refused (garbage, or a row that fails verification),
+     * published, failures of the server (each skips the layer for a while),
+     * leases taken, waits for another process's lease that ended with its row,
+     * and waits that ran out (the kernel was compiled here). */
+    uint64_t remote_hits, remote_misses, remote_refused, remote_published, remote_errors;
+    uint64_t remote_leases, remote_waits_filled, remote_waits_expired;
 } kiln_cache_counters;
 
 /* Resolves the default database path into buf: $KILN_CACHE_DIR/kernels.db,
