@@ -662,7 +662,7 @@ cp "$DB" "$O/newer.db"
 py '
 db = sqlite3.connect(sys.argv[1])
 db.execute("PRAGMA journal_mode=DELETE")
-db.execute("PRAGMA user_version = 3")
+db.execute("PRAGMA user_version = 4")
 db.close()' "$O/newer.db"
 for f in "$O/other.db" "$O/newer.db"; do
     BEFORE=$(sha "$f")
