@@ -222,6 +222,11 @@ static int tuning_row_ok(sqlite3_stmt *q, char *detail, size_t cap)
 {
     size_t kind_len, key_len;
     const char *kind = col_text(q, 1, &kind_len), *key = col_text(q, 2, &key_len);
+    if (sqlite3_column_type(q, 3) != SQLITE_BLOB) {
+        snprintf(detail, cap, "payload stored as %s, not a blob",
+                 sqlite3_column_type(q, 3) == SQLITE_TEXT ? "text" : "a number or NULL");
+        return 0;
+    }
     const void *payload = sqlite3_column_type(q, 3) == SQLITE_BLOB ? sqlite3_column_blob(q, 3) : NULL;
     size_t payload_size = payload ? (size_t)sqlite3_column_bytes(q, 3) : 0;
     return kiln__tuning_row_check(sqlite3_column_blob(q, 0), (size_t)sqlite3_column_bytes(q, 0), kind, kind_len, key,

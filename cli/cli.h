@@ -129,6 +129,9 @@ int cli_write_coverage(const char *cmd, const char *model_path, const kiln_model
 /* check without --model: checks every coverage record of the database
  * against the layers. -1 when it holds none (check the built-in shape). */
 int cli_check_records(const char *cmd, kiln_cache *cache);
+/* Copies from's tuning rows that verify into to (export --tuning-from),
+ * printing "tuning from <path>: <C> copied, <S> skipped". */
+int cli_copy_tuning(const char *cmd, kiln_cache *from, kiln_cache *to);
 /* --tune: a clear failure when no driver is present, else CLI_EXIT_OK. */
 int cli_tune_check_gpu(const char *cmd);
 /* Times the model's dense products for each bucket into cache's tuning rows. */

@@ -93,6 +93,73 @@ out:
     return st;
 }
 
+typedef struct tuning_keys {
+    char **kinds, **keys;
+    size_t n, cap;
+    int oom;
+} tuning_keys;
+
+static int list_key(void *user, const kiln_tuning_info *info)
+{
+    tuning_keys *t = user;
+    if (t->n == t->cap) {
+        size_t ncap = t->cap ? 2 * t->cap : 64;
+        char **k = realloc(t->kinds, ncap * sizeof *k), **y = k ? realloc(t->keys, ncap * sizeof *y) : NULL;
+        if (k)
+            t->kinds = k;
+        if (!y) {
+            t->oom = 1;
+            return 1;
+        }
+        t->keys = y;
+        t->cap = ncap;
+    }
+    t->kinds[t->n] = strdup(info->kind);
+    t->keys[t->n] = strdup(info->key);
+    t->n++;
+    t->oom |= !t->kinds[t->n - 1] || !t->keys[t->n - 1];
+    return t->oom;
+}
+
+int cli_copy_tuning(const char *cmd, kiln_cache *from, kiln_cache *to)
+{
+    tuning_keys t = {0};
+    uint64_t copied = 0, skipped = 0;
+    int rc = CLI_EXIT_OK;
+    if (kiln_cache_tuning_foreach(from, list_key, &t) != KILN_OK)
+        rc = cli_fail(cmd, "%s", kiln_errmsg());
+    else if (t.oom)
+        rc = cli_fail(cmd, "out of memory");
+    /* Each row is loaded as a process would load it (verified), then stored. */
+    for (size_t i = 0; i < t.n && !rc; i++) {
+        void *payload = NULL;
+        size_t size = 0;
+        int found = 0;
+        kiln_status st = kiln_cache_tuning_get(from, t.kinds[i], t.keys[i], &payload, &size, &found);
+        if (st == KILN_ERR_INVALID_ARGUMENT) {
+            skipped++; /* a row whose kind or key is no text a row can have */
+        } else if (st != KILN_OK) {
+            rc = cli_fail(cmd, "%s", kiln_errmsg());
+        } else if (!found) {
+            skipped++;
+        } else if (kiln_cache_tuning_put(to, t.kinds[i], t.keys[i], payload, size) != KILN_OK) {
+            rc = cli_fail(cmd, "%s", kiln_errmsg());
+        } else {
+            copied++;
+        }
+        kiln_free(payload);
+    }
+    for (size_t i = 0; i < t.n; i++) {
+        free(t.kinds[i]);
+        free(t.keys[i]);
+    }
+    free(t.kinds);
+    free(t.keys);
+    if (!rc)
+        printf("tuning from %s: %" PRIu64 " copied, %" PRIu64 " skipped\n", kiln_cache_path(from), copied, skipped);
+    return rc;
+}
+
 int cli_tune_check_gpu(const char *cmd)
 {
     const char *why = NULL;
