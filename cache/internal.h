@@ -149,7 +149,7 @@ int kiln__tuning_checksum(const uint8_t id[32], const char *kind, const char *ke
 int kiln__tuning_row_check(const void *id, size_t id_size, const char *kind, size_t kind_len, const char *key,
                            size_t key_len, const void *payload, size_t payload_size, const void *checksum,
                            size_t checksum_size, char *detail, size_t cap);
-/* Whether needs (len bytes as stored) is lines of "<64 hex>\t<template>\t
+/* Whether needs (len bytes as stored, no NUL among them) is lines of "<64 hex>\t<template>\t
  * <constants>\t<parts>\n": 1 with *n_lines, or 0 with detail. */
 int kiln__coverage_needs_check(const char *needs, size_t len, size_t *n_lines, char *detail, size_t cap);
 /* Whether a stored coverage row is whole: fields, id, checksum. */

@@ -135,7 +135,7 @@ int kiln__coverage_needs_check(const char *needs, size_t len, size_t *n_lines, c
 {
     size_t n = 0;
     *n_lines = 0;
-    if (!needs || strlen(needs) != len) {
+    if (!needs || memchr(needs, 0, len)) {
         snprintf(detail, cap, "needs is not text");
         return 0;
     }
@@ -392,8 +392,6 @@ kiln_status kiln_cache_tuning_get(kiln_cache *c, const char *kind, const char *k
                                                                                          : KILN_ERR_CACHE_IO;
     else
         *found = r;
-    if (r > 0)
-        c->counters.hits++;
     pthread_mutex_unlock(&c->lock);
     return st;
 }

@@ -405,8 +405,8 @@ static int parse_model_args(const char *cmd, int argc, char **argv, const char *
             out->dry_run = 1;
         } else if (c == OPT_BATCH) {
             if (cli_parse_buckets(optarg, out->batch, &out->n_batch))
-                return cli_usage_error(cmd,
-                                       "--batch %s: must be 1 to %d increasing token counts in [1, %d], comma-separated",
+                return cli_usage_error(cmd, "--batch %s: must be 1 to %d increasing token counts in [1, %d],"
+                                            " comma-separated",
                                        optarg, CLI_MAX_BUCKETS, CLI_MAX_BUCKET_TOKENS);
         } else if (c == OPT_CONTEXT || c == OPT_CHUNK) {
             if (cli_parse_long(optarg, 1, 1L << 24, &v))

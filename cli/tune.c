@@ -40,7 +40,10 @@ static kiln_status tune_bucket(kiln_jit *jit, kiln_runtime *rt, const kiln_model
     const kiln_dtype dt = m->dtype;
     const int64_t H = m->hidden_size, I = m->intermediate_size, AD = m->num_attention_heads * m->head_dim,
                   QKV = (m->num_attention_heads + 2 * m->num_key_value_heads) * m->head_dim;
-    const int64_t widest = QKV > AD ? (QKV > 2 * I ? QKV : 2 * I) : (AD > 2 * I ? AD : 2 * I);
+    const int64_t sizes[] = {QKV, AD, 2 * I};
+    int64_t widest = H;
+    for (int i = 0; i < 3; i++)
+        widest = sizes[i] > widest ? sizes[i] : widest;
     kiln_buffer *x = NULL, *out = NULL, *res = NULL, *norm = NULL, *ws = NULL;
     size_t ws_bytes = 0, need;
     kiln_status st;
@@ -56,7 +59,8 @@ static kiln_status tune_bucket(kiln_jit *jit, kiln_runtime *rt, const kiln_model
     if ((st = kiln_op_dense_swiglu_workspace(tokens, H, I, &need)))
         return st;
     ws_bytes = need > ws_bytes ? need : ws_bytes;
-    if ((st = zeroed(rt, (size_t)(tokens * widest) * 2, &x)) || (st = zeroed(rt, (size_t)(tokens * widest) * 2, &out)) ||
+    const size_t act_bytes = (size_t)(tokens * widest) * 2;
+    if ((st = zeroed(rt, act_bytes, &x)) || (st = zeroed(rt, act_bytes, &out)) ||
         (st = zeroed(rt, (size_t)(tokens * H) * 2, &res)) || (st = zeroed(rt, (size_t)H * 2, &norm)) ||
         (st = zeroed(rt, ws_bytes, &ws)))
         goto out;

@@ -9,6 +9,10 @@
  * cannot decode, for the jit a row of another kernel) is reported as a miss, dropped from the database and counted
  * (kiln_cache_counters.corrupt_dropped, and the on_event callback).
  *
+ * Schema 3 adds tuning rows (choices kiln made by timing, keyed by what decides
+ * them) and coverage records (a model, its serving envelope and the kernels
+ * they need), each checksummed and verified as kernel rows are.
+ *
  * Threading: one kiln_cache may be used from several threads at once (the
  * connection is serialized inside); several processes may share one file
  * (WAL journal, a busy timeout, short write transactions).
@@ -220,7 +224,8 @@ KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_option
 KILN_API kiln_status kiln_cache_seal(kiln_cache *cache);
 
 /* Copies every row of the database at src_path that verifies and is not
- * already present; a row that fails verification is skipped and counted. */
+ * already present (kernels, tuning rows, coverage records: all counted in
+ * copied); a row that fails verification is skipped and counted. */
 KILN_API kiln_status kiln_cache_merge(kiln_cache *cache, const char *src_path, uint64_t *copied, uint64_t *skipped);
 
 /* ---- signatures (docs/cache.md, "Signed layers") ---- */
