@@ -121,8 +121,9 @@ int cli_write_coverage(const char *cmd, const char *model_path, const kiln_model
                               .nvrtc_major = major,
                               .nvrtc_minor = minor,
                               .needs = needs};
-    if (kiln_cache_coverage_put(cache, &r) != KILN_OK) {
-        rc = cli_fail(cmd, "coverage record: %s", kiln_errmsg());
+    kiln_status st = kiln_cache_coverage_put(cache, &r);
+    if (st != KILN_OK) {
+        rc = cli_fail(cmd, "coverage record: %s: %s", kiln_status_code(st), kiln_errmsg());
         goto out;
     }
     printf("coverage %s: %zu kernels, envelope %s\n", config->name, n_specs, envelope);
