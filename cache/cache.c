@@ -662,6 +662,18 @@ kiln_status kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out)
         st = kiln__db_fail(c, &c->main, rc, "counting kernels");
     }
     sqlite3_finalize(q);
+    q = NULL;
+    if (!st && c->main.schema >= 3) {
+        rc = sqlite3_prepare_v2(c->main.db, "SELECT (SELECT count(*) FROM tuning), (SELECT count(*) FROM coverage)",
+                                -1, &q, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+            out->tuning_rows = (uint64_t)sqlite3_column_int64(q, 0);
+            out->coverage_rows = (uint64_t)sqlite3_column_int64(q, 1);
+        } else {
+            st = kiln__db_fail(c, &c->main, rc, "counting tuning and coverage rows");
+        }
+        sqlite3_finalize(q);
+    }
     pthread_mutex_unlock(&c->lock);
     return st;
 }

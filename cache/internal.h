@@ -224,4 +224,35 @@ void kiln__remote_info(kiln_cache *c, kiln_cache_layer_info *out);
 kiln_status kiln__store_locked(kiln_cache *c, const kiln_cache_record *r, const void *z, size_t zn,
                                const uint8_t sum[32]);
 
+/* ---- schema 3: tuning rows and coverage records (cache/tuning.c) ---- */
+
+/* The tables schema 3 adds (CREATE TABLE IF NOT EXISTS: also the migration). */
+extern const char kiln__schema3_sql[];
+
+/* A tuning row's id (SHA-256 of kind and key) and checksum (over id, kind,
+ * key and payload). 0 on success. */
+int kiln__tuning_id(const char *kind, const char *key, uint8_t out[32]);
+int kiln__tuning_checksum(const uint8_t id[32], const char *kind, const char *key, const void *payload, size_t size,
+                          uint8_t out[32]);
+/* Whether a stored tuning row is whole: id 32 bytes and that of kind and
+ * key, kind and key text of bounded length (len what the column holds, a NUL
+ * inside fails), a payload of 1 to KILN_TUNING_PAYLOAD_MAX bytes, the
+ * checksum. 1, or 0 with detail saying what failed. */
+int kiln__tuning_row_check(const void *id, size_t id_size, const char *kind, size_t kind_len, const char *key,
+                           size_t key_len, const void *payload, size_t payload_size, const void *checksum,
+                           size_t checksum_size, char *detail, size_t cap);
+/* Whether needs (len bytes as stored, no NUL among them) is lines of "<64 hex>\t<template>\t
+ * <constants>\t<parts>\n": 1 with *n_lines, or 0 with detail. */
+int kiln__coverage_needs_check(const char *needs, size_t len, size_t *n_lines, char *detail, size_t cap);
+/* Whether a stored coverage row is whole: fields, id, checksum. */
+int kiln__coverage_row_check(const void *id, size_t id_size, const kiln_coverage_record *r, const void *checksum,
+                             size_t checksum_size, size_t *n_lines, char *detail, size_t cap);
+/* kiln_cache_verify's and kiln_cache_merge's part for the schema 3 tables,
+ * with the lock held and inside their transaction: SQLITE_DONE or the failure. */
+int kiln__verify_schema3_locked(kiln_cache *c,
+                                void (*on_bad)(void *user, const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
+                                               const char *detail),
+                                void *user, kiln_cache_verify_report *out);
+int kiln__merge_schema3_locked(kiln_cache *c, sqlite3 *src, uint64_t *copied, uint64_t *skipped);
+
 #endif

@@ -139,6 +139,15 @@ kiln_status kiln_cache_verify(kiln_cache *c,
     }
     sqlite3_finalize(q);
     q = NULL;
+    if (!damaged && (rc = kiln__verify_schema3_locked(c, on_bad, user, out)) != SQLITE_DONE) {
+        if (kiln__sqlite_status(rc) != KILN_ERR_CACHE_CORRUPT) {
+            st = main_fail(c, rc, "verifying tuning and coverage rows");
+            goto out_rollback;
+        }
+        damaged = 1;
+        snprintf(first_problem, sizeof first_problem, "tuning or coverage rows unreadable: %s",
+                 sqlite3_errmsg(c->main.db));
+    }
     if ((rc = sqlite3_prepare_v2(c->main.db, "PRAGMA integrity_check", -1, &q, NULL)) != SQLITE_OK) {
         st = main_fail(c, rc, "integrity check");
         goto out_rollback;
@@ -188,19 +197,27 @@ static int pragma_int64(sqlite3 *db, const char *sql, int64_t *out)
 }
 
 typedef struct victim {
-    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    uint8_t fp[KILN_FINGERPRINT_SIZE]; /* the kernel's fingerprint, or the tuning row's id */
     int64_t bytes;
+    int tuning;
 } victim;
 
 /* Deletes the listed rows with one statement; adds to the totals. */
 static kiln_status delete_victims(kiln_cache *c, const victim *v, size_t n, uint64_t *rows, uint64_t *bytes)
 {
     sqlite3_stmt *del = NULL;
+    sqlite3_stmt *del_tuning = NULL;
     int rc = sqlite3_prepare_v2(c->main.db, "DELETE FROM kernels WHERE fingerprint = ?1", -1, &del, NULL);
-    if (rc != SQLITE_OK)
+    if (rc == SQLITE_OK && c->main.schema >= 3)
+        rc = sqlite3_prepare_v2(c->main.db, "DELETE FROM tuning WHERE id = ?1", -1, &del_tuning, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_finalize(del);
         return main_fail(c, rc, "collecting");
+    }
     kiln_status st = KILN_OK;
+    sqlite3_stmt *kernel_del = del;
     for (size_t i = 0; i < n; i++) {
+        del = v[i].tuning ? del_tuning : kernel_del;
         sqlite3_bind_blob(del, 1, v[i].fp, KILN_FINGERPRINT_SIZE, SQLITE_STATIC);
         rc = sqlite3_step(del);
         sqlite3_reset(del);
@@ -213,7 +230,8 @@ static kiln_status delete_victims(kiln_cache *c, const victim *v, size_t n, uint
             *bytes += (uint64_t)v[i].bytes;
         }
     }
-    sqlite3_finalize(del);
+    sqlite3_finalize(kernel_del);
+    sqlite3_finalize(del_tuning);
     return st;
 }
 
@@ -231,8 +249,15 @@ static kiln_status pick_victims(kiln_cache *c, int64_t cutoff, int older, uint64
     int rc;
     *out = NULL;
     *n_out = 0;
+    /* Tuning rows are ranked with the kernels by last use, their bytes those
+     * of key and payload. */
+    const int tuning = c->main.schema >= 3;
     if (max_bytes) {
-        rc = sqlite3_prepare_v2(c->main.db, "SELECT total(length(cubin)) FROM kernels", -1, &q, NULL);
+        rc = sqlite3_prepare_v2(c->main.db,
+                                tuning ? "SELECT (SELECT total(length(cubin)) FROM kernels) +"
+                                         " (SELECT total(length(key) + length(payload)) FROM tuning)"
+                                       : "SELECT total(length(cubin)) FROM kernels",
+                                -1, &q, NULL);
         if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW)
             total = sqlite3_column_double(q, 0);
         sqlite3_finalize(q);
@@ -241,8 +266,11 @@ static kiln_status pick_victims(kiln_cache *c, int64_t cutoff, int older, uint64
             return main_fail(c, rc, "collecting");
     }
     rc = sqlite3_prepare_v2(c->main.db,
-                            "SELECT fingerprint, length(cubin), last_used FROM kernels"
-                            " ORDER BY last_used, created, fingerprint",
+                            tuning ? "SELECT fingerprint, length(cubin), last_used, 0, created FROM kernels"
+                                     " UNION ALL SELECT id, length(key) + length(payload), last_used, 1, created"
+                                     " FROM tuning ORDER BY 3, 5, 1"
+                                   : "SELECT fingerprint, length(cubin), last_used, 0 FROM kernels"
+                                     " ORDER BY last_used, created, fingerprint",
                             -1, &q, NULL);
     if (rc != SQLITE_OK)
         return main_fail(c, rc, "collecting");
@@ -268,6 +296,7 @@ static kiln_status pick_victims(kiln_cache *c, int64_t cutoff, int older, uint64
         if (fp && fp_size == KILN_FINGERPRINT_SIZE)
             memcpy(v[n].fp, fp, KILN_FINGERPRINT_SIZE);
         v[n].bytes = bytes;
+        v[n].tuning = sqlite3_column_int(q, 3);
         n++;
         total -= (double)bytes;
     }
@@ -664,6 +693,12 @@ kiln_status kiln_cache_merge(kiln_cache *c, const char *src_path, uint64_t *copi
     }
     if ((st = copy_rows(c, src, src_path, src_parts, &n_copied, &n_skipped)))
         goto out_rollback;
+    /* Tuning rows and coverage records, verified as kernels are. */
+    if ((rc = kiln__merge_schema3_locked(c, src, &n_copied, &n_skipped)) != SQLITE_DONE) {
+        st = kiln__fail(&c->err, kiln__sqlite_status(rc), "merge: tuning and coverage rows of %s: %s", src_path,
+                        sqlite3_errmsg(src));
+        goto out_rollback;
+    }
     if ((rc = sqlite3_exec(c->main.db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK) {
         st = main_fail(c, rc, "merging");
         goto out_rollback;

@@ -11,7 +11,8 @@
 
 #include "cache/internal.h"
 
-/* Schema 2: schema 1 plus `parts`, the digests of the fingerprint's parts. */
+/* The kernels table of schema 2: schema 1's plus `parts`, the digests of the
+ * fingerprint's parts. Schema 3 adds cache/tuning.c's tables. */
 static const char schema_sql[] =
     "CREATE TABLE IF NOT EXISTS kernels ("
     "  fingerprint BLOB PRIMARY KEY NOT NULL CHECK (length(fingerprint) = 32),"
@@ -214,14 +215,14 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
     if (app_id == 0 && version == 0 && n_tables == 0) {
         if (d->read_only)
             return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA, "cache %s: empty database opened read-only", d->path);
-        char sql[sizeof schema_sql + 256];
+        char sql[sizeof schema_sql + 4096];
         /* auto_vacuum takes only before the first table: it lets gc give freed
          * pages back to the filesystem (incremental_vacuum) without a VACUUM,
          * which needs room for a copy of the file. */
         snprintf(sql, sizeof sql,
-                 "PRAGMA auto_vacuum = INCREMENTAL;BEGIN IMMEDIATE;%sPRAGMA application_id = %d;"
+                 "PRAGMA auto_vacuum = INCREMENTAL;BEGIN IMMEDIATE;%s%sPRAGMA application_id = %d;"
                  "PRAGMA user_version = %d;COMMIT;",
-                 schema_sql, KILN_APPLICATION_ID, KILN_CACHE_SCHEMA_VERSION);
+                 schema_sql, kiln__schema3_sql, KILN_APPLICATION_ID, KILN_CACHE_SCHEMA_VERSION);
         kiln_status st = exec_tx(c, d, sql, "creating the schema");
         /* Another process may have created it at the same moment. */
         if (st && pragma_int(d->db, "PRAGMA user_version", &version) == SQLITE_OK &&
@@ -234,19 +235,21 @@ static kiln_status check_schema(kiln_cache *c, kiln__db *d)
         return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
                           "cache %s: not a kiln cache database (application_id 0x%llx, expected 0x%x)", d->path,
                           (unsigned long long)app_id, KILN_APPLICATION_ID);
-    if (version == 1 && !d->read_only) {
-        /* Schema 1 lacks `parts`; its rows stay valid (their parts are unknown). */
-        kiln_status st = exec_tx(c, d,
-                                 "BEGIN IMMEDIATE;"
-                                 "ALTER TABLE kernels ADD COLUMN parts TEXT NOT NULL DEFAULT '';"
-                                 "PRAGMA user_version = 2;COMMIT;",
-                                 "migrating schema 1 to 2");
-        if (st && pragma_int(d->db, "PRAGMA user_version", &version) == SQLITE_OK && version == 2)
+    if ((version == 1 || version == 2) && !d->read_only) {
+        /* Schema 1 lacks `parts` (its rows stay valid, their parts unknown);
+         * schemas 1 and 2 lack the tuning and coverage tables. */
+        char sql[4096];
+        snprintf(sql, sizeof sql, "BEGIN IMMEDIATE;%s%sPRAGMA user_version = %d;COMMIT;",
+                 version == 1 ? "ALTER TABLE kernels ADD COLUMN parts TEXT NOT NULL DEFAULT '';" : "",
+                 kiln__schema3_sql, KILN_CACHE_SCHEMA_VERSION);
+        kiln_status st = exec_tx(c, d, sql, version == 1 ? "migrating schema 1 to 3" : "migrating schema 2 to 3");
+        if (st && pragma_int(d->db, "PRAGMA user_version", &version) == SQLITE_OK &&
+            version == KILN_CACHE_SCHEMA_VERSION)
             st = KILN_OK; /* migrated by another process meanwhile */
-        d->schema = 2;
+        d->schema = KILN_CACHE_SCHEMA_VERSION;
         return st;
     }
-    if (version != 1 && version != KILN_CACHE_SCHEMA_VERSION)
+    if (version < 1 || version > KILN_CACHE_SCHEMA_VERSION)
         return kiln__fail(&c->err, KILN_ERR_CACHE_SCHEMA,
                           "cache %s: schema version %lld, this library reads versions 1 to %d%s", d->path,
                           (long long)version, KILN_CACHE_SCHEMA_VERSION,

@@ -11,11 +11,16 @@
 
 static const char help_text[] =
     "usage: kiln check [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [--db PATH]\n"
+    "       kiln check [--db PATH]\n"
     "\n"
     "Says whether the database and the read-only layers of $KILN_CACHE_READONLY\n"
     "hold every kernel the model needs on ARCH with this NVRTC, each row verified\n"
     "as a load would verify it: what a process with KILN_JIT=off needs in order\n"
     "never to fail with jit_disabled. Nothing is compiled, written or created.\n"
+    "Without --model, every coverage record in the database (what 'kiln prewarm'\n"
+    "stores: a model, its serving envelope, the kernels they need, an arch and an\n"
+    "NVRTC version) is checked that way instead; a database without records is\n"
+    "checked for the built-in Llama-3-8B shape.\n"
     "\n"
     "options:\n"
     CLI_HELP_MODEL_DTYPE
@@ -27,6 +32,9 @@ static const char help_text[] =
     "  <template> <constants> missing <fingerprint> nearest <fingerprint> differs: <part> <have> -> <want>, ...\n"
     "then one summary line,\n"
     "  summary: model <name>, arch <arch>: <N> needed, <M> present, <K> missing, database <path>, <L> layers\n"
+    "or, per coverage record,\n"
+    "  summary: coverage <name> (<envelope>), arch <arch>, NVRTC <v>: <N> needed, <M> present, <K> missing, ...\n"
+    "(a damaged record: coverage <id> bad: <reason>; one made for another NVRTC says so)\n"
     "\n"
     "exit status: 0 every kernel is present; 1 a kernel is missing, or a bad\n"
     "config, architecture or database (a missing one is not created); 2 a usage\n"
@@ -45,10 +53,14 @@ int cli_check(int argc, char **argv)
     kiln_jit *jit = NULL;
     kiln__rows rows = {0};
     int listed = 0;
-    if ((rc = cli_load_model(CMD, a.model_path, a.arch, a.dtype, &config, &specs, &n_specs)) ||
-        (rc = cli_open_existing_layered(CMD, a.path, &cache)))
+    if ((rc = cli_open_existing_layered(CMD, a.path, &cache)))
         goto out;
     cli_report_skipped_layers(cache);
+    /* Without --model, the database's coverage records say what to check. */
+    if (!a.model_path && (rc = cli_check_records(CMD, cache)) >= 0)
+        goto out;
+    if ((rc = cli_load_model(CMD, a.model_path, a.arch, a.dtype, &config, &specs, &n_specs)))
+        goto out;
     /* Strict mode: a kernel no layer holds is reported, never compiled. */
     kiln_jit_options jo = {.size = sizeof jo, .cache = cache, .arch = a.arch, .compile = KILN_JIT_COMPILE_OFF};
     if (kiln_jit_create(&jo, &jit) != KILN_OK) {

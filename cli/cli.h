@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <kiln/kiln.h>
 
@@ -98,12 +99,44 @@ long cli_default_jobs(void);
  * database path option, path_opt: 'd' (--db) or 'o' (--output). Returns -1
  * when the command should go on with *out, else the exit status to return
  * (help printed: CLI_EXIT_OK; a usage error reported: CLI_EXIT_USAGE). */
+#define CLI_MAX_BUCKETS 32
+#define CLI_MAX_BUCKET_TOKENS 65536
 typedef struct cli_build_args {
     const char *model_path, *arch, *path;
     long jobs;        /* cli_default_jobs() when -j is not given */
     kiln_dtype dtype; /* --dtype; 0 when not given (the config's) */
     int dry_run;      /* prewarm's --dry-run (path_opt 'd' only) */
+    /* prewarm's serving envelope: batch buckets (tokens per step; default
+     * 1), largest context and prefill chunk (0: not given), and --tune. */
+    int64_t batch[CLI_MAX_BUCKETS];
+    size_t n_batch;
+    long max_context, prefill_chunk;
+    int tune;
 } cli_build_args;
+/* --batch's list: increasing whole numbers in [1, CLI_MAX_BUCKET_TOKENS],
+ * comma-separated, at most CLI_MAX_BUCKETS. 0, or -1 for a bad list. */
+int cli_parse_buckets(const char *text, int64_t *out, size_t *n_out);
+
+/* The canonical envelope text of a coverage record:
+ * "dtype=f16;batch=1,8;context=8192;chunk=512" (context and chunk 0 when unset). */
+void cli_envelope_text(const cli_build_args *a, const kiln_model_config *config, char *buf, size_t cap);
+/* Writes the coverage record of the model (its config file at model_path, or
+ * the built-in shape when NULL), the envelope and specs on arch into cache.
+ * Prints "coverage <name>: <N> kernels, envelope <text>". */
+int cli_write_coverage(const char *cmd, const char *model_path, const kiln_model_config *config,
+                       const kiln_spec *specs, size_t n_specs, const char *arch, const char *envelope,
+                       kiln_cache *cache);
+/* check without --model: checks every coverage record of the database
+ * against the layers. -1 when it holds none (check the built-in shape). */
+int cli_check_records(const char *cmd, kiln_cache *cache);
+/* Copies from's tuning rows that verify into to (export --tuning-from),
+ * printing "tuning from <path>: <C> copied, <S> skipped". */
+int cli_copy_tuning(const char *cmd, kiln_cache *from, kiln_cache *to);
+/* --tune: a clear failure when no driver is present, else CLI_EXIT_OK. */
+int cli_tune_check_gpu(const char *cmd);
+/* Times the model's dense products for each bucket into cache's tuning rows. */
+int cli_tune_model(const char *cmd, const kiln_model_config *m, const int64_t *buckets, size_t n_buckets,
+                   kiln_cache *cache);
 int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
                          cli_build_args *out);
 /* check's: --model, --dtype, --arch, --db and --help (no -j, no --dry-run). */

@@ -32,14 +32,16 @@ static const char stats_help[] =
     "usage: kiln stats [--db PATH] [--json]\n"
     "\n"
     "Prints the totals of a cache database (entries, raw bytes, stored bytes,\n"
-    "compression ratio) and the same per template. The database is opened\n"
+    "compression ratio, tuning rows, coverage records) and the kernels' per\n"
+    "template. The database is opened\n"
     "read-only: nothing is created or changed.\n"
     "\n"
     "options:\n"
     "  -d, --db PATH   the database (default: $KILN_CACHE_DIR/kernels.db, else\n"
     "                  $XDG_CACHE_HOME/kiln/kernels.db, else $HOME/.cache/kiln/kernels.db)\n"
     "  -J, --json      print one JSON object: {\"path\", \"entries\", \"raw_bytes\",\n"
-    "                  \"stored_bytes\", \"ratio\" (raw / stored, null when empty),\n"
+    "                  \"stored_bytes\", \"tuning_rows\", \"coverage_records\",\n"
+    "                  \"ratio\" (raw / stored, null when empty),\n"
     "                  \"templates\": {<id>: {\"entries\", \"raw_bytes\", \"stored_bytes\"}}}\n"
     "  -h, --help      print this help and exit\n"
     "\n"
@@ -316,6 +318,7 @@ static cJSON *stats_json(const char *path, const kiln_cache_stats *st, const sta
         snprintf(ratio, sizeof ratio, "null");
     if (!root || !add_str(root, "path", path) || !add_u64(root, "entries", st->entries) ||
         !add_u64(root, "raw_bytes", st->raw_bytes) || !add_u64(root, "stored_bytes", st->stored_bytes) ||
+        !add_u64(root, "tuning_rows", st->tuning_rows) || !add_u64(root, "coverage_records", st->coverage_rows) ||
         !cJSON_AddRawToObject(root, "ratio", ratio) || !(templates = cJSON_AddObjectToObject(root, "templates")))
         goto out_fail;
     for (size_t i = 0; i < s->n; i++) {
@@ -342,6 +345,8 @@ static int stats_text(const char *path, const kiln_cache_stats *st, const stats_
         printf("ratio         %.3f\n", (double)st->raw_bytes / (double)st->stored_bytes);
     else
         printf("ratio         -\n");
+    printf("tuning rows   %" PRIu64 "\n", st->tuning_rows);
+    printf("coverage      %" PRIu64 "\n", st->coverage_rows);
     if (!s->n)
         return 0;
     printf("\n%-24s %9s %12s %12s\n", "template", "entries", "raw bytes", "stored bytes");

@@ -29,6 +29,8 @@ static const char verify_help[] =
     "  keys <path>: <K> of <N> recomputed from their rows (...)\n"
     "and one line,\n"
     "  verified <path>: <N> rows, <B> bad, integrity ok|failed\n"
+    "and one of the tuning rows and coverage records (checksums, ids, payloads),\n"
+    "  tuning and coverage <path>: <T> tuning rows, <B> bad, <C> coverage records, <D> bad\n"
     "then its signature ('kiln sign'), a line per row that is not as signed\n"
     "  bad <fingerprint> <what differs>\n"
     "and one line,\n"
@@ -191,12 +193,21 @@ int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown)
                shown ? shown : kiln_cache_path(cache), keys.checked, keys.rows);
     printf("verified %s: %" PRIu64 " rows, %" PRIu64 " bad, integrity %s\n", shown ? shown : kiln_cache_path(cache),
            report.rows, report.bad_rows, report.integrity_ok ? "ok" : "failed");
+    printf("tuning and coverage %s: %" PRIu64 " tuning rows, %" PRIu64 " bad, %" PRIu64 " coverage records, %" PRIu64
+           " bad\n",
+           shown ? shown : kiln_cache_path(cache), report.tuning_rows, report.bad_tuning_rows, report.coverage_rows,
+           report.bad_coverage_rows);
     if (fflush(stdout) != 0 || ferror(stdout))
         return cli_fail(cmd, "cannot write the output");
     if (!report.integrity_ok)
         return cli_fail(cmd, "%s", kiln_cache_errmsg(cache));
     if (report.bad_rows)
         return cli_fail(cmd, "%" PRIu64 " of %" PRIu64 " rows failed verification", report.bad_rows, report.rows);
+    if (report.bad_tuning_rows || report.bad_coverage_rows)
+        return cli_fail(cmd, "%" PRIu64 " of %" PRIu64 " tuning rows and %" PRIu64 " of %" PRIu64
+                             " coverage records failed verification (a bad tuning row is timed again at its next"
+                             " use; a bad coverage record is written again by the next prewarm of its model)",
+                        report.bad_tuning_rows, report.tuning_rows, report.bad_coverage_rows, report.coverage_rows);
     return CLI_EXIT_OK;
 }
 

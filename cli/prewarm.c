@@ -17,7 +17,7 @@
 
 static const char help_text[] =
     "usage: kiln prewarm [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [--db PATH] [-j N]\n"
-    "                    [--dry-run]\n"
+    "                    [--batch LIST] [--max-context N] [--prefill-chunk N] [--tune] [--dry-run]\n"
     "\n"
     "Compiles every kernel specialization the model needs for ARCH and stores\n"
     "the cubins in the cache database; kernels already there are not compiled\n"
@@ -35,6 +35,14 @@ static const char help_text[] =
     "                           $HOME/.cache/kiln/kernels.db); created when missing\n"
     "  -j, --jobs N             compile with N threads, 1..256 (default: the number\n"
     "                           of online CPUs)\n"
+    "      --batch LIST         the serving envelope's batch buckets, tokens per step,\n"
+    "                           increasing, comma-separated (default: 1)\n"
+    "      --max-context N      the envelope's largest context, in tokens (default:\n"
+    "                           the config's max_position_embeddings)\n"
+    "      --prefill-chunk N    the envelope's prefill chunk, in tokens (default: none)\n"
+    "      --tune               also time the model's dense products for each batch\n"
+    "                           bucket on this GPU and keep the choices in the\n"
+    "                           database as tuning rows (needs a GPU and its driver)\n"
     "  -n, --dry-run            list the specializations, compile nothing, touch no\n"
     "                           database: one line each, <template id> <constants>\n"
     "                           <fingerprint prefix>, then\n"
@@ -51,6 +59,11 @@ static const char help_text[] =
     "  <S> s, database <path>\n"
     "(on one line). When stderr is a terminal, a progress line (done/total,\n"
     "kernels per second, ETA) is drawn there meanwhile and erased at the end.\n"
+    "Once every kernel is in the database, a coverage record of the model, the\n"
+    "envelope and every fingerprint they need is stored (what 'kiln check' checks):\n"
+    "  coverage <name>: <N> kernels, envelope <text>\n"
+    "With --tune, a line per batch bucket and\n"
+    "  tune: model <name>, <B> batch buckets, <P> products, <R> tuning rows (<N> new), database <path>\n"
     "\n"
     "The config and the architecture are checked before the database is opened:\n"
     "when either is bad, the database is neither created nor changed.\n"
@@ -342,28 +355,36 @@ out_destroy_jit:
 }
 
 /* The command lines of prewarm, export and check: model_only (check) takes
- * neither -j nor --dry-run. */
+ * neither -j nor --dry-run; the serving envelope and --tune are prewarm's. */
 static int parse_model_args(const char *cmd, int argc, char **argv, const char *help, int path_opt, int model_only,
                             cli_build_args *out)
 {
-    const int dry_run_ok = path_opt == 'd' && !model_only;
-    const struct option longopts[] = {{"model", required_argument, NULL, 'm'},
-                                      {"dtype", required_argument, NULL, 't'},
-                                      {"arch", required_argument, NULL, 'a'},
-                                      {path_opt == 'o' ? "output" : "db", required_argument, NULL, path_opt},
-                                      {model_only ? "help" : "jobs", model_only ? no_argument : required_argument,
-                                       NULL, model_only ? 'h' : 'j'},
-                                      {"help", no_argument, NULL, 'h'},
-                                      {dry_run_ok ? "dry-run" : "help", no_argument, NULL, dry_run_ok ? 'n' : 'h'},
-                                      {NULL, 0, NULL, 0}};
-    char optstring[] = ":m:t:a:d:j:hn";
-    if (!dry_run_ok)
-        optstring[sizeof optstring - 2] = 0; /* --dry-run is prewarm's only */
-    if (model_only)
-        memmove(optstring + 9, optstring + 11, strlen(optstring + 11) + 1); /* no -j */
-    optstring[7] = (char)path_opt;
-    *out = (cli_build_args){.arch = CLI_DEFAULT_ARCH};
+    enum { OPT_BATCH = 256, OPT_CONTEXT, OPT_CHUNK, OPT_TUNE };
+    const int prewarm = path_opt == 'd' && !model_only;
+    struct option longopts[12] = {{"model", required_argument, NULL, 'm'},
+                                  {"dtype", required_argument, NULL, 't'},
+                                  {"arch", required_argument, NULL, 'a'},
+                                  {"help", no_argument, NULL, 'h'},
+                                  {path_opt == 'o' ? "output" : "db", required_argument, NULL, path_opt}};
+    size_t n = 5;
+    char optstring[24] = ":m:t:a:h";
+    strcat(optstring, path_opt == 'o' ? "o:" : "d:");
+    if (!model_only) {
+        longopts[n++] = (struct option){"jobs", required_argument, NULL, 'j'};
+        strcat(optstring, "j:");
+    }
+    if (prewarm) {
+        longopts[n++] = (struct option){"dry-run", no_argument, NULL, 'n'};
+        longopts[n++] = (struct option){"batch", required_argument, NULL, OPT_BATCH};
+        longopts[n++] = (struct option){"max-context", required_argument, NULL, OPT_CONTEXT};
+        longopts[n++] = (struct option){"prefill-chunk", required_argument, NULL, OPT_CHUNK};
+        longopts[n++] = (struct option){"tune", no_argument, NULL, OPT_TUNE};
+        strcat(optstring, "n");
+    }
+    longopts[n] = (struct option){NULL, 0, NULL, 0};
+    *out = (cli_build_args){.arch = CLI_DEFAULT_ARCH, .batch = {1}, .n_batch = 1};
     int c;
+    long v;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
@@ -382,6 +403,18 @@ static int parse_model_args(const char *cmd, int argc, char **argv, const char *
                 return cli_usage_error(cmd, "-j %s: must be a whole number in [1, %d]", optarg, CLI_MAX_JOBS);
         } else if (c == 'n') {
             out->dry_run = 1;
+        } else if (c == OPT_BATCH) {
+            if (cli_parse_buckets(optarg, out->batch, &out->n_batch))
+                return cli_usage_error(cmd, "--batch %s: must be 1 to %d increasing token counts in [1, %d],"
+                                            " comma-separated",
+                                       optarg, CLI_MAX_BUCKETS, CLI_MAX_BUCKET_TOKENS);
+        } else if (c == OPT_CONTEXT || c == OPT_CHUNK) {
+            if (cli_parse_long(optarg, 1, 1L << 24, &v))
+                return cli_usage_error(cmd, "--%s %s: must be a whole number in [1, %ld]",
+                                       c == OPT_CONTEXT ? "max-context" : "prefill-chunk", optarg, 1L << 24);
+            *(c == OPT_CONTEXT ? &out->max_context : &out->prefill_chunk) = v;
+        } else if (c == OPT_TUNE) {
+            out->tune = 1;
         } else if (c == 'h') {
             fputs(help, stdout);
             return CLI_EXIT_OK;
@@ -391,9 +424,38 @@ static int parse_model_args(const char *cmd, int argc, char **argv, const char *
     }
     if (optind < argc)
         return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (out->tune && out->dry_run)
+        return cli_usage_error(cmd, "--tune and --dry-run: a dry run touches no database");
     if (!out->jobs)
         out->jobs = cli_default_jobs();
     return -1;
+}
+
+int cli_parse_buckets(const char *text, int64_t *out, size_t *n_out)
+{
+    size_t n = 0;
+    long prev = 0;
+    const char *p = text;
+    if (!text || !*text)
+        return -1;
+    for (;;) {
+        char item[32];
+        size_t len = strcspn(p, ",");
+        long v;
+        if (!len || len >= sizeof item || n == CLI_MAX_BUCKETS)
+            return -1;
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (cli_parse_long(item, prev + 1, CLI_MAX_BUCKET_TOKENS, &v))
+            return -1;
+        out[n++] = v;
+        prev = v;
+        if (!p[len])
+            break;
+        p += len + 1;
+    }
+    *n_out = n;
+    return 0;
 }
 
 int cli_parse_build_args(const char *cmd, int argc, char **argv, const char *help, int path_opt,
@@ -462,7 +524,8 @@ int cli_prewarm(int argc, char **argv)
         rc = dry_run(&config, specs, n_specs, arch);
         goto out_free_specs;
     }
-    if ((rc = cli_db_path(CMD, db, path, sizeof path)))
+    /* Without a GPU, --tune fails before the database is touched. */
+    if ((a.tune && (rc = cli_tune_check_gpu(CMD))) || (rc = cli_db_path(CMD, db, path, sizeof path)))
         goto out_free_specs;
     kiln_cache *cache = NULL;
     kiln_cache_options cache_opts = {.size = sizeof cache_opts, .path = path};
@@ -472,6 +535,12 @@ int cli_prewarm(int argc, char **argv)
     }
     cli_report_skipped_layers(cache);
     rc = cli_prewarm_into(CMD, &config, specs, n_specs, arch, cache, jobs);
+    char envelope[1024];
+    cli_envelope_text(&a, &config, envelope, sizeof envelope);
+    if (!rc)
+        rc = cli_write_coverage(CMD, model_path, &config, specs, n_specs, arch, envelope, cache);
+    if (!rc && a.tune)
+        rc = cli_tune_model(CMD, &config, a.batch, a.n_batch, cache);
     kiln_cache_close(cache);
 out_free_specs:
     kiln_free(specs);

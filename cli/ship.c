@@ -12,7 +12,8 @@
 #include "cli.h"
 
 static const char export_help[] =
-    "usage: kiln export [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [-j N] -o OUT.db\n"
+    "usage: kiln export [--model CONFIG.json] [--dtype f16|bf16] [--arch ARCH] [-j N]\n"
+    "                   [--tuning-from DB] -o OUT.db\n"
     "\n"
     "Creates OUT.db holding exactly the kernels the model needs for ARCH, for\n"
     "shipping: every specialization is compiled into it (as 'kiln prewarm' does,\n"
@@ -32,9 +33,14 @@ static const char export_help[] =
     "  -o, --output OUT.db      the database to create (required)\n"
     "  -j, --jobs N             compile with N threads, 1..256 (default: the number\n"
     "                           of online CPUs)\n"
+    "      --tuning-from DB     also copy DB's tuning rows (what 'kiln prewarm --tune'\n"
+    "                           timed on the target GPU), each verified first\n"
     "  -h, --help               print this help and exit\n"
     "\n"
-    "output: prewarm's lines and summary, verify's lines, then\n"
+    "output: prewarm's lines and summary, the coverage record's line, with\n"
+    "--tuning-from\n"
+    "  tuning from <DB>: <C> copied, <S> skipped\n"
+    "then verify's lines, then\n"
     "  export <path>: <N> kernels\n"
     "\n"
     "exit status: 0 OUT.db is complete and verified; 1 a bad config or\n"
@@ -55,7 +61,8 @@ static const char merge_help[] =
     "  -o, --output OUT.db  the database to create (required)\n"
     "  -h, --help           print this help and exit\n"
     "\n"
-    "output: one line per source,\n"
+    "output: one line per source (rows of every kind: kernels, tuning rows,\n"
+    "coverage records),\n"
     "  merged <src>: <C> copied, <S> skipped\n"
     "then verify's lines, then\n"
     "  merge <path>: <N> kernels from <K> databases\n"
@@ -196,9 +203,27 @@ static int finish(const char *cmd, staged *out, kiln_cache *cache, int rc)
 
 int cli_export(int argc, char **argv)
 {
-    const char *cmd = "export";
+    const char *cmd = "export", *tuning_from = NULL;
     cli_build_args a;
-    int parsed = cli_parse_build_args(cmd, argc, argv, export_help, 'o', &a);
+    /* --tuning-from is export's alone: taken out before the shared parser. */
+    char *args[256];
+    int n_args = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--tuning-from") || !strncmp(argv[i], "--tuning-from=", 14)) {
+            if (argv[i][13] == '=')
+                tuning_from = argv[i] + 14;
+            else if (i + 1 < argc)
+                tuning_from = argv[++i];
+            else
+                return cli_usage_error(cmd, "option --tuning-from needs a value");
+            continue;
+        }
+        if (n_args == (int)(sizeof args / sizeof args[0]) - 1)
+            return cli_usage_error(cmd, "too many arguments");
+        args[n_args++] = argv[i];
+    }
+    args[n_args] = NULL;
+    int parsed = cli_parse_build_args(cmd, n_args, args, export_help, 'o', &a);
     if (parsed >= 0)
         return parsed;
     const char *model_path = a.model_path, *arch = a.arch, *out = a.path;
@@ -212,15 +237,21 @@ int cli_export(int argc, char **argv)
     size_t n_specs = 0;
     kiln_cache *cache = NULL;
     staged st = {0};
+    kiln_cache *from = NULL;
     int rc = cli_load_model(cmd, model_path, arch, a.dtype, &config, &specs, &n_specs);
-    if (rc || (rc = create_fresh(cmd, out, &st, &cache)))
+    if (rc || (tuning_from && (rc = cli_open_existing(cmd, tuning_from, &from))) ||
+        (rc = create_fresh(cmd, out, &st, &cache)))
         goto out_free_specs;
     uint64_t rows = 0;
+    char envelope[1024];
+    cli_envelope_text(&a, &config, envelope, sizeof envelope);
     if (!(rc = cli_prewarm_into(cmd, &config, specs, n_specs, arch, cache, jobs)) &&
-        !(rc = seal_and_verify(cmd, &st, cache, &rows)))
+        !(rc = cli_write_coverage(cmd, model_path, &config, specs, n_specs, arch, envelope, cache)) &&
+        !(rc = from ? cli_copy_tuning(cmd, from, cache) : 0) && !(rc = seal_and_verify(cmd, &st, cache, &rows)))
         printf("export %s: %" PRIu64 " kernels\n", out, rows);
     rc = finish(cmd, &st, cache, rc);
 out_free_specs:
+    kiln_cache_close(from);
     kiln_free(specs);
     return rc;
 }

@@ -56,6 +56,8 @@ kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const 
 
 /* What providers need of a jit. */
 kiln_runtime *kiln__jit_runtime(const kiln_jit *jit);
+/* The jit's cache database (borrowed; NULL: none). */
+kiln_cache *kiln__jit_cache(const kiln_jit *jit);
 /* The most NVRTC compiles this jit ever ran at once (for tests). */
 unsigned kiln__jit_peak_compiles(kiln_jit *jit);
 struct kiln__errslot *kiln__jit_errslot(kiln_jit *jit);

@@ -240,6 +240,7 @@ void kiln_jit_destroy(kiln_jit *j)
 }
 
 kiln_runtime *kiln__jit_runtime(const kiln_jit *j) { return j->rt; }
+kiln_cache *kiln__jit_cache(const kiln_jit *j) { return j ? j->cache : NULL; }
 
 unsigned kiln__jit_peak_compiles(kiln_jit *j)
 {

@@ -44,6 +44,9 @@ typedef struct kiln__gemm_desc {
      * kernel is all it runs; the caller sums the parts (rms_norm.cu's
      * kiln_rms_norm_residual_parts). */
     uint32_t parts;
+    /* The database whose tuning rows keep the timed choices (the jit's,
+     * kiln__jit_cache); NULL: timed in this process only. */
+    kiln_cache *tuning;
 } kiln__gemm_desc;
 
 /* A prepared product: descriptors and the algorithm, ready to enqueue. */
@@ -92,6 +95,21 @@ void kiln__gemm_key_of(const kiln__gemm *g, kiln__gemm_key *out);
 /* The heuristic cache's counters since the process started: queries made
  * (misses) and lookups served from the cache (hits). */
 void kiln__blas_cache_counters(uint64_t *queries, uint64_t *hits);
+
+/* The tuning rows' kind for cuBLASLt products, and the payload: "KTL1", the
+ * algorithm's size (u32, little-endian) and opaque bytes, the pick's time
+ * (f32 bits), the pick's index and the number of candidates timed (u32 each). */
+#define KILN__BLAS_TUNING_KIND "cublaslt_matmul"
+#define KILN__BLAS_TUNING_PAYLOAD (4 + 4 + sizeof(cublasLtMatmulAlgo_t) + 12)
+/* Parses a payload: 0 with *algo and *ms (finite, >= 0), or -1 when it is not
+ * one (any size, any bytes). */
+int kiln__blas_tuning_decode(const void *payload, size_t size, cublasLtMatmulAlgo_t *algo, float *ms);
+
+/* What the database did for the timing since the process started: shapes
+ * timed, choices loaded from tuning rows (nothing timed), rows stored, and
+ * rows that no longer applied (cublasLtMatmulAlgoCheck refused them, or
+ * their payload was not one), then timed again. Any may be NULL. */
+void kiln__blas_tuning_counters(uint64_t *timed, uint64_t *loaded, uint64_t *stored, uint64_t *stale);
 
 /* Rounds up to the workspace alignment; 0 on overflow. */
 static inline int kiln__ws_align(size_t n, size_t *out)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jit/internal.h"
 #include "providers/blas.h"
 
 /* Candidates asked of the heuristic for a shape. When a product is large
@@ -64,7 +65,69 @@ typedef struct heur_entry {
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static heur_entry cache[SETS][WAYS];
-static uint64_t tick, queries, hits, tuned;
+static uint64_t tick, queries, hits, tuned, tuning_loaded, tuning_stored, tuning_stale;
+
+/* What decides a timed choice besides the shape, in a tuning row's key: the
+ * timing policy's constants (a change to them re-times). */
+#define KILN__STR2(x) #x
+#define KILN__STR(x) KILN__STR2(x)
+#define TUNE_POLICY                                                                                                   \
+    "candidates=" KILN__STR(CANDIDATES) "/" KILN__STR(ASKED) ",wide=hot:" KILN__STR(TUNE_TARGET_MS) "ms/"             \
+    KILN__STR(TUNE_MAX_REPS) ",narrow=cold-median:" KILN__STR(NARROW_REPS) ",rows<=" KILN__STR(NARROW_ROWS)
+
+void kiln__blas_tuning_counters(uint64_t *timed, uint64_t *loaded, uint64_t *stored, uint64_t *stale)
+{
+    pthread_mutex_lock(&cache_lock);
+    if (timed)
+        *timed = tuned;
+    if (loaded)
+        *loaded = tuning_loaded;
+    if (stored)
+        *stored = tuning_stored;
+    if (stale)
+        *stale = tuning_stale;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int kiln__blas_tuning_decode(const void *payload, size_t size, cublasLtMatmulAlgo_t *algo, float *ms)
+{
+    const uint8_t *p = payload;
+    if (!p || size != KILN__BLAS_TUNING_PAYLOAD || memcmp(p, "KTL1", 4) || get_u32(p + 4) != sizeof *algo)
+        return -1;
+    uint32_t bits = get_u32(p + 8 + sizeof *algo), pick = get_u32(p + 12 + sizeof *algo),
+             n = get_u32(p + 16 + sizeof *algo);
+    float t;
+    memcpy(&t, &bits, sizeof t);
+    if (!(t >= 0 && t < 1e6f) || n < 1 || n > ASKED || pick >= n)
+        return -1;
+    memcpy(algo, p + 8, sizeof *algo);
+    *ms = t;
+    return 0;
+}
+
+static void tuning_encode(uint8_t out[KILN__BLAS_TUNING_PAYLOAD], const cublasLtMatmulAlgo_t *algo, float ms, int pick,
+                          int n)
+{
+    uint32_t bits;
+    memcpy(&bits, &ms, sizeof bits);
+    memcpy(out, "KTL1", 4);
+    put_u32(out + 4, (uint32_t)sizeof *algo);
+    memcpy(out + 8, algo, sizeof *algo);
+    put_u32(out + 8 + sizeof *algo, bits);
+    put_u32(out + 12 + sizeof *algo, (uint32_t)pick);
+    put_u32(out + 16 + sizeof *algo, (uint32_t)n);
+}
 
 /* Test hook: shapes whose candidates were timed. */
 void kiln__blas_forced_config(char *buf, size_t cap)
@@ -282,9 +345,65 @@ out:
     return best;
 }
 
+/* A tuning row's key: the GPU (name, SMs), the driver and cuBLASLt, the
+ * shape and its element type, bias, parts, alignments and workspace, and the
+ * timing policy. */
+static void tuning_key(const kiln__gemm *g, const heur_key *key, char *buf, size_t cap)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(g->rt, &info);
+    /* The name is free text: the key's separators are kept out of it. */
+    for (char *c = info.name; *c; c++)
+        if (*c == ';' || *c == '=')
+            *c = '_';
+    snprintf(buf, cap,
+             "gpu=%s;sms=%d;driver=%d;cublaslt=%zu;m=%llu;n=%llu;k=%llu;elt=%s;bias=%u;parts=%u;align=%u/%u/%u;"
+             "workspace=%llu;policy=" TUNE_POLICY,
+             info.name, info.multiprocessors, info.driver_version, g->lt->cublasLtGetVersion(),
+             (unsigned long long)key->m, (unsigned long long)key->n, (unsigned long long)key->k,
+             kiln_dtype_name((kiln_dtype)key->elt), key->bias, key->parts, key->align_a, key->align_b, key->align_d,
+             (unsigned long long)key->workspace);
+}
+
+/* The stored choice for the shape, when the database has one that still
+ * applies: 1 with *algo and *ms. One that cuBLASLt no longer takes (another
+ * library build under the same version, a descriptor changed) or that
+ * accurate() refuses is dropped and timed again. */
+static int load_choice(const kiln__gemm *g, const heur_key *key, const char *text, cublasLtMatmulAlgo_t *algo,
+                       float *ms)
+{
+    void *payload = NULL;
+    size_t size = 0;
+    int found = 0;
+    if (kiln_cache_tuning_get(g->desc.tuning, KILN__BLAS_TUNING_KIND, text, &payload, &size, &found) != KILN_OK ||
+        !found)
+        return 0;
+    cublasLtMatmulAlgo_t a;
+    cublasLtMatmulHeuristicResult_t check;
+    algo_config cfg;
+    float t = 0;
+    int ok = kiln__blas_tuning_decode(payload, size, &a, &t) == 0;
+    kiln_free(payload);
+    memset(&check, 0, sizeof check);
+    ok = ok && g->lt->cublasLtMatmulAlgoCheck(g->handle, g->op, g->a, g->b, g->d, g->d, &a, &check) ==
+                   CUBLAS_STATUS_SUCCESS &&
+         check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= key->workspace && config_of(g->lt, &a, &cfg) &&
+         accurate(&cfg, key->bias != 0) && (!key->parts || cfg.split_k <= 1);
+    if (!ok) {
+        tuning_stale++;
+        kiln_cache_tuning_drop(g->desc.tuning, KILN__BLAS_TUNING_KIND, text); /* a read-only cache keeps it */
+        return 0;
+    }
+    tuning_loaded++;
+    *algo = a;
+    *ms = t;
+    return 1;
+}
+
 /* Finds the algorithm for key, querying the heuristic on a miss (under the
  * lock, so that each shape is queried, and timed, once however many threads
- * ask). */
+ * ask). A shape that is timed looks for its tuning row first, and stores one
+ * once timed. */
 static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gemm *g, const heur_key *key,
                              cublasLtMatmulAlgo_t *algo, float *ms)
 {
@@ -304,6 +423,20 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
             victim = &set[w];
     }
     const kiln__blas *lt = g->lt;
+    const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;
+    const int narrow = !wide && key->n <= NARROW_ROWS && key->m * key->k * 2 >= NARROW_MIN_BYTES;
+    const int timed = forced < 0 && (wide || narrow) && tuning_enabled();
+    char text[KILN_TUNING_KEY_MAX];
+    if (timed && g->desc.tuning) {
+        tuning_key(g, key, text, sizeof text);
+        if (load_choice(g, key, text, algo, ms)) {
+            victim->key = *key;
+            victim->algo = *algo;
+            victim->ms = *ms;
+            victim->used = ++tick;
+            goto out_unlock;
+        }
+    }
     cublasLtMatmulPreference_t pref = NULL;
     cublasStatus_t s = lt->cublasLtMatmulPreferenceCreate(&pref);
     if (s != CUBLAS_STATUS_SUCCESS) {
@@ -338,9 +471,7 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
      * product shows it). The heuristic's list, less what
      * accurate() refuses: its first candidate, or up to CANDIDATES when the
      * product is timed. */
-    const int wide = 2.0 * (double)key->m * (double)key->n * (double)key->k >= (double)TUNE_MIN_FLOP;
-    const int narrow = !wide && key->n <= NARROW_ROWS && key->m * key->k * 2 >= NARROW_MIN_BYTES;
-    const int want = forced >= 0 || ((wide || narrow) && tuning_enabled()) ? CANDIDATES : 1;
+    const int want = forced >= 0 || timed ? CANDIDATES : 1;
     cublasLtMatmulHeuristicResult_t results[ASKED];
     algo_config configs[ASKED];
     int found = 0, n = 0;
@@ -384,10 +515,17 @@ static kiln_status find_algo(kiln__errslot *err, const char *op, const kiln__gem
     float best_ms = 0;
     /* A parted product is timed even as the only candidate: its caller
      * compares part counts by these times. */
-    if ((n > 1 || key->parts) && (wide || narrow) && tuning_enabled()) {
+    if ((n > 1 || key->parts) && timed) {
         const int f = fastest(g, key, results, n, narrow, &best_ms);
         pick = f < 0 ? 0 : f;
         tuned += f >= 0;
+        /* Kept for later processes; a database that cannot take it (read-only) only costs them the timing. */
+        if (f >= 0 && g->desc.tuning) {
+            uint8_t payload[KILN__BLAS_TUNING_PAYLOAD];
+            tuning_encode(payload, &results[pick].algo, best_ms, pick, n);
+            tuning_stored += kiln_cache_tuning_put(g->desc.tuning, KILN__BLAS_TUNING_KIND, text, payload,
+                                                   sizeof payload) == KILN_OK;
+        }
     }
     victim->key = *key;
     victim->algo = results[pick].algo;
@@ -432,7 +570,10 @@ kiln_status kiln__kernel_and_gemm(kiln_jit *jit, kiln_runtime *rt, kiln__errslot
     if ((st = kiln_jit_acquire(jit, spec, k)) || (st = kiln_kernel_function(*k, NULL, &f)))
         return kiln__propagate(err, st);
     *fn = (CUfunction)f;
-    return kiln__gemm_prepare(rt, err, op, d, g);
+    kiln__gemm_desc with = *d;
+    if (!with.tuning)
+        with.tuning = kiln__jit_cache(jit);
+    return kiln__gemm_prepare(rt, err, op, &with, g);
 }
 
 kiln_status kiln__gemm_prepare(kiln_runtime *rt, kiln__errslot *err, const char *op, const kiln__gemm_desc *desc,

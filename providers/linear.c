@@ -85,6 +85,7 @@ kiln_status kiln_op_dense_linear_encode(kiln_jit *jit, const kiln_tensor *x, con
     d.bias = bias ? kiln__buffer_ptr(bias->buffer) + bias->offset : 0;
     d.d = kiln__buffer_ptr(out->buffer) + out->offset;
     d.workspace = kiln__buffer_ptr(workspace->buffer) + workspace->start;
+    d.tuning = kiln__jit_cache(jit);
     if ((st = kiln__gemm_prepare(rt, err, OP, &d, g))) {
         free(g);
         return st;

@@ -220,6 +220,7 @@ static kiln_status choose(kiln_jit *jit, kiln__errslot *err, const kiln_tensor *
     d.w = dw;
     d.d = l->product;
     d.workspace = l->gemm.desc.workspace;
+    d.tuning = kiln__jit_cache(jit);
     int forced = atomic_load(&forced_parts);
     const char *env = getenv("KILN_LINEAR_NORM_PARTS");
     if (forced < 0 && env && env[0] >= '0' && env[0] <= '9' && !env[1])

@@ -10,7 +10,8 @@
     X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                      \
     X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) X(cublasLtMatmulPreferenceCreate)                  \
     X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)     \
-    X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatrixLayoutSetAttribute)
+    X(cublasLtMatmulAlgoConfigGetAttribute) X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmulAlgoCheck)           \
+    X(cublasLtGetVersion)
 
 typedef struct kiln__blas {
 #define KILN__BLAS_FIELD(name) __typeof__(&name) name;

@@ -29,7 +29,7 @@ if ! command -v clang >/dev/null || ! clang -fsanitize=fuzzer "$probe/probe.c" -
   exit 0
 fi
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_LIBFUZZER=ON -DKILN_BUILD_BENCH=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_config fuzz_cache_row fuzz_safetensors fuzz_manifest fuzz_remote
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_config fuzz_cache_row fuzz_safetensors fuzz_manifest fuzz_remote fuzz_tuning_row
 # target, seed corpus, extra libFuzzer options
 targets=(
   "fuzz_config corpus_config -dict=$PWD/tests/fuzz/fuzz_config.dict"
@@ -37,6 +37,7 @@ targets=(
   "fuzz_safetensors corpus_safetensors -dict=$PWD/tests/fuzz/fuzz_safetensors.dict"
   "fuzz_manifest corpus_manifest"
   "fuzz_remote corpus_remote"
+  "fuzz_tuning_row corpus_tuning"
 )
 root=$PWD
 failed=0

@@ -7,7 +7,9 @@
  * found must be of that kernel, as the jit checks (what a loading process
  * computed the key from); without it, kiln_cache_get (the checksum alone).
  * Prints one line per fingerprint: "<fp> hit <SHA-256 of the cubin>",
- * "<fp> miss" or "<fp> error <message>".
+ * "<fp> miss" or "<fp> error <message>". An argument "tuning:KIND:KEY" looks
+ * that tuning row up instead: "tuning hit <SHA-256 of the payload>",
+ * "tuning miss" or "tuning error <message>".
  * Exit status: 0 every fingerprint was looked up; 1 a database could not be
  * opened; 2 a usage error. */
 #include <sqlite3.h>
@@ -85,6 +87,28 @@ int main(int argc, char **argv)
     int rc = 0;
     for (int i = first + 1; i < argc; i++) {
         uint8_t fp[KILN_FINGERPRINT_SIZE], sum[32];
+        if (!strncmp(argv[i], "tuning:", 7) && strchr(argv[i] + 7, ':')) {
+            char kind[KILN_TUNING_KIND_MAX + 1];
+            const char *colon = strchr(argv[i] + 7, ':');
+            snprintf(kind, sizeof kind, "%.*s", (int)(colon - argv[i] - 7), argv[i] + 7);
+            void *payload = NULL;
+            size_t n = 0;
+            int found = 0;
+            if (kiln_cache_tuning_get(cache, kind, colon + 1, &payload, &n, &found) != KILN_OK) {
+                printf("tuning error %s\n", kiln_errmsg());
+            } else if (!found) {
+                printf("tuning miss\n");
+            } else if (kiln__sha256(payload, n, sum) != 0) {
+                printf("tuning error sha256\n");
+            } else {
+                printf("tuning hit ");
+                for (size_t k = 0; k < sizeof sum; k++)
+                    printf("%02x", sum[k]);
+                putchar('\n');
+            }
+            kiln_free(payload);
+            continue;
+        }
         if (parse_hex(argv[i], fp)) {
             fprintf(stderr, "cache_lookup: '%s' is not a fingerprint\n", argv[i]);
             rc = 2;

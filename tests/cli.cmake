@@ -13,3 +13,8 @@ add_test(NAME corruption_trials COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/corr
   $<TARGET_FILE:kiln_cli> $<TARGET_FILE:cache_lookup> ${CMAKE_CURRENT_SOURCE_DIR}/data/qwen2.5-0.5b.json
   ${CMAKE_CURRENT_BINARY_DIR}/corruption_scratch)
 set_tests_properties(corruption_trials PROPERTIES LABELS "cpu" TIMEOUT 900)
+
+# Coverage records and tuning rows through the CLI (no GPU needed).
+add_test(NAME cli_coverage COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli_coverage_test.sh $<TARGET_FILE:kiln_cli>
+  ${CMAKE_CURRENT_SOURCE_DIR}/data/qwen2.5-0.5b.json ${CMAKE_CURRENT_BINARY_DIR}/cli_coverage_scratch)
+set_tests_properties(cli_coverage PROPERTIES LABELS "cpu" TIMEOUT 600)

@@ -440,8 +440,9 @@ MERGED="$S/ship/merged.db"
 expect 2 "$KILN" merge -o "$MERGED"
 expect 2 "$KILN" merge "$EXP"
 expect 0 "$KILN" merge "$EXP" "$QEXP" -o "$MERGED"
-grep -q "^merged $EXP: $N copied, 0 skipped\$" "$OUT" || fail "merge: no line for $EXP"
-grep -q "^merged $QEXP: $N_QWEN copied, 0 skipped\$" "$OUT" || fail "merge: no line for $QEXP"
+# Each export holds its kernels and its coverage record: rows of both kinds are counted.
+grep -q "^merged $EXP: $((N + 1)) copied, 0 skipped\$" "$OUT" || fail "merge: no line for $EXP"
+grep -q "^merged $QEXP: $((N_QWEN + 1)) copied, 0 skipped\$" "$OUT" || fail "merge: no line for $QEXP"
 [[ $(ls_fps "$MERGED") == "$( (ls_fps "$EXP"; ls_fps "$QEXP") | sort -u)" ]] || fail "merge is not the union"
 expect 1 "$KILN" merge "$EXP" -o "$MERGED"
 grep -q 'exists' "$ERR" || fail "merge over an existing file: the message does not say it exists"
@@ -454,7 +455,8 @@ grep -q 'not a kiln' "$ERR" || fail "merge of another application's database is 
 expect 1 "$KILN" merge "$S/ship/none.db" -o "$S/ship/foreign.db"
 [[ ! -e $S/ship/foreign.db && ! -e $S/ship/none.db ]] || fail "merge of a missing source created a file"
 expect 0 "$KILN" merge "$BAD" -o "$S/ship/repaired.db"
-grep -q "^merged $BAD: $((N - 2)) copied, 2 skipped\$" "$OUT" || fail "merge does not skip the 2 bad rows"
+# N - 2 kernels and the coverage record.
+grep -q "^merged $BAD: $((N - 2 + 1)) copied, 2 skipped\$" "$OUT" || fail "merge does not skip the 2 bad rows"
 grep -q 'failed verification' "$ERR" || fail "merge does not report skipped rows on stderr"
 FPS=$(ls_fps "$S/ship/repaired.db")
 grep -q -e "$BAD1" -e "$BAD2" <<<"$FPS" && fail "merge copied a bad row"
@@ -672,7 +674,7 @@ cp "$DB" "$O/newer.db"
 py '
 db = sqlite3.connect(sys.argv[1])
 db.execute("PRAGMA journal_mode=DELETE")
-db.execute("PRAGMA user_version = 3")
+db.execute("PRAGMA user_version = 4")
 db.close()' "$O/newer.db"
 for f in "$O/other.db" "$O/newer.db"; do
     BEFORE=$(sha "$f")
@@ -825,7 +827,7 @@ expect 0 "$KILN" stats --db "$ESC_DB" --json
 SWAPPED="$S/ship/swapped.db"
 N_PAGES=$(( $(stat -c %s "$QEXP") / $(python3 -c 'import sys; b = open(sys.argv[1], "rb").read(18); print(int.from_bytes(b[16:18], "big"))' "$QEXP") ))
 REFUSED=0
-for pair in "2 17" $(for b in $(seq 10 $((N_PAGES - 1))); do echo "2,$b 3,$b"; done); do
+for pair in "2 17" $(for b in $(seq 10 $((N_PAGES - 1))); do echo "2,$b 3,$b 4,$b 5,$b 6,$b"; done); do
     read -r A B <<<"${pair/,/ }"
     (( B < N_PAGES )) || continue
     cp "$QEXP" "$SWAPPED"

@@ -11,7 +11,10 @@ cache_lookup before and after the prewarm, as a loading process (the jit)
 does: the row's checksum checked, and its columns checked against what the
 key was computed from (the clean database's row). Of the kinds, swap_keys
 swaps two rows' fingerprints: each row then passes its checksum under the
-other kernel's key. It prints, per kind, how many trials verify caught, how many prewarm
+other kernel's key; tuning and coverage damage one column of the tuning
+row (added to the clean database as kiln writes one) or of the coverage
+record prewarm stored, and a tuning lookup must return its own payload or
+miss. It prints, per kind, how many trials verify caught, how many prewarm
 healed (verify passes after and every key loads its own cubin) and how many
 it did not. A trial fails the run only if a key loads a cubin other than the
 one compiled for it (the safety property), or a command crashes (an exit
@@ -20,6 +23,7 @@ status other than 0 and 1, or a sanitizer report).
 KILN_CORRUPTION_TRIALS sets the number of trials (default 60; 1000 for a
 thorough run), KILN_TEST_SEED the seed (default: random, printed).
 """
+import hashlib
 import os
 import random
 import re
@@ -29,7 +33,31 @@ import subprocess
 import sys
 import time
 
-KINDS = ["flip", "truncate", "zero_page", "swap_pages", "blob", "key", "swap_keys", "raw_size", "checksum"]
+KINDS = ["flip", "truncate", "zero_page", "swap_pages", "blob", "key", "swap_keys", "raw_size", "checksum", "tuning",
+         "coverage"]
+# The clean database's tuning row (written as kiln writes one); its payload's SHA-256 is what a lookup may return.
+TUNING_KIND, TUNING_KEY = "cublaslt_matmul", "gpu=NVIDIA H200;sms=132;driver=13000;cublaslt=130100;m=896;n=8;k=896"
+TUNING_PAYLOAD = bytes(range(84))
+
+
+def parts_digest(*parts):
+    """SHA-256 over length-prefixed parts, as kiln's ids and checksums are made."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.digest()
+
+
+def add_tuning_row(path):
+    kind, key = TUNING_KIND.encode(), TUNING_KEY.encode()
+    rid = parts_digest(b"kiln-tuning-id-1", kind, key)
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO tuning VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+               (rid, TUNING_KIND, TUNING_KEY, TUNING_PAYLOAD,
+                parts_digest(b"kiln-tuning-1", rid, kind, key, TUNING_PAYLOAD), int(time.time()), int(time.time())))
+    db.commit()
+    db.close()
 SANITIZER = re.compile(r"ERROR: (Address|Leak|UndefinedBehavior)Sanitizer|runtime error:")
 
 
@@ -48,6 +76,8 @@ def mutate(kind, path, rng):
     """Damages the database at path in one way of kind; returns a description."""
     if kind in ("blob", "key", "swap_keys", "raw_size", "checksum"):
         return mutate_row(kind, path, rng)
+    if kind in ("tuning", "coverage"):
+        return mutate_schema3_row(kind, path, rng)
     data = bytearray(open(path, "rb").read())
     ps = page_size(data)
     pages = len(data) // ps
@@ -116,6 +146,44 @@ def mutate_row(kind, path, rng):
     return "%s of row %s" % (how, fp.hex()[:16])
 
 
+def mutate_schema3_row(kind, path, rng):
+    """Edits one column of the tuning row or the coverage record."""
+    db = sqlite3.connect(path)
+    table = "tuning" if kind == "tuning" else "coverage"
+    cols = ["id", "payload", "checksum", "key"] if kind == "tuning" else ["id", "needs", "checksum", "model_name"]
+    col = rng.choice(cols)
+    value = db.execute("SELECT %s FROM %s" % (col, table)).fetchone()[0]
+    raw = bytearray(value.encode() if isinstance(value, str) else value)
+    # The schema's CHECK keeps an id 32 bytes long: it can only be flipped.
+    how = "flip" if col == "id" else rng.choice(["flip", "truncate", "other_type"])
+    if how == "flip":
+        raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(7)
+    elif how == "truncate":
+        del raw[rng.randrange(len(raw)):]
+    if how == "other_type":
+        new = 7
+    elif isinstance(value, str):
+        new = raw.decode("utf-8", "replace")
+    else:
+        new = bytes(raw)
+    db.execute("UPDATE %s SET %s = ?" % (table, col), (new,))
+    db.commit()
+    db.close()
+    return "%s of the %s row's %s" % (how, table, col)
+
+
+def tuning_lookup(lookup_bin, path, env):
+    """What a process loads for the tuning row: the payload's SHA-256 hex, "miss", or None."""
+    rc, out, err = run([lookup_bin, path, "tuning:%s:%s" % (TUNING_KIND, TUNING_KEY)], env)
+    if SANITIZER.search(err) or rc not in (0, 1):
+        raise RuntimeError("cache_lookup exited %d: %s" % (rc, err.strip()[-2000:]))
+    for line in out.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "tuning":
+            return parts[2] if parts[1] == "hit" else parts[1]
+    return None
+
+
 def swap_keys(db, a, b):
     """Swaps the fingerprints of rows a and b (through a key no row has)."""
     for old, new in ((a, bytes(32)), (b, a), (bytes(32), b)):
@@ -167,6 +235,12 @@ def main():
     db.execute("VACUUM")
     clean = {fp.hex(): sum_.hex() for fp, sum_ in db.execute("SELECT fingerprint, checksum FROM kernels")}
     db.close()
+    # prewarm stored the coverage record; a tuning row joins it.
+    add_tuning_row(clean_db)
+    clean_tuning = hashlib.sha256(TUNING_PAYLOAD).hexdigest()
+    if tuning_lookup(lookup_bin, clean_db, env) != clean_tuning:
+        print("FAIL: the clean database does not load its tuning row", file=sys.stderr)
+        return 1
     if lookup(lookup_bin, clean_db, clean, env, clean_db) != clean:
         print("FAIL: the clean database does not load its own cubins", file=sys.stderr)
         return 1
@@ -212,6 +286,7 @@ def main():
         statuses, errors, unsafe = [], [], []
         try:
             loaded = [lookup(lookup_bin, path, clean, env, clean_db)]
+            tuned = [tuning_lookup(lookup_bin, path, env)]
             for argv in (["verify", "--db", path],
                          ["prewarm", "--model", model, "--arch", "sm_90", "--db", path, "-j", "2"],
                          ["verify", "--db", path]):
@@ -221,6 +296,7 @@ def main():
                 statuses.append(rc)
                 errors.append(err.strip().splitlines()[-1] if err.strip() else "")
             loaded.append(lookup(lookup_bin, path, clean, env, clean_db))
+            tuned.append(tuning_lookup(lookup_bin, path, env))
         except RuntimeError as e:
             row["crash"] += 1
             failures.append("%s: %s" % (what, e))
@@ -230,8 +306,13 @@ def main():
             for fp, sha in (got or {}).items():
                 if len(sha) == 64 and sha != clean[fp]:
                     unsafe.append("%s loads another cubin %s" % (fp[:16], stage))
+        # The same for the tuning row: its own payload or a miss, nothing else.
+        for stage, got in zip(("after the damage", "after prewarm"), tuned):
+            if got is not None and len(got) == 64 and got != clean_tuning:
+                unsafe.append("the tuning row loads another payload %s" % stage)
         row["caught"] += statuses[0] == 1
-        healed = statuses[2] == 0 and loaded[1] == clean
+        # A tuning row is healed by its next timing (a GPU process), not by prewarm.
+        healed = statuses[2] == 0 and loaded[1] == clean and tuned[1] == clean_tuning
         row["healed"] += healed
         row["not_healed"] += not healed
         row["pw_exit_0"] += not healed and statuses[1] == 0
@@ -252,7 +333,9 @@ def main():
     total = {c: sum(table[k][c] for k in KINDS) for c in cols}
     print("%-11s" % "all" + "".join("%11d" % total[c] for c in cols))
     print("(caught: verify exited 1 after the damage; healed: after prewarm verify passes and every key loads\n"
-          " its own cubin; pw_exit_0: not healed, yet prewarm exited 0; unsafe: a key loaded another cubin)")
+          " its own cubin and the tuning row its payload; pw_exit_0: not healed, yet prewarm exited 0; unsafe: a key\n"
+          " loaded another cubin or the tuning row another payload; a damaged tuning row is timed again by its\n"
+          " next GPU use, so prewarm does not heal it)")
     print("%.1f s" % (time.time() - start))
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)

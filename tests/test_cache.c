@@ -487,7 +487,7 @@ static void test_schema_1_is_migrated(void **state)
     sqlite3_finalize(q);
     assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(q, 0), 2);
+    assert_int_equal(sqlite3_column_int(q, 0), KILN_CACHE_SCHEMA_VERSION);
     sqlite3_finalize(q);
     sqlite3_close(db);
 }

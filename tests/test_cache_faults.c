@@ -414,8 +414,8 @@ static void test_refused_files_are_not_modified_first(void **state)
     expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "not a kiln cache");
     /* A kiln database of a newer schema, switched to the rollback journal. */
     snprintf(path, sizeof path, "%s/newer-delete.db", f->dir);
-    make_kiln_db_then(f, path, "PRAGMA journal_mode=DELETE; PRAGMA user_version = 3");
-    expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "schema version 3");
+    make_kiln_db_then(f, path, "PRAGMA journal_mode=DELETE; PRAGMA user_version = 4");
+    expect_refused_untouched(path, KILN_ERR_CACHE_SCHEMA, "schema version 4");
 }
 
 /* ---- paths that are not regular files, symbolic links ---- */

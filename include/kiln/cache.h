@@ -9,6 +9,10 @@
  * cannot decode, for the jit a row of another kernel) is reported as a miss, dropped from the database and counted
  * (kiln_cache_counters.corrupt_dropped, and the on_event callback).
  *
+ * Schema 3 adds tuning rows (choices kiln made by timing, keyed by what decides
+ * them) and coverage records (a model, its serving envelope and the kernels
+ * they need), each checksummed and verified as kernel rows are.
+ *
  * Threading: one kiln_cache may be used from several threads at once (the
  * connection is serialized inside); several processes may share one file
  * (WAL journal, a busy timeout, short write transactions).
@@ -27,7 +31,7 @@ extern "C" {
 
 #define KILN_FINGERPRINT_SIZE 32
 /* The schema this library reads and writes (PRAGMA user_version). */
-#define KILN_CACHE_SCHEMA_VERSION 2
+#define KILN_CACHE_SCHEMA_VERSION 3
 
 typedef struct kiln_cache kiln_cache;
 
@@ -138,6 +142,7 @@ typedef struct kiln_cache_entry_info {
 
 typedef struct kiln_cache_stats {
     uint64_t entries, raw_bytes, stored_bytes;
+    uint64_t tuning_rows, coverage_rows; /* schema 3's tables (0 before) */
 } kiln_cache_stats;
 
 /* What this handle has done since it was opened. */
@@ -207,9 +212,13 @@ KILN_API kiln_status kiln_cache_layer(const kiln_cache *cache, size_t index, kil
 typedef struct kiln_cache_verify_report {
     uint64_t rows, bad_rows;
     int integrity_ok;        /* SQLite's integrity_check said "ok" */
+    uint64_t tuning_rows, bad_tuning_rows;     /* schema 3's tuning table */
+    uint64_t coverage_rows, bad_coverage_rows; /* schema 3's coverage table */
 } kiln_cache_verify_report;
 
 /* Decodes every row and checks its checksum and that its template_id,
+ * (tuning and coverage rows too: their checksums and ids, their payloads'
+ * shape; on_bad gets a bad one's id as the fingerprint, detail saying which kind)
  * constants, arch and NVRTC version are those its parts name (when it has
  * parts), and runs SQLite's integrity check; on_bad (may be NULL) is called for each bad row, under the cache's
  * lock (it must not call into the cache). Removes nothing. When
@@ -225,7 +234,8 @@ typedef struct kiln_cache_gc_options {
     int64_t older_than_seconds; /* drop rows unused for longer; 0: no limit */
 } kiln_cache_gc_options;
 
-/* Drops rows, least recently used first, in one transaction (on a full disk,
+/* Drops rows (kernels and tuning rows, ranked together by last use), least
+ * recently used first, in one transaction (on a full disk,
  * one per transaction in the rollback journal), then gives the freed pages
  * back to the filesystem: incremental_vacuum in a database made with
  * auto_vacuum (every one this library creates), else a VACUUM (which turns
@@ -243,7 +253,8 @@ KILN_API kiln_status kiln_cache_gc(kiln_cache *cache, const kiln_cache_gc_option
 KILN_API kiln_status kiln_cache_seal(kiln_cache *cache);
 
 /* Copies every row of the database at src_path that verifies and is not
- * already present; a row that fails verification is skipped and counted. */
+ * already present (kernels, tuning rows, coverage records: all counted in
+ * copied); a row that fails verification is skipped and counted. */
 KILN_API kiln_status kiln_cache_merge(kiln_cache *cache, const char *src_path, uint64_t *copied, uint64_t *skipped);
 
 /* ---- signatures (docs/cache.md, "Signed layers") ---- */
@@ -286,6 +297,87 @@ KILN_API kiln_status kiln_cache_check_signature(kiln_cache *cache,
                                                                const uint8_t fingerprint[KILN_FINGERPRINT_SIZE],
                                                                const char *detail),
                                                 void *user, kiln_cache_signature_report *out);
+
+/* ---- tuning rows (docs/cache.md, "Tuning rows") ----
+ *
+ * A choice kiln made by timing (a cuBLASLt algorithm for a product shape),
+ * filed under the text of everything that decided it: its kind ("cublaslt")
+ * and its key ("gpu=...;sms=...;driver=...;cublaslt=...;m=...;...;policy=..."),
+ * whose SHA-256 is the row's id. The payload is the kind's own bytes. Each
+ * row has a SHA-256 checksum over id, kind, key and payload; a row that
+ * fails it is a miss, dropped from the writable database (skipped in a
+ * layer) and counted in corrupt_dropped. Under a trust policy the layers'
+ * tuning rows are not read (the signature covers kernels only). */
+
+#define KILN_TUNING_KIND_MAX 64
+#define KILN_TUNING_KEY_MAX 2048
+#define KILN_TUNING_PAYLOAD_MAX 4096
+
+/* Stores (or replaces: a new timing supersedes) the row of kind and key in
+ * the writable database. KILN_ERR_INVALID_ARGUMENT: a read-only cache, a
+ * schema older than 3 (opened read-only), an empty or too long kind, key or
+ * payload; the other KILN_ERR_CACHE_*. */
+KILN_API kiln_status kiln_cache_tuning_put(kiln_cache *cache, const char *kind, const char *key, const void *payload,
+                                           size_t payload_size);
+/* Looks the row of kind and key up: the writable database first (a local
+ * timing overrides a shipped one), then each active layer. On a verified hit
+ * *found = 1 and *payload (freed with kiln_free) holds *size bytes. A bad row
+ * is a miss. KILN_ERR_CACHE_IO / _BUSY when SQLite fails. */
+KILN_API kiln_status kiln_cache_tuning_get(kiln_cache *cache, const char *kind, const char *key, void **payload,
+                                           size_t *size, int *found);
+/* Removes the row of kind and key from the writable database (one that no
+ * longer applies); absent is not an error. */
+KILN_API kiln_status kiln_cache_tuning_drop(kiln_cache *cache, const char *kind, const char *key);
+
+typedef struct kiln_tuning_info {
+    uint8_t id[KILN_FINGERPRINT_SIZE];
+    const char *kind, *key;  /* valid during the callback */
+    const void *payload;
+    size_t payload_size;
+    uint64_t hits;
+    int64_t created, last_used;
+} kiln_tuning_info;
+/* Calls fn for each tuning row of the writable database in id order (none
+ * before schema 3); fn returning nonzero stops. Rows are listed as stored,
+ * not verified (kiln_cache_verify does that). */
+KILN_API kiln_status kiln_cache_tuning_foreach(kiln_cache *cache, int (*fn)(void *user, const kiln_tuning_info *info),
+                                               void *user);
+
+/* ---- coverage records (docs/cache.md, "Coverage") ----
+ *
+ * What prewarm made a database for: a model (its name and the SHA-256 of its
+ * config), the serving envelope (canonical text: dtype, batch buckets,
+ * largest context, prefill chunk), the architecture and NVRTC, and every
+ * kernel that needs: `needs` holds one line per kernel,
+ * "<64 hex fingerprint>\t<template id>\t<constants>\t<parts>\n". The id is
+ * SHA-256 of config digest, envelope, arch and NVRTC; a checksum covers every
+ * column. */
+typedef struct kiln_coverage_record {
+    const char *model_name;
+    const char *config_digest; /* 64 hex digits */
+    const char *envelope;
+    const char *arch;
+    int nvrtc_major, nvrtc_minor;
+    const char *needs;
+} kiln_coverage_record;
+
+/* Stores (or replaces) a coverage record in the writable database.
+ * KILN_ERR_INVALID_ARGUMENT: a read-only cache or schema older than 3, a
+ * missing field, a config digest that is not 64 hex digits, needs that is
+ * not lines of that form (the message names the line). */
+KILN_API kiln_status kiln_cache_coverage_put(kiln_cache *cache, const kiln_coverage_record *record);
+/* Calls fn for each coverage record of the writable database (bad ones
+ * included, with valid 0 and the reason in detail); fn returning nonzero stops. */
+typedef struct kiln_coverage_info {
+    uint8_t id[KILN_FINGERPRINT_SIZE];
+    kiln_coverage_record record; /* strings valid during the callback */
+    size_t n_needs;              /* lines of needs */
+    int64_t created;
+    int valid;
+    const char *detail;          /* why not valid; "" otherwise */
+} kiln_coverage_info;
+KILN_API kiln_status kiln_cache_coverage_foreach(kiln_cache *cache,
+                                                 int (*fn)(void *user, const kiln_coverage_info *info), void *user);
 
 /* The fingerprint as 64 lowercase hex digits and a NUL. */
 KILN_API void kiln_fingerprint_hex(const uint8_t fp[KILN_FINGERPRINT_SIZE], char out[2 * KILN_FINGERPRINT_SIZE + 1]);

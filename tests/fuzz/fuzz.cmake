@@ -20,7 +20,8 @@ set(KILN_FUZZ_TARGETS
   fuzz_cache_row corpus_cache 10000
   fuzz_safetensors corpus_safetensors 200000
   fuzz_manifest corpus_manifest 2000
-  fuzz_remote corpus_remote 200000)
+  fuzz_remote corpus_remote 200000
+  fuzz_tuning_row corpus_tuning 5000)
 
 set(KILN_FUZZ_WITH_LIBFUZZER OFF)
 if(KILN_LIBFUZZER)
