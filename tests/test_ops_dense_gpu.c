@@ -764,6 +764,8 @@ static void test_last_token_linear(void **state)
         {17, 896, 151936, 1, 1, 300}, /* source coordinates */
         {37, 1000, 50001, 1, 0, 0},   /* odd sizes */
         {5, 1001, 77, 1, 1, 9},       /* odd row length: scalar gather */
+        {8, 4096, 32000, 1, 1, 40},   /* 1 to 8 participants: the skinny kernel, a bias */
+        {3, 2048, 50000, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_last(*state, &cases[i], KILN_DTYPE_F16);
@@ -773,6 +775,7 @@ static void test_last_token_linear(void **state)
         {17, 896, 151936, 1, 1, 300},
         {37, 1000, 50001, 1, 0, 0},
         {5, 1001, 77, 1, 1, 9},
+        {8, 4096, 32000, 1, 1, 40},
     };
     for (size_t i = 0; bf16_available(state) && i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
         run_last(*state, &bf16_cases[i], KILN_DTYPE_BF16);

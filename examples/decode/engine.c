@@ -174,8 +174,10 @@ void dec__cmds_release(step_cmds *c)
         kiln_command_release(c->cmd[i]);
     free(c->cmd);
     free(c->label);
+    free(c->encode_s);
     c->cmd = NULL;
     c->label = NULL;
+    c->encode_s = NULL;
     c->n = 0;
 }
 
@@ -223,7 +225,10 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
         kiln_command_release(cmd);
         return dec_fail(KILN_ERR_INVALID_ARGUMENT, "too many commands");
     }
+    const double now = dec__now_s();
     c->label[c->n] = what;
+    c->encode_s[c->n] = now - c->mark; /* this command's encode, with its few tensor set-ups */
+    c->mark = now;
     c->cmd[c->n++] = cmd;
     return KILN_OK;
 }
@@ -234,8 +239,9 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
     const dec_model *m = e->m;
     const int qk_norm = m->config.base.qk_norm;
     const size_t cap = 4 + (size_t)m->config.layers * (qk_norm ? 8 : 7);
-    step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0};
-    if (!c.cmd || !c.label) {
+    step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0,
+                   calloc(cap, sizeof(double)), dec__now_s()};
+    if (!c.cmd || !c.label || !c.encode_s) {
         dec__cmds_release(&c);
         return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     }

@@ -100,6 +100,28 @@ kiln_status dec_bench_first_step(dec_engine *e, uint32_t batch, uint32_t context
         (st = dec__finish_step(e, fence, c->n, batch, 0, &stats)))
         return st;
     *step_ms = (dec__now_s() - t0) * 1e3;
+    /* Where the encode went, by kind of command. */
+    const char *labels[32];
+    double ms[32];
+    size_t count[32], n = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        size_t k = 0;
+        while (k < n && strcmp(labels[k], c->label[i]))
+            k++;
+        if (k == n && n < 32) {
+            labels[n] = c->label[i];
+            ms[n] = 0;
+            count[n++] = 0;
+        }
+        if (k < n) {
+            ms[k] += c->encode_s[i] * 1e3;
+            count[k]++;
+        }
+    }
+    printf("{\"bench\":\"startup_encode\",\"batch\":%u", batch);
+    for (size_t k = 0; k < n; k++)
+        printf(",\"%s_ms\":%.3f,\"%s_count\":%zu", labels[k], ms[k], labels[k], count[k]);
+    printf("}\n");
     return KILN_OK;
 }
 

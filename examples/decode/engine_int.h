@@ -18,6 +18,8 @@ typedef struct step_cmds {
     kiln_command **cmd;
     const char **label; /* what each command is ("q_proj", ...): static strings */
     size_t n;
+    double *encode_s; /* the seconds each command took to encode */
+    double mark;      /* while encoding: when the last command was pushed */
 } step_cmds;
 
 struct dec_engine {
