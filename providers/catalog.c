@@ -25,7 +25,7 @@ static const kiln__op_row rows[] = {
      kiln__token_embedding_specs, NULL},
     {"dense_swiglu", KILN__VERSION_DENSE_SWIGLU, BLAS, ELT, PACKED, "swiglu tma_swiglu skinny_linear",
      "kiln_op_dense_swiglu_workspace", kiln__dense_swiglu_specs, NULL},
-    {"last_token_linear", KILN__VERSION_LAST_TOKEN_LINEAR, BLAS, ELT, PACKED, "gather_last skinny_linear",
+    {"last_token_linear", KILN__VERSION_LAST_TOKEN_LINEAR, BLAS, ELT, PACKED, "gather_last",
      "kiln_op_last_token_linear_workspace", kiln__last_token_linear_specs, NULL},
     {"rms_norm", KILN__VERSION_RMS_NORM, KERNELS, ELT, PACKED, "rms_norm", "kiln_op_rms_norm_workspace",
      kiln__rms_norm_specs, NULL},

@@ -7,7 +7,6 @@
 #include "jit/internal.h"
 #include "providers/blas.h"
 #include "providers/catalog.h"
-#include "providers/skinny.h"
 
 #define OP "last_token_linear"
 #define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_LAST_TOKEN_LINEAR)
@@ -60,13 +59,7 @@ kiln_status kiln_op_last_token_linear_workspace(int64_t participants, int64_t in
 }
 
 typedef struct last_launch {
-    kiln__gemm gemm; /* first: kiln__gemm_free takes the launch as its gemm */
-    /* At 1 to 8 participants the product is the skinny kernel's (no
-     * cuBLASLt: a decode step of up to 8 sequences, whose other products are
-     * all skinny, then never initializes cuBLASLt, 80 ms of the first
-     * step's encode in decode --bench-startup). */
-    int skinny_mode;
-    kiln__skinny skinny;
+    kiln__gemm gemm;
     CUfunction fn;
     CUdeviceptr x, spans, rows;
     uint32_t participants, part_rows, limit;
@@ -78,11 +71,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     last_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
     void *args[] = {&l->x, &l->spans, &l->rows, &l->part_rows, &l->limit, &fault};
-    kiln_status st = kiln__launch(ctx, l->skinny_mode ? l->skinny.rt : l->gemm.rt, l->fn, l->participants, l->threads,
-                                  0, args);
-    if (st)
-        return st;
-    return l->skinny_mode ? kiln__skinny_enqueue(&l->skinny, ctx) : kiln__gemm_enqueue(&l->gemm, ctx, OP);
+    kiln_status st = kiln__launch(ctx, l->gemm.rt, l->fn, l->participants, l->threads, 0, args);
+    return st ? st : kiln__gemm_enqueue(&l->gemm, ctx, OP);
 }
 
 kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x, const kiln_tensor *spans,
@@ -150,44 +140,22 @@ kiln_status kiln_op_last_token_linear_encode(kiln_jit *jit, const kiln_tensor *x
     d.d = kiln__buffer_ptr(out->buffer) + out->offset;
     d.workspace = ws;
     kiln_spec spec;
-    kiln_kernel *k, *sk = NULL;
-    l->skinny_mode = kiln__skinny_linear_applies(rt, parts, in, l->rows, d.w);
-    if (l->skinny_mode) {
-        /* The gathered rows, [participants, in] in the workspace, by the skinny kernel. */
-        const kiln_tensor rows = {.buffer = workspace->buffer,
-                                  .offset = workspace->start + KILN__BLAS_WORKSPACE,
-                                  .dtype = elt,
-                                  .rank = 2,
-                                  .dims = {parts, in}};
-        void *f;
-        if ((st = kiln_op_last_token_linear_spec(elt, in, vec, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-            (st = kiln_kernel_function(k, NULL, &f)) ||
-            (st = kiln__skinny_prepare(jit, &rows, weight, bias, 0, d.d, &l->skinny, &sk))) {
-            free(l);
-            return kiln__propagate(err, st);
-        }
-        l->fn = (CUfunction)f;
-    } else if ((st = kiln_op_last_token_linear_spec(elt, in, vec, &spec)) ||
-               (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
+    kiln_kernel *k;
+    if ((st = kiln_op_last_token_linear_spec(elt, in, vec, &spec)) ||
+        (st = kiln__kernel_and_gemm(jit, rt, err, OP, &spec, &k, &l->fn, &d, &l->gemm))) {
         free(l);
         return kiln__propagate(err, st);
     }
     struct {
         char tag[sizeof KEY_TAG];
-        uint8_t fingerprint[KILN_FINGERPRINT_SIZE], skinny_fingerprint[KILN_FINGERPRINT_SIZE];
+        uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
         kiln__gemm_key gemm;
-        uint64_t skinny_params[7];
         uint64_t x, spans, participants, part_rows, limit, threads;
     } key;
     memset(&key, 0, sizeof key);
     memcpy(key.tag, KEY_TAG, sizeof KEY_TAG);
     memcpy(key.fingerprint, kiln_kernel_fingerprint(k), KILN_FINGERPRINT_SIZE);
-    if (l->skinny_mode) {
-        memcpy(key.skinny_fingerprint, kiln_kernel_fingerprint(sk), KILN_FINGERPRINT_SIZE);
-        kiln__skinny_params(&l->skinny, key.skinny_params);
-    } else {
-        kiln__gemm_key_of(&l->gemm, &key.gemm);
-    }
+    kiln__gemm_key_of(&l->gemm, &key.gemm);
     key.x = l->x;
     key.spans = l->spans;
     key.participants = l->participants;
