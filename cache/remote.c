@@ -389,6 +389,27 @@ static void key_of(const kiln__remote *r, const char *kind, const uint8_t *fp, c
     snprintf(buf, cap, "%s:%s:%s", r->where.prefix, kind, hex);
 }
 
+/* One command, its reply of one of types (bits 1 << REDIS_REPLY_*): the
+ * reply, or NULL (no server, a failure, or a reply of another type: the
+ * layer skipped with the reason, and counted). */
+static redisReply *command_typed(kiln_cache *c, const char *what, int argc, const char **argv, const size_t *lens,
+                                 unsigned types)
+{
+    kiln__remote *r = c->remote;
+    int failed = 0;
+    pthread_mutex_lock(&r->lock);
+    redisReply *reply = command_locked(r, what, argc, argv, lens, &failed);
+    if (reply && !(types & (1u << reply->type))) {
+        garbage_locked(r, what, reply);
+        reply = NULL;
+        failed = 1;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (failed)
+        count(c, &c->counters.remote_errors);
+    return reply;
+}
+
 kiln_status kiln__remote_open(kiln_cache *c, const kiln_cache_options *o)
 {
     const char *url = o->remote;
@@ -489,17 +510,8 @@ int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record
     key_of(r, "row", fp, key, sizeof key);
     const char *argv[] = {"GET", key};
     size_t lens[] = {3, strlen(key)};
-    int failed = 0;
-    pthread_mutex_lock(&r->lock);
-    redisReply *reply = command_locked(r, "GET", 2, argv, lens, &failed);
-    if (reply && reply->type != REDIS_REPLY_STRING && reply->type != REDIS_REPLY_NIL) {
-        garbage_locked(r, "GET", reply);
-        reply = NULL;
-        failed = 1;
-    }
-    pthread_mutex_unlock(&r->lock);
-    if (failed)
-        count(c, &c->counters.remote_errors);
+    redisReply *reply =
+        command_typed(c, "GET", 2, argv, lens, 1u << REDIS_REPLY_STRING | 1u << REDIS_REPLY_NIL);
     if (!reply)
         return 0;
     if (reply->type == REDIS_REPLY_NIL) {
@@ -551,18 +563,8 @@ void kiln__remote_publish(kiln_cache *c, const kiln_cache_record *rec, const voi
     key_of(r, "row", rec->fingerprint, key, sizeof key);
     const char *argv[] = {"SET", key, (const char *)value};
     size_t lens[] = {3, strlen(key), size};
-    int failed = 0;
-    pthread_mutex_lock(&r->lock);
-    redisReply *reply = command_locked(r, "SET", 3, argv, lens, &failed);
-    if (reply && reply->type != REDIS_REPLY_STATUS) {
-        garbage_locked(r, "SET", reply);
-        reply = NULL;
-        failed = 1;
-    }
-    pthread_mutex_unlock(&r->lock);
+    redisReply *reply = command_typed(c, "SET", 3, argv, lens, 1u << REDIS_REPLY_STATUS);
     free(value);
-    if (failed)
-        count(c, &c->counters.remote_errors);
     if (reply) {
         freeReplyObject(reply);
         count(c, &c->counters.remote_published);
@@ -577,22 +579,10 @@ int kiln__remote_lease(kiln_cache *c, const uint8_t *fp)
     snprintf(ms, sizeof ms, "%d", r->lease_ms);
     const char *argv[] = {"SET", key, r->token, "NX", "PX", ms};
     size_t lens[] = {3, strlen(key), strlen(r->token), 2, 2, strlen(ms)};
-    int failed = 0, result = -1;
-    pthread_mutex_lock(&r->lock);
-    redisReply *reply = command_locked(r, "SET NX", 6, argv, lens, &failed);
-    if (reply && reply->type == REDIS_REPLY_STATUS)
-        result = 1;
-    else if (reply && reply->type == REDIS_REPLY_NIL)
-        result = 0;
-    else if (reply) {
-        garbage_locked(r, "SET NX", reply);
-        reply = NULL;
-        failed = 1;
-    }
-    pthread_mutex_unlock(&r->lock);
+    redisReply *reply =
+        command_typed(c, "SET NX", 6, argv, lens, 1u << REDIS_REPLY_STATUS | 1u << REDIS_REPLY_NIL);
+    const int result = !reply ? -1 : reply->type == REDIS_REPLY_STATUS ? 1 : 0;
     freeReplyObject(reply);
-    if (failed)
-        count(c, &c->counters.remote_errors);
     if (result == 1)
         count(c, &c->counters.remote_leases);
     return result;
@@ -608,16 +598,5 @@ void kiln__remote_release(kiln_cache *c, const uint8_t *fp)
     key_of(r, "lease", fp, key, sizeof key);
     const char *argv[] = {"EVAL", script, "1", key, r->token};
     size_t lens[] = {4, sizeof script - 1, 1, strlen(key), strlen(r->token)};
-    int failed = 0;
-    pthread_mutex_lock(&r->lock);
-    redisReply *reply = command_locked(r, "EVAL (release a lease)", 5, argv, lens, &failed);
-    if (reply && reply->type != REDIS_REPLY_INTEGER) {
-        garbage_locked(r, "EVAL (release a lease)", reply);
-        reply = NULL;
-        failed = 1;
-    }
-    pthread_mutex_unlock(&r->lock);
-    freeReplyObject(reply);
-    if (failed)
-        count(c, &c->counters.remote_errors);
+    freeReplyObject(command_typed(c, "EVAL (release a lease)", 5, argv, lens, 1u << REDIS_REPLY_INTEGER));
 }

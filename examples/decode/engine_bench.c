@@ -12,15 +12,15 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
-                            double *device_ms, double *wall_ms, uint64_t *replayed_commands)
+/* The decode step of batch participants at context: its commands (encoded
+ * now or before) and the participants' ids, positions, lengths and rows. */
+static kiln_status bench_decode_setup(dec_engine *e, uint32_t batch, uint32_t context, int steps, dec_stats *stats,
+                                      const step_cmds **c)
 {
     if (!batch || batch > e->o.max_participants || !context || context > e->o.max_seq_tokens || steps < 1)
         return dec_fail(KILN_ERR_INVALID_ARGUMENT, "bench: batch %u (1..%u), context %u (1..%u), steps %d", batch,
                         e->o.max_participants, context, e->o.max_seq_tokens, steps);
-    const step_cmds *c;
-    dec_stats stats = {0};
-    kiln_status st = dec__decode_cmds(e, batch, &stats, &c);
+    kiln_status st = dec__decode_cmds(e, batch, stats, c);
     if (st)
         return st;
     for (uint32_t j = 0; j < batch; j++) {
@@ -31,6 +31,17 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
         e->spans[2 * j + 1] = 1;
         dec__set_rows(e, j, j);
     }
+    return KILN_OK;
+}
+
+kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int warmup, int steps,
+                            double *device_ms, double *wall_ms, uint64_t *replayed_commands)
+{
+    const step_cmds *c;
+    dec_stats stats = {0};
+    kiln_status st = bench_decode_setup(e, batch, context, steps, &stats, &c);
+    if (st)
+        return st;
     kiln_fence *fence;
     for (int i = 0; i < warmup; i++) {
         if ((st = dec__submit_step(e, c, batch, batch, i == 0, "decode", KILN_TIMING_OFF, &fence)) ||
@@ -76,24 +87,13 @@ kiln_status dec_bench_steps(dec_engine *e, uint32_t batch, uint32_t context, int
 /* Bytes a decode step's command of that label must read (weights, KV). */
 kiln_status dec_bench_first_step(dec_engine *e, uint32_t batch, uint32_t context, double *encode_ms, double *step_ms)
 {
-    if (!batch || batch > e->o.max_participants || !context || context > e->o.max_seq_tokens)
-        return dec_fail(KILN_ERR_INVALID_ARGUMENT, "bench: batch %u (1..%u), context %u (1..%u)", batch,
-                        e->o.max_participants, context, e->o.max_seq_tokens);
     const step_cmds *c;
     dec_stats stats = {0};
     double t0 = dec__now_s();
-    kiln_status st = dec__decode_cmds(e, batch, &stats, &c);
+    kiln_status st = bench_decode_setup(e, batch, context, 1, &stats, &c); /* the encode, and a few stores */
     if (st)
         return st;
     *encode_ms = (dec__now_s() - t0) * 1e3;
-    for (uint32_t j = 0; j < batch; j++) {
-        e->ids[j] = (j * 7919u + 1) % (uint32_t)e->V;
-        e->pos[j] = context - 1;
-        e->lens[j] = context;
-        e->spans[2 * j] = j;
-        e->spans[2 * j + 1] = 1;
-        dec__set_rows(e, j, j);
-    }
     kiln_fence *fence;
     t0 = dec__now_s();
     if ((st = dec__submit_step(e, c, batch, batch, 1, "decode", KILN_TIMING_OFF, &fence)) ||
