@@ -4,6 +4,8 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "runtime/internal.h"
 
@@ -39,4 +41,55 @@ const kiln__blas *kiln__blas_get(const char **why)
     if (!loaded && why)
         *why = why_not;
     return loaded;
+}
+
+/* One heuristic query of a decode-shaped product (4096 -> 4096, one token)
+ * in element type et. */
+static void warm_query(const kiln__blas *b, cublasLtHandle_t lt, cudaDataType_t et)
+{
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t a = NULL, x = NULL, d = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const uint64_t ws = 1 << 22;
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    if (!b->cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) &&
+        !b->cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) &&
+        !b->cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) &&
+        !b->cublasLtMatrixLayoutCreate(&a, et, 4096, 4096, 4096) && !b->cublasLtMatrixLayoutCreate(&x, et, 4096, 1, 4096) &&
+        !b->cublasLtMatrixLayoutCreate(&d, et, 4096, 1, 4096) && !b->cublasLtMatmulPreferenceCreate(&pref) &&
+        !b->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws))
+        (void)b->cublasLtMatmulAlgoGetHeuristic(lt, op, a, x, d, d, pref, 1, &result, &found);
+    if (pref)
+        b->cublasLtMatmulPreferenceDestroy(pref);
+    if (d)
+        b->cublasLtMatrixLayoutDestroy(d);
+    if (x)
+        b->cublasLtMatrixLayoutDestroy(x);
+    if (a)
+        b->cublasLtMatrixLayoutDestroy(a);
+    if (op)
+        b->cublasLtMatmulDescDestroy(op);
+}
+
+static void *warm_main(void *arg)
+{
+    kiln_runtime *rt = arg;
+    const kiln__blas *b = kiln__blas_get(NULL);
+    cublasLtHandle_t lt = NULL;
+    if (!b || rt->d->cuCtxSetCurrent(rt->ctx) != CUDA_SUCCESS || b->cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS)
+        return NULL;
+    warm_query(b, lt, CUDA_R_16F);
+    warm_query(b, lt, CUDA_R_16BF);
+    b->cublasLtDestroy(lt);
+    return NULL;
+}
+
+void kiln__blas_warm_start(kiln_runtime *rt)
+{
+    const char *v = getenv("KILN_BLAS_WARM");
+    if (v && !strcmp(v, "0"))
+        return;
+    rt->blas_warm_started = pthread_create(&rt->blas_warm, NULL, warm_main, rt) == 0;
 }

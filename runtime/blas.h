@@ -22,4 +22,13 @@ typedef struct kiln__blas {
 /* The loaded cuBLASLt, or NULL with *why saying what failed. Thread-safe. */
 const kiln__blas *kiln__blas_get(const char **why);
 
+struct kiln_runtime;
+/* Starts a thread that makes cuBLASLt's first heuristic query of the
+ * process (f16 and bf16) on rt's context and its own handle, so that the
+ * library's one-time set-up (80-180 ms on an H200, decode --bench-startup)
+ * runs while the caller loads its weights rather than in its first
+ * product's encode; kiln_runtime_destroy joins it. $KILN_BLAS_WARM=0 (or a
+ * thread that cannot start) leaves it to the first product. */
+void kiln__blas_warm_start(struct kiln_runtime *rt);
+
 #endif

@@ -94,6 +94,8 @@ struct kiln_runtime {
     _Atomic uint64_t module_epoch; /* bumped when a module is unloaded: older graphs are dropped */
     int pdl;                    /* programmatic dependent launch (sm_90 and later) */
     struct kiln_stream *own;    /* the stream of the immediate calls */
+    pthread_t blas_warm;        /* cuBLASLt's first use, off the caller's thread (runtime/blas.c) */
+    int blas_warm_started;
     kiln__errslot err;
 };
 

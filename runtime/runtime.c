@@ -136,6 +136,7 @@ kiln_status kiln_runtime_create(const kiln_runtime_options *opts, kiln_runtime *
         goto out_free;
     /* The immediate calls submit one-off commands: capturing each would cost more than it saves. */
     kiln__graph_cache_set_capture(rt->own->graphs, 0);
+    kiln__blas_warm_start(rt);
     *out = rt;
     return KILN_OK;
 out_free:
@@ -152,6 +153,8 @@ void kiln_runtime_destroy(kiln_runtime *rt)
 {
     if (!rt)
         return;
+    if (rt->blas_warm_started)
+        pthread_join(rt->blas_warm, NULL); /* it uses the context */
     kiln_stream_destroy(rt->own);
     if (rt->ctx) {
         /* A broken context is unusable for everyone sharing it (cuBLASLt's
