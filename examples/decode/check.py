@@ -155,14 +155,37 @@ def make_model(spec, path, seed):
         with torch.no_grad():
             for m in norms:
                 m.weight.copy_(1 + noise * torch.randn_like(m.weight, dtype=torch.float32))
-    shard = {}
+    model.save_pretrained(path)  # safetensors, in the model's dtype
     if spec.get("shards"):
-        total = sum(p.numel() * p.element_size() for p in model.parameters())
-        shard["max_shard_size"] = total // spec["shards"] + 1
-    model.save_pretrained(path, **shard)  # safetensors, in the model's dtype
+        reshard(path, spec["shards"])
     with open(os.path.join(path, "config.json")) as f:
         saved = json.load(f)
     return model, saved
+
+
+def reshard(path, n):
+    """Split the saved model.safetensors into exactly n shards and an index, as
+    transformers names them (its own max_shard_size packing gives n or n+1)."""
+    from safetensors.torch import load_file, save_file
+    whole = os.path.join(path, "model.safetensors")
+    tensors = load_file(whole)
+    names = sorted(tensors, key=lambda k: -tensors[k].numel())
+    bins = [dict() for _ in range(n)]
+    sizes = [0] * n
+    for k in names:  # largest first into the lightest shard
+        i = sizes.index(min(sizes))
+        bins[i][k] = tensors[k]
+        sizes[i] += tensors[k].numel() * tensors[k].element_size()
+    if any(not b for b in bins):
+        raise RuntimeError("%d tensors cannot fill %d shards" % (len(tensors), n))
+    weight_map = {}
+    for i, b in enumerate(bins):
+        fname = "model-%05d-of-%05d.safetensors" % (i + 1, n)
+        save_file(b, os.path.join(path, fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in b})
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}, f, indent=2)
+    os.remove(whole)
 
 
 @torch.no_grad()

@@ -65,6 +65,66 @@ KILN_API kiln_status kiln_op_moe_router_spec(kiln_dtype elt, int64_t experts, in
 /* Workspace: none (0 bytes). KILN_ERR_INVALID_ARGUMENT for a NULL out. */
 KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t experts, size_t *bytes);
 
+/* ---- routed SwiGLU experts, with an optional shared expert ----
+ * The experts of Mixtral, Qwen2-MoE and Qwen3-MoE after the router:
+ *   out[t] = elt( sum_s weights[t, s] · y(t, s)  +  c(t) · shared[t] )
+ *   y(t, s) = elt( h · down[e]ᵀ ),  h = elt( silu(g) · u ),
+ *   [g | u] = x[t] · gate_up[e]ᵀ (f32, not rounded),  e = ids[t, s];
+ *   c(t) = sigmoid(x[t] · shared_gate) with shared_gate (Qwen2-MoE's
+ *   shared_expert_gate, the dot product in f32), 1 without it; the term is
+ *   absent without shared. Bindings:
+ *   x        elt [T, hidden] (f16 or bf16; bf16 on sm_80 and later);
+ *   ids      u32 [T, top_k], weights f32 [T, top_k] (kiln_op_moe_router's);
+ *   gate_up  elt [experts, 2·inter, hidden]: expert e's rows [0, inter) its
+ *            gate_proj, [inter, 2·inter) its up_proj (the dense SwiGLU's
+ *            layout, one expert after another);
+ *   down     elt [experts, hidden, inter] (each expert's down_proj);
+ *   shared   elt [T, hidden] or NULL: the shared expert's output (a dense
+ *            SwiGLU and linear the caller ran on x), added;
+ *   shared_gate elt [hidden] or NULL (only with shared);
+ *   out      elt [T, hidden].
+ * hidden a multiple of 128, inter a multiple of 64, 1 <= experts <=
+ * KILN_MOE_MAX_EXPERTS, 1 <= top_k <= min(experts, KILN_MOE_MAX_TOP_K),
+ * T · top_k <= 2^31 - 1; every binding 16-byte aligned; out, ids and weights
+ * overlap nothing written. The workspace (kiln_op_moe_experts_workspace
+ * bytes, 256-byte aligned) holds the grouping, h and y.
+ * Four launches: the (token, slot) pairs grouped by expert on the device (a
+ * permutation and a tile list in the workspace: the host never sees the
+ * routing, so one command serves every step whatever it routes); the gate_up
+ * product of every selected expert's rows with its silu(g)·u epilogue, one
+ * grouped launch; the down product likewise; the weighted combine back into
+ * token order (with the shared term), f32 sums added in slot order, one
+ * rounding. The grouped products are tensor-core tiles (mma.sync) that read
+ * only the selected experts' weights, each once per tile of 16 (T · top_k
+ * below 16 per expert on average, the decode step) or 64 rows of the
+ * expert's tokens. An id at or past experts is reported by the device (the
+ * runtime's fault record: KILN_ERR_RUNTIME_CONTRACT at the next
+ * synchronization, naming the pair and the id) and its slot adds nothing.
+ * Replayable (its key: the kernel's fingerprint, every binding's address,
+ * T, the tile size). Attribution: op "moe_experts", tokens T, 4 dispatches.
+ * Checked at encode as the router is (KILN_ERR_RUNTIME_CONTRACT naming the
+ * binding, the expected and the actual). */
+typedef struct kiln_moe_experts_desc {
+    /* sizeof(kiln_moe_experts_desc), or 0 (the same). */
+    uint32_t size;
+    const struct kiln_tensor *x, *ids, *weights, *gate_up, *down;
+    const struct kiln_tensor *shared, *shared_gate; /* optional */
+    const struct kiln_tensor *out;
+    const kiln_region *workspace;
+} kiln_moe_experts_desc;
+
+KILN_API kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_desc *desc, kiln_command **cmd);
+/* Encodes and submits on the runtime's own stream (kiln_runtime_stream). */
+KILN_API kiln_status kiln_op_moe_experts(kiln_jit *jit, const kiln_moe_experts_desc *desc);
+/* The specialization for an element type, hidden, inter, experts and top_k
+ * (one kernel image holds every launch of both tile sizes).
+ * KILN_ERR_RUNTIME_CONTRACT for sizes out of range, naming them. */
+KILN_API kiln_status kiln_op_moe_experts_spec(kiln_dtype elt, int64_t hidden, int64_t inter, int64_t experts,
+                                              int64_t top_k, kiln_spec *out);
+/* Workspace bytes for T tokens (a command for fewer tokens fits in it). */
+KILN_API kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts,
+                                                   int64_t top_k, size_t *bytes);
+
 #ifdef __cplusplus
 }
 #endif
