@@ -265,20 +265,34 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
         const kiln_u32 *__restrict__ tile_e, const kiln_u32 *__restrict__ tile_r,                                \
         const kiln_u32 *__restrict__ sorted
 #define GEMM_PASS src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem
+extern __shared__ __align__(128) unsigned char smem[];
 
 // Small tiles: 16 rows, 4 warps across the columns, 6 stages in flight (the
-// weight stream is the cost). Large: 64 rows, 2 x 2 warps of 32 x 64.
-#define KERNEL(name, WM, WN, MI, NI, STAGES, GATED)                                                               \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32) name(GEMM_ARGS)                                   \
-    {                                                                                                            \
-        kiln_grid_dependency_sync();                                                                             \
-        extern __shared__ __align__(128) unsigned char smem[];                                                  \
-        grouped_tile<WM, WN, MI, NI, STAGES, GATED>(GEMM_PASS);                                                  \
-    }
-KERNEL(kiln_moe_gate_up_s, 1, 4, 1, 1, 6, true)
-KERNEL(kiln_moe_down_s, 1, 4, 1, 2, 6, false)
-KERNEL(kiln_moe_gate_up_l, 2, 2, 2, 4, 3, true)
-KERNEL(kiln_moe_down_l, 2, 2, 2, 8, 3, false)
+// weight stream is the cost). Large: 64 rows, 2 x 2 warps of 32 x 64
+// columns. The provider's tile constants (providers/moe_experts.c) follow.
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_s(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+    grouped_tile<1, 4, 1, 1, 6, true>(GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_s(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+    grouped_tile<1, 4, 1, 2, 6, false>(GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_l(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+    grouped_tile<2, 2, 2, 4, 3, true>(GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_l(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+    grouped_tile<2, 2, 2, 8, 3, false>(GEMM_PASS);
+}
 
 // out[t] = elt(sum_s weights[t, s] y[inv[t, s]] + c shared[t]), c =
 // sigmoid(x[t] . shared_gate) with a gate, else 1. A block a token, 8
