@@ -334,19 +334,20 @@ static void moe_label(const moe *m, char *buf, size_t cap, const char *what)
 
 /* Reads out back and compares every element with the float64 reference of
  * the contract (a slot whose id is at or past experts adds nothing); checks
- * the guards; returns the count of elements out of bounds. The bound of an
- * element is rtol · (|want| + Σ|w·y| + |c·shared| + 0.1 · that sum's RMS
- * over the token's row): the kernel sums in f32 in its own order, so a
- * rounding of h or y may land one ulp away from the reference's, and the
- * final rounding may too; near-cancelling sums need the absolute floor.
- * Each token's row also as a whole: its RMS error under row_tol of its RMS
- * (rounding noise is a small fraction of an ulp there; a slot left out, even
- * of weight 0.05 among 16, is a percent or more). */
+ * the guards; returns the count of elements and rows out of bounds. The
+ * bound of an element is rtol · (|want| + Σ|w·y| + |c·shared| + 0.25 · that
+ * sum's RMS over the token's row): the kernel sums in f32 in its own order,
+ * so a rounding of y may land one ulp (2^-7 of it at most, in bf16) from the
+ * reference's and the final rounding may too, which stays under 0.4 of the
+ * bound; a flipped rounding of h moves near-cancelling sums, hence the
+ * floor. Each token's row also as a whole: its RMS error under row_tol of
+ * its RMS (a few flipped roundings are a fraction of an ulp there; a slot
+ * left out, even of weight 0.05 among 16, is 2% or more). */
 static size_t moe_check(moe *m, const char *what)
 {
     const int bf16 = m->bf16;
     const uint32_t T = m->c.T, H = m->c.H, I = m->c.I, E = m->c.E, K = m->c.K;
-    const double rtol = bf16 ? 2e-2 : 1e-2, row_tol = bf16 ? 1e-2 : 2.5e-3;
+    const double rtol = bf16 ? 2e-2 : 1e-2, row_tol = bf16 ? 1.5e-2 : 5e-3;
     const size_t nx = (size_t)T * H;
     char label[160];
     moe_label(m, label, sizeof label, what);
@@ -414,7 +415,7 @@ static size_t moe_check(moe *m, const char *what)
             const double want = round_elt(bf16, acc[j]), got = to_f32(bf16, m->out[(size_t)t * H + j]);
             err2 += (got - want) * (got - want);
             want2 += want * want;
-            const double err = fabs(got - want), bound = rtol * (fabs(want) + mag[j] + 0.1 * rms);
+            const double err = fabs(got - want), bound = rtol * (fabs(want) + mag[j] + 0.25 * rms);
             const double ratio = isfinite(got) ? err / bound : INFINITY;
             if (ratio > worst) {
                 worst = ratio;
@@ -454,7 +455,7 @@ static void moe_expect_right(moe *m, const char *what)
     if (wrong) {
         char label[160];
         moe_label(m, label, sizeof label, what);
-        fail_msg("%s: %zu outputs wrong", label, wrong);
+        fail_msg("%s: %zu outputs or rows out of bounds", label, wrong);
     }
 }
 
@@ -739,6 +740,7 @@ static void test_experts_bad_bindings_refused(void **state)
 int main(void)
 {
     kiln_test_require_gpu();
+    kiln_test_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_router_against_float64, gpu_fixture_setup, gpu_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_against_float64, gpu_fixture_setup, gpu_fixture_teardown),
