@@ -1,7 +1,11 @@
-/* The MoE router without a GPU: its specializations (listed for a config
- * with experts, none for a dense one), each compiled by NVRTC for sm_90 in
- * f16 and bf16 at the sizes of Mixtral, Qwen2-MoE, Qwen3-MoE and the limits,
- * the spec's refusals, and the validation of bindings against fake buffers. */
+/* The MoE router and routed experts without a GPU. Router: its
+ * specializations (listed for a config with experts, none for a dense one),
+ * each compiled by NVRTC for sm_90 in f16 and bf16 at the sizes of Mixtral,
+ * Qwen2-MoE, Qwen3-MoE and the limits, the spec's refusals, and the
+ * validation of bindings against fake buffers. Experts: the spec compiled by
+ * NVRTC for sm_90 and sm_80 in f16 and bf16 at Qwen3-30B-A3B's and Mixtral's
+ * sizes, its refusals naming the value, the workspace, and encode refused
+ * offline (the binding checks need a runtime: test_moe_gpu). */
 #include "providers/internal.h"
 #include "offline_fixture.h"
 #include "fake_runtime.h"
@@ -158,6 +162,122 @@ static void test_offline_encode_needs_a_device(void **state)
     assert_null(cmd);
 }
 
+/* Qwen3-30B-A3B (hidden 2048, moe_intermediate 768, 128 experts, top 8) and
+ * Mixtral-8x7B (4096, 14336, 8, 2), f16 and bf16, for sm_90 and sm_80: one
+ * kernel image each, all four specs distinct. */
+static void test_experts_specs_compiled(void **state)
+{
+    fixture *f = *state;
+    static const struct { int64_t h, i, e, k; } sizes[] = {{2048, 768, 128, 8}, {4096, 14336, 8, 2}};
+    static const char *const archs[] = {"sm_90", "sm_80"};
+    kiln_spec specs[4];
+    size_t n = 0;
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            kiln_spec *s = &specs[n++];
+            KILN_CHECK(kiln_op_moe_experts_spec(b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, sizes[i].h, sizes[i].i,
+                                                sizes[i].e, sizes[i].k, s));
+            assert_string_equal(s->template_id, "moe_experts");
+            kiln_spec again;
+            KILN_CHECK(kiln_op_moe_experts_spec(b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, sizes[i].h, sizes[i].i,
+                                                sizes[i].e, sizes[i].k, &again));
+            assert_memory_equal(s, &again, sizeof again);
+        }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++) {
+            char a[256], b[256];
+            KILN_CHECK(kiln_spec_constants_text(&specs[i], a, sizeof a));
+            KILN_CHECK(kiln_spec_constants_text(&specs[j], b, sizeof b));
+            assert_string_not_equal(a, b);
+        }
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
+        kiln_jit *jit;
+        KILN_CHECK(kiln_jit_create(&jo, &jit));
+        for (size_t i = 0; i < n; i++) {
+            char text[256];
+            KILN_CHECK(kiln_spec_constants_text(&specs[i], text, sizeof text));
+            int compiled = 0;
+            kiln_status st = kiln_jit_prepare(jit, &specs[i], &compiled);
+            if (st)
+                fail_msg("%s, moe_experts %s: %s: %s", archs[a], text, kiln_status_code(st), kiln_errmsg());
+            assert_true(compiled);
+        }
+        kiln_jit_counters k;
+        kiln_jit_get_counters(jit, &k);
+        assert_int_equal(k.compiles, n);
+        assert_int_equal(k.compile_errors, 0);
+        kiln_jit_destroy(jit);
+    }
+}
+
+static void test_experts_spec_refusals(void **state)
+{
+    (void)state;
+    kiln_spec s;
+    const kiln_dtype h = KILN_DTYPE_F16;
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 100, 768, 128, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "hidden 100");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 100, 128, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "inter 100");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 0, 1, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "experts 0");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 513, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "experts 513");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 128, 0, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "top_k 0");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 8, 9, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "top_k 9");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 128, 17, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "top_k 17");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 0, 768, 128, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "hidden 0");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, -64, 128, 8, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "moe_experts", "inter -64");
+    KILN_EXPECT(kiln_op_moe_experts_spec(KILN_DTYPE_F32, 2048, 768, 128, 8, &s), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "moe_experts", "f32");
+    KILN_EXPECT(kiln_op_moe_experts_spec(h, 2048, 768, 128, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "moe_experts", "NULL");
+    /* The limits and the smallest sizes are accepted. */
+    KILN_CHECK(kiln_op_moe_experts_spec(h, 128, 64, 1, 1, &s));
+    KILN_CHECK(kiln_op_moe_experts_spec(KILN_DTYPE_BF16, 128, 64, 512, 16, &s));
+    KILN_CHECK(kiln_op_moe_experts_spec(h, 384, 192, 16, 16, &s));
+}
+
+/* Nonzero, growing with the tokens (a command for fewer fits in more). */
+static void test_experts_workspace(void **state)
+{
+    (void)state;
+    static const struct { int64_t h, i, e, k; } sizes[] = {{2048, 768, 128, 8}, {4096, 14336, 8, 2}, {128, 64, 1, 1}};
+    static const int64_t tokens[] = {1, 2, 15, 16, 64, 65, 300, 4096, 32768};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t prev = 0, first = 0;
+        for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++) {
+            size_t bytes = 0;
+            KILN_CHECK(kiln_op_moe_experts_workspace(tokens[t], sizes[i].h, sizes[i].i, sizes[i].e, sizes[i].k,
+                                                     &bytes));
+            assert_true(bytes > 0);
+            assert_true(bytes >= prev);
+            first = t ? first : bytes;
+            prev = bytes;
+        }
+        /* h and y hold a row per (token, slot): 32768 tokens' are more than a megabyte past one token's. */
+        assert_true(prev - first >= (size_t)1 << 20);
+    }
+    KILN_EXPECT(kiln_op_moe_experts_workspace(64, 2048, 768, 128, 8, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "moe_experts", "NULL");
+}
+
+static void test_experts_offline_encode_needs_a_device(void **state)
+{
+    fixture *f = *state;
+    kiln_moe_experts_desc d = {.size = sizeof d};
+    kiln_command *cmd = (kiln_command *)1;
+    KILN_EXPECT(kiln_op_moe_experts_encode(f->jit, &d, &cmd), KILN_ERR_NO_DEVICE, kiln_errmsg(), "moe_experts",
+                NULL);
+    assert_null(cmd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -166,6 +286,12 @@ int main(void)
         cmocka_unit_test(test_spec_refusals),
         cmocka_unit_test(test_validation_names_binding_and_values),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
+                                        offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_specs_compiled, offline_fixture_setup,
+                                        offline_fixture_teardown),
+        cmocka_unit_test(test_experts_spec_refusals),
+        cmocka_unit_test(test_experts_workspace),
+        cmocka_unit_test_setup_teardown(test_experts_offline_encode_needs_a_device, offline_fixture_setup,
                                         offline_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
