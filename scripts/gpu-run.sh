@@ -178,6 +178,16 @@ for b in bench_attention bench_recurrent; do
     if [ -x "$BUILD/bench/$b" ]; then bench "$b" 120 "$BUILD/bench/$b"; fi
 done
 
+# The mixture-of-experts layer at Qwen3-30B-A3B's shape (gate product, router, experts; replayed), then
+# transformers' Qwen3MoeSparseMoeBlock (eager and in a CUDA graph) and torch._grouped_mm.
+if [ -x "$BUILD/bench/bench_moe" ]; then
+    bench bench_moe 180 "$BUILD/bench/bench_moe"
+else
+    record bench_moe missing 0 "($BUILD/bench/bench_moe)"
+    FAILED=1
+fi
+bench peer_torch_moe 240 python3 "$ROOT/bench/peer_torch_moe.py" --kiln "$BENCH_JSONL"
+
 # Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
 bench bench_decode 240 bash "$ROOT/bench/bench_decode.sh" "$BUILD"
 if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" decode-check "* ]]; then
