@@ -99,7 +99,7 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * only the selected experts' weights, each once per tile of 16 (T · top_k
  * below 16 per expert on average, the decode step) or 64 rows of the
  * expert's tokens. An id at or past experts is reported by the device (the
- * runtime's fault record: KILN_ERR_RUNTIME_CONTRACT at the next
+ * runtime's fault record: KILN_ERR_DEVICE_CONTRACT at the next
  * synchronization, naming the pair and the id) and its slot adds nothing.
  * Replayable (its key: the kernel's fingerprint, every binding's address,
  * T, the tile size). Attribution: op "moe_experts", tokens T, 4 dispatches.
