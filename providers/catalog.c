@@ -36,7 +36,7 @@ static const kiln__op_row rows[] = {
     {"head_rms_norm", KILN__VERSION_HEAD_RMS_NORM, KERNELS, ELT, PACKED, "head_rms_norm", NULL,
      kiln__head_rms_norm_specs, NULL},
     {"masked_argmax", KILN__VERSION_MASKED_ARGMAX, KERNELS, ELT, PACKED, "masked_argmax",
-     "kiln_op_masked_argmax_workspace", kiln__masked_argmax_specs, NULL},
+     "kiln_op_masked_argmax_workspace", NULL, kiln__masked_argmax_arch_specs},
     {"moe_router", KILN__VERSION_MOE_ROUTER, KERNELS, ELT, PACKED, "moe_router", "kiln_op_moe_router_workspace",
      kiln__moe_router_specs, NULL},
     {"moe_experts", KILN__VERSION_MOE_EXPERTS, KERNELS, ELT, PACKED, "moe_experts", "kiln_op_moe_experts_workspace",

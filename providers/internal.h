@@ -97,7 +97,8 @@ kiln_status kiln__catalog_specs(const kiln_model_config *cfg, const char *arch, 
 kiln_status kiln__token_embedding_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__rms_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 kiln_status kiln__residual_add_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
-kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__masked_argmax_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                           void *user);
 kiln_status kiln__moe_router_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 /* The width of the model's dense SwiGLU: intermediate_size, or for a mixture
  * of experts its shared expert's (0: none; the experts are moe_experts'). */

@@ -13,6 +13,8 @@
  * cannot be scheduled. */
 #define CLUSTER 16
 #define PORTABLE_CLUSTER 8
+/* Before sm_90 (no clusters): one block a participant. */
+#define NO_CLUSTER 1
 #define MAX_THREADS 640
 #define MAX_PARTICIPANTS 65535u
 
@@ -34,12 +36,19 @@ static int64_t threads_for(int64_t vocab, int vec, int cluster)
     return t < 64 ? 64 : t > 1024 ? 1024 : t;
 }
 
-/* The largest cluster encode may use (tests lower it to cover the portable size). */
+/* The largest cluster encode may use (tests lower it to cover the portable
+ * size and the one-block kernel of devices before sm_90). */
 static _Atomic int max_cluster = CLUSTER;
 
 void kiln__masked_argmax_set_max_cluster(int cluster)
 {
-    atomic_store(&max_cluster, cluster == PORTABLE_CLUSTER ? PORTABLE_CLUSTER : CLUSTER);
+    atomic_store(&max_cluster, cluster == PORTABLE_CLUSTER || cluster == NO_CLUSTER ? cluster : CLUSTER);
+}
+
+/* The cluster size for an architecture ("sm_90"; NULL: not known, sm_90's). */
+static int cluster_for(const char *arch)
+{
+    return arch && kiln__arch_number(arch) < 90 ? NO_CLUSTER : CLUSTER;
 }
 
 kiln_status kiln__masked_argmax_spec_cluster(kiln_dtype elt, int64_t vocab, int vec, int cluster, kiln_spec *out)
@@ -50,9 +59,9 @@ kiln_status kiln__masked_argmax_spec_cluster(kiln_dtype elt, int64_t vocab, int 
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": vocab %lld (1..%d), vector width %d (1, or 8 dividing vocab)", (long long)vocab,
                           KILN_MODEL_MAX_VOCAB, vec);
-    if (cluster != CLUSTER && cluster != PORTABLE_CLUSTER)
-        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": cluster %d (%d or %d)", cluster, CLUSTER,
-                          PORTABLE_CLUSTER);
+    if (cluster != CLUSTER && cluster != PORTABLE_CLUSTER && cluster != NO_CLUSTER)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": cluster %d (%d, %d or %d)", cluster, CLUSTER,
+                          PORTABLE_CLUSTER, NO_CLUSTER);
     kiln_status st;
     if ((st = kiln_spec_init(out, OP)) || (st = kiln__spec_set_elt(out, OP, elt)) ||
         (st = kiln_spec_set(out, "VOCAB", vocab)) || (st = kiln_spec_set(out, "VEC", vec)) ||
@@ -80,10 +89,12 @@ kiln_status kiln_op_masked_argmax_workspace(int64_t vocab, int64_t participants,
     return KILN_OK;
 }
 
-kiln_status kiln__masked_argmax_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+kiln_status kiln__masked_argmax_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                           void *user)
 {
     kiln_spec spec;
-    kiln_status st = kiln_op_masked_argmax_spec(cfg->dtype, cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln__masked_argmax_spec_cluster(cfg->dtype, cfg->vocab_size, cfg->vocab_size % 8 ? 1 : 8,
+                                                      cluster_for(arch), &spec);
     return st ? st : sink(user, &spec);
 }
 
@@ -199,7 +210,9 @@ kiln_status kiln_op_masked_argmax_encode(kiln_jit *jit, const kiln_masked_argmax
     kiln_spec spec;
     kiln_kernel *k;
     void *fn;
-    int cluster = atomic_load(&max_cluster);
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    int cluster = cluster_for(info.arch) == NO_CLUSTER ? NO_CLUSTER : atomic_load(&max_cluster);
     for (;;) {
         if ((st = kiln__masked_argmax_spec_cluster(t[B_LOGITS]->dtype, vocab, vec, cluster, &spec)))
             return kiln__propagate(err, st);

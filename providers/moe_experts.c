@@ -19,7 +19,7 @@
 #define GROUP_THREADS 1024u
 #define COMBINE_THREADS 256u
 /* The template's tiles: rows, output columns of gate_up's and down's
- * tiles, stages, as KERNEL(...) in templates/moe_experts.cu has them. */
+ * tiles, stages, as its grouped_tile<...> instances have them. */
 #define SMALL_ROWS 16u
 #define LARGE_ROWS 64u
 #define SMALL_STAGES 6u

@@ -27,7 +27,8 @@
 //
 // Constants: KILN_BF16, KILN_VOCAB, KILN_VEC (8: 16-byte logit vectors, needs vocab % 8
 // == 0; 1: scalar), KILN_THREADS, KILN_CLUSTER (blocks per participant, <= 16:
-// past 8 the launch needs the non-portable cluster size allowed), KILN_UNROLL
+// past 8 the launch needs the non-portable cluster size allowed; 1: one block
+// a participant and no cluster, for devices before sm_90), KILN_UNROLL
 // (vectors per thread per pass).
 #include "kiln_reduce.cuh"
 
@@ -230,7 +231,13 @@ __device__ __forceinline__ void mark(kiln_u32 *bits, const kiln_u32 *rep_ids, ki
     }
 }
 
-extern "C" __global__ void __cluster_dims__(KILN_CLUSTER, 1, 1) __launch_bounds__(KILN_THREADS)
+#if KILN_CLUSTER > 1
+#define CLUSTER_DIMS __cluster_dims__(KILN_CLUSTER, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(KILN_THREADS)
 kiln_masked_argmax(const kiln_elt *__restrict__ logits, const unsigned char *__restrict__ valid,
                    const kiln_u32 *__restrict__ rep_ids, const kiln_u32 *__restrict__ rep_offsets,
                    const float *__restrict__ penalty_ptr, kiln_u32 rep_capacity, kiln_u32 *__restrict__ out)
@@ -238,10 +245,14 @@ kiln_masked_argmax(const kiln_elt *__restrict__ logits, const unsigned char *__r
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     __shared__ kiln_u32 bits[BITMAP_WORDS];
     __shared__ kiln_u64 scratch[WARPS];
+#if KILN_CLUSTER > 1
     __shared__ kiln_u64 parts[KILN_CLUSTER];
     kiln_cluster_arrive_relaxed();
-
-    const kiln_u32 p = blockIdx.x / KILN_CLUSTER, rank = kiln_cluster_rank();
+    const kiln_u32 rank = kiln_cluster_rank();
+#else
+    const kiln_u32 rank = 0;
+#endif
+    const kiln_u32 p = blockIdx.x / KILN_CLUSTER;
     const kiln_elt *row = logits + (kiln_u64)p * KILN_VOCAB;
     const kiln_u32 v_lo = rank * CHUNKV, v_hi = v_lo + CHUNKV < NV ? v_lo + CHUNKV : NV;
     kiln_u32 b = rep_offsets[p + 1], a = rep_offsets[p];
@@ -305,6 +316,10 @@ kiln_masked_argmax(const kiln_elt *__restrict__ logits, const unsigned char *__r
 #endif
 
     const kiln_u64 key = kiln_block_max_u64<WARPS>(key_of(best), scratch);
+#if KILN_CLUSTER == 1
+    if (threadIdx.x == 0)
+        out[p] = key ? ~(kiln_u32)key : KILN_ARGMAX_NONE;
+#else
     kiln_cluster_wait(); // every block of the cluster has started
     if (threadIdx.x == 0)
         kiln_cluster_store_u64(&parts[rank], 0, key);
@@ -317,4 +332,5 @@ kiln_masked_argmax(const kiln_elt *__restrict__ logits, const unsigned char *__r
             mx = parts[r] > mx ? parts[r] : mx;
         out[p] = mx ? ~(kiln_u32)mx : KILN_ARGMAX_NONE;
     }
+#endif
 }

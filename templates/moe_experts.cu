@@ -48,7 +48,7 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, ki
                kiln_u32 *__restrict__ sorted, kiln_u32 *__restrict__ inv, kiln_fault *fault)
 {
     kiln_grid_dependency_sync();
-    __shared__ kiln_u32 cnt[E], off[E + 1], toff[E], fill[E];
+    __shared__ kiln_u32 cnt[E], off[E + 1], toff[E + 1], fill[E];
     const kiln_u32 tid = threadIdx.x;
     for (kiln_u32 e = tid; e < E; e += GROUP_THREADS) {
         cnt[e] = 0;
@@ -93,17 +93,27 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, ki
         }
         if (tid == 31) {
             off[E] = r;
+            toff[E] = t;
             *n_tiles = t;
         }
     }
     __syncthreads();
     for (kiln_u32 e = tid; e <= E; e += GROUP_THREADS)
         offsets[e] = off[e];
-    for (kiln_u32 e = tid; e < E; e += GROUP_THREADS)
-        for (kiln_u32 j = 0, n = (cnt[e] + bm - 1) / bm; j < n; j++) {
-            tile_e[toff[e] + j] = e;
-            tile_r[toff[e] + j] = off[e] + j * bm;
+    // Tile i belongs to the first expert e with toff[e + 1] > i (one that has
+    // tiles: toff[e] <= i); a thread a tile, whatever the routing.
+    for (kiln_u32 i = tid, n = toff[E]; i < n; i += GROUP_THREADS) {
+        kiln_u32 lo = 0, hi = E - 1;
+        while (lo < hi) {
+            const kiln_u32 mid = (lo + hi) / 2;
+            if (toff[mid + 1] > i)
+                hi = mid;
+            else
+                lo = mid + 1;
         }
+        tile_e[i] = lo;
+        tile_r[i] = off[lo] + (i - toff[lo]) * bm;
+    }
     for (kiln_u32 p = tid; p < pairs; p += GROUP_THREADS) {
         const kiln_u32 id = ids[p];
         kiln_u32 pos = NO_ROW;
@@ -119,9 +129,10 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, ki
 __device__ __forceinline__ kiln_u32 swz(kiln_u32 r, kiln_u32 c) { return r * 128 + ((c ^ (r % 8)) << 4); }
 
 // One row tile of one expert times a column tile of its weight. WM x WN
-// warps; a warp's MI m16 blocks by its n8 blocks (GATED: NI of gate columns,
-// then the same NI of up columns, adjacent in shared memory so that one
-// ldmatrix x4 reads a pair).
+// warps; a warp's MI m16 blocks by its NB n8 blocks, whose weight rows lie
+// together in shared memory (GATED: NI blocks of gate rows, then the same NI
+// columns' up rows; the epilogue pairs block b with b + NI). One ldmatrix x4
+// reads blocks 2j and 2j + 1.
 template <int WM, int WN, int MI, int NI, int STAGES, bool GATED>
 __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
                                              kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,

@@ -151,8 +151,10 @@ static void test_every_code_path_compiles(void **state)
 
 /* bf16 on sm_80 (cvt.rn.bf16.f32 and max.bf16x2 are sm_80's; add.bf16x2,
  * which the kernels do not use, would need sm_90): every path of the three
- * templates that do not need sm_90's clusters. Before sm_80, bf16 is refused
- * at compile time (kiln_prelude.cuh), and providers refuse it first. */
+ * templates that do not need sm_90's clusters, and the argmax's one-block
+ * kernel that sm_80 takes instead of a cluster (what prewarm lists for it,
+ * f16 and bf16, both vector widths). Before sm_80, bf16 is refused at compile
+ * time (kiln_prelude.cuh), and providers refuse it first. */
 static void test_bf16_compiles_for_sm80(void **state)
 {
     fixture *f = *state;
@@ -169,6 +171,23 @@ static void test_bf16_compiles_for_sm80(void **state)
         KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_BF16, 128256, rows[i].n, rows[i].vec, &s));
         offline_prepare(jit, &s);
     }
+    static const struct { int64_t vocab; int vec; } vocabs[] = {{151936, 8}, {50001, 1}, {7, 1}};
+    for (int e = 0; e < 2; e++)
+        for (size_t i = 0; i < sizeof vocabs / sizeof vocabs[0]; i++) {
+            KILN_CHECK(kiln__masked_argmax_spec_cluster(e ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, vocabs[i].vocab,
+                                                        vocabs[i].vec, 1, &s));
+            offline_prepare(jit, &s);
+        }
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    kiln_spec *specs = NULL;
+    size_t n = 0;
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_80", &specs, &n));
+    KILN_CHECK(kiln__masked_argmax_spec_cluster(c.dtype, c.vocab_size, 8, 1, &s));
+    assert_true(has_spec(specs, n, &s));
+    KILN_CHECK(kiln_op_masked_argmax_spec(c.dtype, c.vocab_size, 8, &s)); /* sm_90's cluster of 16 */
+    assert_false(has_spec(specs, n, &s));
+    kiln_free(specs);
     kiln_jit_destroy(jit);
     jo.arch = "sm_75";
     KILN_CHECK(kiln_jit_create(&jo, &jit));
@@ -205,6 +224,9 @@ static void test_spec_arguments(void **state)
     KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "BF16=0;CLUSTER=8;THREADS=608;UNROLL=4;VEC=8;VOCAB=151936");
+    KILN_CHECK(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 1, &s)); /* before sm_90 */
+    KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
+    assert_string_equal(text, "BF16=0;CLUSTER=1;THREADS=1024;UNROLL=8;VEC=8;VOCAB=151936");
     KILN_EXPECT(kiln__masked_argmax_spec_cluster(KILN_DTYPE_F16, 151936, 8, 4, &s), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "cluster 4", NULL);
     /* bf16: the same sizes, another kernel (BF16=1 in its constants). */

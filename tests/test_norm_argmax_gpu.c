@@ -532,11 +532,13 @@ static void masked_argmax_edges(fixture *f, const elt_t *e)
 static void test_masked_argmax_edges(void **state) { masked_argmax_edges(*state, &F16); }
 static void test_masked_argmax_edges_bf16(void **state) { masked_argmax_edges(*state, &BF16); }
 
-/* providers/masked_argmax.c: the largest cluster encode may use (16, or the portable 8). */
+/* providers/masked_argmax.c: the largest cluster encode may use (16, the
+ * portable 8, or 1: the one-block kernel of devices before sm_90). */
 void kiln__masked_argmax_set_max_cluster(int cluster);
 
-/* The portable cluster of 8 blocks (taken where 16 cannot be scheduled). */
-static void masked_argmax_portable_cluster(fixture *f, const elt_t *e)
+/* The portable cluster of 8 blocks (taken where 16 cannot be scheduled), and
+ * one block a participant (devices before sm_90). */
+static void masked_argmax_smaller_clusters(fixture *f, const elt_t *e, int cluster)
 {
     static const argmax_case cases[] = {
         {151936, 64, 300, 0, 0.95, 0, S_NONE},
@@ -547,14 +549,16 @@ static void masked_argmax_portable_cluster(fixture *f, const elt_t *e)
         {128256, 4, 20, 0, 0.6, 0, S_ZEROS},
         {7, 4, 3, 0, 0.7, 0, S_NONE},
     };
-    kiln__masked_argmax_set_max_cluster(8);
+    kiln__masked_argmax_set_max_cluster(cluster);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_argmax_case(f, &cases[i], e);
     kiln__masked_argmax_set_max_cluster(16);
 }
 
-static void test_masked_argmax_portable_cluster(void **state) { masked_argmax_portable_cluster(*state, &F16); }
-static void test_masked_argmax_portable_cluster_bf16(void **state) { masked_argmax_portable_cluster(*state, &BF16); }
+static void test_masked_argmax_portable_cluster(void **state) { masked_argmax_smaller_clusters(*state, &F16, 8); }
+static void test_masked_argmax_portable_cluster_bf16(void **state) { masked_argmax_smaller_clusters(*state, &BF16, 8); }
+static void test_masked_argmax_one_block(void **state) { masked_argmax_smaller_clusters(*state, &F16, 1); }
+static void test_masked_argmax_one_block_bf16(void **state) { masked_argmax_smaller_clusters(*state, &BF16, 1); }
 
 /* ---- replay and prewarm ---- */
 
@@ -804,6 +808,8 @@ int main(void)
         T(test_masked_argmax_edges_bf16),
         T(test_masked_argmax_portable_cluster),
         T(test_masked_argmax_portable_cluster_bf16),
+        T(test_masked_argmax_one_block),
+        T(test_masked_argmax_one_block_bf16),
         T(test_commands_replay),
         T(test_commands_replay_bf16),
         T(test_prewarmed_model_compiles_nothing),

@@ -96,9 +96,9 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * grouped launch; the down product likewise; the weighted combine back into
  * token order (with the shared term), f32 sums added in slot order, one
  * rounding. The grouped products are tensor-core tiles (mma.sync) that read
- * only the selected experts' weights, each once per tile of 16 (T · top_k
- * below 16 per expert on average, the decode step) or 64 rows of the
- * expert's tokens. An id at or past experts is reported by the device (the
+ * only the selected experts' weights, each once per tile of 16 rows (fewer
+ * than 32 pairs per selected expert on average: the decode step) or 64 rows
+ * (a prefill) of the expert's tokens. An id at or past experts is reported by the device (the
  * runtime's fault record: KILN_ERR_DEVICE_CONTRACT at the next
  * synchronization, naming the pair and the id) and its slot adds nothing.
  * Replayable (its key: the kernel's fingerprint, every binding's address,
