@@ -1,10 +1,13 @@
-/* examples/decode — a Llama / Qwen2 / Mistral decoder on kiln's providers.
+/* examples/decode — a Llama / Qwen2 / Qwen3 / Mistral decoder, and the
+ * mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral, on kiln's providers.
  *
  * A checkpoint (config.json + safetensors, f16 or bf16) is checked tensor by
  * tensor on the host, uploaded into device buffers, and run with every operation
  * encoded through kiln's providers: token embedding, RMSNorm (fused with the
  * residual), dense linear (+bias), causal paged attention with RoPE over a
- * paged KV cache, dense SwiGLU, last-token linear and masked argmax.
+ * paged KV cache, dense SwiGLU or the experts (the router's linear,
+ * kiln_op_moe_router, kiln_op_moe_experts with Qwen2-MoE's shared expert),
+ * last-token linear and masked argmax.
  *
  * Each step (the prefill of every prompt packed together, then one decode
  * step per new token of the batch) is ONE submission of pre-encoded commands.
