@@ -39,6 +39,8 @@ static const kiln__op_row rows[] = {
      "kiln_op_masked_argmax_workspace", kiln__masked_argmax_specs, NULL},
     {"moe_router", KILN__VERSION_MOE_ROUTER, KERNELS, ELT, PACKED, "moe_router", "kiln_op_moe_router_workspace",
      kiln__moe_router_specs, NULL},
+    {"moe_experts", KILN__VERSION_MOE_EXPERTS, KERNELS, ELT, PACKED, "moe_experts", "kiln_op_moe_experts_workspace",
+     kiln__moe_experts_specs, NULL},
     {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, ELT, PACKED, "gated_delta gated_delta_chunk",
      "kiln_op_gated_delta_workspace", NULL, kiln__gated_delta_arch_specs},
     {"paged_attention", KILN__VERSION_PAGED_ATTENTION, KERNELS | KILN_CAP_PAGED_KV, ELT, PACKED,

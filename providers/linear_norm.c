@@ -149,10 +149,11 @@ static kiln_status tma_linear_spec(kiln_dtype elt, int64_t in, int64_t out, kiln
 
 kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
-    /* A decoder's o_proj (in heads x head_dim) and down_proj (in intermediate), both out hidden. */
-    const int64_t ins[2] = {cfg->num_attention_heads * cfg->head_dim, cfg->intermediate_size};
+    /* A decoder's o_proj (in heads x head_dim) and down_proj (in intermediate), both out hidden; a mixture
+     * of experts adds its experts' sum to the residual apart (rms_norm_residual), not by a product. */
+    const int64_t ins[2] = {cfg->num_attention_heads * cfg->head_dim, cfg->num_experts ? 0 : cfg->intermediate_size};
     for (int i = 0; i < 2; i++) {
-        if (ins[i] % KILN__TMA_K || cfg->hidden_size % 16 || (i == 1 && ins[1] == ins[0]))
+        if (!ins[i] || ins[i] % KILN__TMA_K || cfg->hidden_size % 16 || (i == 1 && ins[1] == ins[0]))
             continue;
         kiln_spec spec;
         kiln_status st = tma_linear_spec(cfg->dtype, ins[i], cfg->hidden_size, &spec);

@@ -35,19 +35,23 @@ static kiln_status add_spec(void *user, const kiln_spec *spec)
  * taken as the Llama layout. */
 static kiln_status servable(const kiln_model_config *cfg)
 {
-    static const char *const families[] = {"llama", "mistral", "qwen2", "qwen3", "config", "llama-3-8b"};
+    static const char *const dense[] = {"llama", "mistral", "qwen2", "qwen3", "config", "llama-3-8b"};
+    static const char *const moe[] = {"mixtral", "qwen2_moe", "qwen3_moe"};
     int known = 0;
-    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+    const char *const *families = cfg->num_experts ? moe : dense;
+    const size_t n = cfg->num_experts ? sizeof moe / sizeof moe[0] : sizeof dense / sizeof dense[0];
+    for (size_t i = 0; i < n; i++)
         known |= !strcmp(cfg->name, families[i]);
-    if (cfg->num_experts)
+    if (cfg->num_experts && !known)
         return kiln__fail(NULL, KILN_ERR_CONFIG,
-                          "model %s: a mixture of experts (%lld experts, %lld a token, expert intermediate size %lld%s): "
-                          "kiln has no MoE operation yet, and its dense kernels are not this model's",
+                          "model %s: a mixture of experts (%lld experts, %lld a token, expert intermediate size %lld%s) "
+                          "of a family kiln does not serve (mixtral, qwen2_moe, qwen3_moe: model_type names it)",
                           cfg->name, (long long)cfg->num_experts, (long long)cfg->num_experts_per_tok,
                           (long long)cfg->moe_intermediate_size, cfg->shared_expert_intermediate_size ? ", a shared expert" : "");
     if (!known)
         return kiln__fail(NULL, KILN_ERR_CONFIG,
-                          "model %s: not a family kiln serves (llama, mistral, qwen2, qwen3: model_type names it)",
+                          "model %s: not a family kiln serves (llama, mistral, qwen2, qwen3, and the mixtures of "
+                          "experts mixtral, qwen2_moe, qwen3_moe: model_type names it)",
                           cfg->name);
     return KILN_OK;
 }

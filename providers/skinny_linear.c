@@ -52,10 +52,12 @@ kiln_status kiln__skinny_linear_specs(const kiln_model_config *cfg, kiln__spec_s
     /* The plain products' ins, each in both variants (which one a product
      * takes depends on the device's SM count: encode); then the gated one's
      * (gate/up reads hidden). */
-    const int64_t ins[4] = {cfg->hidden_size, cfg->intermediate_size, cfg->num_attention_heads * cfg->head_dim,
+    const int64_t ins[4] = {cfg->hidden_size, kiln__dense_intermediate(cfg), cfg->num_attention_heads * cfg->head_dim,
                             cfg->hidden_size};
     for (int i = 0; i < 4; i++) {
         const int glu = i == 3;
+        if (glu && !kiln__dense_intermediate(cfg))
+            continue; /* no dense SwiGLU */
         int seen = 0;
         for (int j = 0; j < i && !glu; j++)
             seen |= ins[j] == ins[i];

@@ -72,16 +72,17 @@ static kiln_status tma_swiglu_spec(kiln_dtype elt, int64_t hidden, int64_t inter
 kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     kiln_spec spec;
+    const int64_t inter = kiln__dense_intermediate(cfg);
+    if (!inter)
+        return KILN_OK;
     /* Buffers from kiln_buffer_create are aligned: encode takes the vector path when the size allows. */
-    kiln_status st =
-        kiln_op_dense_swiglu_spec(cfg->dtype, cfg->intermediate_size, cfg->intermediate_size % 8 ? 1 : 8, &spec);
+    kiln_status st = kiln_op_dense_swiglu_spec(cfg->dtype, inter, inter % 8 ? 1 : 8, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
     /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
-    if (cfg->hidden_size % KILN__TMA_K || cfg->intermediate_size % 8)
+    if (cfg->hidden_size % KILN__TMA_K || inter % 8)
         return KILN_OK;
-    return (st = tma_swiglu_spec(cfg->dtype, cfg->hidden_size, cfg->intermediate_size, &spec)) ? st
-                                                                                               : sink(user, &spec);
+    return (st = tma_swiglu_spec(cfg->dtype, cfg->hidden_size, inter, &spec)) ? st : sink(user, &spec);
 }
 
 /* The most 8-output units a block has when the grid is the SM count. */

@@ -240,6 +240,8 @@ static const struct {
                                     "(%llu tokens) (lowest bad sequence); the sequence was skipped"},
     {KILN__FAULT_GATED_DELTA_SPAN, "gated_delta: sequence %u's span ends at token %u, past the %llu tokens of the "
                                    "batch (lowest bad sequence); nothing of that sequence was touched"},
+    {KILN__FAULT_MOE_EXPERT_ID, "moe_experts: ids[%u] (token x top_k + slot) = %u is at or past the %llu experts "
+                                "(lowest bad pair); that slot added nothing"},
 };
 
 kiln_status kiln__stream_check_fault(kiln_stream *s)

@@ -297,10 +297,23 @@ static void test_bad_linear_attention_names_field_and_value(void **state)
         expect_refused(cases[i].json, cases[i].field, cases[i].value);
 }
 
+/* Whether a listing holds a specialization of op whose key has text. */
+static int lists(const kiln_spec *specs, size_t n, const char *op, const char *text)
+{
+    for (size_t i = 0; i < n; i++) {
+        char key[512];
+        KILN_CHECK(kiln_spec_constants_text(&specs[i], key, sizeof key));
+        if (!strcmp(specs[i].template_id, op) && (!text || strstr(key, text)))
+            return 1;
+    }
+    return 0;
+}
+
 /* Mixtral's, Qwen3-MoE's and Qwen2-MoE's expert fields are read (Mixtral
- * always renormalizes its chosen experts' weights); a family kiln does not
- * serve is refused by prewarm's listing with its name rather than listed as
- * a dense model of its sizes. */
+ * always renormalizes its chosen experts' weights) and prewarm lists the
+ * router and the experts at their sizes, and dense SwiGLU kernels only for a
+ * shared expert; a MoE of another family, or a family kiln does not serve,
+ * is refused with its name rather than listed as a dense model. */
 static void test_moe_fields_and_unknown_families(void **state)
 {
     (void)state;
@@ -314,6 +327,14 @@ static void test_moe_fields_and_unknown_families(void **state)
     assert_int_equal(c.moe_intermediate_size, 14336); /* Mixtral's experts are intermediate_size wide */
     assert_int_equal(c.norm_topk_prob, 1);
     assert_int_equal(c.shared_expert_intermediate_size, 0);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_true(lists(specs, n, "moe_experts", "EXPERTS=8;HIDDEN=4096;INTER=14336;TOP_K=2"));
+    assert_true(lists(specs, n, "moe_router", "EXPERTS=8;"));
+    assert_true(lists(specs, n, "moe_router", "NORMALIZE=1;TOP_K=2"));
+    assert_false(lists(specs, n, "swiglu", NULL));
+    assert_false(lists(specs, n, "tma_swiglu", NULL));
+    kiln_free(specs);
+    specs = NULL;
     /* Whatever the file says, and by the architecture without a model_type. */
     KILN_CHECK(parse("{\"model_type\": \"mixtral\", " DENSE ", \"num_local_experts\": 8, \"norm_topk_prob\": false}", &c));
     assert_int_equal(c.norm_topk_prob, 1);
@@ -324,11 +345,34 @@ static void test_moe_fields_and_unknown_families(void **state)
                      " \"decoder_sparse_step\": 1}", &c));
     assert_true(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
     assert_true(c.qk_norm);
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
+    assert_true(lists(specs, n, "moe_experts", "EXPERTS=128;HIDDEN=4096;INTER=768;TOP_K=8"));
+    assert_true(lists(specs, n, "moe_router", "NORMALIZE=1;TOP_K=8"));
+    assert_false(lists(specs, n, "swiglu", NULL));
+    kiln_free(specs);
+    specs = NULL;
     KILN_CHECK(parse("{\"model_type\": \"qwen2_moe\", " DENSE ", \"num_experts\": 60, \"num_experts_per_tok\": 4,"
                      " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632,"
                      " \"norm_topk_prob\": false, \"mlp_only_layers\": null}", &c));
     assert_int_equal(c.shared_expert_intermediate_size, 5632);
     assert_int_equal(c.norm_topk_prob, 0);
+    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    assert_true(lists(specs, n, "moe_experts", "EXPERTS=60;HIDDEN=4096;INTER=1408;TOP_K=4"));
+    assert_true(lists(specs, n, "swiglu", "INTERMEDIATE=5632"));
+    assert_false(lists(specs, n, "swiglu", "INTERMEDIATE=14336"));
+    kiln_free(specs);
+    specs = NULL;
+    /* Experts the kernels cannot take, by their sizes; a MoE of another family. */
+    KILN_CHECK(parse("{\"model_type\": \"qwen3_moe\", " DENSE ", \"num_experts\": 16, \"num_experts_per_tok\": 2,"
+                     " \"moe_intermediate_size\": 100}", &c));
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_RUNTIME_CONTRACT);
+    assert_non_null(strstr(kiln_errmsg(), "inter 100 a multiple of 64"));
+    assert_null(specs);
+    KILN_CHECK(parse("{\"model_type\": \"deepseek_v3\", " DENSE ", \"n_routed_experts\": 256, \"num_experts_per_tok\": 8,"
+                     " \"moe_intermediate_size\": 2048}", &c));
+    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model deepseek_v3: a mixture of experts (256 experts, 8 a token"));
+    assert_null(specs);
     /* Bad expert fields name the field and the value. */
     assert_int_equal(parse("{" DENSE ", \"num_experts\": 8, \"num_experts_per_tok\": 9}", &c), KILN_ERR_CONFIG);
     assert_non_null(strstr(kiln_errmsg(), "num_experts_per_tok = 9"));

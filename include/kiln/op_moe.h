@@ -85,7 +85,8 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  *   out      elt [T, hidden].
  * hidden a multiple of 128, inter a multiple of 64, 1 <= experts <=
  * KILN_MOE_MAX_EXPERTS, 1 <= top_k <= min(experts, KILN_MOE_MAX_TOP_K),
- * T · top_k <= 2^31 - 1; every binding 16-byte aligned; out, ids and weights
+ * 1 <= T · top_k <= 1,000,000 (a command's pairs); every binding 16-byte
+ * aligned; out, ids and weights
  * overlap nothing written. The workspace (kiln_op_moe_experts_workspace
  * bytes, 256-byte aligned) holds the grouping, h and y.
  * Four launches: the (token, slot) pairs grouped by expert on the device (a
