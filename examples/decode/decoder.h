@@ -116,7 +116,8 @@ typedef struct dec_model {
     kiln_runtime *rt;
     kiln_buffer *embed, *final_norm, *lm_head; /* lm_head == embed when tied (one reference each) */
     dec_layer *layer;
-    uint64_t weight_bytes;   /* what one decode step reads: every weight but the embedding table */
+    uint64_t weight_bytes;   /* what one decode step reads: every weight but the embedding table (every
+                              * expert: a mixture of experts' step reads at most batch x top_k of them) */
     uint64_t uploaded_bytes;
 } dec_model;
 
