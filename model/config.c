@@ -10,6 +10,7 @@
 
 #include "common/internal.h"
 #include "kiln/model.h"
+#include "kiln/op_moe.h"
 #include "model/file.h"
 #include "model/json_strict.h"
 
@@ -443,33 +444,83 @@ static kiln_status get_family(const cJSON *root, kiln_model_config *c)
     return KILN_OK;
 }
 
+/* The config's model_type, else the family its first architecture names
+ * (NULL when neither): Mixtral's and Qwen3-Next's rules hang on it. */
+static int is_family(const cJSON *root, const char *model_type, const char *architecture)
+{
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(mt) && *mt->valuestring)
+        return !strcmp(mt->valuestring, model_type);
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
+    return cJSON_IsString(a0) && !strcmp(a0->valuestring, architecture);
+}
+
 /* A mixture of experts' fields, as Mixtral (num_local_experts, its experts
- * intermediate_size wide), Qwen2-MoE, Qwen3-MoE and Qwen3-Next (num_experts,
- * moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob)
- * and DeepSeek (n_routed_experts) write them; all 0 for a dense model. */
+ * intermediate_size wide, always renormalized), Qwen2-MoE and Qwen3-MoE
+ * (num_experts, moe_intermediate_size, shared_expert_intermediate_size,
+ * norm_topk_prob) and DeepSeek (n_routed_experts) write them; all 0 for a
+ * dense model. A config whose layers are not all alike is refused: the
+ * struct says one MLP for every layer. */
 static kiln_status get_experts(const cJSON *root, kiln_model_config *c)
 {
     static const char *const count_keys[3] = {"num_local_experts", "num_experts", "n_routed_experts"};
     kiln_status st;
+    /* Qwen3-Next's gated delta layers alternate with attention layers
+     * (full_attention_interval), a mix the struct cannot say. */
+    if (is_family(root, "qwen3_next", "Qwen3NextForCausalLM"))
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: model_type = \"qwen3_next\": its gated delta (linear attention) layers "
+                          "alternate with attention layers; kiln does not serve that layer mix");
     c->num_experts = 0;
-    for (int i = 0; i < 3 && !c->num_experts; i++)
+    const char *count_key = NULL;
+    for (int i = 0; i < 3 && !c->num_experts; i++) {
         if ((st = get_whole(root, "", count_keys[i], 0, 0, KILN_MODEL_MAX_EXPERTS, &c->num_experts)))
             return st;
+        count_key = count_keys[i];
+    }
     if (!c->num_experts)
         return KILN_OK;
+    if (c->num_experts > KILN_MOE_MAX_EXPERTS)
+        return kiln__fail(NULL, KILN_ERR_CONFIG, "config: %s = %lld: kiln's MoE operation takes at most %d experts",
+                          count_key, (long long)c->num_experts, KILN_MOE_MAX_EXPERTS);
     if ((st = get_whole(root, "", "num_experts_per_tok", 1, 1, c->num_experts, &c->num_experts_per_tok)) ||
         (st = get_whole(root, "", "moe_intermediate_size", c->intermediate_size, 1, KILN_MODEL_MAX_INTERMEDIATE,
                         &c->moe_intermediate_size)) ||
         (st = get_whole(root, "", "shared_expert_intermediate_size", 0, 0, KILN_MODEL_MAX_INTERMEDIATE,
                         &c->shared_expert_intermediate_size)))
         return st;
+    if (c->num_experts_per_tok > KILN_MOE_MAX_TOP_K)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: num_experts_per_tok = %lld: kiln's MoE operation takes at most %d experts a token",
+                          (long long)c->num_experts_per_tok, KILN_MOE_MAX_TOP_K);
+    /* Qwen2/3-MoE: the layers in mlp_only_layers, and those off the
+     * decoder_sparse_step grid, have a dense MLP instead of the experts. */
+    char text[64];
+    const cJSON *dense = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (dense && !cJSON_IsNull(dense) && (!cJSON_IsArray(dense) || cJSON_GetArraySize(dense) > 0)) {
+        value_text(dense, text, sizeof text);
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: mlp_only_layers = %s: layers with a dense MLP among the experts' are not "
+                          "supported (only [] or null: every layer's MLP is the experts)",
+                          text);
+    }
+    int64_t step;
+    if ((st = get_whole(root, "", "decoder_sparse_step", 1, 1, INT32_MAX, &step)))
+        return st;
+    if (step != 1)
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "config: decoder_sparse_step = %lld: the layers off its grid have a dense MLP instead of the "
+                          "experts; kiln takes 1 (every layer's MLP is the experts)",
+                          (long long)step);
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "norm_topk_prob");
     if (norm && !cJSON_IsNull(norm) && !cJSON_IsBool(norm)) {
-        char text[64];
         value_text(norm, text, sizeof text);
         return kiln__fail(NULL, KILN_ERR_CONFIG, "config: norm_topk_prob = %s: must be true or false", text);
     }
-    c->norm_topk_prob = cJSON_IsTrue(norm);
+    /* Mixtral's block divides the chosen weights by their sum whatever the
+     * file says (MixtralConfig has no norm_topk_prob). */
+    c->norm_topk_prob = cJSON_IsTrue(norm) || is_family(root, "mixtral", "MixtralForCausalLM");
     return KILN_OK;
 }
 

@@ -309,6 +309,224 @@ static void test_fifo_refused(void **state)
     }
 }
 
+/* ---- mixtures of experts ---- */
+
+/* A tiny MoE checkpoint: the attention of base (its type's biases / q-k
+ * norms), every layer's MLP experts E wide XI, Qwen2-MoE's shared expert
+ * (SI wide; 0: none), in one of transformers' layouts. */
+typedef struct tiny_moe {
+    const char *model_type; /* "qwen3_moe", "qwen2_moe", "mixtral" */
+    tiny_model base;
+    long long experts, top_k, inter, shared;
+    int fused;
+} tiny_moe;
+
+static const tiny_moe Q3MOE = {"qwen3_moe", {"qwen3", 0, 512, 128, 256, 2, 2, 1, 64, 1e6, 0.05f, 3}, 4, 2, 128, 0, 0};
+static const tiny_moe Q2MOE = {"qwen2_moe", {"qwen2", 0, 512, 128, 256, 2, 2, 1, 64, 1e6, 0.05f, 4}, 4, 2, 64, 192, 0};
+static const tiny_moe MIXTRAL = {"mixtral", {"llama", 0, 512, 128, 256, 2, 2, 1, 64, 1e6, 0.05f, 6}, 4, 2, 64, 0, 0};
+
+static void add_entry(st_entry *e, size_t *n, size_t cap, const char *name, int rank, long long d0, long long d1,
+                      long long d2)
+{
+    assert_true(*n < cap);
+    memset(&e[*n], 0, sizeof e[*n]);
+    snprintf(e[*n].name, sizeof e[*n].name, "%s", name);
+    e[*n].rank = rank;
+    e[*n].dims[0] = d0;
+    e[*n].dims[1] = d1;
+    e[*n].dims[2] = d2;
+    (*n)++;
+}
+
+static size_t moe_entries(const tiny_moe *m, st_entry *e, size_t cap)
+{
+    st_entry dense[64];
+    size_t nd = tiny_entries(&m->base, dense, 64), n = 0;
+    assert_true(nd <= 64);
+    for (size_t i = 0; i < nd; i++)
+        if (!strstr(dense[i].name, ".mlp.")) {
+            assert_true(n < cap);
+            e[n++] = dense[i];
+        }
+    const long long H = m->base.hidden, E = m->experts, XI = m->inter, SI = m->shared;
+    const int mixtral = !strcmp(m->model_type, "mixtral");
+    const char *block = mixtral && !m->fused ? "block_sparse_moe" : "mlp";
+    char nm[128];
+    for (long long l = 0; l < m->base.layers; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%lld.%s.gate.weight", l, block);
+        add_entry(e, &n, cap, nm, 2, E, H, 0);
+        if (m->fused) {
+            snprintf(nm, sizeof nm, "model.layers.%lld.mlp.experts.gate_up_proj", l);
+            add_entry(e, &n, cap, nm, 3, E, 2 * XI, H);
+            snprintf(nm, sizeof nm, "model.layers.%lld.mlp.experts.down_proj", l);
+            add_entry(e, &n, cap, nm, 3, E, H, XI);
+        } else {
+            static const char *const proj[2][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+            for (long long x = 0; x < E; x++)
+                for (int k = 0; k < 3; k++) {
+                    snprintf(nm, sizeof nm, "model.layers.%lld.%s.experts.%lld.%s.weight", l, block, x, proj[mixtral][k]);
+                    add_entry(e, &n, cap, nm, 2, k == 2 ? H : XI, k == 2 ? XI : H, 0);
+                }
+        }
+        if (SI) {
+            static const char *const sh[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(nm, sizeof nm, "model.layers.%lld.mlp.shared_expert.%s.weight", l, sh[k]);
+                add_entry(e, &n, cap, nm, 2, k == 2 ? H : SI, k == 2 ? SI : H, 0);
+            }
+            snprintf(nm, sizeof nm, "model.layers.%lld.mlp.shared_expert_gate.weight", l);
+            add_entry(e, &n, cap, nm, 2, 1, H, 0);
+        }
+    }
+    return n;
+}
+
+static void moe_config_json(const tiny_moe *m, char *buf, size_t cap)
+{
+    const tiny_model *b = &m->base;
+    const int mixtral = !strcmp(m->model_type, "mixtral");
+    snprintf(buf, cap,
+             "{\"model_type\":\"%s\",\"vocab_size\":%lld,\"hidden_size\":%lld,\"intermediate_size\":%lld,"
+             "\"num_hidden_layers\":%lld,\"num_attention_heads\":%lld,\"num_key_value_heads\":%lld,\"head_dim\":%lld,"
+             "\"rms_norm_eps\":1e-06,\"rope_theta\":%g,\"tie_word_embeddings\":false,\"dtype\":\"float16\","
+             "\"%s\":%lld,\"num_experts_per_tok\":%lld%s%lld%s%lld}",
+             m->model_type, b->vocab, b->hidden, mixtral ? m->inter : b->inter, b->layers, b->heads, b->kv_heads,
+             b->head_dim, b->theta, mixtral ? "num_local_experts" : "num_experts", m->experts, m->top_k,
+             mixtral ? ",\"max_position_embeddings\":" : ",\"moe_intermediate_size\":",
+             mixtral ? 4096LL : m->inter, ",\"shared_expert_intermediate_size\":", m->shared);
+}
+
+/* Writes m's checkpoint with one tensor changed: dropped, or its dims 0 and 1 set. */
+static void write_moe(const tiny_moe *m, const char *dir, const char *name, int drop, long long d0, long long d1)
+{
+    static st_entry e[512];
+    size_t n = moe_entries(m, e, 512), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (name && !strcmp(e[i].name, name)) {
+            if (drop)
+                continue;
+            e[i].dims[0] = d0 ? d0 : e[i].dims[0];
+            e[i].dims[1] = d1 ? d1 : e[i].dims[1];
+        }
+        e[k++] = e[i];
+    }
+    size_t size;
+    uint8_t *f = st_build(e, k, NULL, NULL, NULL, &size);
+    char path[700], json[2048];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_true(st_write_file(path, f, size));
+    free(f);
+    moe_config_json(m, json, sizeof json);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_true(st_write_file(path, json, strlen(json)));
+}
+
+static void test_moe_config(void **state)
+{
+    (void)state;
+    dec_config c;
+    char json[2048];
+    moe_config_json(&Q2MOE, json, sizeof json);
+    KILN_CHECK(dec_config_parse(json, strlen(json), &c));
+    assert_string_equal(c.model_type, "qwen2_moe");
+    assert_true(c.base.num_experts == 4 && c.base.num_experts_per_tok == 2 && c.base.moe_intermediate_size == 64);
+    assert_int_equal(c.shared_inter, 192);
+    assert_int_equal(c.qkv_bias, 1); /* Qwen2-MoE's q/k/v biases, unless qkv_bias says otherwise */
+    moe_config_json(&MIXTRAL, json, sizeof json);
+    KILN_CHECK(dec_config_parse(json, strlen(json), &c));
+    assert_true(c.base.norm_topk_prob && c.shared_inter == 0 && !c.qkv_bias && c.base.moe_intermediate_size == 64);
+    moe_config_json(&Q3MOE, json, sizeof json);
+    KILN_CHECK(dec_config_parse(json, strlen(json), &c));
+    assert_true(c.base.qk_norm && c.shared_inter == 0);
+    /* By the architecture, without a model_type. */
+    const char *arch = "{\"architectures\":[\"Qwen2MoeForCausalLM\"],\"vocab_size\":512,\"hidden_size\":128,"
+                       "\"intermediate_size\":256,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":64,"
+                       "\"num_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":64,\"qkv_bias\":false,"
+                       "\"shared_expert_intermediate_size\":64}";
+    KILN_CHECK(dec_config_parse(arch, strlen(arch), &c));
+    assert_string_equal(c.model_type, "qwen2_moe");
+    assert_true(!c.qkv_bias && c.shared_inter == 64);
+    /* The real configs of tests/data. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/qwen3-30b-a3b.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(dec_config_load(path, &c));
+    assert_true(c.layers == 48 && c.base.num_experts == 128 && c.base.num_experts_per_tok == 8 && c.base.qk_norm);
+    assert_true(c.n_eos == 1 && c.eos[0] == 151645 && !c.qkv_bias);
+    snprintf(path, sizeof path, "%s/mixtral-8x7b-v0.1.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(dec_config_load(path, &c));
+    assert_true(c.layers == 32 && c.base.num_experts == 8 && c.base.moe_intermediate_size == 14336);
+    assert_string_equal(c.model_type, "mixtral");
+    /* Refused: experts in a dense family, shapes the experts do not take,
+     * dense layers among the experts' (the library's parse). */
+    expect_msg(parse_with(",\"num_experts\":8", &c), KILN_ERR_CONFIG, "8 experts in a llama config", NULL);
+    const char *h192 = "{\"model_type\":\"qwen3_moe\",\"vocab_size\":512,\"hidden_size\":192,\"intermediate_size\":256,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":3,\"head_dim\":64,\"num_experts\":4,"
+                       "\"moe_intermediate_size\":64}";
+    expect_msg(dec_config_parse(h192, strlen(h192), &c), KILN_ERR_CONFIG, "hidden_size = 192", "multiple of 128");
+    const char *i96 = "{\"model_type\":\"mixtral\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":96,"
+                      "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_local_experts\":4}";
+    expect_msg(dec_config_parse(i96, strlen(i96), &c), KILN_ERR_CONFIG, "expert intermediate size = 96",
+               "multiple of 64");
+    const char *dense = "{\"model_type\":\"qwen2_moe\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+                        "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_experts\":4,\"mlp_only_layers\":[1]}";
+    expect_msg(dec_config_parse(dense, strlen(dense), &c), KILN_ERR_CONFIG, "mlp_only_layers = [1]", NULL);
+    const char *next = "{\"model_type\":\"qwen3_next\",\"vocab_size\":512,\"hidden_size\":128,\"intermediate_size\":256,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"num_experts\":4}";
+    expect_msg(dec_config_parse(next, strlen(next), &c), KILN_ERR_CONFIG, "qwen3_next", NULL);
+}
+
+static void test_moe_checkpoints(void **state)
+{
+    (void)state;
+    char dir[512];
+    kiln_test_tmpdir(dir, sizeof dir);
+    dec_checkpoint ck;
+    /* Every family in both layouts: one tensor per expert and projection
+     * (save_pretrained's default) and transformers 5's fused tensors. */
+    const tiny_moe *fams[3] = {&Q3MOE, &Q2MOE, &MIXTRAL};
+    for (int i = 0; i < 3; i++)
+        for (int fused = 0; fused < 2; fused++) {
+            tiny_moe m = *fams[i];
+            m.fused = fused;
+            write_moe(&m, dir, NULL, 0, 0, 0);
+            kiln_status st = dec_checkpoint_open(dir, &ck);
+            if (st)
+                fail_msg("%s%s: %s", m.model_type, fused ? " fused" : "", dec_errmsg());
+            assert_int_equal(ck.config.base.num_experts, 4);
+            dec_checkpoint_close(&ck);
+        }
+    /* A missing expert names it, and the fused tensor that is not there either. */
+    write_moe(&Q3MOE, dir, "model.layers.1.mlp.experts.3.up_proj.weight", 1, 0, 0);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND,
+               "tensor model.layers.1.mlp.experts.3.up_proj.weight is missing",
+               "nor is the fused model.layers.1.mlp.experts.gate_up_proj there");
+    write_moe(&MIXTRAL, dir, "model.layers.0.block_sparse_moe.experts.2.w2.weight", 0, 0, 128);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.layers.0.block_sparse_moe.experts.2.w2.weight: shape [128, 128], expected [128, 64]",
+               NULL);
+    write_moe(&MIXTRAL, dir, "model.layers.1.block_sparse_moe.gate.weight", 1, 0, 0);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND,
+               "tensor model.layers.1.block_sparse_moe.gate.weight is missing", "mixtral");
+    /* Qwen2-MoE's shared expert and its gate ([1, hidden]). */
+    write_moe(&Q2MOE, dir, "model.layers.0.mlp.shared_expert_gate.weight", 1, 0, 0);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND,
+               "tensor model.layers.0.mlp.shared_expert_gate.weight is missing", NULL);
+    write_moe(&Q2MOE, dir, "model.layers.1.mlp.shared_expert.down_proj.weight", 0, 0, 64);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.layers.1.mlp.shared_expert.down_proj.weight: shape [128, 64], expected [128, 192]",
+               NULL);
+    /* Fused tensors of another layout (gate_up_proj [experts, hidden, 2 inter]) are named with both shapes. */
+    tiny_moe f = Q3MOE;
+    f.fused = 1;
+    write_moe(&f, dir, "model.layers.0.mlp.experts.gate_up_proj", 0, 0, 128);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_CONFIG,
+               "tensor model.layers.0.mlp.experts.gate_up_proj: shape [4, 128, 128], expected [4, 256, 128]", NULL);
+    write_moe(&f, dir, "model.layers.1.mlp.experts.down_proj", 1, 0, 0);
+    expect_msg(dec_checkpoint_open(dir, &ck), KILN_ERR_NOT_FOUND, "tensor model.layers.1.mlp.experts.down_proj is missing",
+               NULL);
+    kiln_test_rmrf(dir);
+}
+
 /* The prefill benchmark's model FLOPs at Llama-3-8B's shape (32 layers),
  * against the products' parameters counted by hand: 4096 x 6144 (q/k/v),
  * 4096 x 4096 (o), 3 x 4096 x 14336 (gate/up, down) = 218103808 a layer. */
@@ -341,6 +559,20 @@ static void test_prefill_flops(void **state)
     assert_true(dec_prefill_flops(&c, "qkv_proj", 1, 1) == 2.0 * 4096 * 6144 * 32);
     assert_true(dec_prefill_flops(&c, "embedding", 1, 4096) == 0);
     assert_true(dec_prefill_flops(&c, "argmax", 1, 4096) == 0);
+    /* Mixtral's shape: the same attention, each token's 2 of 8 experts as
+     * wide as the dense MLP, the router; no dense MLP. */
+    const double dense = dec_prefill_flops(&c, NULL, 1, 4096);
+    c.base.num_experts = 8;
+    c.base.num_experts_per_tok = 2;
+    c.base.moe_intermediate_size = 14336;
+    const double mlp = 2.0 * 4096 * 3 * 14336 * 4096 * 32;
+    assert_true(dec_prefill_flops(&c, NULL, 1, 4096) == dense + mlp + 2.0 * 4096 * 4096 * 8 * 32);
+    assert_true(dec_prefill_flops(&c, "experts", 1, 4096) == 2 * mlp);
+    assert_true(dec_prefill_flops(&c, "swiglu", 1, 4096) == 0 && dec_prefill_flops(&c, "down_proj", 1, 4096) == 0);
+    /* Qwen2-MoE's shared expert. */
+    c.shared_inter = 1024;
+    assert_true(dec_prefill_flops(&c, "shared_swiglu", 1, 4096) == 2.0 * 4096 * 4096 * 2 * 1024 * 32);
+    assert_true(dec_prefill_flops(&c, "shared_down", 1, 4096) == 2.0 * 4096 * 1024 * 4096 * 32);
 }
 
 int main(void)
@@ -352,6 +584,8 @@ int main(void)
         cmocka_unit_test(test_sharded),
         cmocka_unit_test(test_fifo_refused),
         cmocka_unit_test(test_prefill_flops),
+        cmocka_unit_test(test_moe_config),
+        cmocka_unit_test(test_moe_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

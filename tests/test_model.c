@@ -214,21 +214,29 @@ static void test_specializations(void **state)
     kiln_free(specs);
 }
 
-/* Qwen3-Next's config.json (the fields kiln reads, and some it does not). */
-#define QWEN3_NEXT                                                                                                 \
-    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", \"vocab_size\": 151936,"     \
+/* Qwen3-Next's config.json (the fields kiln reads, and some it does not);
+ * QWEN3_NEXT_SIZES without its model_type and architectures, as a config of
+ * kiln's layout with its linear-attention fields. */
+#define QWEN3_NEXT_SIZES                                                                                           \
+    "\"vocab_size\": 151936,"                                                                                       \
     " \"hidden_size\": 2048, \"intermediate_size\": 5120, \"num_attention_heads\": 16,"                            \
     " \"num_key_value_heads\": 2, \"head_dim\": 256, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000000,"          \
     " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 128, \"linear_num_key_heads\": 16,"                 \
     " \"linear_num_value_heads\": 32, \"linear_value_head_dim\": 128, \"full_attention_interval\": 4,"            \
     " \"num_experts\": 512, \"tie_word_embeddings\": false"
+#define QWEN3_NEXT                                                                                                 \
+    "{\"architectures\": [\"Qwen3NextForCausalLM\"], \"model_type\": \"qwen3_next\", " QWEN3_NEXT_SIZES
 
 static void test_qwen3_next_linear_attention(void **state)
 {
     (void)state;
     kiln_model_config c;
-    KILN_CHECK(parse(QWEN3_NEXT "}", &c));
-    assert_string_equal(c.name, "qwen3_next");
+    /* Qwen3-Next itself is refused by name: its gated delta layers alternate
+     * with attention layers, which the config struct cannot say. */
+    expect_refused(QWEN3_NEXT "}", "model_type = \"qwen3_next\"", "gated delta");
+    expect_refused("{\"architectures\": [\"Qwen3NextForCausalLM\"], " QWEN3_NEXT_SIZES "}", "qwen3_next", NULL);
+    KILN_CHECK(parse("{" QWEN3_NEXT_SIZES "}", &c));
+    assert_string_equal(c.name, "config");
     assert_int_equal(c.head_dim, 256);
     assert_int_equal(c.linear_num_key_heads, 16);
     assert_int_equal(c.linear_num_value_heads, 32);
@@ -301,11 +309,12 @@ static int lists(const kiln_spec *specs, size_t n, const char *op, const char *t
     return 0;
 }
 
-/* Mixtral's, Qwen3-MoE's and Qwen2-MoE's expert fields are read and prewarm
- * lists the router and the experts at their sizes, and dense SwiGLU kernels
- * only for a shared expert; a MoE of another family, or a family kiln does
- * not serve, is refused with its name rather than listed as a dense model. */
-static void test_moe_and_unknown_families_are_refused(void **state)
+/* Mixtral's, Qwen3-MoE's and Qwen2-MoE's expert fields are read (Mixtral
+ * always renormalizes its chosen experts' weights) and prewarm lists the
+ * router and the experts at their sizes, and dense SwiGLU kernels only for a
+ * shared expert; a MoE of another family, or a family kiln does not serve,
+ * is refused with its name rather than listed as a dense model. */
+static void test_moe_fields_and_unknown_families(void **state)
 {
     (void)state;
     kiln_model_config c;
@@ -316,16 +325,26 @@ static void test_moe_and_unknown_families_are_refused(void **state)
     assert_int_equal(c.num_experts, 8);
     assert_int_equal(c.num_experts_per_tok, 2);
     assert_int_equal(c.moe_intermediate_size, 14336); /* Mixtral's experts are intermediate_size wide */
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.shared_expert_intermediate_size, 0);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_true(lists(specs, n, "moe_experts", "EXPERTS=8;HIDDEN=4096;INTER=14336;TOP_K=2"));
     assert_true(lists(specs, n, "moe_router", "EXPERTS=8;"));
+    assert_true(lists(specs, n, "moe_router", "NORMALIZE=1;TOP_K=2"));
     assert_false(lists(specs, n, "swiglu", NULL));
     assert_false(lists(specs, n, "tma_swiglu", NULL));
     kiln_free(specs);
     specs = NULL;
+    /* Whatever the file says, and by the architecture without a model_type. */
+    KILN_CHECK(parse("{\"model_type\": \"mixtral\", " DENSE ", \"num_local_experts\": 8, \"norm_topk_prob\": false}", &c));
+    assert_int_equal(c.norm_topk_prob, 1);
+    KILN_CHECK(parse("{\"architectures\": [\"MixtralForCausalLM\"], " DENSE ", \"num_local_experts\": 8}", &c));
+    assert_int_equal(c.norm_topk_prob, 1);
     KILN_CHECK(parse("{\"model_type\": \"qwen3_moe\", " DENSE ", \"num_experts\": 128, \"num_experts_per_tok\": 8,"
-                     " \"moe_intermediate_size\": 768, \"norm_topk_prob\": true}", &c));
+                     " \"moe_intermediate_size\": 768, \"norm_topk_prob\": true, \"mlp_only_layers\": [],"
+                     " \"decoder_sparse_step\": 1}", &c));
     assert_true(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768 && c.norm_topk_prob);
+    assert_true(c.qk_norm);
     KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n));
     assert_true(lists(specs, n, "moe_experts", "EXPERTS=128;HIDDEN=4096;INTER=768;TOP_K=8"));
     assert_true(lists(specs, n, "moe_router", "NORMALIZE=1;TOP_K=8"));
@@ -333,8 +352,10 @@ static void test_moe_and_unknown_families_are_refused(void **state)
     kiln_free(specs);
     specs = NULL;
     KILN_CHECK(parse("{\"model_type\": \"qwen2_moe\", " DENSE ", \"num_experts\": 60, \"num_experts_per_tok\": 4,"
-                     " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632}", &c));
+                     " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632,"
+                     " \"norm_topk_prob\": false, \"mlp_only_layers\": null}", &c));
     assert_int_equal(c.shared_expert_intermediate_size, 5632);
+    assert_int_equal(c.norm_topk_prob, 0);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     assert_true(lists(specs, n, "moe_experts", "EXPERTS=60;HIDDEN=4096;INTER=1408;TOP_K=4"));
     assert_true(lists(specs, n, "swiglu", "INTERMEDIATE=5632"));
@@ -368,11 +389,71 @@ static void test_moe_and_unknown_families_are_refused(void **state)
     KILN_CHECK(parse("{\"model_type\": \"gemma\", " DENSE "}", &c));
     assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
     assert_non_null(strstr(kiln_errmsg(), "model gemma: not a family kiln serves"));
+    assert_null(specs);
     /* Without a model_type: kiln's layout. */
     KILN_CHECK(parse("{" DENSE "}", &c));
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     kiln_free(specs);
 #undef DENSE
+}
+
+/* What the struct cannot say (dense layers among the experts') and what
+ * kiln's MoE operation does not take is refused, naming the field and value. */
+static void test_moe_configs_refused(void **state)
+{
+    (void)state;
+#define QMOE "{\"model_type\": \"qwen2_moe\", \"vocab_size\": 1000, \"hidden_size\": 256, \"intermediate_size\": 512," \
+             " \"num_attention_heads\": 4, \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+    static const struct {
+        const char *json, *a, *b;
+    } cases[] = {
+        {QMOE "\"mlp_only_layers\": [1, 3]}", "mlp_only_layers = [1,3]", "dense MLP"},
+        {QMOE "\"mlp_only_layers\": [0]}", "mlp_only_layers = [0]", NULL},
+        {QMOE "\"mlp_only_layers\": 2}", "mlp_only_layers = 2", NULL},
+        {QMOE "\"decoder_sparse_step\": 2}", "decoder_sparse_step = 2", "dense MLP"},
+        {QMOE "\"decoder_sparse_step\": 0}", "decoder_sparse_step = 0", NULL},
+        {QMOE "\"decoder_sparse_step\": 1.5}", "decoder_sparse_step = 1.5", NULL},
+        {"{\"model_type\": \"qwen3_moe\", \"vocab_size\": 1000, \"hidden_size\": 256, \"intermediate_size\": 512,"
+         " \"num_attention_heads\": 4, \"num_experts\": 513}",
+         "num_experts = 513", "at most 512 experts"},
+        {"{\"model_type\": \"mixtral\", \"vocab_size\": 1000, \"hidden_size\": 256, \"intermediate_size\": 512,"
+         " \"num_attention_heads\": 4, \"num_local_experts\": 1024}",
+         "num_local_experts = 1024", "at most 512"},
+        {"{\"model_type\": \"qwen3_moe\", \"vocab_size\": 1000, \"hidden_size\": 256, \"intermediate_size\": 512,"
+         " \"num_attention_heads\": 4, \"num_experts\": 64, \"num_experts_per_tok\": 17}",
+         "num_experts_per_tok = 17", "at most 16 experts a token"},
+    };
+#undef QMOE
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(cases[i].json, cases[i].a, cases[i].b);
+    /* At the limits: 512 experts, 16 a token. */
+    kiln_model_config c;
+    KILN_CHECK(parse("{\"model_type\": \"qwen3_moe\", \"vocab_size\": 1000, \"hidden_size\": 256,"
+                     " \"intermediate_size\": 512, \"num_attention_heads\": 4, \"num_experts\": 512,"
+                     " \"num_experts_per_tok\": 16, \"decoder_sparse_step\": null}",
+                     &c));
+    assert_true(c.num_experts == 512 && c.num_experts_per_tok == 16);
+}
+
+/* The real MoE configs of tests/data. */
+static void test_moe_real_configs(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/qwen3-30b-a3b.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(kiln_model_config_load(path, &c));
+    assert_string_equal(c.name, "qwen3_moe");
+    assert_true(c.num_experts == 128 && c.num_experts_per_tok == 8 && c.moe_intermediate_size == 768);
+    assert_true(c.norm_topk_prob && c.qk_norm && c.shared_expert_intermediate_size == 0);
+    assert_true(c.hidden_size == 2048 && c.head_dim == 128 && c.num_key_value_heads == 4);
+    assert_int_equal(c.dtype, KILN_DTYPE_BF16);
+    snprintf(path, sizeof path, "%s/mixtral-8x7b-v0.1.json", KILN_TEST_DATA_DIR);
+    KILN_CHECK(kiln_model_config_load(path, &c));
+    assert_string_equal(c.name, "mixtral");
+    assert_true(c.num_experts == 8 && c.num_experts_per_tok == 2 && c.moe_intermediate_size == 14336);
+    assert_true(c.norm_topk_prob && !c.qk_norm && c.sliding_window == 0);
+    assert_true(c.hidden_size == 4096 && c.head_dim == 128 && c.num_key_value_heads == 8);
 }
 
 static void test_linear_attention_specializations(void **state)
@@ -381,14 +462,9 @@ static void test_linear_attention_specializations(void **state)
     kiln_model_config c;
     kiln_spec *specs = NULL, want;
     size_t n = 0, found = 0;
-    KILN_CHECK(parse(QWEN3_NEXT "}", &c));
-    /* Qwen3-Next as it ships is a mixture of experts: refused by name. */
-    assert_int_equal(kiln_model_specializations(&c, &specs, &n), KILN_ERR_CONFIG);
-    assert_non_null(strstr(kiln_errmsg(), "model qwen3_next: a mixture of experts (512 experts"));
-    assert_null(specs);
-    /* Its linear-attention layers, in a config of kiln's layout. */
+    /* Qwen3-Next's linear-attention layers, in a config of kiln's layout. */
+    KILN_CHECK(parse("{" QWEN3_NEXT_SIZES "}", &c));
     c.num_experts = 0;
-    snprintf(c.name, sizeof c.name, "config");
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
     KILN_CHECK(kiln_op_gated_delta_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 4, &want));
     for (size_t i = 0; i < n; i++)
@@ -841,7 +917,9 @@ int main(void)
         cmocka_unit_test(test_load_not_regular_file),
         cmocka_unit_test(test_specializations),
         cmocka_unit_test(test_qwen3_next_linear_attention),
-        cmocka_unit_test(test_moe_and_unknown_families_are_refused),
+        cmocka_unit_test(test_moe_fields_and_unknown_families),
+        cmocka_unit_test(test_moe_configs_refused),
+        cmocka_unit_test(test_moe_real_configs),
         cmocka_unit_test(test_bad_linear_attention_names_field_and_value),
         cmocka_unit_test(test_linear_attention_specializations),
         cmocka_unit_test(test_dtype),

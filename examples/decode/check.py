@@ -2,11 +2,18 @@
 """Checks examples/decode against transformers, token for token.
 
 For each model below: build it with random weights through transformers
-(LlamaConfig, Qwen2Config, Qwen3Config or MistralConfig, a few layers, small
-sizes; Llama and Qwen2 with and without tied embeddings, Llama with llama3
-and yarn RoPE scaling, Qwen3 with its per-head q/k RMSNorm and a head_dim
-that is not hidden_size / heads, Mistral with a sliding window shorter than
-its longer prompts),
+(LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, Qwen3MoeConfig,
+Qwen2MoeConfig or MixtralConfig, a few layers, small sizes; Llama and Qwen2
+with and without tied embeddings, Llama with llama3 and yarn RoPE scaling,
+Qwen3 with its per-head q/k RMSNorm and a head_dim that is not hidden_size /
+heads, Mistral with a sliding window shorter than its longer prompts; the
+mixtures of experts with routers scaled (router_std) so that tokens choose
+different experts, which is checked on the reference (ROUTING): a Qwen3-MoE
+of 16 experts, 4 a token, renormalized; a Qwen2-MoE of 8, 2 a token, not
+renormalized, with its gated shared expert; a Mixtral of 8, 2 a token, its
+experts saved as transformers 5's fused tensors (mlp.experts.gate_up_proj,
+down_proj: save_original_format=False, or fused here from the per-expert
+tensors under transformers 4) where the others keep one tensor per expert),
 save_pretrained in its dtype (f16 or bf16, safetensors; one model sharded into
 three files), run greedy generate in that dtype on cuda for several prompts
 of different lengths (one longer than 2048 tokens), one at a time, then run
@@ -52,13 +59,18 @@ import time
 
 import torch
 import transformers
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 MARGIN = 0.01
 TRIES = 16
 LOGIT_TOL = {"f16": 2e-2, "bf16": 4e-2}
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+# A mixture of experts' reference must route: over a prompt, in every layer,
+# at least this share of the experts is chosen by some token, and the tokens'
+# sets of experts are not all one.
+ROUTING = 0.5
 
 MODELS = [
     dict(name="llama-gqa", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=10000.0,
@@ -109,6 +121,29 @@ MODELS = [
          sizes=dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
                     num_attention_heads=8, num_key_value_heads=2, head_dim=128),
          prompts=[(6, 40), (250, 34), (1100, 32)]),
+    # Mixtures of experts: hidden a multiple of 128, the experts' intermediate
+    # size of 64 (kiln_op_moe_experts); every layer's MLP is the experts.
+    dict(name="qwen3-moe-bf16", cls=(Qwen3MoeConfig, Qwen3MoeForCausalLM), tie=False, theta=1000000.0,
+         dtype="bf16", qk_norm_noise=0.3, router_std=2.0,
+         extra=dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128, norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[]),
+         sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+         prompts=[(6, 40), (200, 34), (700, 32)]),
+    dict(name="qwen2-moe-shared-bf16", cls=(Qwen2MoeConfig, Qwen2MoeForCausalLM), tie=False, theta=1000000.0,
+         dtype="bf16", router_std=2.0,
+         extra=dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
+                    shared_expert_intermediate_size=256, decoder_sparse_step=1, mlp_only_layers=[]),
+         sizes=dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+         prompts=[(7, 40), (300, 34), (31, 44)]),
+    # Mixtral's experts are intermediate_size wide.
+    dict(name="mixtral-fused", cls=(MixtralConfig, MixtralForCausalLM), tie=False, theta=1000000.0,
+         router_std=2.0, fused=True,
+         extra=dict(num_local_experts=8, num_experts_per_tok=2),
+         sizes=dict(vocab_size=1024, hidden_size=384, intermediate_size=192, num_hidden_layers=3,
+                    num_attention_heads=6, num_key_value_heads=2, head_dim=64),
+         prompts=[(5, 40), (250, 34), (600, 32)]),
 ]
 
 
@@ -155,12 +190,94 @@ def make_model(spec, path, seed):
         with torch.no_grad():
             for m in norms:
                 m.weight.copy_(1 + noise * torch.randn_like(m.weight, dtype=torch.float32))
-    model.save_pretrained(path)  # safetensors, in the model's dtype
+    routers = [m for name, m in model.named_modules() if name.endswith(("mlp.gate", "block_sparse_moe.gate"))]
+    if spec.get("router_std"):
+        if len(routers) != kw["num_hidden_layers"]:
+            raise RuntimeError("%s: %d routers, expected 1 per layer" % (spec["name"], len(routers)))
+        # Logits of about router_std standard deviation (the normed hidden
+        # has unit RMS): tokens prefer different experts, and few top-k
+        # choices are near ties.
+        with torch.no_grad():
+            for m in routers:
+                m.weight.normal_(0.0, spec["router_std"] / kw["hidden_size"] ** 0.5)
+    saved_fused = False
+    if spec.get("fused") and int(transformers.__version__.split(".")[0]) >= 5:
+        try:
+            model.save_pretrained(path, save_original_format=False)  # the modules' own (fused) tensors
+            saved_fused = True
+        except TypeError:  # a 5.x without the switch
+            pass
+    if not saved_fused:
+        model.save_pretrained(path)  # safetensors, in the model's dtype
+    if spec.get("fused"):
+        fuse_experts(path, kw["num_hidden_layers"])
     if spec.get("shards"):
         reshard(path, spec["shards"])
     with open(os.path.join(path, "config.json")) as f:
         saved = json.load(f)
     return model, saved
+
+
+def fuse_experts(path, layers):
+    """Makes model.safetensors hold each layer's experts as transformers 5's
+    modules do: mlp.experts.gate_up_proj [experts, 2 inter, hidden] (each
+    expert's gate rows, then its up rows), mlp.experts.down_proj [experts,
+    hidden, inter], the router as mlp.gate. A file already so is kept."""
+    from safetensors.torch import load_file, save_file
+    whole = os.path.join(path, "model.safetensors")
+    t = load_file(whole)
+    fused = "model.layers.0.mlp.experts.gate_up_proj" in t
+    log("  experts: %s" % ("fused by save_pretrained" if fused else "fused here from the per-expert tensors"))
+    if fused:
+        return
+    for l in range(layers):
+        p = "model.layers.%d." % l
+        block, names = ("block_sparse_moe", ("w1", "w3", "w2")) if p + "block_sparse_moe.gate.weight" in t else \
+            ("mlp", ("gate_proj", "up_proj", "down_proj"))
+        e = 0
+        gate_up, down = [], []
+        while "%s%s.experts.%d.%s.weight" % (p, block, e, names[0]) in t:
+            k = ["%s%s.experts.%d.%s.weight" % (p, block, e, n) for n in names]
+            gate_up.append(torch.cat([t.pop(k[0]), t.pop(k[1])], dim=0))
+            down.append(t.pop(k[2]))
+            e += 1
+        if not e:
+            raise RuntimeError("%s: layer %d has no experts to fuse" % (path, l))
+        t[p + "mlp.gate.weight"] = t.pop(p + block + ".gate.weight")
+        t[p + "mlp.experts.gate_up_proj"] = torch.stack(gate_up).contiguous()
+        t[p + "mlp.experts.down_proj"] = torch.stack(down).contiguous()
+    save_file(t, whole, metadata={"format": "pt"})
+
+
+@torch.no_grad()
+def routing(model, ids):
+    """Per layer: how many experts some token of ids chose, and how many
+    distinct sets of experts the tokens chose (the reference's own routers)."""
+    cfg = model.config
+    k = cfg.num_experts_per_tok
+    n_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    picks = []
+    hooks = []
+    for name, m in model.named_modules():
+        if name.endswith(("mlp.gate", "block_sparse_moe.gate")):
+            def hook(mod, inp, out):
+                # transformers 4: the gate's logits; 5: the router's tuple,
+                # whose chosen indices (or probabilities) are taken.
+                outs = out if isinstance(out, tuple) else (out,)
+                idx = [o for o in outs if not o.is_floating_point() and o.shape[-1] == k]
+                if idx:
+                    chosen = idx[0].reshape(-1, k)
+                else:
+                    full = [o for o in outs if o.is_floating_point() and o.shape[-1] == n_experts][0]
+                    chosen = full.reshape(-1, n_experts).float().topk(k, dim=-1).indices
+                picks.append(chosen.sort(-1).values)
+            hooks.append(m.register_forward_hook(hook))
+    try:
+        model(input_ids=torch.tensor([ids], device="cuda"))
+    finally:
+        for h in hooks:
+            h.remove()
+    return [(p.unique().numel(), len({tuple(r) for r in p.tolist()})) for p in picks]
 
 
 def reshard(path, n):
@@ -293,6 +410,14 @@ def main():
         if rope_err > 1e-6 or scale_err > 1e-6:
             failures.append("%s: RoPE differs from transformers' (frequencies %.3g, scaling %.3g)" % (
                 spec["name"], rope_err, scale_err))
+        if spec.get("router_std"):
+            E = saved.get("num_experts") or saved.get("num_local_experts")
+            ids = torch.randint(3, V, (200,), generator=gen).tolist()
+            stats = routing(model, ids)
+            log("  routing over 200 tokens, per layer (experts chosen of %d, distinct sets): %s" % (E, stats))
+            if len(stats) != spec["sizes"]["num_hidden_layers"] or \
+                    any(n < ROUTING * E or sets < 2 for n, sets in stats):
+                failures.append("%s: the reference routes trivially: %s" % (spec["name"], stats))
         # Prompts, drawn until the reference's margins are clear.
         prompts, refs = [], []
         for plen, n in spec["prompts"]:

@@ -1,10 +1,13 @@
-/* examples/decode — a Llama / Qwen2 / Mistral decoder on kiln's providers.
+/* examples/decode — a Llama / Qwen2 / Qwen3 / Mistral decoder, and the
+ * mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral, on kiln's providers.
  *
  * A checkpoint (config.json + safetensors, f16 or bf16) is checked tensor by
  * tensor on the host, uploaded into device buffers, and run with every operation
  * encoded through kiln's providers: token embedding, RMSNorm (fused with the
  * residual), dense linear (+bias), causal paged attention with RoPE over a
- * paged KV cache, dense SwiGLU, last-token linear and masked argmax.
+ * paged KV cache, dense SwiGLU or the experts (the router's linear,
+ * kiln_op_moe_router, kiln_op_moe_experts with Qwen2-MoE's shared expert),
+ * last-token linear and masked argmax.
  *
  * Each step (the prefill of every prompt packed together, then one decode
  * step per new token of the batch) is ONE submission of pre-encoded commands.
@@ -33,9 +36,14 @@
 
 typedef struct dec_config {
     kiln_model_config base;   /* sizes, eps, dtype, RoPE (rope_parameters or rope_scaling), tie */
-    char model_type[32];      /* "llama", "qwen2", "qwen3" or "mistral" */
+    char model_type[32];      /* "llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "qwen2_moe" or "mixtral" */
     int64_t layers;           /* num_hidden_layers */
-    int qkv_bias;             /* qwen2: always; llama: attention_bias */
+    int qkv_bias;             /* qwen2: always; qwen2_moe: qkv_bias (true when absent); llama: attention_bias */
+    /* Mixture of experts: base.num_experts, num_experts_per_tok,
+     * moe_intermediate_size and norm_topk_prob (every layer's MLP the
+     * experts; 0 experts: dense); the shared expert's intermediate size
+     * (Qwen2-MoE's, gated by shared_expert_gate), 0 for none. */
+    int64_t shared_inter;
     int64_t eos[DEC_MAX_EOS]; /* eos_token_id (a number or a list); none when n_eos is 0 */
     size_t n_eos;
     /* kiln_model_rope_frequencies of base, for sequences up to
@@ -50,10 +58,14 @@ const char *dec_errmsg(void);
 
 /* Parses a config.json held in memory. KILN_ERR_CONFIG names the field and
  * the value: an unsupported architecture (model_type other than llama, qwen2,
- * qwen3 and mistral), what the engine does not run yet (Qwen2's
- * use_sliding_window), an activation other than silu, MLP biases, a head_dim the attention provider does not take (64,
+ * qwen3, mistral, qwen3_moe, qwen2_moe and mixtral), experts in a dense
+ * family's config, expert shapes kiln_op_moe_experts does not take (hidden
+ * a multiple of 128, the expert intermediate size of 64), what the engine
+ * does not run yet (Qwen2's use_sliding_window), an activation other than
+ * silu, MLP biases, a head_dim the attention provider does not take (64,
  * 128, 256), and everything kiln_model_config_parse refuses (RoPE scaling of
- * an unknown type or with bad fields among it). */
+ * an unknown type or with bad fields among it; dense layers among the
+ * experts' layers; more experts than the MoE operation takes). */
 kiln_status dec_config_parse(const char *json, size_t len, dec_config *out);
 kiln_status dec_config_load(const char *path, dec_config *out);
 
@@ -69,17 +81,34 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out);
 void dec_checkpoint_close(dec_checkpoint *ck);
 
 /* Checks that every tensor the config needs is in the files, of the
- * config's dtype (f16 or bf16) and its shape (on the host; no device). KILN_ERR_NOT_FOUND names a missing tensor,
- * KILN_ERR_CONFIG a tensor of another dtype or shape. */
+ * config's dtype (f16 or bf16) and its shape (on the host; no device).
+ * KILN_ERR_NOT_FOUND names a missing tensor, KILN_ERR_CONFIG a tensor of
+ * another dtype or shape. A mixture of experts' layer is read in either
+ * layout transformers writes: one tensor per expert and projection
+ * (model.layers.L.mlp.experts.J.{gate,up,down}_proj.weight; Mixtral's
+ * block_sparse_moe.experts.J.{w1,w3,w2}.weight and block_sparse_moe.gate),
+ * as save_pretrained writes them by default, or the fused tensors of
+ * transformers 5's modules (mlp.experts.gate_up_proj [experts, 2 inter,
+ * hidden], gate rows then up rows; mlp.experts.down_proj [experts, hidden,
+ * inter]; Mixtral's router then mlp.gate), as save_pretrained writes with
+ * save_original_format=False; the fused layout when the layer has its
+ * gate_up_proj. */
 kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *files, size_t n_files);
 
 /* The model's weights on the device. q_proj, k_proj and v_proj are
  * concatenated at load (rows q, then k, then v: [(heads + 2 kv_heads) *
  * head_dim, hidden]), and so are their biases when the model has them: one
  * dense product writes the fused qkv rows the attention reads. q_norm and
- * k_norm ([head_dim] each) are Qwen3's (config qk_norm), NULL otherwise. */
+ * k_norm ([head_dim] each) are Qwen3's (config qk_norm), NULL otherwise.
+ * A mixture of experts' layer has no w_gate_up and w_down but the router
+ * [experts, hidden], the experts in kiln_op_moe_experts' layout (x_gate_up
+ * [experts, 2 inter, hidden], each expert's gate rows then its up rows;
+ * x_down [experts, hidden, inter]) and, for Qwen2-MoE, the shared expert
+ * (sh_gate_up [2 shared_inter, hidden], sh_down [hidden, shared_inter],
+ * sh_gate [hidden]: shared_expert_gate); NULL where the model has none. */
 typedef struct dec_layer {
     kiln_buffer *in_norm, *post_norm, *wqkv, *bqkv, *wo, *w_gate_up, *w_down, *q_norm, *k_norm;
+    kiln_buffer *router, *x_gate_up, *x_down, *sh_gate_up, *sh_down, *sh_gate;
 } dec_layer;
 
 typedef struct dec_model {
@@ -87,7 +116,8 @@ typedef struct dec_model {
     kiln_runtime *rt;
     kiln_buffer *embed, *final_norm, *lm_head; /* lm_head == embed when tied (one reference each) */
     dec_layer *layer;
-    uint64_t weight_bytes;   /* what one decode step reads: every weight but the embedding table */
+    uint64_t weight_bytes;   /* what one decode step reads: every weight but the embedding table (every
+                              * expert: a mixture of experts' step reads at most batch x top_k of them) */
     uint64_t uploaded_bytes;
 } dec_model;
 
@@ -168,12 +198,15 @@ kiln_status dec_bench_breakdown(dec_engine *e, uint32_t batch, uint32_t context,
  * the embedding gather are not), with T = seqs x tokens:
  *   per layer, the dense products: 2 x T x (hidden x (q + 2 kv) + q x hidden
  *     + hidden x 2 intermediate + intermediate x hidden), q = heads x head_dim,
- *     kv = kv_heads x head_dim;
+ *     kv = kv_heads x head_dim; for a mixture of experts, in place of the
+ *     dense MLP, 2 x T x (hidden x experts (the router) + top_k x 3 x
+ *     expert intermediate x hidden + 3 x shared intermediate x hidden);
  *   per layer, causal attention: 2 x 2 x q x seqs x tokens (tokens + 1) / 2
  *     (q.k and p.v over every pair of a query and a key at or before it);
  *   the lm head of each sequence's last token: 2 x seqs x vocab x hidden.
  * label: one kind of command of the step ("qkv_proj", "attention", "o_proj",
- * "swiglu", "down_proj", "lm_head"; 0 for any other), NULL for the sum. */
+ * "swiglu", "down_proj", "router_proj", "experts", "shared_swiglu",
+ * "shared_down", "lm_head"; 0 for any other), NULL for the sum. */
 double dec_prefill_flops(const dec_config *c, const char *label, uint32_t seqs, uint32_t tokens);
 
 typedef struct dec_prefill_times {

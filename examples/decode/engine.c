@@ -59,6 +59,10 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     e->eps = (float)c->rms_norm_eps;
     e->theta = (float)c->rope_theta;
     e->window = (uint32_t)c->sliding_window; /* the loader checked it fits */
+    e->E = c->num_experts;
+    e->K = e->E ? c->num_experts_per_tok : 0;
+    e->XI = e->E ? c->moe_intermediate_size : 0;
+    e->SI = e->E ? m->config.shared_inter : 0;
     const uint32_t P = o->max_participants;
     e->max_rows = o->max_prefill_tokens > P ? o->max_prefill_tokens : P;
     const size_t R = e->max_rows;
@@ -78,7 +82,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     /* The workspace: the largest any command of a step asks for. */
     size_t ws = 0, w;
     const int64_t outs[3] = {e->QKVD, e->H, e->H};
-    const int64_t ins[3] = {e->H, e->QD, e->I};
+    const int64_t ins[3] = {e->H, e->QD, e->E ? e->QD : e->I}; /* a MoE layer has no dense down_proj */
     for (int i = 0; i < 3; i++) {
         if ((st = kiln_op_dense_linear_workspace((int64_t)R, ins[i], outs[i], &w))) {
             dec_kfail(st, "linear workspace");
@@ -93,11 +97,28 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         }
         ws = w > ws ? w : ws;
     }
-    if ((st = kiln_op_dense_swiglu_workspace((int64_t)R, e->H, e->I, &w))) {
-        dec_kfail(st, "swiglu workspace");
-        goto fail;
+    /* The MLP: the dense SwiGLU, or the experts with the router's product
+     * (and the shared expert's SwiGLU and down product). */
+    const int64_t act_cols = e->E ? e->SI : e->I;
+    if (act_cols) {
+        if ((st = kiln_op_dense_swiglu_workspace((int64_t)R, e->H, act_cols, &w))) {
+            dec_kfail(st, "swiglu workspace");
+            goto fail;
+        }
+        ws = w > ws ? w : ws;
     }
-    ws = w > ws ? w : ws;
+    if (e->E) {
+        size_t moe[4] = {0, 0, 0, 0};
+        if ((st = kiln_op_dense_linear_workspace((int64_t)R, e->H, e->E, &moe[0])) ||
+            (st = kiln_op_moe_router_workspace((int64_t)R, e->E, &moe[1])) ||
+            (st = kiln_op_moe_experts_workspace((int64_t)R, e->H, e->XI, e->E, e->K, &moe[2])) ||
+            (e->SI && (st = kiln_op_dense_linear_workspace((int64_t)R, e->SI, e->H, &moe[3])))) {
+            dec_kfail(st, "experts workspace");
+            goto fail;
+        }
+        for (int i = 0; i < 4; i++)
+            ws = moe[i] > ws ? moe[i] : ws;
+    }
     if ((st = kiln_op_last_token_linear_workspace(P, e->H, e->V, &w))) {
         dec_kfail(st, "last-token linear workspace");
         goto fail;
@@ -120,13 +141,19 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
     if ((st = buf(e, R * e->H * 2, &e->res, "residual")) ||
         (st = buf(e, R * e->H * 2, &e->norm, "normed")) || (st = buf(e, R * e->QKVD * 2, &e->qkv, "qkv")) ||
         (st = buf(e, R * e->QD * 2, &e->attn, "attention out")) ||
-        (st = buf(e, R * e->I * 2, &e->act, "mlp activations")) ||
+        (st = buf(e, R * (size_t)act_cols * 2, &e->act, "mlp activations")) ||
         (st = buf(e, (size_t)P * e->V * 2, &e->logits, "logits")) || (st = buf(e, ws, &e->ws, "workspace")) ||
         (st = buf(e, kv_bytes, &e->kv, "KV pages")) || (st = buf(e, (size_t)e->V, &e->valid, "valid mask")) ||
         (st = buf(e, 4, &e->rep_ids, "repetition ids")) ||
         (st = buf(e, (size_t)(P + 1) * 4, &e->rep_off, "repetition offsets")) ||
         (st = buf(e, 4, &e->penalty, "penalty")) || (st = buf(e, am_ws, &e->am_ws, "argmax workspace")) ||
         (st = buf(e, (size_t)P * 4, &e->next, "next tokens")))
+        goto fail;
+    if (e->E && ((st = buf(e, R * (size_t)e->E * 2, &e->moe_logits, "router logits")) ||
+                 (st = buf(e, R * (size_t)e->K * 4, &e->moe_ids, "chosen experts")) ||
+                 (st = buf(e, R * (size_t)e->K * 4, &e->moe_weights, "expert weights")) ||
+                 (st = buf(e, R * e->H * 2, &e->moe_out, "experts out")) ||
+                 (e->SI && (st = buf(e, R * e->H * 2, &e->shared_out, "shared expert out")))))
         goto fail;
     const float one = 1.0f;
     if ((st = kiln_buffer_fill(e->valid, 0, 1, (size_t)e->V)) ||
@@ -194,7 +221,8 @@ void dec_engine_free(dec_engine *e)
     dec__cmds_release(&e->prefill);
     kiln_buffer *all[] = {e->res,    e->norm,  e->qkv,   e->attn,    e->act,
                           e->logits, e->ws,     e->kv,    e->valid, e->rep_ids, e->rep_off,
-                          e->penalty, e->am_ws, e->next};
+                          e->penalty, e->am_ws, e->next, e->moe_logits, e->moe_ids, e->moe_weights,
+                          e->moe_out, e->shared_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         kiln_buffer_destroy(all[i]);
     kiln_binding_arena_destroy(e->arena);
@@ -233,12 +261,56 @@ static kiln_status push(step_cmds *c, size_t cap, kiln_status st, kiln_command *
     return KILN_OK;
 }
 
+/* A mixture of experts' MLP on the post-attention norm nrm of T rows: the
+ * router's product and top-k, the shared expert (Qwen2-MoE: its SwiGLU into
+ * act, its down product), the routed experts (with the shared term, gated),
+ * then the residual add with the next norm (next_w) into nrm, as the dense
+ * path's down_proj does in one command. */
+static kiln_status encode_experts(dec_engine *e, step_cmds *c, size_t cap, const dec_layer *L, uint32_t T,
+                                  const kiln_tensor *nrm, const kiln_tensor *res, const kiln_tensor *act,
+                                  const kiln_tensor *next_w, const kiln_region *ws, int64_t l)
+{
+    const kiln_dtype F = e->m->config.base.dtype;
+    kiln_tensor wr = tensor(L->router, 0, F, 2, e->E, e->H, 0), logits = tensor(e->moe_logits, 0, F, 2, T, e->E, 0),
+                ids = tensor(e->moe_ids, 0, KILN_DTYPE_U32, 2, T, e->K, 0),
+                weights = tensor(e->moe_weights, 0, KILN_DTYPE_F32, 2, T, e->K, 0),
+                gu = tensor(L->x_gate_up, 0, F, 3, e->E, 2 * e->XI, e->H),
+                down = tensor(L->x_down, 0, F, 3, e->E, e->H, e->XI), out = tensor(e->moe_out, 0, F, 2, T, e->H, 0),
+                sgu = tensor(L->sh_gate_up, 0, F, 2, 2 * e->SI, e->H, 0),
+                sdown = tensor(L->sh_down, 0, F, 2, e->H, e->SI, 0),
+                sgate = tensor(L->sh_gate, 0, F, 1, e->H, 0, 0), shared = tensor(e->shared_out, 0, F, 2, T, e->H, 0);
+    kiln_moe_router_desc rd = {.size = sizeof rd, .logits = &logits, .ids = &ids, .weights = &weights,
+                               .top_k = (uint32_t)e->K, .normalize = e->m->config.base.norm_topk_prob};
+    kiln_moe_experts_desc xd = {.size = sizeof xd, .x = nrm, .ids = &ids, .weights = &weights, .gate_up = &gu,
+                                .down = &down, .shared = e->SI ? &shared : NULL,
+                                .shared_gate = e->SI ? &sgate : NULL, .out = &out, .workspace = ws};
+    kiln_command *cmd = NULL;
+    kiln_status st;
+    if ((st = push(c, cap, kiln_op_dense_linear_encode(e->jit, nrm, &wr, NULL, &logits, ws, &cmd), &cmd, "router_proj",
+                   l)) ||
+        (st = push(c, cap, kiln_op_moe_router_encode(e->jit, &rd, &cmd), &cmd, "router", l)))
+        return st;
+    if (e->SI && ((st = push(c, cap, kiln_op_dense_swiglu_encode(e->jit, nrm, &sgu, act, ws, &cmd), &cmd,
+                             "shared_swiglu", l)) ||
+                  (st = push(c, cap, kiln_op_dense_linear_encode(e->jit, act, &sdown, NULL, &shared, ws, &cmd), &cmd,
+                             "shared_down", l))))
+        return st;
+    if ((st = push(c, cap, kiln_op_moe_experts_encode(e->jit, &xd, &cmd), &cmd, "experts", l)) ||
+        (st = push(c, cap, kiln_op_rms_norm_residual_encode(e->jit, &out, res, next_w, e->eps, nrm, &cmd), &cmd,
+                   "residual_norm", l)))
+        return st;
+    return KILN_OK;
+}
+
 /* T tokens of S sequences; each has at most maxq new tokens (1: decode). */
 kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t maxq, step_cmds *out)
 {
     const dec_model *m = e->m;
     const int qk_norm = m->config.base.qk_norm;
-    const size_t cap = 4 + (size_t)m->config.layers * (qk_norm ? 8 : 7);
+    /* Per layer: qkv, qk_norm, attention, o_proj, and the MLP: swiglu and
+     * down_proj, or the router's product, the router, the shared expert's
+     * swiglu and down product, the experts and the residual's norm. */
+    const size_t cap = 4 + (size_t)m->config.layers * (4 + (e->E ? 6 : 2));
     step_cmds c = {calloc(cap, sizeof(kiln_command *)), calloc(cap, sizeof(const char *)), 0,
                    calloc(cap, sizeof(double)), dec__now_s()};
     if (!c.cmd || !c.label || !c.encode_s) {
@@ -249,7 +321,8 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
     kiln_tensor res = tensor(e->res, 0, F, 2, T, e->H, 0),
                 nrm = tensor(e->norm, 0, F, 2, T, e->H, 0), qkv = tensor(e->qkv, 0, F, 2, T, e->QKVD, 0),
                 at3 = tensor(e->attn, 0, F, 3, T, e->NH, e->HD),
-                at = tensor(e->attn, 0, F, 2, T, e->QD, 0), act = tensor(e->act, 0, F, 2, T, e->I, 0),
+                at = tensor(e->attn, 0, F, 2, T, e->QD, 0),
+                act = tensor(e->act, 0, F, 2, T, e->E ? e->SI : e->I, 0),
                 ids = tensor(e->ab, e->slots[SLOT_IDS].offset, U, 1, T, 0, 0),
                 pos = tensor(e->ab, e->slots[SLOT_POS].offset, U, 1, T, 0, 0),
                 lens = tensor(e->ab, e->slots[SLOT_LENS].offset, U, 1, S, 0, 0),
@@ -302,10 +375,13 @@ kiln_status dec__encode_step(dec_engine *e, uint32_t T, uint32_t S, uint32_t max
             (st = push(&c, cap,
                        kiln_op_dense_linear_norm_encode(e->jit, &at, &wo, &res, &post_w, e->eps, &nrm, &ws, &cmd), &cmd,
                        "o_proj", l)) ||
-            (st = push(&c, cap, kiln_op_dense_swiglu_encode(e->jit, &nrm, &gu, &act, &ws, &cmd), &cmd, "swiglu", l)) ||
-            (st = push(&c, cap,
-                       kiln_op_dense_linear_norm_encode(e->jit, &act, &wd, &res, &next_w, e->eps, &nrm, &ws, &cmd),
-                       &cmd, "down_proj", l)))
+            (!e->E && (st = push(&c, cap, kiln_op_dense_swiglu_encode(e->jit, &nrm, &gu, &act, &ws, &cmd), &cmd,
+                                 "swiglu", l))) ||
+            (!e->E && (st = push(&c, cap,
+                                 kiln_op_dense_linear_norm_encode(e->jit, &act, &wd, &res, &next_w, e->eps, &nrm, &ws,
+                                                                  &cmd),
+                                 &cmd, "down_proj", l))) ||
+            (e->E && (st = encode_experts(e, &c, cap, L, T, &nrm, &res, &act, &next_w, &ws, l))))
             goto fail;
     }
     kiln_tensor valid = tensor(e->valid, 0, KILN_DTYPE_U8, 1, e->V, 0, 0),

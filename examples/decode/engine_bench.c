@@ -142,6 +142,17 @@ static double label_bytes(const dec_engine *e, const char *label, uint32_t batch
         return 2 * 2 * (double)batch * context * KV * L;
     if (!strcmp(label, "qk_norm")) /* Qwen3's q and k heads, read and written in place */
         return 2 * 2 * (double)batch * (Q + KV) * L;
+    /* A mixture of experts: the router, the experts the batch chose (at most
+     * batch x top_k of them), the shared expert. */
+    const double XI = (double)e->XI, SI = (double)e->SI, K = (double)batch * (double)e->K;
+    if (!strcmp(label, "router_proj"))
+        return 2 * (double)e->E * H * L;
+    if (!strcmp(label, "experts"))
+        return 2 * 3 * XI * H * (K < (double)e->E ? K : (double)e->E) * L;
+    if (!strcmp(label, "shared_swiglu"))
+        return 2 * 2 * SI * H * L;
+    if (!strcmp(label, "shared_down"))
+        return 2 * SI * H * L;
     return 0;
 }
 
@@ -221,15 +232,22 @@ double dec_prefill_flops(const dec_config *c, const char *label, uint32_t seqs, 
     const double H = (double)b->hidden_size, I = (double)b->intermediate_size, V = (double)b->vocab_size,
                  Q = (double)b->num_attention_heads * (double)b->head_dim,
                  KV = (double)b->num_key_value_heads * (double)b->head_dim, L = (double)c->layers,
-                 S = (double)seqs, N = (double)tokens, T = S * N;
+                 S = (double)seqs, N = (double)tokens, T = S * N, E = (double)b->num_experts,
+                 K = (double)b->num_experts_per_tok, XI = (double)b->moe_intermediate_size,
+                 SI = b->num_experts ? (double)c->shared_inter : 0;
     const struct {
         const char *label;
         double flops;
     } parts[] = {
         {"qkv_proj", 2 * T * H * (Q + 2 * KV) * L},
         {"o_proj", 2 * T * Q * H * L},
-        {"swiglu", 2 * T * H * 2 * I * L},
-        {"down_proj", 2 * T * I * H * L},
+        {"swiglu", E ? 0 : 2 * T * H * 2 * I * L},
+        {"down_proj", E ? 0 : 2 * T * I * H * L},
+        /* A mixture of experts: each token's top_k experts, the router, the shared expert. */
+        {"router_proj", 2 * T * H * E * L},
+        {"experts", 2 * T * K * 3 * XI * H * L},
+        {"shared_swiglu", 2 * T * H * 2 * SI * L},
+        {"shared_down", 2 * T * SI * H * L},
         /* q.k and p.v, 2 x heads x head_dim each, over every (query, key at or before it) pair. */
         {"attention", 2 * 2 * Q * S * N * (N + 1) / 2 * L},
         {"lm_head", 2 * S * V * H},

@@ -29,6 +29,9 @@ struct dec_engine {
     const dec_model *m;
     dec_engine_options o;
     int64_t H, I, V, NH, KVH, HD, QD, KVD, QKVD; /* QKVD: a fused q | k | v row */
+    /* A mixture of experts (E 0: dense): experts, those a token takes, an
+     * expert's and the shared expert's intermediate sizes (SI 0: none). */
+    int64_t E, K, XI, SI;
     float eps, theta;
     /* RoPE as the config scales it (kiln_model_rope_frequencies for sequences
      * up to max_seq_tokens): rope_dim / 2 inverse frequencies, cos and sin's factor. */
@@ -37,6 +40,10 @@ struct dec_engine {
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
     uint32_t window; /* the attention's sliding window (0: none) */
     kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
+    /* The experts' router logits [rows, E], choices (u32 [rows, K]) and
+     * weights (f32 [rows, K]), their output and the shared expert's [rows, H];
+     * NULL for a dense model. act holds the shared expert's activations then. */
+    kiln_buffer *moe_logits, *moe_ids, *moe_weights, *moe_out, *shared_out;
     kiln_buffer *valid, *rep_ids, *rep_off, *penalty, *am_ws, *next;
     kiln_binding_arena *arena;
     kiln_buffer *ab; /* the arena's buffer (borrowed) */

@@ -73,27 +73,56 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
     } else {
         const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
         const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
-        static const char *const archs_known[4][2] = {{"LlamaForCausalLM", "llama"},
-                                                      {"Qwen2ForCausalLM", "qwen2"},
-                                                      {"Qwen3ForCausalLM", "qwen3"},
-                                                      {"MistralForCausalLM", "mistral"}};
-        for (int i = 0; i < 4 && !c.model_type[0]; i++)
+        static const char *const archs_known[7][2] = {
+            {"LlamaForCausalLM", "llama"},       {"Qwen2ForCausalLM", "qwen2"},
+            {"Qwen3ForCausalLM", "qwen3"},       {"MistralForCausalLM", "mistral"},
+            {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"Qwen2MoeForCausalLM", "qwen2_moe"},
+            {"MixtralForCausalLM", "mixtral"}};
+        for (int i = 0; i < 7 && !c.model_type[0]; i++)
             if (cJSON_IsString(a0) && !strcmp(a0->valuestring, archs_known[i][0]))
                 snprintf(c.model_type, sizeof c.model_type, "%s", archs_known[i][1]);
         if (!c.model_type[0]) {
             value_text(archs, text, sizeof text);
             dec_fail(KILN_ERR_CONFIG, "config: no model_type, and architectures = %s is not supported "
-                                      "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)",
+                                      "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+                                      "Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM)",
                      text);
             goto out;
         }
     }
-    if (strcmp(c.model_type, "llama") && strcmp(c.model_type, "qwen2") && strcmp(c.model_type, "qwen3") &&
-        strcmp(c.model_type, "mistral")) {
+    static const char *const dense_types[4] = {"llama", "qwen2", "qwen3", "mistral"};
+    static const char *const moe_types[3] = {"qwen3_moe", "qwen2_moe", "mixtral"};
+    int dense = 0, moe = 0;
+    for (int i = 0; i < 4; i++)
+        dense |= !strcmp(c.model_type, dense_types[i]);
+    for (int i = 0; i < 3; i++)
+        moe |= !strcmp(c.model_type, moe_types[i]);
+    if (!dense && !moe) {
         value_text(mt, text, sizeof text);
         dec_fail(KILN_ERR_CONFIG,
-                 "config: model_type = %s: unsupported architecture (supported: llama, qwen2, qwen3, mistral)", text);
+                 "config: model_type = %s: unsupported architecture (supported: llama, qwen2, qwen3, mistral, "
+                 "qwen3_moe, qwen2_moe, mixtral)",
+                 text);
         goto out;
+    }
+    if (c.base.num_experts && dense) {
+        dec_fail(KILN_ERR_CONFIG,
+                 "config: %lld experts in a %s config: only qwen3_moe, qwen2_moe and mixtral have experts",
+                 (long long)c.base.num_experts, c.model_type);
+        goto out;
+    }
+    if (c.base.num_experts) {
+        /* The shapes kiln_op_moe_experts takes (kiln/op_moe.h). */
+        if (c.base.hidden_size % 128 || c.base.moe_intermediate_size % 64) {
+            dec_fail(KILN_ERR_CONFIG,
+                     "config: hidden_size = %lld, expert intermediate size = %lld: the experts take a hidden size "
+                     "that is a multiple of 128 and an intermediate size that is a multiple of 64",
+                     (long long)c.base.hidden_size, (long long)c.base.moe_intermediate_size);
+            goto out;
+        }
+        /* Qwen2-MoE's shared expert, gated (shared_expert_gate); 0 is none. */
+        if (!strcmp(c.model_type, "qwen2_moe"))
+            c.shared_inter = c.base.shared_expert_intermediate_size;
     }
     /* A window at least as long as the longest sequence is no window (plain Llama). */
     if (c.base.max_position_embeddings && c.base.sliding_window >= c.base.max_position_embeddings)
@@ -138,6 +167,16 @@ kiln_status dec_config_parse(const char *json, size_t len, dec_config *out)
     }
     if (!strcmp(c.model_type, "qwen2"))
         c.qkv_bias = 1;
+    if (!strcmp(c.model_type, "qwen2_moe")) {
+        /* Qwen2MoeConfig.qkv_bias (true when absent, as before it existed). */
+        const cJSON *qb = cJSON_GetObjectItemCaseSensitive(root, "qkv_bias");
+        if (qb && !cJSON_IsNull(qb) && !cJSON_IsBool(qb)) {
+            value_text(qb, text, sizeof text);
+            dec_fail(KILN_ERR_CONFIG, "config: qkv_bias = %s: must be true or false", text);
+            goto out;
+        }
+        c.qkv_bias = !cJSON_IsFalse(qb);
+    }
     if (c.base.head_dim != 64 && c.base.head_dim != 128 && c.base.head_dim != 256) {
         dec_fail(KILN_ERR_CONFIG, "config: head_dim = %lld: the attention provider takes 64, 128 or 256",
                  (long long)c.base.head_dim);
@@ -328,64 +367,28 @@ kiln_status dec_checkpoint_open(const char *dir, dec_checkpoint *out)
 
 /* ---- the tensors a config needs ---- */
 
-/* The layer's tensors, W_IN_NORM to W_KN, in the order of wspec_at's names. */
+/* The layer's tensors, W_IN_NORM to W_KN, in the order of wspec_at's names;
+ * then a mixture of experts' router, shared expert and experts (one tensor
+ * per expert and projection, or the fused two). */
 typedef enum { W_EMBED, W_FINAL_NORM, W_LM_HEAD, W_IN_NORM, W_POST_NORM, W_Q, W_K, W_V, W_BQ, W_BK, W_BV, W_O,
-               W_GATE, W_UP, W_DOWN, W_QN, W_KN } wkind;
+               W_GATE, W_UP, W_DOWN, W_QN, W_KN, W_ROUTER, W_SH_GATE, W_SH_UP, W_SH_DOWN, W_SH_SCALE, W_X_GATE,
+               W_X_UP, W_X_DOWN, W_X_GATE_UP, W_X_DOWN_ALL } wkind;
 
 typedef struct wspec {
     wkind kind;
-    int64_t layer; /* -1 for the model-level tensors */
+    int64_t layer;  /* -1 for the model-level tensors */
+    int64_t expert; /* W_X_GATE, W_X_UP, W_X_DOWN: which one */
     char name[128];
     uint32_t rank;
-    int64_t dims[2];
+    int64_t dims[3];
 } wspec;
 
-/* The i-th tensor the config may need: 1, or -1 when this model has no such
- * tensor (biases; q/k norms but for Qwen3), or 0 past the end. */
-static int wspec_at(const dec_config *c, size_t i, wspec *w)
-{
-    const kiln_model_config *b = &c->base;
-    const int64_t H = b->hidden_size, I = b->intermediate_size, V = b->vocab_size;
-    const int64_t Q = b->num_attention_heads * b->head_dim, KV = b->num_key_value_heads * b->head_dim;
-    static const char *const layer_names[] = {
-        "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-        "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
-        "self_attn.v_proj.bias", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
-    const size_t head = c->base.tie_word_embeddings ? 2 : 3, per = 14;
-    memset(w, 0, sizeof *w);
-    w->layer = -1;
-    if (i < head) {
-        static const wkind k[3] = {W_EMBED, W_FINAL_NORM, W_LM_HEAD};
-        static const char *const n[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
-        w->kind = k[i];
-        snprintf(w->name, sizeof w->name, "%s", n[i]);
-        w->rank = k[i] == W_FINAL_NORM ? 1 : 2;
-        w->dims[0] = k[i] == W_FINAL_NORM ? H : V;
-        w->dims[1] = H;
-        return 1;
-    }
-    i -= head;
-    {
-        if (i >= (size_t)c->layers * per)
-            return 0;
-        size_t j = i % per;
-        w->layer = (int64_t)(i / per);
-        w->kind = (wkind)(W_IN_NORM + j);
-        if (!c->qkv_bias && (w->kind == W_BQ || w->kind == W_BK || w->kind == W_BV))
-            return -1; /* not in this model: the caller goes on to i + 1 */
-        if (!b->qk_norm && (w->kind == W_QN || w->kind == W_KN))
-            return -1;
-        snprintf(w->name, sizeof w->name, "model.layers.%lld.%s", (long long)w->layer, layer_names[j]);
-        const int64_t D = b->head_dim;
-        const int64_t shapes[14][2] = {{H, 0},  {H, 0}, {Q, H}, {KV, H}, {KV, H}, {Q, 0}, {KV, 0},
-                                       {KV, 0}, {H, Q}, {I, H}, {I, H},  {H, I},  {D, 0}, {D, 0}};
-        w->dims[0] = shapes[j][0];
-        w->dims[1] = shapes[j][1];
-        w->rank = shapes[j][1] ? 2 : 1;
-        return 1;
-    }
-}
+/* The files a checkpoint's tensors are looked up in; NULL (random weights):
+ * the fused expert layout. */
+typedef struct tensor_files {
+    kiln_safetensors *const *files;
+    size_t n;
+} tensor_files;
 
 static const kiln_safetensors_tensor *find(kiln_safetensors *const *files, size_t n, const char *name,
                                            size_t *file)
@@ -400,14 +403,136 @@ static const kiln_safetensors_tensor *find(kiln_safetensors *const *files, size_
     return NULL;
 }
 
+/* Whether layer l's experts are transformers 5's fused tensors. */
+static int fused_experts(const tensor_files *tf, int64_t l)
+{
+    if (!tf)
+        return 1;
+    char name[128];
+    size_t f;
+    snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.gate_up_proj", (long long)l);
+    return find(tf->files, tf->n, name, &f) != NULL;
+}
+
+/* Tensors before the experts in a layer: the 14 of layer_names, the router and the shared expert's 4. */
+enum { PER_LAYER_FIXED = 19 };
+
+/* The i-th tensor the config may need: 1, or -1 when this model has no such
+ * tensor (biases; q/k norms but for Qwen3; the dense MLP of a mixture of
+ * experts and the experts of a dense model; the layout not taken), or 0 past
+ * the end. */
+static int wspec_at(const dec_config *c, const tensor_files *tf, size_t i, wspec *w)
+{
+    const kiln_model_config *b = &c->base;
+    const int64_t H = b->hidden_size, I = b->intermediate_size, V = b->vocab_size, E = b->num_experts,
+                  XI = b->moe_intermediate_size, SI = c->shared_inter;
+    const int64_t Q = b->num_attention_heads * b->head_dim, KV = b->num_key_value_heads * b->head_dim;
+    static const char *const layer_names[] = {
+        "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+        "self_attn.v_proj.bias", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+    const size_t head = c->base.tie_word_embeddings ? 2 : 3, per = PER_LAYER_FIXED + 3 * (size_t)E;
+    memset(w, 0, sizeof *w);
+    w->layer = -1;
+    if (i < head) {
+        static const wkind k[3] = {W_EMBED, W_FINAL_NORM, W_LM_HEAD};
+        static const char *const n[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+        w->kind = k[i];
+        snprintf(w->name, sizeof w->name, "%s", n[i]);
+        w->rank = k[i] == W_FINAL_NORM ? 1 : 2;
+        w->dims[0] = k[i] == W_FINAL_NORM ? H : V;
+        w->dims[1] = H;
+        return 1;
+    }
+    i -= head;
+    if (i >= (size_t)c->layers * per)
+        return 0;
+    const size_t j = i % per;
+    const int64_t l = (int64_t)(i / per);
+    w->layer = l;
+    if (j < 14) {
+        w->kind = (wkind)(W_IN_NORM + j);
+        if (!c->qkv_bias && (w->kind == W_BQ || w->kind == W_BK || w->kind == W_BV))
+            return -1; /* not in this model: the caller goes on to i + 1 */
+        if (!b->qk_norm && (w->kind == W_QN || w->kind == W_KN))
+            return -1;
+        if (E && (w->kind == W_GATE || w->kind == W_UP || w->kind == W_DOWN))
+            return -1;
+        snprintf(w->name, sizeof w->name, "model.layers.%lld.%s", (long long)l, layer_names[j]);
+        const int64_t D = b->head_dim;
+        const int64_t shapes[14][2] = {{H, 0},  {H, 0}, {Q, H}, {KV, H}, {KV, H}, {Q, 0}, {KV, 0},
+                                       {KV, 0}, {H, Q}, {I, H}, {I, H},  {H, I},  {D, 0}, {D, 0}};
+        w->dims[0] = shapes[j][0];
+        w->dims[1] = shapes[j][1];
+        w->rank = shapes[j][1] ? 2 : 1;
+        return 1;
+    }
+    if (!E)
+        return -1;
+    const int fused = fused_experts(tf, l);
+    /* Mixtral's per-expert checkpoint keeps its original module names;
+     * transformers 5's modules (the fused layout) are mlp.gate and mlp.experts. */
+    const int mixtral = !strcmp(c->model_type, "mixtral") && !fused;
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    char *nm = w->name;
+    const size_t cap = sizeof w->name;
+    w->rank = 2;
+    if (j == 14) {
+        w->kind = W_ROUTER;
+        snprintf(nm, cap, "model.layers.%lld.%s.gate.weight", (long long)l, block);
+        w->dims[0] = E;
+        w->dims[1] = H;
+        return 1;
+    }
+    if (j < PER_LAYER_FIXED) {
+        if (!SI)
+            return -1;
+        static const char *const sh[4] = {"shared_expert.gate_proj.weight", "shared_expert.up_proj.weight",
+                                          "shared_expert.down_proj.weight", "shared_expert_gate.weight"};
+        const int64_t shapes[4][2] = {{SI, H}, {SI, H}, {H, SI}, {1, H}};
+        const size_t k = j - 15;
+        w->kind = (wkind)(W_SH_GATE + k);
+        snprintf(nm, cap, "model.layers.%lld.mlp.%s", (long long)l, sh[k]);
+        w->dims[0] = shapes[k][0];
+        w->dims[1] = shapes[k][1];
+        return 1;
+    }
+    const size_t x = j - PER_LAYER_FIXED;
+    if (fused) {
+        if (x >= 2)
+            return -1;
+        w->kind = x ? W_X_DOWN_ALL : W_X_GATE_UP;
+        snprintf(nm, cap, "model.layers.%lld.mlp.experts.%s", (long long)l, x ? "down_proj" : "gate_up_proj");
+        w->rank = 3;
+        w->dims[0] = E;
+        w->dims[1] = x ? H : 2 * XI;
+        w->dims[2] = x ? XI : H;
+        return 1;
+    }
+    static const char *const proj[2][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+    w->kind = (wkind)(W_X_GATE + x % 3);
+    w->expert = (int64_t)(x / 3);
+    snprintf(nm, cap, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)l, block, (long long)w->expert,
+             proj[mixtral][x % 3]);
+    w->dims[0] = x % 3 == 2 ? H : XI;
+    w->dims[1] = x % 3 == 2 ? XI : H;
+    return 1;
+}
+
 static kiln_status expect(const dec_config *c, kiln_safetensors *const *files, size_t n, const wspec *w,
                           const kiln_safetensors_tensor **out)
 {
     size_t f = 0;
-    if (!find(files, n, w->name, &f))
-        return dec_fail(KILN_ERR_NOT_FOUND, "%s: tensor %s is missing (needed by %s, %lld layers%s)",
+    if (!find(files, n, w->name, &f)) {
+        char also[160] = "";
+        if (w->kind == W_X_GATE || w->kind == W_X_UP || w->kind == W_X_DOWN)
+            snprintf(also, sizeof also, "; nor is the fused model.layers.%lld.mlp.experts.gate_up_proj there",
+                     (long long)w->layer);
+        return dec_fail(KILN_ERR_NOT_FOUND, "%s: tensor %s is missing (needed by %s, %lld layers%s%s)",
                         n ? kiln_safetensors_label(files[0]) : "checkpoint", w->name, c->model_type,
-                        (long long)c->layers, c->base.tie_word_embeddings ? ", tied embeddings" : "");
+                        (long long)c->layers, c->base.tie_word_embeddings ? ", tied embeddings" : "", also);
+    }
     kiln_status st = kiln_safetensors_expect(files[f], w->name, c->base.dtype, w->rank, w->dims, out);
     if (st)
         return dec_fail(st, "%s", kiln_errmsg());
@@ -416,9 +541,10 @@ static kiln_status expect(const dec_config *c, kiln_safetensors *const *files, s
 
 kiln_status dec_check_weights(const dec_config *c, kiln_safetensors *const *files, size_t n_files)
 {
+    const tensor_files tf = {files, n_files};
     wspec w;
     int r;
-    for (size_t i = 0; (r = wspec_at(c, i, &w)); i++) {
+    for (size_t i = 0; (r = wspec_at(c, &tf, i, &w)); i++) {
         if (r < 0)
             continue;
         const kiln_safetensors_tensor *t;
@@ -452,27 +578,44 @@ static kiln_buffer **slot_of(dec_model *m, const wspec *w)
     case W_DOWN: return &L->w_down;
     case W_QN: return &L->q_norm;
     case W_KN: return &L->k_norm;
+    case W_ROUTER: return &L->router;
+    case W_SH_GATE:
+    case W_SH_UP: return &L->sh_gate_up;
+    case W_SH_DOWN: return &L->sh_down;
+    case W_SH_SCALE: return &L->sh_gate;
+    case W_X_GATE:
+    case W_X_UP:
+    case W_X_GATE_UP: return &L->x_gate_up;
+    case W_X_DOWN:
+    case W_X_DOWN_ALL: return &L->x_down;
     }
     return NULL;
 }
 
-/* Bytes of w's buffer, and where w lies in it: gate and up share one, and
- * q, k and v (weights, and biases) share one, in that order. */
+/* Bytes of w's buffer, and where w lies in it: gate and up share one, q, k
+ * and v (weights, and biases) share one, in that order, and so do the
+ * experts, one after another (each expert's gate rows, then its up rows). */
 static void placement(const dec_config *c, const wspec *w, size_t *buffer_bytes, size_t *offset, size_t *bytes)
 {
-    const size_t n = (size_t)w->dims[0] * (size_t)(w->rank == 2 ? w->dims[1] : 1) * 2;
+    size_t n = 2;
+    for (uint32_t d = 0; d < w->rank; d++)
+        n *= (size_t)w->dims[d];
     const size_t row = (size_t)(w->rank == 2 ? w->dims[1] : 1) * 2; /* bytes per output row */
     const size_t q = (size_t)(c->base.num_attention_heads * c->base.head_dim) * row,
                  kv = (size_t)(c->base.num_key_value_heads * c->base.head_dim) * row;
+    const size_t E = (size_t)c->base.num_experts, x = (size_t)w->expert;
     *bytes = n;
     *offset = 0;
     *buffer_bytes = n;
     switch (w->kind) {
-    case W_GATE: *buffer_bytes = 2 * n; break;
-    case W_UP: *offset = n; *buffer_bytes = 2 * n; break;
+    case W_GATE: case W_SH_GATE: *buffer_bytes = 2 * n; break;
+    case W_UP: case W_SH_UP: *offset = n; *buffer_bytes = 2 * n; break;
     case W_Q: case W_BQ: *buffer_bytes = q + 2 * kv; break;
     case W_K: case W_BK: *offset = q; *buffer_bytes = q + 2 * kv; break;
     case W_V: case W_BV: *offset = q + kv; *buffer_bytes = q + 2 * kv; break;
+    case W_X_GATE: *offset = x * 2 * n; *buffer_bytes = E * 2 * n; break;
+    case W_X_UP: *offset = x * 2 * n + n; *buffer_bytes = E * 2 * n; break;
+    case W_X_DOWN: *offset = x * n; *buffer_bytes = E * n; break;
     default: break;
     }
 }
@@ -528,9 +671,10 @@ kiln_status dec_model_load(kiln_runtime *rt, const dec_checkpoint *ck, dec_model
     dec_model *m = NULL;
     if ((st = model_new(rt, &ck->config, &m)))
         return st;
+    const tensor_files tf = {ck->files, ck->n_files};
     wspec w;
     int r;
-    for (size_t i = 0; (r = wspec_at(&ck->config, i, &w)); i++) {
+    for (size_t i = 0; (r = wspec_at(&ck->config, &tf, i, &w)); i++) {
         if (r < 0)
             continue;
         const kiln_safetensors_tensor *t;
@@ -569,7 +713,7 @@ kiln_status dec_model_random(kiln_runtime *rt, kiln_stream *s, const dec_config 
     }
     wspec w;
     int r;
-    for (size_t i = 0; (r = wspec_at(c, i, &w)); i++) {
+    for (size_t i = 0; (r = wspec_at(c, NULL, i, &w)); i++) {
         if (r < 0)
             continue;
         kiln_buffer *b = NULL;
@@ -624,8 +768,9 @@ void dec_model_free(dec_model *m)
         return;
     for (int64_t i = 0; i < m->config.layers; i++) {
         dec_layer *L = &m->layer[i];
-        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wqkv,   L->bqkv,  L->wo,
-                              L->w_gate_up, L->w_down, L->q_norm, L->k_norm};
+        kiln_buffer *all[] = {L->in_norm, L->post_norm, L->wqkv,   L->bqkv,      L->wo,
+                              L->w_gate_up, L->w_down, L->q_norm, L->k_norm,    L->router,
+                              L->x_gate_up, L->x_down, L->sh_gate_up, L->sh_down, L->sh_gate};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
             kiln_buffer_destroy(all[k]);
     }

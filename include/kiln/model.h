@@ -93,9 +93,13 @@ typedef struct kiln_model_config {
      * n_routed_experts): the experts, those a token takes
      * (num_experts_per_tok, 1 when absent), an expert's intermediate size
      * (moe_intermediate_size, else intermediate_size as Mixtral's), the
-     * shared expert's (0: none) and norm_topk_prob; all 0 for a dense model.
-     * kiln has no MoE operation yet: kiln_model_specializations refuses such
-     * a config rather than list kernels the model never runs. */
+     * shared expert's (0: none) and norm_topk_prob (always 1 for Mixtral,
+     * whose router renormalizes); all 0 for a dense model. Every layer's MLP
+     * is the experts: the parser refuses a config that says otherwise
+     * (mlp_only_layers not empty, decoder_sparse_step other than 1, or
+     * model_type qwen3_next, whose gated delta layers alternate with
+     * attention), and more experts than kiln's MoE operation takes
+     * (KILN_MOE_MAX_EXPERTS, KILN_MOE_MAX_TOP_K a token), naming the value. */
     int64_t num_experts;
     int64_t num_experts_per_tok;
     int64_t moe_intermediate_size;
