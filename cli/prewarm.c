@@ -98,6 +98,24 @@ typedef struct prewarm_run {
     double start, last_draw;
 } prewarm_run;
 
+/* "model NAME (sizes..., dtype D)" for the summaries; a mixture of experts
+ * names its experts before the dtype. */
+static void describe_model(const kiln_model_config *c, char *buf, size_t cap)
+{
+    char experts[160] = "", shared[64] = "";
+    if (c->shared_expert_intermediate_size)
+        snprintf(shared, sizeof shared, "; a shared expert %lld wide", (long long)c->shared_expert_intermediate_size);
+    if (c->num_experts)
+        snprintf(experts, sizeof experts, ", %lld experts (%lld a token, %lld wide%s)", (long long)c->num_experts,
+                 (long long)c->num_experts_per_tok, (long long)c->moe_intermediate_size, shared);
+    snprintf(buf, cap,
+             "model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, num_attention_heads %lld, "
+             "num_key_value_heads %lld, head_dim %lld%s, dtype %s)",
+             c->name, (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->intermediate_size,
+             (long long)c->num_attention_heads, (long long)c->num_key_value_heads, (long long)c->head_dim, experts,
+             c->dtype == KILN_DTYPE_BF16 ? "bf16" : "f16");
+}
+
 static double now_seconds(void)
 {
     struct timespec ts;
@@ -329,14 +347,11 @@ int cli_prewarm_into(const char *cmd, const kiln_model_config *config, const kil
         else
             n_cached++;
     }
-    printf("summary: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
-           "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld, dtype %s), arch %s: "
-           "%zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, database %s\n",
-           config->name, (long long)config->vocab_size, (long long)config->hidden_size,
-           (long long)config->intermediate_size, (long long)config->num_attention_heads,
-           (long long)config->num_key_value_heads, (long long)config->head_dim,
-           config->dtype == KILN_DTYPE_BF16 ? "bf16" : "f16", kiln_jit_arch(jit), n_specs,
-           n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
+    char model[512];
+    describe_model(config, model, sizeof model);
+    printf("summary: %s, arch %s: %zu specializations, %zu compiled, %zu already cached, %zu failed, %.2f s, "
+           "database %s\n",
+           model, kiln_jit_arch(jit), n_specs, n_compiled, n_cached, n_failed, elapsed, kiln_cache_path(cache));
     fflush(stdout);
     if (n_failed)
         cli_fail(cmd, "%zu of %zu specializations failed", n_failed, n_specs);
@@ -488,14 +503,11 @@ static int dry_run(const kiln_model_config *config, const kiln_spec *specs, size
         kiln_fingerprint_hex(fp, hex);
         printf("%s %s %.*s\n", specs[i].template_id, consts, FP_SHORT, hex);
     }
-    if (!rc)
-        printf("dry run: model %s (vocab_size %lld, hidden_size %lld, intermediate_size %lld, "
-               "num_attention_heads %lld, num_key_value_heads %lld, head_dim %lld, dtype %s), arch %s: "
-               "%zu specializations\n",
-               config->name, (long long)config->vocab_size, (long long)config->hidden_size,
-               (long long)config->intermediate_size, (long long)config->num_attention_heads,
-               (long long)config->num_key_value_heads, (long long)config->head_dim,
-               config->dtype == KILN_DTYPE_BF16 ? "bf16" : "f16", kiln_jit_arch(jit), n_specs);
+    if (!rc) {
+        char model[512];
+        describe_model(config, model, sizeof model);
+        printf("dry run: %s, arch %s: %zu specializations\n", model, kiln_jit_arch(jit), n_specs);
+    }
     if (!rc && (fflush(stdout) != 0 || ferror(stdout)))
         rc = cli_fail(CMD, "cannot write the output");
     kiln_jit_destroy(jit);
