@@ -189,17 +189,36 @@ static inline long bench_parse_positive(const char *s)
 }
 
 /* The error line every benchmark prints before it exits 1: the phase, the
- * status code and the detail (kiln_errmsg() when detail is empty). */
-static inline void bench_json_error(const char *bench, const char *phase, const char *code, const char *detail,
-                                    const char *fallback)
+ * element type when the benchmark has one (dtype NULL: none), the status
+ * code and the detail (fallback, kiln_errmsg(), when detail is empty). */
+static inline void bench_json_error_dtype(const char *bench, const char *dtype, const char *phase, const char *code,
+                                          const char *detail, const char *fallback)
 {
     bench_json j;
     bench_json_begin(&j, bench);
     bench_json_bool(&j, "peer", 0);
+    if (dtype)
+        bench_json_str(&j, "dtype", dtype);
     bench_json_str(&j, "phase", phase);
     bench_json_str(&j, "error", code);
     bench_json_str(&j, "message", detail && *detail ? detail : fallback);
     bench_json_end(&j);
+}
+
+static inline void bench_json_error(const char *bench, const char *phase, const char *code, const char *detail,
+                                    const char *fallback)
+{
+    bench_json_error_dtype(bench, NULL, phase, code, detail, fallback);
+}
+
+/* xorshift64: the benchmarks' random inputs, reproducible from the state's seed. */
+static inline uint64_t bench_xorshift64(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
 }
 
 #endif

@@ -64,13 +64,7 @@ static void cu_check(CUresult r, const char *what)
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t rng_next(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+static uint64_t rng_next(void) { return bench_xorshift64(&g_rng); }
 
 static size_t sets_for(const shape *s, int rotated)
 {

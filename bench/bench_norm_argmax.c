@@ -50,14 +50,8 @@ static CUstream g_stream;
 
 static void fail(const char *what, kiln_status st, const char *detail)
 {
-    bench_json j;
-    bench_json_begin(&j, BENCH);
-    bench_json_bool(&j, "peer", 0);
-    bench_json_str(&j, "dtype", kiln_dtype_name(g_elt));
-    bench_json_str(&j, "phase", what);
-    bench_json_str(&j, "error", st ? kiln_status_code(st) : "bench");
-    bench_json_str(&j, "message", detail && *detail ? detail : kiln_errmsg());
-    bench_json_end(&j);
+    bench_json_error_dtype(BENCH, kiln_dtype_name(g_elt), what, st ? kiln_status_code(st) : "bench", detail,
+                           kiln_errmsg());
     exit(1);
 }
 
@@ -73,13 +67,7 @@ static void cu_check(CUresult r, const char *what)
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t rng_next(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+static uint64_t rng_next(void) { return bench_xorshift64(&g_rng); }
 
 /* Random finite elements of g_elt in about [-4, 4]. */
 static void fill_elt(kiln_buffer *b, size_t bytes)

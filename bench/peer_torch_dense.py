@@ -20,34 +20,15 @@ import json
 import sys
 import time
 
+from peer_common import Emitter, quantile, r3
+
 BENCH = "dense"
 PEER = "torch"
 SHAPES = [("lm_head", 1, 4096, 151936, 1), ("linear", 2048, 4096, 28672, 1),
           ("swiglu", 2048, 4096, 14336, 1), ("lm_head_p64", 4096, 4096, 128256, 64)]
 WARM_S = 0.3
-DTYPE = None  # --dtype, set by main() for emit()
+emit = Emitter(BENCH, PEER)  # its dtype set from --dtype in main
 TARGETS = {"lm_head": "per_launch_gbps", "linear": "per_launch_tflops"}
-
-
-def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
-    base.update(obj)
-    if DTYPE is not None:
-        base.setdefault("dtype", DTYPE)
-    sys.stdout.write(json.dumps(base) + "\n")
-    sys.stdout.flush()
-
-
-def quantile(v, q):
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    if lo + 1 >= len(v):
-        return v[-1]
-    return v[lo] + (v[lo + 1] - v[lo]) * (pos - lo)
-
-
-def r3(x):
-    return None if x is None else round(x, 3)
 
 
 def main():
@@ -57,8 +38,7 @@ def main():
     ap.add_argument("--kiln", default=None)
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     args = ap.parse_args()
-    global DTYPE
-    DTYPE = args.dtype
+    emit.dtype = args.dtype
     try:
         import torch
         import torch.nn.functional as F

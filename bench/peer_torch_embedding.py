@@ -16,33 +16,16 @@ Every line names the dtype ("dtype").
 Usage: peer_torch_embedding.py [--iters 200] [--warmup 20] [--vocab 128256] [--dtype f16|bf16]
 """
 import argparse
-import json
 import sys
+
+from peer_common import Emitter, quantile, r3
 
 BENCH = "embedding"
 PEER = "torch"
 SHAPES = [(2048, 4096), (2048, 896), (2048, 5120), (1, 4096), (7, 4096), (70000, 4096)]
 MAX_SETS = 16
 ROTATE_BYTES = 256 << 20
-DTYPE = "f16"  # set from --dtype in main; every line carries it
-
-
-def emit(obj):
-    base = {"bench": BENCH, "peer": PEER, "dtype": DTYPE}
-    base.update(obj)
-    sys.stdout.write(json.dumps(base) + "\n")
-    sys.stdout.flush()
-
-
-def quantile(sorted_v, q):
-    n = len(sorted_v)
-    if n == 0:
-        return None
-    pos = q * (n - 1)
-    lo = int(pos)
-    if lo + 1 >= n:
-        return sorted_v[-1]
-    return sorted_v[lo] + (sorted_v[lo + 1] - sorted_v[lo]) * (pos - lo)
+emit = Emitter(BENCH, PEER, "f16")  # its dtype set from --dtype in main
 
 
 def sets_for(tokens, hidden, rotated):
@@ -52,10 +35,6 @@ def sets_for(tokens, hidden, rotated):
     return max(1, min(MAX_SETS, -(-ROTATE_BYTES // out_bytes)))
 
 
-def r3(x):
-    return None if x is None else round(x, 3)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=200)
@@ -63,8 +42,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     args = ap.parse_args()
-    global DTYPE
-    DTYPE = args.dtype
+    emit.dtype = args.dtype
     if args.iters < 1 or args.warmup < 1 or args.vocab < 1:
         ap.error("--iters, --warmup and --vocab must be positive")
 

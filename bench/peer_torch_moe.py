@@ -47,34 +47,15 @@ import json
 import math
 import sys
 
+from peer_common import Emitter, quantile, r3
+
 BENCH = "moe"
 PEER = "torch"
 DECODE_MAX_T = 64
 COPY_BYTES = 1 << 30
 COPY_ITERS = 20
 BATCHED_MM_MAX_BYTES = 8 << 30
-DTYPE = None  # --dtype, set by main() for emit()
-
-
-def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
-    base.update(obj)
-    if DTYPE is not None:
-        base.setdefault("dtype", DTYPE)
-    sys.stdout.write(json.dumps(base) + "\n")
-    sys.stdout.flush()
-
-
-def quantile(v, q):
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    if lo + 1 >= len(v):
-        return v[-1]
-    return v[lo] + (v[lo + 1] - v[lo]) * (pos - lo)
-
-
-def r3(x):
-    return None if x is None else round(x, 3)
+emit = Emitter(BENCH, PEER)  # its dtype set from --dtype in main
 
 
 def event_times(torch, fn, iters, per_call=1):
@@ -136,8 +117,7 @@ def main():
     ap.add_argument("--impls", default="grouped_mm,batched_mm,eager")
     ap.add_argument("--kiln", default=None)
     args = ap.parse_args()
-    global DTYPE
-    DTYPE = args.dtype
+    emit.dtype = args.dtype
     H, I, E, K = args.hidden, args.inter, args.experts, args.top_k
     tokens = [int(t) for t in args.tokens.split(",") if t]
     try:

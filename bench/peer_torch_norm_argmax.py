@@ -24,6 +24,8 @@ import argparse
 import json
 import sys
 
+from peer_common import Emitter, quantile, r3
+
 BENCH = "norm_argmax"
 PEER = "torch"
 SHAPES = [(2048, 4096), (1, 4096), (16, 4096), (2048, 896), (4096, 4096)]
@@ -31,26 +33,7 @@ MAX_SETS = 16
 ROTATE_BYTES = 256 << 20
 GRAPH_OPS = 64
 GRAPH_REPS = 20
-DTYPE = "f16"  # set from --dtype in main; every line carries it
-
-
-def emit(obj):
-    base = {"bench": BENCH, "peer": PEER, "dtype": DTYPE}
-    base.update(obj)
-    sys.stdout.write(json.dumps(base) + "\n")
-    sys.stdout.flush()
-
-
-def quantile(v, q):
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    if lo + 1 >= len(v):
-        return v[-1]
-    return v[lo] + (v[lo + 1] - v[lo]) * (pos - lo)
-
-
-def r3(x):
-    return None if x is None else round(x, 3)
+emit = Emitter(BENCH, PEER, "f16")  # its dtype set from --dtype in main
 
 
 def time_calls(torch, calls, iters, warmup):
@@ -104,8 +87,7 @@ def main():
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     ap.add_argument("--kiln", default=None)
     args = ap.parse_args()
-    global DTYPE
-    DTYPE = args.dtype
+    emit.dtype = args.dtype
     try:
         import torch
         import torch.nn.functional as F
