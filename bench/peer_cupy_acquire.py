@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from peer_common import Emitter, quantile, r3
+
 BENCH = "acquire"
 PEER = "cupy"
 VOCAB = 128256
@@ -41,30 +43,12 @@ OPTIONS = ("--std=c++17",)
 OPTIONS_MINIMAL = ("--std=c++17", "-minimal")
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(os.path.dirname(HERE), "templates")
-
-
-def emit(obj):
-    base = {"bench": BENCH, "peer": PEER}
-    base.update(obj)
-    sys.stdout.write(json.dumps(base) + "\n")
-    sys.stdout.flush()
-
-
-def quantile(sorted_v, q):
-    """Linear interpolation between ranks, as bench_common.h does."""
-    n = len(sorted_v)
-    if n == 0:
-        return None
-    pos = q * (n - 1)
-    lo = int(pos)
-    if lo + 1 >= n:
-        return sorted_v[-1]
-    return sorted_v[lo] + (sorted_v[lo + 1] - sorted_v[lo]) * (pos - lo)
+emit = Emitter(BENCH, PEER)
 
 
 def stats_us(values):
     v = sorted(values)
-    r = lambda x: None if x is None else round(x, 3)
+    r = r3
     return {
         "n": len(v),
         "median_us": r(quantile(v, 0.5)),
