@@ -15,6 +15,7 @@
 # Filters, for a run that cannot afford everything (device time is scarce):
 #     MEMCHECK_TESTS="test_graph_gpu ..."   memcheck only these binaries
 #     BENCHES="bench_graph peer_torch_graph ..."   only these benchmark steps
+#     DECODE_MOE=1   adds bench_decode_moe (the mixture of experts' decode step, kiln and torch)
 # Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
 # default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
 # of it to the benchmarks): a step that would start past the budget is
@@ -190,6 +191,12 @@ bench peer_torch_moe 240 python3 "$ROOT/bench/peer_torch_moe.py" --kiln "$BENCH_
 
 # Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
 bench bench_decode 240 bash "$ROOT/bench/bench_decode.sh" "$BUILD"
+# The decode step of a 48-layer Qwen3-30B-A3B-shaped mixture of experts (bf16, ~58 GB of weights), kiln then
+# the torch peer on the same weights: only with DECODE_MOE=1 or bench_decode_moe in BENCHES.
+if [ "${DECODE_MOE:-0}" = 1 ] || [[ " ${BENCHES:-} " == *" bench_decode_moe "* ]]; then
+    bench bench_decode_moe 420 bash "$ROOT/bench/bench_decode.sh" "$BUILD" --config "$ROOT/tests/data/qwen3-30b-a3b.json" \
+        --layers 48 --dtype bf16 --batch 1,8,32 --context 1024
+fi
 if [ -z "${BENCHES:-}" ] || [[ " $BENCHES " == *" decode-check "* ]]; then
     step decode-check 300 0 python3 "$ROOT/examples/decode/check.py" --build "$BUILD" >"$OUT/decode-check.log" 2>&1
     tail -n 30 "$OUT/decode-check.log"

@@ -3,6 +3,8 @@
  * context and batch size (--bench), and the prefill of each shape beside the
  * dense peak of the same element type measured in the same run
  * (--bench-prefill). JSON lines on stdout. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +250,7 @@ int dec_run_bench_decode(const dec_bench_args *a)
     dec_session x;
     int rc = 1;
     dec_model *m = NULL;
+    uint32_t *distinct = NULL;
     if (!dec_session_open(a->db, &x))
         goto out;
     kiln_status st;
@@ -266,6 +269,14 @@ int dec_run_bench_decode(const dec_bench_args *a)
     fflush(stdout);
     const kiln_model_config *b = &c.base;
     const char *model = a->config ? "config" : "llama-3-8b";
+    /* A mixture of experts: one expert's gate, up and down weights, and the
+     * experts each layer's routing chose in the last step measured. */
+    const int moe = b->num_experts > 0;
+    const double expert_bytes = 3.0 * (double)b->moe_intermediate_size * (double)b->hidden_size * 2.0;
+    if (moe && !(distinct = calloc((size_t)c.layers, sizeof *distinct))) {
+        fprintf(stderr, "decode: out of memory\n");
+        goto out;
+    }
     for (size_t ci = 0; ci < a->n_contexts; ci++) {
         const uint32_t context = a->contexts[ci];
         for (size_t i = 0; i < a->n_batches; i++) {
@@ -293,6 +304,8 @@ int dec_run_bench_decode(const dec_bench_args *a)
             double dev = 0, wall = 0;
             uint64_t replayed = 0;
             st = dec_bench_steps(e, B, context, 5, (int)a->steps, &dev, &wall, &replayed);
+            if (!st && moe)
+                st = dec_bench_routing(e, B, context, distinct);
             if (!st)
                 st = dec_bench_breakdown(e, B, context, stdout);
             dec_engine_free(e);
@@ -301,19 +314,43 @@ int dec_run_bench_decode(const dec_bench_args *a)
                 goto out;
             }
             kiln_jit_get_counters(x.jit, &after);
-            const double floor_ms = ((double)m->weight_bytes + kv) / bw * 1e3;
+            /* A mixture of experts' step reads only the experts its routing chose, layer by layer. */
+            double read_bytes = (double)m->weight_bytes;
+            uint32_t dmin = UINT32_MAX, dmax = 0;
+            uint64_t dsum = 0;
+            if (moe) {
+                for (int64_t l = 0; l < c.layers; l++) {
+                    dsum += distinct[l];
+                    dmin = distinct[l] < dmin ? distinct[l] : dmin;
+                    dmax = distinct[l] > dmax ? distinct[l] : dmax;
+                }
+                read_bytes += ((double)dsum - (double)c.layers * (double)b->num_experts) * expert_bytes;
+            }
+            const double floor_ms = (read_bytes + kv) / bw * 1e3;
             printf("{\"bench\":\"decode_step\",\"impl\":\"kiln\",\"model\":\"%s\",\"dtype\":\"%s\","
                    "\"layers\":%lld,\"batch\":%u,\"context\":%u,\"steps\":%u,\"device_ms\":%.4f,\"wall_ms\":%.4f,\"floor_ms\":%.4f,"
                    "\"device_over_floor\":%.3f,\"wall_over_floor\":%.3f,\"weight_bytes\":%llu,\"kv_bytes\":%.0f,"
-                   "\"d2d_gb_s\":%.1f,\"replayed_commands\":%llu,\"compiles\":%llu}\n",
+                   "\"d2d_gb_s\":%.1f,\"replayed_commands\":%llu,\"compiles\":%llu",
                    model, kiln_dtype_name(b->dtype), (long long)c.layers, B, context, a->steps, dev, wall, floor_ms, dev / floor_ms,
-                   wall / floor_ms, (unsigned long long)m->weight_bytes, kv, bw / 1e9,
+                   wall / floor_ms, (unsigned long long)read_bytes, kv, bw / 1e9,
                    (unsigned long long)replayed, (unsigned long long)(after.compiles - before.compiles));
+            if (moe) {
+                const double E = (double)b->num_experts, K = (double)b->num_experts_per_tok;
+                printf(",\"model_type\":");
+                json_string(c.model_type);
+                printf(",\"experts\":%lld,\"top_k\":%lld,\"distinct_experts\":%.2f,\"distinct_experts_min\":%u,"
+                       "\"distinct_experts_max\":%u,\"expected_distinct_experts\":%.2f,\"floor_experts\":\"measured\","
+                       "\"model_weight_bytes\":%llu",
+                       (long long)b->num_experts, (long long)b->num_experts_per_tok, (double)dsum / (double)c.layers,
+                       dmin, dmax, E * (1 - pow(1 - K / E, (double)B)), (unsigned long long)m->weight_bytes);
+            }
+            printf("}\n");
             fflush(stdout);
         }
     }
     rc = 0;
 out:
+    free(distinct);
     dec_model_free(m);
     dec_session_close(&x);
     free(chunk);
