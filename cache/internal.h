@@ -97,6 +97,11 @@ typedef struct kiln__row_meta {
  * differs, with both values. */
 int kiln__row_is(const kiln__row_meta *row, const kiln_cache_record *x, char *detail, size_t cap);
 
+/* Whether a row's parts (when it has them) say what its other fields say:
+ * template, constants, arch and NVRTC (cache/maintenance.c, for verify). When
+ * not, detail names the first that differs. */
+int kiln__row_parts_agree(const kiln__row_meta *row, char *detail, size_t cap);
+
 /* The value of part name ("template", "arch", "nvrtc", "constants", ...) in
  * a row's parts text: 1 with *value and *len (constants runs to the end, its
  * own ';' included), 0 when the text has no such part. */
@@ -187,6 +192,11 @@ typedef struct kiln__remote_row {
  * decoded here: kiln__row_decode does that, as for an SQLite row. */
 kiln_status kiln__remote_value_parse(const void *value, size_t size, kiln__remote_row *out, char *detail, size_t cap);
 void kiln__remote_row_free(kiln__remote_row *row);
+
+/* What a key under the prefix is: PREFIX:row:FP or PREFIX:lease:FP (64
+ * lowercase hex digits, as kiln writes them; fp set), or anything else. */
+enum { KILN__REMOTE_KEY_OTHER = 0, KILN__REMOTE_KEY_ROW = 1, KILN__REMOTE_KEY_LEASE = 2 };
+int kiln__remote_key_kind(const char *prefix, const char *key, size_t len, uint8_t fp[KILN_FINGERPRINT_SIZE]);
 
 /* The value of record r (its cubin unused) whose raw cubin of raw_size
  * bytes is the zstd frame z of zn bytes with SHA-256 sum: *out malloc'd. */

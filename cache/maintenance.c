@@ -48,27 +48,19 @@ static kiln_status check_row(sqlite3_stmt *q, int first, uint8_t fp[KILN_FINGERP
 
 /* ---- verify ---- */
 
-/* Whether a row's parts (when it has them) say what its columns say: the
- * template, constants, arch and NVRTC version of columns first..first+5
- * (template_id, constants, arch, nvrtc_major, nvrtc_minor, parts). */
-static int parts_agree(sqlite3_stmt *q, int first, char *detail, size_t cap)
+int kiln__row_parts_agree(const kiln__row_meta *m, char *detail, size_t cap)
 {
-    const char *parts = is_text(q, first + 5) ? (const char *)sqlite3_column_text(q, first + 5) : NULL;
-    if (!parts || !*parts)
+    if (!m->parts || !*m->parts)
         return 1;
     char nvrtc[48];
-    snprintf(nvrtc, sizeof nvrtc, "%lld.%lld", (long long)sqlite3_column_int64(q, first + 3),
-             (long long)sqlite3_column_int64(q, first + 4));
+    snprintf(nvrtc, sizeof nvrtc, "%lld.%lld", (long long)m->nvrtc_major, (long long)m->nvrtc_minor);
     static const char *const names[] = {"template", "constants", "arch", "nvrtc"};
     static const char *const columns[] = {"template_id", "constants", "arch", "NVRTC"};
-    const char *have[4];
-    for (int i = 0; i < 3; i++)
-        have[i] = is_text(q, first + i) ? (const char *)sqlite3_column_text(q, first + i) : NULL;
-    have[3] = nvrtc;
+    const char *have[4] = {m->template_id, m->constants, m->arch, nvrtc};
     for (int i = 0; i < 4; i++) {
         const char *v;
         size_t n;
-        if (!kiln__parts_field(parts, names[i], &v, &n))
+        if (!kiln__parts_field(m->parts, names[i], &v, &n))
             continue;
         if (have[i] && strlen(have[i]) == n && !memcmp(have[i], v, n))
             continue;
@@ -77,6 +69,20 @@ static int parts_agree(sqlite3_stmt *q, int first, char *detail, size_t cap)
         return 0;
     }
     return 1;
+}
+
+/* kiln__row_parts_agree of columns first..first+5 (template_id, constants,
+ * arch, nvrtc_major, nvrtc_minor, parts). */
+static int parts_agree(sqlite3_stmt *q, int first, char *detail, size_t cap)
+{
+    kiln__row_meta m = {.template_id = is_text(q, first) ? (const char *)sqlite3_column_text(q, first) : NULL,
+                        .constants = is_text(q, first + 1) ? (const char *)sqlite3_column_text(q, first + 1) : NULL,
+                        .arch = is_text(q, first + 2) ? (const char *)sqlite3_column_text(q, first + 2) : NULL,
+                        .parts = is_text(q, first + 5) ? (const char *)sqlite3_column_text(q, first + 5) : NULL,
+                        .nvrtc_is_integer = 1,
+                        .nvrtc_major = sqlite3_column_int64(q, first + 3),
+                        .nvrtc_minor = sqlite3_column_int64(q, first + 4)};
+    return kiln__row_parts_agree(&m, detail, cap);
 }
 
 kiln_status kiln_cache_verify(kiln_cache *c,

@@ -37,11 +37,21 @@ static const char verify_help[] =
     "  signature <path>: unsigned | valid, key <key id>, <N> rows as signed[, trusted\n"
     "                    | , not trusted] | invalid: <why>\n"
     "(trusted or not: whether $KILN_TRUSTED_KEYS, when set, lists the key).\n"
+    "When $KILN_CACHE_REMOTE names a remote tier, every row under its prefix is\n"
+    "then read (SCAN, then GET) and checked as a fetch checks it: a line per bad\n"
+    "row,\n"
+    "  bad <key> <what failed>\n"
+    "and one line,\n"
+    "  remote <url>: <N> rows verified, <B> bad[ (first: <key>: <what failed>)],\n"
+    "                <L> leases, <K> other keys\n"
+    "                | failed: <why> (<N> rows verified, <B> bad before it)\n"
+    "                | skipped: <why>   (a trust policy keeps the tier off)\n"
     "\n"
     "exit status: 0 every row is whole, the integrity check passed and the\n"
     "signature is valid or absent; 1 a bad row, a failed integrity check, an\n"
     "invalid signature, under $KILN_TRUSTED_KEYS a database unsigned or signed by\n"
-    "a key it does not list, a missing or unreadable database; 2 a usage error.\n";
+    "a key it does not list, a missing or unreadable database, a bad remote row,\n"
+    "a remote tier that cannot be read or is skipped; 2 a usage error.\n";
 
 static const char gc_help[] =
     "usage: kiln gc [--db PATH] --max-bytes N | --older-than DAYS\n"
@@ -211,6 +221,61 @@ int cli_verify_cache_as(const char *cmd, kiln_cache *cache, const char *shown)
     return CLI_EXIT_OK;
 }
 
+static void print_bad_remote(void *user, const char *key, const char *detail)
+{
+    (void)user;
+    char *k = cli_escape(key), *shown = cli_escape(detail ? detail : "");
+    printf("bad %s %s\n", k ? k : "(out of memory)", shown ? shown : "(out of memory)");
+    free(k);
+    free(shown);
+}
+
+/* The remote tier of $KILN_CACHE_REMOTE, through a handle of its own on the
+ * same file, under the trust policy a serving process would have. */
+static int verify_remote(const char *cmd, const char *path, const char *url)
+{
+    static const char *const no_layers[1] = {NULL};
+    kiln_cache_options opts = {.size = sizeof opts,
+                               .path = path,
+                               .read_only = 1,
+                               .existing_only = 1,
+                               .remote = url,
+                               .readonly_paths = no_layers,
+                               .n_readonly_paths = 0};
+    kiln_cache *cache = NULL;
+    kiln_cache_remote_verify_report r = {.size = sizeof r};
+    if (kiln_cache_open(&opts, &cache) != KILN_OK)
+        return cli_fail(cmd, "%s", kiln_errmsg());
+    kiln_status st = kiln_cache_verify_remote(cache, print_bad_remote, NULL, &r);
+    kiln_cache_close(cache);
+    if (st != KILN_OK)
+        return cli_fail(cmd, "%s", kiln_errmsg());
+    char *reason = cli_escape(r.reason), *first = cli_escape(r.first_bad[0]);
+    int rc = CLI_EXIT_OK;
+    if (r.state == KILN_CACHE_REMOTE_SKIPPED) {
+        printf("remote %s: skipped: %s\n", url, reason ? reason : "(out of memory)");
+        rc = cli_fail(cmd, "remote %s is skipped: nothing was verified", url);
+    } else if (r.state == KILN_CACHE_REMOTE_FAILED) {
+        printf("remote %s: failed: %s (%" PRIu64 " rows verified, %" PRIu64 " bad before it)\n", url,
+               reason ? reason : "(out of memory)", r.rows, r.bad_rows);
+        rc = cli_fail(cmd, "remote %s could not be read to the end", url);
+    } else {
+        printf("remote %s: %" PRIu64 " rows verified, %" PRIu64 " bad", url, r.rows, r.bad_rows);
+        if (r.bad_rows)
+            printf(" (first: %s)", first ? first : "(out of memory)");
+        printf(", %" PRIu64 " leases, %" PRIu64 " other keys\n", r.leases, r.other_keys);
+        if (r.bad_rows)
+            rc = cli_fail(cmd, "%" PRIu64 " of %" PRIu64 " remote rows failed verification (a fetch refuses each;"
+                               " the next compile of its kernel publishes a good row over it)",
+                          r.bad_rows, r.rows);
+    }
+    free(reason);
+    free(first);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return cli_fail(cmd, "cannot write the output");
+    return rc;
+}
+
 int cli_verify(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -239,8 +304,10 @@ int cli_verify(int argc, char **argv)
         return rc;
     rc = cli_verify_cache(cmd, cache);
     int sig_rc = cli_verify_signature(cmd, kiln_cache_path(cache));
+    const char *url = getenv("KILN_CACHE_REMOTE");
+    int remote_rc = url && *url ? verify_remote(cmd, kiln_cache_path(cache), url) : CLI_EXIT_OK;
     kiln_cache_close(cache);
-    return rc ? rc : sig_rc;
+    return rc ? rc : sig_rc ? sig_rc : remote_rc;
 }
 
 /* "4096", "64K", "2G": a byte count >= 1. 0 on success, -1 otherwise. */

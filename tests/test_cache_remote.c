@@ -4,7 +4,9 @@
  * mid-run loses and fails nothing; garbage values are refused and never
  * loaded; a closed port or a server that never answers is skipped with a
  * reason within the timeout; a dead holder's lease expires; a trust policy
- * keeps the layer off unless it is trusted. Skipped (CTest's skip code) when
+ * keeps the layer off unless it is trusted; verify (the library's and `kiln
+ * verify`'s) reports each bad row of the tier by its key, and why it cannot
+ * read one. Skipped (CTest's skip code) when
  * redis-server is not installed. CPU only: NVRTC needs no GPU. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -191,6 +193,43 @@ static kiln_cache_layer_info remote_layer(kiln_cache *c)
     return info;
 }
 
+/* kiln_cache_verify_remote's bad rows, by key. */
+typedef struct bad_seen {
+    char keys[16][200], details[16][512];
+    int n;
+} bad_seen;
+
+static void collect_bad(void *user, const char *key, const char *detail)
+{
+    bad_seen *b = user;
+    assert_true(b->n < 16);
+    snprintf(b->keys[b->n], sizeof b->keys[0], "%s", key);
+    snprintf(b->details[b->n], sizeof b->details[0], "%s", detail);
+    b->n++;
+}
+
+/* The detail on_bad gave for key, which must hold needle. */
+static void expect_bad(const bad_seen *b, const char *key, const char *needle)
+{
+    for (int i = 0; i < b->n; i++) {
+        if (strcmp(b->keys[i], key))
+            continue;
+        if (needle && !strstr(b->details[i], needle))
+            fail_msg("bad %s: \"%s\" lacks \"%s\"", key, b->details[i], needle);
+        return;
+    }
+    fail_msg("%s is not reported bad (%d reported)", key, b->n);
+}
+
+static kiln_cache_remote_verify_report verify_tier(kiln_cache *c, bad_seen *bad)
+{
+    kiln_cache_remote_verify_report rep = {.size = sizeof rep};
+    if (bad)
+        memset(bad, 0, sizeof *bad);
+    KILN_CHECK(kiln_cache_verify_remote(c, bad ? collect_bad : NULL, bad, &rep));
+    return rep;
+}
+
 /* ---- the CLI fleet ---- */
 
 typedef struct summary {
@@ -314,6 +353,19 @@ static void test_fleet_compiles_each_kernel_once(void **state)
     assert_int_equal(compiled, s[0].specs);
     assert_int_equal(count_keys("fleet:row:*"), s[0].specs);
     assert_int_equal(count_keys("fleet:lease:*"), 0); /* every lease given back */
+    /* The tier a fleet of prewarms filled verifies whole. */
+    char path[700];
+    snprintf(path, sizeof path, "%s/fleet-verify/kernels.db", g.dir);
+    kiln_cache *c = open_cache(path, remote_url("fleet"), 0);
+    bad_seen bad;
+    kiln_cache_remote_verify_report rep = verify_tier(c, &bad);
+    if (rep.state != KILN_CACHE_REMOTE_SCANNED || rep.bad_rows || bad.n)
+        fail_msg("the fleet's tier: state %d, %llu bad (%s), %s", (int)rep.state, (unsigned long long)rep.bad_rows,
+                 rep.first_bad[0], rep.reason);
+    assert_int_equal(rep.rows, (uint64_t)s[0].specs);
+    assert_int_equal(rep.leases, 0);
+    assert_int_equal(rep.other_keys, 0);
+    kiln_cache_close(c);
 }
 
 static void test_redis_killed_mid_run_loses_nothing(void **state)
@@ -509,6 +561,240 @@ static void test_garbage_values_are_refused(void **state)
     free(bad);
 }
 
+/* ---- verify: every row of the tier, judged as a fetch judges it ---- */
+
+/* kiln verify --db db with $KILN_CACHE_REMOTE: its exit status, its output in *text. */
+static int run_verify_cli(const char *db, const char *remote, char **text)
+{
+    char out[700];
+    snprintf(out, sizeof out, "%s/verify-cli.log", g.dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        setenv("KILN_CACHE_REMOTE", remote, 1);
+        execl(KILN_CLI, KILN_CLI, "verify", "--db", db, (char *)NULL);
+        _exit(127);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    *text = slurp(out);
+    if (strstr(*text, "Sanitizer") || strstr(*text, "runtime error:"))
+        fail_msg("kiln verify: sanitizer report:\n%.4000s", *text);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void test_verify_reports_each_bad_row(void **state)
+{
+    (void)state;
+    const char *remote = remote_url("verify");
+    char path[700], line[512], keys[8][200];
+    snprintf(path, sizeof path, "%s/verify/kernels.db", g.dir);
+    kiln_cache *pub = open_cache(path, remote, 0);
+    uint8_t cubins[5][2048];
+    kiln_cache_record r[5];
+    for (int i = 0; i < 5; i++) {
+        r[i] = fake_record((uint8_t)(21 + i), cubins[i], sizeof cubins[i] - 64 * (size_t)i);
+        key_of("verify", r[i].fingerprint, keys[i], sizeof keys[i]);
+    }
+    /* r[4]'s parts name another template than its template_id: whole bytes, a row no key of it gives. */
+    r[4].parts = "schema=kiln-fingerprint-1;template=other;arch=sm_90;nvrtc=12.4;constants=N=1";
+    for (int i = 0; i < 4; i++)
+        KILN_CHECK(kiln_cache_put(pub, &r[i]));
+    assert_int_equal(counters(pub).remote_published, 4);
+    snprintf(path, sizeof path, "%s/verify-parts/kernels.db", g.dir); /* the local database stays whole */
+    kiln_cache *pub2 = open_cache(path, remote, 0);
+    KILN_CHECK(kiln_cache_put(pub2, &r[4]));
+    assert_int_equal(counters(pub2).remote_published, 1);
+    kiln_cache_close(pub2);
+    snprintf(path, sizeof path, "%s/verify/kernels.db", g.dir);
+    /* Not rows: a lease, a note, a key of a spelling kiln never writes, another prefix's row. */
+    uint8_t fp5[KILN_FINGERPRINT_SIZE], fp6[KILN_FINGERPRINT_SIZE];
+    memset(fp5, 0x55, sizeof fp5);
+    memset(fp6, 0x66, sizeof fp6);
+    key_of("verify", fp5, keys[5], sizeof keys[5]);
+    key_of("verify", fp6, keys[6], sizeof keys[6]);
+    char lease[200], upper[200], other[200];
+    snprintf(lease, sizeof lease, "verify:lease:%.64s", keys[0] + strlen("verify:row:"));
+    snprintf(upper, sizeof upper, "verify:row:%064d", 0);
+    memcpy(upper + strlen("verify:row:"), "ABCDEF", 6);
+    key_of("verifyx", fp5, other, sizeof other);
+    redis_set(lease, "someone", 7);
+    redis_set("verify:note", "hello", 5);
+    redis_set(upper, "not looked at", 13);
+    redis_set(other, "not this prefix's", 17);
+
+    /* Whole: every row verifies, leases and other keys counted, not bad. */
+    kiln_cache_remote_verify_report rep = verify_tier(pub, NULL);
+    r[4].parts = NULL;
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_SCANNED);
+    assert_int_equal(rep.rows, 5);
+    assert_int_equal(rep.bad_rows, 1); /* the row whose parts disagree */
+    assert_non_null(strstr(rep.first_bad[0], keys[4]));
+    assert_non_null(strstr(rep.first_bad[0], "its fingerprint parts say template=other"));
+    assert_int_equal(rep.leases, 1);
+    assert_int_equal(rep.other_keys, 2); /* the note and the uppercase spelling; verifyx: is not matched */
+    assert_string_equal(rep.reason, "");
+    assert_string_equal(rep.first_bad[1], "");
+    redisContext *rc = connect_redis();
+    freeReplyObject(redisCommand(rc, "DEL %s", keys[4]));
+    redisFree(rc);
+    rep = verify_tier(pub, NULL);
+    assert_int_equal(rep.rows, 4);
+    assert_int_equal(rep.bad_rows, 0);
+    kiln_cache_counters k = counters(pub);
+    assert_int_equal(k.remote_errors, 0);
+    assert_int_equal(k.remote_refused, 0);
+    assert_int_equal(k.remote_hits + k.remote_misses, 0); /* verify is no fetch */
+
+    /* The CLI on the clean tier: its line, exit 0. */
+    char *text = NULL;
+    int status = run_verify_cli(path, remote, &text);
+    snprintf(line, sizeof line, "remote %s: 4 rows verified, 0 bad, 1 leases, 2 other keys\n", remote);
+    if (status != 0 || !strstr(text, line))
+        fail_msg("kiln verify of a clean tier: status %d, no \"%s\":\n%.4000s", status, line, text);
+    assert_non_null(strstr(text, "verified ")); /* the local lines are still there */
+    free(text);
+
+    /* Corrupted in Redis directly. */
+    size_t n0 = 0, n1 = 0, n3 = 0;
+    uint8_t *v0 = redis_get(keys[0], &n0), *v1 = redis_get(keys[1], &n1), *v3 = redis_get(keys[3], &n3);
+    v0[n0 - 1] ^= 0x40; /* a byte of the zstd frame */
+    redis_set(keys[0], v0, n0);
+    redis_set(keys[1], v1, n1 - 1);          /* truncated */
+    redis_set(keys[2], v3, n3);              /* another fingerprint's value */
+    redis_set(keys[5], "garbage bytes", 13); /* garbage */
+    rc = connect_redis();
+    freeReplyObject(redisCommand(rc, "RPUSH %s x", keys[6])); /* not a string at all */
+    redisFree(rc);
+    bad_seen bad;
+    rep = verify_tier(pub, &bad);
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_SCANNED);
+    assert_int_equal(rep.rows, 6);
+    assert_int_equal(rep.bad_rows, 5);
+    assert_int_equal(bad.n, 5);
+    expect_bad(&bad, keys[0], NULL);
+    expect_bad(&bad, keys[1], "frame");
+    expect_bad(&bad, keys[2], "another fingerprint");
+    expect_bad(&bad, keys[5], "not a kiln row");
+    expect_bad(&bad, keys[6], "WRONGTYPE");
+    for (int i = 0; i < KILN_CACHE_REMOTE_FIRST_BAD; i++) /* "KEY: WHY", a key of those reported */
+        assert_true(!strncmp(rep.first_bad[i], "verify:row:", 11) && strstr(rep.first_bad[i], ": "));
+    assert_int_equal(remote_layer(pub).active, 1); /* a wrong type is the row's fault here */
+    assert_int_equal(counters(pub).remote_errors, 0);
+
+    /* An older caller's report: fields past its size are not written; a size inside the size field is refused. */
+    kiln_cache_remote_verify_report small;
+    memset(&small, 0x7e, sizeof small);
+    small.size = (uint32_t)offsetof(kiln_cache_remote_verify_report, first_bad);
+    KILN_CHECK(kiln_cache_verify_remote(pub, NULL, NULL, &small));
+    assert_int_equal(small.bad_rows, 5);
+    assert_int_equal((unsigned char)small.first_bad[0][0], 0x7e);
+    small.size = 2;
+    KILN_EXPECT(kiln_cache_verify_remote(pub, NULL, NULL, &small), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
+                "size", NULL);
+    kiln_cache_close(pub);
+
+    /* Each is refused by a fetch too (the list's fetch is a server error, as before). */
+    expect_refused(r[0].fingerprint, remote, "verify: a frame byte flipped", NULL);
+    expect_refused(r[1].fingerprint, remote, "verify: truncated", "frame");
+    expect_refused(r[2].fingerprint, remote, "verify: another fingerprint's value", "another fingerprint");
+    expect_refused(fp5, remote, "verify: garbage", "not a kiln row");
+
+    /* The CLI: a line per bad row naming its key, the summary, exit 1. */
+    status = run_verify_cli(path, remote, &text);
+    snprintf(line, sizeof line, "remote %s: 6 rows verified, 5 bad (first: verify:row:", remote);
+    if (status != 1 || !strstr(text, line) || !strstr(text, ", 1 leases, 2 other keys\n"))
+        fail_msg("kiln verify of a bad tier: status %d, no \"%s\":\n%.4000s", status, line, text);
+    for (int i = 0; i < 7; i++) {
+        if (i == 3 || i == 4)
+            continue;
+        snprintf(line, sizeof line, "bad %.200s ", keys[i]);
+        if (!strstr(text, line))
+            fail_msg("kiln verify: no \"%s\":\n%.4000s", line, text);
+    }
+    assert_non_null(strstr(text, "remote rows failed verification"));
+    free(text);
+
+    /* A closed port: the CLI says why and exits 1. */
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/verify", free_port());
+    status = run_verify_cli(path, url, &text);
+    snprintf(line, sizeof line, "remote %s: failed: redis 127.0.0.1:", url);
+    if (status != 1 || !strstr(text, line) || !strstr(text, "cannot connect"))
+        fail_msg("kiln verify of a closed port: status %d, no \"%s\":\n%.4000s", status, line, text);
+    free(text);
+    free(v0);
+    free(v1);
+    free(v3);
+}
+
+static void test_verify_unreachable_gives_the_reason(void **state)
+{
+    (void)state;
+    char url[128], path[700];
+    /* No remote tier: nothing to say. */
+    snprintf(path, sizeof path, "%s/verify-none/kernels.db", g.dir);
+    kiln_cache *c = open_cache(path, "", 0);
+    kiln_cache_remote_verify_report rep = verify_tier(c, NULL);
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_NONE);
+    assert_int_equal(rep.rows, 0);
+    KILN_EXPECT(kiln_cache_verify_remote(c, NULL, NULL, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "NULL",
+                NULL);
+    kiln_cache_close(c);
+
+    /* A closed port. */
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/closed", free_port());
+    snprintf(path, sizeof path, "%s/verify-closed/kernels.db", g.dir);
+    c = open_cache(path, url, 300);
+    double t0 = now_s();
+    rep = verify_tier(c, NULL);
+    printf("verify, closed port: %.3f s: %s\n", now_s() - t0, rep.reason);
+    assert_true(now_s() - t0 < 2.0);
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_FAILED);
+    assert_non_null(strstr(rep.reason, "cannot connect"));
+    assert_null(strstr(rep.reason, "compiling locally")); /* verify compiles nothing */
+    kiln_cache_close(c);
+
+    /* A server that accepts and never answers: the SCAN times out. */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s, 16), 0);
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/mute", ntohs(a.sin_port));
+    snprintf(path, sizeof path, "%s/verify-mute/kernels.db", g.dir);
+    c = open_cache(path, url, 300);
+    t0 = now_s();
+    rep = verify_tier(c, NULL);
+    double took = now_s() - t0;
+    printf("verify, silent server: %.3f s: %s\n", took, rep.reason);
+    assert_true(took >= 0.25 && took < 2.0);
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_FAILED);
+    assert_non_null(strstr(rep.reason, "SCAN"));
+    assert_non_null(strstr(rep.reason, "no answer within 300 ms"));
+    assert_int_equal(counters(c).remote_errors, 1);
+    kiln_cache_close(c);
+    close(s);
+
+    /* A server killed between the open and the verify. */
+    snprintf(path, sizeof path, "%s/verify-killed/kernels.db", g.dir);
+    c = open_cache(path, remote_url("verify-killed"), 300);
+    assert_int_equal(remote_layer(c).active, 1);
+    stop_redis(SIGKILL);
+    rep = verify_tier(c, NULL);
+    start_redis();
+    printf("verify, server killed: %s\n", rep.reason);
+    assert_int_equal(rep.state, KILN_CACHE_REMOTE_FAILED);
+    assert_non_null(strstr(rep.reason, "SCAN"));
+    kiln_cache_close(c);
+}
+
 /* ---- a server that is not there, or never answers ---- */
 
 static kiln_jit *offline_jit(kiln_cache *c)
@@ -662,13 +948,20 @@ static void test_trust_policy_keeps_the_remote_off(void **state)
         uint8_t cubin[256];
         kiln_cache_record r = fake_record((uint8_t)(10 + trusted), cubin, sizeof cubin);
         KILN_CHECK(kiln_cache_put(c, &r));
+        kiln_cache_remote_verify_report rep = verify_tier(c, NULL);
         if (!trusted) {
             assert_int_equal(info.active, 0);
             assert_non_null(strstr(info.reason, "trust policy"));
             assert_int_equal(counters(c).remote_published, 0);
+            assert_int_equal(rep.state, KILN_CACHE_REMOTE_SKIPPED); /* nothing read */
+            assert_non_null(strstr(rep.reason, "trust policy"));
+            assert_int_equal(rep.rows, 0);
         } else {
             assert_int_equal(info.active, 1);
             assert_int_equal(counters(c).remote_published, 1);
+            assert_int_equal(rep.state, KILN_CACHE_REMOTE_SCANNED);
+            assert_int_equal(rep.rows, 1);
+            assert_int_equal(rep.bad_rows, 0);
         }
         kiln_cache_close(c);
     }
@@ -720,6 +1013,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_urls_fail_the_open),
         cmocka_unit_test(test_garbage_values_are_refused),
+        cmocka_unit_test(test_verify_reports_each_bad_row),
+        cmocka_unit_test(test_verify_unreachable_gives_the_reason),
         cmocka_unit_test(test_unreachable_is_skipped_within_the_timeout),
         cmocka_unit_test(test_a_dead_holders_lease_expires),
         cmocka_unit_test(test_trust_policy_keeps_the_remote_off),

@@ -228,6 +228,55 @@ KILN_API kiln_status kiln_cache_verify(kiln_cache *cache,
                                                       const char *detail),
                                        void *user, kiln_cache_verify_report *out);
 
+/* What kiln_cache_verify_remote found in the remote tier. */
+typedef enum kiln_cache_remote_state {
+    KILN_CACHE_REMOTE_NONE = 0,    /* the cache has no remote tier: nothing read */
+    KILN_CACHE_REMOTE_SCANNED = 1, /* every key under the prefix was read and judged */
+    KILN_CACHE_REMOTE_SKIPPED = 2, /* the trust policy keeps the tier off (reason): nothing read */
+    KILN_CACHE_REMOTE_FAILED = 3   /* the server could not be reached or failed (reason); the counts
+                                      are of the keys judged before */
+} kiln_cache_remote_state;
+
+/* How many bad rows' reasons the report keeps (on_bad gets every one). */
+#define KILN_CACHE_REMOTE_FIRST_BAD 4
+
+/* size tells the library which fields the caller's header had: fields past
+ * it are not written. */
+typedef struct kiln_cache_remote_verify_report {
+    uint32_t size;                 /* sizeof(kiln_cache_remote_verify_report), or 0 for the library's */
+    kiln_cache_remote_state state;
+    uint64_t rows;                 /* PREFIX:row:FINGERPRINT keys read */
+    uint64_t bad_rows;             /* of them, values a fetch would refuse */
+    uint64_t leases;               /* PREFIX:lease:FINGERPRINT keys: not rows, never bad */
+    uint64_t other_keys;           /* any other key under "PREFIX:": not kiln's, never bad */
+    char reason[1024];             /* why SKIPPED or FAILED; "" otherwise */
+    /* "KEY: WHY" of the first bad rows, in the order found; "" past bad_rows. */
+    char first_bad[KILN_CACHE_REMOTE_FIRST_BAD][512];
+} kiln_cache_remote_verify_report;
+
+/* Checks every row of the cache's remote tier as a fetch checks it:
+ * iterates the keys under its prefix (SCAN with MATCH and COUNT, never
+ * KEYS; a key SCAN returns twice is judged once), GETs each row and parses
+ * it, then checks that the fingerprint it holds is its key's, that its
+ * template, constants, arch and NVRTC are those its parts name, and that its
+ * zstd frame yields raw_size bytes whose SHA-256 is its checksum. A key that
+ * holds no string, or a value that fails, is a bad row: on_bad (may be NULL)
+ * gets its key and what failed, without the cache's lock held. Lease keys
+ * and other keys under the prefix are counted, not judged; a row evicted
+ * between SCAN and GET is not counted. Under a trust policy that keeps the
+ * tier off (kiln_cache_options.remote_trusted) nothing is read (SKIPPED).
+ * Each command is bounded by remote_timeout_ms; a server that cannot be
+ * reached, is skipped after a recent failure, or fails during the scan ends
+ * it with FAILED and the reason (and is skipped by fetches as after any
+ * failure). Changes nothing, neither on the server nor in the databases,
+ * and counts nothing in kiln_cache_counters but remote_errors.
+ * KILN_OK with *out filled (whatever the state); KILN_ERR_INVALID_ARGUMENT:
+ * cache or out NULL, out->size nonzero and smaller than the size field;
+ * KILN_ERR_HOST_OUT_OF_MEMORY. */
+KILN_API kiln_status kiln_cache_verify_remote(kiln_cache *cache,
+                                              void (*on_bad)(void *user, const char *key, const char *detail),
+                                              void *user, kiln_cache_remote_verify_report *out);
+
 typedef struct kiln_cache_gc_options {
     uint32_t size;              /* sizeof(kiln_cache_gc_options), or 0; fields past it are 0 */
     uint64_t max_bytes;         /* keep at most this many stored bytes; 0: no limit */

@@ -16,6 +16,11 @@
  *      rest a cubin: kiln's own value of it (valid by construction, so that
  *      mutations reach past the header) with one byte changed unless the
  *      xor is 0; the unchanged value must parse and decode to the cubin.
+ *   3  a key as SCAN returns it (NUL bytes included), for
+ *      kiln__remote_key_kind under the prefix "kiln", and under the prefix
+ *      of byte 1 % 16 bytes after it (the rest the key): a row or a lease
+ *      exactly when the key is the one kiln writes for the fingerprint it
+ *      reads (the prefix, ":row:" or ":lease:", 64 lowercase hex digits).
  */
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -27,7 +32,7 @@
 #include "fuzz_common.h"
 
 static struct {
-    unsigned long long urls, urls_ok, values, values_ok, decoded, built, built_ok;
+    unsigned long long urls, urls_ok, values, values_ok, decoded, built, built_ok, keys, keys_kiln;
 } g_stats;
 
 static uint64_t le(const uint8_t *p, size_t n)
@@ -195,19 +200,66 @@ static void fuzz_built(const uint8_t *data, size_t size)
     free(z);
 }
 
+static void check_key(const char *prefix, const uint8_t *key, size_t n)
+{
+    uint8_t fp[KILN_FINGERPRINT_SIZE];
+    memset(fp, 0xa5, sizeof fp);
+    int kind = kiln__remote_key_kind(prefix, (const char *)key, n, fp);
+    FUZZ_CHECK(kind == KILN__REMOTE_KEY_OTHER || kind == KILN__REMOTE_KEY_ROW || kind == KILN__REMOTE_KEY_LEASE,
+               "kind %d", kind);
+    if (kind == KILN__REMOTE_KEY_OTHER) {
+        /* Judged here: a key of the form is never taken for another. */
+        static const char *const kinds[] = {"row", "lease"};
+        size_t pl = strlen(prefix);
+        for (int k = 0; k < 2; k++) {
+            size_t kl = strlen(kinds[k]), i = 0;
+            if (n != pl + 1 + kl + 1 + 64 || memcmp(key, prefix, pl) || key[pl] != ':' ||
+                memcmp(key + pl + 1, kinds[k], kl) || key[pl + 1 + kl] != ':')
+                continue;
+            while (i < 64 && key[n - 64 + i] && strchr("0123456789abcdef", key[n - 64 + i]))
+                i++;
+            FUZZ_CHECK(i < 64, "a %s key of the form taken for another key", kinds[k]);
+        }
+        return;
+    }
+    g_stats.keys_kiln++;
+    char hex[2 * KILN_FINGERPRINT_SIZE + 1], again[KILN__REMOTE_PREFIX_MAX + 80];
+    kiln_fingerprint_hex(fp, hex);
+    int len = snprintf(again, sizeof again, "%s:%s:%s", prefix, kind == KILN__REMOTE_KEY_ROW ? "row" : "lease", hex);
+    FUZZ_CHECK(len > 0 && (size_t)len == n && !memcmp(again, key, n), "a key kiln does not write taken for %s",
+               again);
+}
+
+static void fuzz_key(const uint8_t *data, size_t size)
+{
+    g_stats.keys++;
+    check_key("kiln", data, size);
+    size_t pl = size ? data[0] % 16 : 0;
+    char prefix[16];
+    if (!pl || pl + 1 > size)
+        return;
+    memcpy(prefix, data + 1, pl);
+    prefix[pl] = 0;
+    if (strlen(prefix) == pl)
+        check_key(prefix, data + 1, size - 1);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!size)
         return 0;
-    switch (data[0] % 3) {
+    switch (data[0] % 4) {
     case 0:
         fuzz_url(data + 1, size - 1);
         break;
     case 1:
         check_value(data + 1, size - 1, NULL, 0);
         break;
-    default:
+    case 2:
         fuzz_built(data + 1, size - 1);
+        break;
+    default:
+        fuzz_key(data + 1, size - 1);
         break;
     }
     return 0;
@@ -217,7 +269,7 @@ void kiln_fuzz_summary(FILE *f)
 {
     fprintf(f,
             "fuzz_remote: %llu URLs (%llu accepted), %llu values (%llu parsed, %llu decoded), %llu built by kiln"
-            " (%llu unedited)\n",
+            " (%llu unedited), %llu keys (%llu kiln's)\n",
             g_stats.urls, g_stats.urls_ok, g_stats.values, g_stats.values_ok, g_stats.decoded, g_stats.built,
-            g_stats.built_ok);
+            g_stats.built_ok, g_stats.keys, g_stats.keys_kiln);
 }

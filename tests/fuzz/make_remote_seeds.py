@@ -3,8 +3,8 @@
 
 Each seed is one input in the layout fuzz_remote.c describes: a selector byte
 (0 a URL, 1 a value as Redis returns it, 2 an edit and a cubin that the target
-makes a value of), then its bytes. Frames come from the system libzstd
-(through ctypes). The files are committed; run this again only to change
+makes a value of, 3 a key as SCAN returns it), then its bytes. Frames come from
+the system libzstd (through ctypes). The files are committed; run this again only to change
 them:  python3 tests/fuzz/make_remote_seeds.py
 """
 import ctypes
@@ -67,6 +67,10 @@ def main():
         "built-unedited": b"\2" + struct.pack("<I", 0) + fake_cubin(300, 7),
         "built-header-edit": b"\2" + struct.pack("<I", (1 << 24) | 20) + fake_cubin(300, 7),
         "built-frame-edit": b"\2" + struct.pack("<I", (0x80 << 24) | 200) + fake_cubin(300, 7),
+        "key-row": b"\3kiln:row:" + b"5a" * 32,
+        "key-lease": b"\3kiln:lease:" + b"0f" * 32,
+        "key-upper-hex": b"\3kiln:row:" + b"5A" * 32,
+        "key-other-prefix": b"\3\x04team:row:" + b"5a" * 32,
     }
     for name, data in seeds.items():
         with open(os.path.join(OUT, name), "wb") as f:
