@@ -3,7 +3,6 @@
  * that is down, slow or answers garbage costs a bounded wait and never an
  * acquire. docs/cache.md, "The remote tier", is the contract. */
 #include <errno.h>
-#include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,30 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/internal.h"
-
-#define DEFAULT_PORT 6379
-#define DEFAULT_PREFIX "kiln"
-#define DEFAULT_TIMEOUT_MS 500
-#define DEFAULT_LEASE_MS 30000
-/* After a failure the server is left alone this long, then tried again. */
-#define RETRY_AFTER_S 1.0
-/* A value larger than this is no row kiln wrote (a cubin is at most KILN_CACHE_MAX_CUBIN). */
-#define VALUE_MAX ((size_t)KILN_CACHE_MAX_CUBIN + (1u << 20))
-
-struct kiln__remote {
-    pthread_mutex_t lock; /* guards the connection and the state below */
-    char *url;
-    kiln__remote_url where;
-    redisContext *ctx;
-    int timeout_ms, lease_ms;
-    int disabled;         /* for good: the trust policy does not admit it */
-    double retry_at;      /* kiln__now() before which a failed server is not tried */
-    char token[48];       /* this cache's lease value: who holds a lease */
-    char cause[768];      /* the last failure: "redis HOST:PORT: WHAT: WHY" */
-    char reason[1024];    /* why the layer is skipped; "" while it answers */
-    char snapshot[1024];  /* reason as kiln_cache_layer last handed it out */
-};
+#include "cache/remote.h"
 
 /* ---- the URL ---- */
 
@@ -268,10 +244,10 @@ void kiln__remote_row_free(kiln__remote_row *row)
     memset(row, 0, sizeof *row);
 }
 
-/* A parsed value's verification, exactly as an SQLite row's: the key it
- * claims, the kernel it is of (with expect), then size, frame and checksum. */
-static kiln_status row_verify(const kiln__remote_row *row, const uint8_t *fp, const kiln_cache_record *expect,
-                              void **raw, char *detail, size_t cap)
+/* The key it claims, the kernel it is of (with expect), then size, frame
+ * and checksum. */
+kiln_status kiln__remote_row_verify(const kiln__remote_row *row, const uint8_t *fp, const kiln_cache_record *expect,
+                                    void **raw, char *detail, size_t cap)
 {
     *raw = NULL;
     if (memcmp(row->fingerprint, fp, KILN_FINGERPRINT_SIZE)) {
@@ -292,15 +268,14 @@ static kiln_status row_verify(const kiln__remote_row *row, const uint8_t *fp, co
 
 /* ---- the connection ---- */
 
-static void count(kiln_cache *c, uint64_t *counter)
+void kiln__remote_count(kiln_cache *c, uint64_t *counter)
 {
     pthread_mutex_lock(&c->lock);
     (*counter)++;
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Drops the connection after a failure and says why; under r->lock. */
-static void fail_locked(kiln__remote *r, const char *what, const char *why)
+void kiln__remote_fail_locked(kiln__remote *r, const char *what, const char *why)
 {
     snprintf(r->cause, sizeof r->cause, "redis %.256s:%d: %.64s: %.256s", r->where.host, r->where.port, what, why);
     snprintf(r->reason, sizeof r->reason, "%s; compiling locally, trying again in %.0f s", r->cause, RETRY_AFTER_S);
@@ -328,13 +303,13 @@ static redisContext *connection_locked(kiln__remote *r, int *failed)
         snprintf(why, sizeof why, "%s", ctx ? ctx->errstr : "out of memory");
         if (ctx)
             redisFree(ctx);
-        fail_locked(r, "cannot connect", why);
+        kiln__remote_fail_locked(r, "cannot connect", why);
         *failed = 1;
         return NULL;
     }
     if (redisSetTimeout(ctx, tv) != REDIS_OK) {
         redisFree(ctx);
-        fail_locked(r, "cannot set the command timeout", "setsockopt failed");
+        kiln__remote_fail_locked(r, "cannot set the command timeout", "setsockopt failed");
         *failed = 1;
         return NULL;
     }
@@ -360,7 +335,7 @@ static redisReply *command_locked(kiln__remote *r, const char *what, int argc, c
             snprintf(why, sizeof why, "no answer within %d ms (the command timeout)", r->timeout_ms);
         else
             snprintf(why, sizeof why, "%s", ctx->err ? ctx->errstr : "no reply");
-        fail_locked(r, what, why);
+        kiln__remote_fail_locked(r, what, why);
         *failed = 1;
         return NULL;
     }
@@ -368,7 +343,7 @@ static redisReply *command_locked(kiln__remote *r, const char *what, int argc, c
         char why[256];
         snprintf(why, sizeof why, "the server answered an error: %.200s", reply->str ? reply->str : "");
         freeReplyObject(reply);
-        fail_locked(r, what, why);
+        kiln__remote_fail_locked(r, what, why);
         *failed = 1;
         return NULL;
     }
@@ -381,7 +356,7 @@ static void garbage_locked(kiln__remote *r, const char *what, redisReply *reply)
     char why[64];
     snprintf(why, sizeof why, "a reply of type %d", reply ? reply->type : -1);
     freeReplyObject(reply);
-    fail_locked(r, what, why);
+    kiln__remote_fail_locked(r, what, why);
 }
 
 static void key_of(const kiln__remote *r, const char *kind, const uint8_t *fp, char *buf, size_t cap)
@@ -395,7 +370,7 @@ static void key_of(const kiln__remote *r, const char *kind, const uint8_t *fp, c
  * REDIS_REPLY_ERROR among them an error reply is handed back, not a
  * failure): the reply, or NULL (no server, a failure, or a reply of another
  * type: the layer skipped with the reason, and counted). */
-static redisReply *command_typed(kiln_cache *c, const char *what, int argc, const char **argv, const size_t *lens,
+redisReply *kiln__remote_command(kiln_cache *c, const char *what, int argc, const char **argv, const size_t *lens,
                                  unsigned types)
 {
     kiln__remote *r = c->remote;
@@ -409,7 +384,7 @@ static redisReply *command_typed(kiln_cache *c, const char *what, int argc, cons
     }
     pthread_mutex_unlock(&r->lock);
     if (failed)
-        count(c, &c->counters.remote_errors);
+        kiln__remote_count(c, &c->counters.remote_errors);
     return reply;
 }
 
@@ -514,12 +489,12 @@ int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record
     const char *argv[] = {"GET", key};
     size_t lens[] = {3, strlen(key)};
     redisReply *reply =
-        command_typed(c, "GET", 2, argv, lens, 1u << REDIS_REPLY_STRING | 1u << REDIS_REPLY_NIL);
+        kiln__remote_command(c, "GET", 2, argv, lens, 1u << REDIS_REPLY_STRING | 1u << REDIS_REPLY_NIL);
     if (!reply)
         return 0;
     if (reply->type == REDIS_REPLY_NIL) {
         freeReplyObject(reply);
-        count(c, &c->counters.remote_misses);
+        kiln__remote_count(c, &c->counters.remote_misses);
         return 0;
     }
     kiln_status st = reply->len > VALUE_MAX
@@ -527,7 +502,7 @@ int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record
                             KILN_ERR_CACHE_CORRUPT)
                          : kiln__remote_value_parse(reply->str, reply->len, row, detail, sizeof detail);
     if (!st)
-        st = row_verify(row, fp, expect, raw, detail, sizeof detail);
+        st = kiln__remote_row_verify(row, fp, expect, raw, detail, sizeof detail);
     if (st) {
         /* The row stays: another kiln may judge it otherwise, and a good one replaces it on publish. */
         if (st == KILN_ERR_CACHE_CORRUPT)
@@ -538,7 +513,7 @@ int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record
     }
     freeReplyObject(reply);
     *raw_size = (size_t)row->raw_size;
-    count(c, &c->counters.remote_hits);
+    kiln__remote_count(c, &c->counters.remote_hits);
     return 1;
 }
 
@@ -556,7 +531,7 @@ void kiln__remote_publish(kiln_cache *c, const kiln_cache_record *rec, const voi
     void *raw = NULL;
     kiln_status st = kiln__remote_value_parse(value, size, &row, detail, sizeof detail);
     if (!st)
-        st = row_verify(&row, rec->fingerprint, rec, &raw, detail, sizeof detail);
+        st = kiln__remote_row_verify(&row, rec->fingerprint, rec, &raw, detail, sizeof detail);
     free(raw);
     kiln__remote_row_free(&row);
     if (st) {
@@ -566,11 +541,11 @@ void kiln__remote_publish(kiln_cache *c, const kiln_cache_record *rec, const voi
     key_of(r, "row", rec->fingerprint, key, sizeof key);
     const char *argv[] = {"SET", key, (const char *)value};
     size_t lens[] = {3, strlen(key), size};
-    redisReply *reply = command_typed(c, "SET", 3, argv, lens, 1u << REDIS_REPLY_STATUS);
+    redisReply *reply = kiln__remote_command(c, "SET", 3, argv, lens, 1u << REDIS_REPLY_STATUS);
     free(value);
     if (reply) {
         freeReplyObject(reply);
-        count(c, &c->counters.remote_published);
+        kiln__remote_count(c, &c->counters.remote_published);
     }
 }
 
@@ -583,11 +558,11 @@ int kiln__remote_lease(kiln_cache *c, const uint8_t *fp)
     const char *argv[] = {"SET", key, r->token, "NX", "PX", ms};
     size_t lens[] = {3, strlen(key), strlen(r->token), 2, 2, strlen(ms)};
     redisReply *reply =
-        command_typed(c, "SET NX", 6, argv, lens, 1u << REDIS_REPLY_STATUS | 1u << REDIS_REPLY_NIL);
+        kiln__remote_command(c, "SET NX", 6, argv, lens, 1u << REDIS_REPLY_STATUS | 1u << REDIS_REPLY_NIL);
     const int result = !reply ? -1 : reply->type == REDIS_REPLY_STATUS ? 1 : 0;
     freeReplyObject(reply);
     if (result == 1)
-        count(c, &c->counters.remote_leases);
+        kiln__remote_count(c, &c->counters.remote_leases);
     return result;
 }
 
@@ -601,290 +576,5 @@ void kiln__remote_release(kiln_cache *c, const uint8_t *fp)
     key_of(r, "lease", fp, key, sizeof key);
     const char *argv[] = {"EVAL", script, "1", key, r->token};
     size_t lens[] = {4, sizeof script - 1, 1, strlen(key), strlen(r->token)};
-    freeReplyObject(command_typed(c, "EVAL (release a lease)", 5, argv, lens, 1u << REDIS_REPLY_INTEGER));
-}
-
-/* ---- verify ---- */
-
-static int lower_hex(char ch)
-{
-    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-}
-
-int kiln__remote_key_kind(const char *prefix, const char *key, size_t len, uint8_t fp[KILN_FINGERPRINT_SIZE])
-{
-    size_t pl = strlen(prefix), n;
-    int kind;
-    if (len <= pl || memcmp(key, prefix, pl) || key[pl] != ':')
-        return KILN__REMOTE_KEY_OTHER;
-    const char *rest = key + pl + 1;
-    n = len - pl - 1;
-    if (n == 4 + 2 * KILN_FINGERPRINT_SIZE && !memcmp(rest, "row:", 4)) {
-        kind = KILN__REMOTE_KEY_ROW;
-        rest += 4;
-    } else if (n == 6 + 2 * KILN_FINGERPRINT_SIZE && !memcmp(rest, "lease:", 6)) {
-        kind = KILN__REMOTE_KEY_LEASE;
-        rest += 6;
-    } else {
-        return KILN__REMOTE_KEY_OTHER;
-    }
-    /* Lowercase only: key_of writes no other, so a fetch never reads another spelling. */
-    for (int i = 0; i < KILN_FINGERPRINT_SIZE; i++) {
-        int hi = lower_hex(rest[2 * i]), lo = lower_hex(rest[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return KILN__REMOTE_KEY_OTHER;
-        fp[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return kind;
-}
-
-/* Bounds on a scan, so that a server that never ends its cursor ends it. */
-#define SCAN_COUNT "1000"
-#define SCAN_KEYS_MAX (1u << 24)
-#define SCAN_ROUNDS_MAX (1u << 24)
-
-typedef struct scan_key {
-    char *s; /* n bytes and a NUL (a key may hold NUL bytes) */
-    size_t n;
-} scan_key;
-
-static int key_order(const void *a, const void *b)
-{
-    const scan_key *x = a, *y = b;
-    int d = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
-    return d ? d : (x->n > y->n) - (x->n < y->n);
-}
-
-/* Ends a verify at a server that failed (the reason its cause) or answered
- * what the command never answers. */
-static void verify_failed(kiln_cache *c, kiln_cache_remote_verify_report *rep, const char *what, redisReply *garbage,
-                          const char *shape)
-{
-    kiln__remote *r = c->remote;
-    pthread_mutex_lock(&r->lock);
-    if (garbage) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", shape);
-        freeReplyObject(garbage);
-        fail_locked(r, what, why);
-    }
-    snprintf(rep->reason, sizeof rep->reason, "%s", r->cause[0] ? r->cause : "not connected");
-    pthread_mutex_unlock(&r->lock);
-    if (garbage)
-        count(c, &c->counters.remote_errors);
-    rep->state = KILN_CACHE_REMOTE_FAILED;
-}
-
-/* Copies a SCAN batch's keys onto *keys: 0, or -1 out of memory. */
-static int append_keys(const redisReply *batch, scan_key **keys, size_t *n, size_t *cap)
-{
-    for (size_t i = 0; i < batch->elements; i++) {
-        if (*n == *cap) {
-            size_t grown = *cap ? 2 * *cap : 256;
-            scan_key *p = realloc(*keys, grown * sizeof *p);
-            if (!p)
-                return -1;
-            *keys = p;
-            *cap = grown;
-        }
-        const redisReply *k = batch->element[i];
-        char *copy = malloc(k->len + 1);
-        if (!copy)
-            return -1;
-        memcpy(copy, k->str, k->len);
-        copy[k->len] = 0;
-        (*keys)[*n].s = copy;
-        (*keys)[(*n)++].n = k->len;
-    }
-    return 0;
-}
-
-/* Every key under the prefix, sorted, each once, in *out: KILN_OK (rep FAILED
- * when the server failed, *out then empty) or KILN_ERR_HOST_OUT_OF_MEMORY. */
-static kiln_status scan_all(kiln_cache *c, kiln_cache_remote_verify_report *rep, scan_key **out, size_t *n_out)
-{
-    kiln__remote *r = c->remote;
-    char cursor[32] = "0", match[KILN__REMOTE_PREFIX_MAX + 3];
-    scan_key *keys = NULL;
-    size_t n = 0, cap = 0;
-    kiln_status st = KILN_OK;
-    snprintf(match, sizeof match, "%s:*", r->where.prefix);
-    for (unsigned round = 0;; round++) {
-        if (round == SCAN_ROUNDS_MAX || n > SCAN_KEYS_MAX) {
-            rep->state = KILN_CACHE_REMOTE_FAILED;
-            snprintf(rep->reason, sizeof rep->reason, "redis %.256s:%d: SCAN: more than %u %s under %s:*; stopped",
-                     r->where.host, r->where.port, round == SCAN_ROUNDS_MAX ? SCAN_ROUNDS_MAX : SCAN_KEYS_MAX,
-                     round == SCAN_ROUNDS_MAX ? "rounds" : "keys", r->where.prefix);
-            goto out_free_keys;
-        }
-        const char *argv[] = {"SCAN", cursor, "MATCH", match, "COUNT", SCAN_COUNT};
-        size_t lens[] = {4, strlen(cursor), 5, strlen(match), 5, sizeof SCAN_COUNT - 1};
-        redisReply *reply = command_typed(c, "SCAN", 6, argv, lens, 1u << REDIS_REPLY_ARRAY);
-        if (!reply) {
-            verify_failed(c, rep, "SCAN", NULL, NULL);
-            goto out_free_keys;
-        }
-        redisReply *next = reply->elements == 2 ? reply->element[0] : NULL;
-        redisReply *batch = reply->elements == 2 ? reply->element[1] : NULL;
-        int shape_ok = next && batch && next->type == REDIS_REPLY_STRING && next->len > 0 &&
-                       next->len < sizeof cursor && batch->type == REDIS_REPLY_ARRAY;
-        for (size_t i = 0; shape_ok && i < batch->elements; i++)
-            shape_ok = batch->element[i]->type == REDIS_REPLY_STRING;
-        if (!shape_ok) {
-            verify_failed(c, rep, "SCAN", reply, "a reply that is not a cursor and an array of keys");
-            goto out_free_keys;
-        }
-        if (append_keys(batch, &keys, &n, &cap)) {
-            freeReplyObject(reply);
-            st = KILN_ERR_HOST_OUT_OF_MEMORY;
-            goto out_free_keys;
-        }
-        memcpy(cursor, next->str, next->len);
-        cursor[next->len] = 0;
-        freeReplyObject(reply);
-        if (!strcmp(cursor, "0"))
-            break;
-    }
-    /* SCAN may return a key more than once (a rehash between rounds). */
-    qsort(keys, n, sizeof *keys, key_order);
-    size_t kept = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (kept && !key_order(&keys[kept - 1], &keys[i]))
-            free(keys[i].s);
-        else
-            keys[kept++] = keys[i];
-    }
-    *out = keys;
-    *n_out = kept;
-    return KILN_OK;
-out_free_keys:
-    for (size_t i = 0; i < n; i++)
-        free(keys[i].s);
-    free(keys);
-    *out = NULL;
-    *n_out = 0;
-    return st;
-}
-
-/* Judges one row's value as a fetch does, and its parts as verify does. */
-static kiln_status judge_value(const redisReply *reply, const uint8_t *fp, char *detail, size_t cap)
-{
-    if (reply->type == REDIS_REPLY_ERROR) {
-        snprintf(detail, cap, "the key holds no string (the server answered %.200s)", reply->str ? reply->str : "");
-        return KILN_ERR_CACHE_CORRUPT;
-    }
-    if (reply->len > VALUE_MAX) {
-        snprintf(detail, cap, "a value of %zu bytes", (size_t)reply->len);
-        return KILN_ERR_CACHE_CORRUPT;
-    }
-    kiln__remote_row row;
-    void *raw = NULL;
-    kiln_status st = kiln__remote_value_parse(reply->str, reply->len, &row, detail, cap);
-    if (st)
-        return st;
-    st = row_verify(&row, fp, NULL, &raw, detail, cap);
-    free(raw);
-    if (!st) {
-        kiln__row_meta m = {.template_id = row.template_id,
-                            .constants = row.constants,
-                            .arch = row.arch,
-                            .parts = row.parts,
-                            .nvrtc_is_integer = 1,
-                            .nvrtc_major = row.nvrtc_major,
-                            .nvrtc_minor = row.nvrtc_minor};
-        if (!kiln__row_parts_agree(&m, detail, cap))
-            st = KILN_ERR_CACHE_CORRUPT;
-    }
-    kiln__remote_row_free(&row);
-    return st;
-}
-
-kiln_status kiln_cache_verify_remote(kiln_cache *c, void (*on_bad)(void *user, const char *key, const char *detail),
-                                     void *user, kiln_cache_remote_verify_report *out)
-{
-    if (!c || !out)
-        return kiln__fail(c ? &c->err : NULL, KILN_ERR_INVALID_ARGUMENT, "kiln_cache_verify_remote: NULL argument");
-    size_t size = out->size ? out->size : sizeof *out;
-    if (size < sizeof out->size)
-        return kiln__fail(&c->err, KILN_ERR_INVALID_ARGUMENT,
-                          "kiln_cache_verify_remote: report size %zu is smaller than its size field", size);
-    kiln_cache_remote_verify_report rep;
-    memset(&rep, 0, sizeof rep);
-    kiln__remote *r = c->remote;
-    kiln_status st = KILN_OK;
-    scan_key *keys = NULL;
-    size_t n = 0;
-    if (!r)
-        goto out_report;
-    pthread_mutex_lock(&r->lock);
-    int disabled = r->disabled;
-    if (disabled)
-        snprintf(rep.reason, sizeof rep.reason, "%.1000s", r->reason);
-    pthread_mutex_unlock(&r->lock);
-    if (disabled) {
-        rep.state = KILN_CACHE_REMOTE_SKIPPED;
-        goto out_report;
-    }
-    if (scan_all(c, &rep, &keys, &n) != KILN_OK)
-        goto out_oom;
-    if (rep.state == KILN_CACHE_REMOTE_FAILED)
-        goto out_report;
-    rep.state = KILN_CACHE_REMOTE_SCANNED;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t fp[KILN_FINGERPRINT_SIZE];
-        int kind = kiln__remote_key_kind(r->where.prefix, keys[i].s, keys[i].n, fp);
-        if (kind != KILN__REMOTE_KEY_ROW) {
-            if (kind == KILN__REMOTE_KEY_LEASE)
-                rep.leases++;
-            else
-                rep.other_keys++;
-            continue;
-        }
-        const char *argv[] = {"GET", keys[i].s};
-        size_t lens[] = {3, keys[i].n};
-        redisReply *reply = command_typed(c, "GET", 2, argv, lens,
-                                          1u << REDIS_REPLY_STRING | 1u << REDIS_REPLY_NIL | 1u << REDIS_REPLY_ERROR);
-        if (!reply) {
-            verify_failed(c, &rep, "GET", NULL, NULL);
-            break;
-        }
-        if (reply->type == REDIS_REPLY_ERROR && (!reply->str || strncmp(reply->str, "WRONGTYPE", 9))) {
-            char why[256];
-            snprintf(why, sizeof why, "the server answered an error: %.200s", reply->str ? reply->str : "");
-            verify_failed(c, &rep, "GET", reply, why);
-            break;
-        }
-        if (reply->type == REDIS_REPLY_NIL) { /* evicted since the scan */
-            freeReplyObject(reply);
-            continue;
-        }
-        char detail[512];
-        rep.rows++;
-        kiln_status judged = judge_value(reply, fp, detail, sizeof detail);
-        freeReplyObject(reply);
-        if (judged == KILN_ERR_HOST_OUT_OF_MEMORY)
-            goto out_oom;
-        if (judged == KILN_OK)
-            continue;
-        if (rep.bad_rows < KILN_CACHE_REMOTE_FIRST_BAD)
-            snprintf(rep.first_bad[rep.bad_rows], sizeof rep.first_bad[0], "%.140s: %.360s", keys[i].s, detail);
-        rep.bad_rows++;
-        if (on_bad)
-            on_bad(user, keys[i].s, detail);
-    }
-    goto out_report;
-out_oom:
-    pthread_mutex_lock(&c->lock);
-    st = kiln__fail(&c->err, KILN_ERR_HOST_OUT_OF_MEMORY, "cache %s: out of memory verifying the remote tier",
-                    r->url);
-    pthread_mutex_unlock(&c->lock);
-out_report:
-    for (size_t i = 0; i < n; i++)
-        free(keys[i].s);
-    free(keys);
-    if (st == KILN_OK) {
-        rep.size = (uint32_t)(size < sizeof rep ? size : sizeof rep);
-        memcpy(out, &rep, rep.size);
-    }
-    return st;
+    freeReplyObject(kiln__remote_command(c, "EVAL (release a lease)", 5, argv, lens, 1u << REDIS_REPLY_INTEGER));
 }
