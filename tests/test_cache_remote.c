@@ -733,6 +733,21 @@ static void test_verify_reports_each_bad_row(void **state)
     free(v3);
 }
 
+
+/* A loopback socket that accepts connections and never answers; url gets
+ * its redis:// address with the prefix "mute". Close the socket after. */
+static int mute_server(char *url, size_t cap)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s, 16), 0);
+    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+    snprintf(url, cap, "redis://127.0.0.1:%d/mute", ntohs(a.sin_port));
+    return s;
+}
+
 static void test_verify_unreachable_gives_the_reason(void **state)
 {
     (void)state;
@@ -761,13 +776,7 @@ static void test_verify_unreachable_gives_the_reason(void **state)
     kiln_cache_close(c);
 
     /* A server that accepts and never answers: the SCAN times out. */
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(s, 16), 0);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/mute", ntohs(a.sin_port));
+    int s = mute_server(url, sizeof url);
     snprintf(path, sizeof path, "%s/verify-mute/kernels.db", g.dir);
     c = open_cache(path, url, 300);
     t0 = now_s();
@@ -845,13 +854,7 @@ static void test_unreachable_is_skipped_within_the_timeout(void **state)
     kiln_cache_close(c);
 
     /* A server that accepts connections and never answers: each command times out. */
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(s, 16), 0);
-    assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d/mute", ntohs(a.sin_port));
+    int s = mute_server(url, sizeof url);
     snprintf(path, sizeof path, "%s/mute/kernels.db", g.dir);
     c = open_cache(path, url, 300);
     uint8_t fp[KILN_FINGERPRINT_SIZE] = {9};
