@@ -13,7 +13,9 @@
  * Input layout (short inputs read as zero-padded):
  *   byte  0       mode: bit 0 id as given (else computed), bit 1 checksum as
  *                 given (else computed), bit 2 payload stored as text, bit 3
- *                 kind stored as an integer, bit 4 a coverage record
+ *                 kind stored as an integer (its length: SQLite keeps it as
+ *                 decimal text in the TEXT column, so a kind that is that
+ *                 text is still valid), bit 4 a coverage record
  *   byte  1       kind length; bytes 2..3 key length (little-endian)
  *   bytes 4..35   the id field; bytes 36..67 the checksum field
  *   then          kind, key, then the payload (a record's needs) to the end
@@ -148,6 +150,16 @@ static void bind_text_or(sqlite3_stmt *q, int i, const uint8_t *s, size_t n, int
         sqlite3_bind_text(q, i, (const char *)s, (int)n, SQLITE_TRANSIENT);
 }
 
+/* Whether the column bind_text_or(..., as_int) stored holds s: an integer
+ * (n) bound to a TEXT column is stored as its decimal text, so the row then
+ * holds s exactly when s is that text. */
+static int stored_as(const uint8_t *s, size_t n, int as_int)
+{
+    char text[24];
+    const int k = snprintf(text, sizeof text, "%d", (int)n);
+    return !as_int || ((size_t)k == n && !memcmp(text, s, n));
+}
+
 typedef struct seen {
     int n, valid;
 } seen;
@@ -208,7 +220,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sqlite3_bind_blob(ins, 6, sum, 32, SQLITE_STATIC);
         FUZZ_CHECK(sqlite3_step(ins) == SQLITE_DONE, "insert: %s", sqlite3_errmsg(g.db));
         sqlite3_finalize(ins);
-        const int want = digests_ok && !(mode & 4) && !(mode & 8) && kind_len > 0 && !memchr(kind, 0, kind_len) &&
+        const int want = digests_ok && !(mode & 4) && stored_as(kind, kind_len, mode & 8) && kind_len > 0 &&
+                         !memchr(kind, 0, kind_len) &&
                          !memchr(key, 0, key_len) && needs_ok(payload, payload_len);
         seen s = {0};
         FUZZ_CHECK(kiln_cache_coverage_foreach(g.cache, on_record, &s) == KILN_OK, "foreach: %s", kiln_errmsg());
@@ -255,7 +268,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const void *lp[] = {"kiln-tuning-id-1", kbuf, ybuf};
         const size_t ln[] = {16, strlen(kbuf), strlen(ybuf)};
         H(lp, ln, 3, lookup);
-        const int valid = exact && args_ok && digests_ok && !(mode & 4) && !(mode & 8) && payload_len >= 1 &&
+        const int valid = exact && args_ok && digests_ok && !(mode & 4) && stored_as(kind, kind_len, mode & 8) &&
+                          payload_len >= 1 &&
                           payload_len <= KILN_TUNING_PAYLOAD_MAX;
         const int same_id = !memcmp(lookup, id, 32);
         kiln_cache_counters before, after;

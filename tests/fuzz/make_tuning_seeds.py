@@ -43,6 +43,9 @@ SEEDS = {
     "coverage-no-newline": seed(COVERAGE, b"llama-3-8b", b"dtype=f16;batch=1", NEEDS[:-1]),
     "coverage-sum-given": seed(COVERAGE | SUM_GIVEN, b"llama-3-8b", b"dtype=f16", NEEDS, sum_field=b"\x33" * 32),
     "coverage-blob": seed(COVERAGE | PAYLOAD_TEXT, b"llama-3-8b", b"dtype=f16", NEEDS),
+    # A kind bound as the integer 1 into a TEXT column is stored as "1": the same row as the text "1".
+    "kind-int-as-text": seed(KIND_INT, b"1", KEY, PAYLOAD),
+    "coverage-kind-int-as-text": seed(COVERAGE | KIND_INT, b"1", b"dtype=f16;batch=1", NEEDS),
 }
 
 if __name__ == "__main__":
