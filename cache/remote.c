@@ -244,26 +244,45 @@ void kiln__remote_row_free(kiln__remote_row *row)
     memset(row, 0, sizeof *row);
 }
 
-/* The key it claims, the kernel it is of (with expect), then size, frame
- * and checksum. */
-kiln_status kiln__remote_row_verify(const kiln__remote_row *row, const uint8_t *fp, const kiln_cache_record *expect,
-                                    void **raw, char *detail, size_t cap)
+kiln__row_meta kiln__remote_row_meta(const kiln__remote_row *row)
+{
+    return (kiln__row_meta){.template_id = row->template_id,
+                            .constants = row->constants,
+                            .arch = row->arch,
+                            .parts = row->parts,
+                            .nvrtc_is_integer = 1,
+                            .nvrtc_major = row->nvrtc_major,
+                            .nvrtc_minor = row->nvrtc_minor};
+}
+
+/* Its size, its parse, the key it claims, the kernel it is of (with
+ * expect), then size, frame and checksum. */
+kiln_status kiln__remote_value_check(const void *value, size_t size, const uint8_t *fp,
+                                     const kiln_cache_record *expect, kiln__remote_row *row, void **raw,
+                                     char *detail, size_t cap)
 {
     *raw = NULL;
-    if (memcmp(row->fingerprint, fp, KILN_FINGERPRINT_SIZE)) {
-        snprintf(detail, cap, "the value holds another fingerprint than its key");
+    memset(row, 0, sizeof *row);
+    if (size > VALUE_MAX) {
+        snprintf(detail, cap, "a value of %zu bytes", size);
         return KILN_ERR_CACHE_CORRUPT;
     }
-    kiln__row_meta m = {.template_id = row->template_id,
-                        .constants = row->constants,
-                        .arch = row->arch,
-                        .parts = row->parts,
-                        .nvrtc_is_integer = 1,
-                        .nvrtc_major = row->nvrtc_major,
-                        .nvrtc_minor = row->nvrtc_minor};
-    if (expect && !kiln__row_is(&m, expect, detail, cap))
-        return KILN_ERR_CACHE_CORRUPT;
-    return kiln__row_decode(row->blob, row->blob_size, row->raw_size, 1, row->checksum, 32, raw, detail, cap);
+    kiln_status st = kiln__remote_value_parse(value, size, row, detail, cap);
+    if (st)
+        return st;
+    if (memcmp(row->fingerprint, fp, KILN_FINGERPRINT_SIZE)) {
+        snprintf(detail, cap, "the value holds another fingerprint than its key");
+        st = KILN_ERR_CACHE_CORRUPT;
+    } else {
+        const kiln__row_meta m = kiln__remote_row_meta(row);
+        if (expect && !kiln__row_is(&m, expect, detail, cap))
+            st = KILN_ERR_CACHE_CORRUPT;
+        else
+            st = kiln__row_decode(row->blob, row->blob_size, row->raw_size, 1, row->checksum, 32, raw, detail, cap);
+    }
+    if (st)
+        kiln__remote_row_free(row);
+    return st;
 }
 
 /* ---- the connection ---- */
@@ -497,17 +516,11 @@ int kiln__remote_fetch(kiln_cache *c, const uint8_t *fp, const kiln_cache_record
         kiln__remote_count(c, &c->counters.remote_misses);
         return 0;
     }
-    kiln_status st = reply->len > VALUE_MAX
-                         ? (snprintf(detail, sizeof detail, "a value of %zu bytes", (size_t)reply->len),
-                            KILN_ERR_CACHE_CORRUPT)
-                         : kiln__remote_value_parse(reply->str, reply->len, row, detail, sizeof detail);
-    if (!st)
-        st = kiln__remote_row_verify(row, fp, expect, raw, detail, sizeof detail);
+    kiln_status st = kiln__remote_value_check(reply->str, reply->len, fp, expect, row, raw, detail, sizeof detail);
     if (st) {
         /* The row stays: another kiln may judge it otherwise, and a good one replaces it on publish. */
         if (st == KILN_ERR_CACHE_CORRUPT)
             refuse(c, fp, detail);
-        kiln__remote_row_free(row);
         freeReplyObject(reply);
         return 0;
     }
@@ -528,12 +541,13 @@ void kiln__remote_publish(kiln_cache *c, const kiln_cache_record *rec, const voi
         return;
     /* Checked as a reader will check it: a value that would be refused is never sent. */
     kiln__remote_row row;
-    void *raw = NULL;
-    kiln_status st = kiln__remote_value_parse(value, size, &row, detail, sizeof detail);
-    if (!st)
-        st = kiln__remote_row_verify(&row, rec->fingerprint, rec, &raw, detail, sizeof detail);
-    free(raw);
-    kiln__remote_row_free(&row);
+    void *raw;
+    kiln_status st =
+        kiln__remote_value_check(value, size, rec->fingerprint, rec, &row, &raw, detail, sizeof detail);
+    if (!st) {
+        free(raw);
+        kiln__remote_row_free(&row);
+    }
     if (st) {
         free(value);
         return;

@@ -30,10 +30,16 @@ struct kiln__remote {
     char snapshot[1024];  /* reason as kiln_cache_layer last handed it out */
 };
 
-/* A parsed value's verification, exactly as an SQLite row's (expect: the
- * kernel it must be of, or NULL); *raw the cubin when it passes. */
-kiln_status kiln__remote_row_verify(const kiln__remote_row *row, const uint8_t *fp, const kiln_cache_record *expect,
-                                    void **raw, char *detail, size_t cap);
+/* A value read from the server, checked exactly as an SQLite row: at most
+ * VALUE_MAX bytes, a parse, the fingerprint its key names, the kernel it
+ * must be of (expect; NULL: any), then size, frame and checksum. KILN_OK
+ * with *row (free with kiln__remote_row_free) and *raw the cubin; else the
+ * status and detail, *row freed. */
+kiln_status kiln__remote_value_check(const void *value, size_t size, const uint8_t *fp,
+                                     const kiln_cache_record *expect, kiln__remote_row *row, void **raw,
+                                     char *detail, size_t cap);
+/* A row's columns, as the local checks take them. */
+kiln__row_meta kiln__remote_row_meta(const kiln__remote_row *row);
 /* ++*counter under the cache's lock. */
 void kiln__remote_count(kiln_cache *c, uint64_t *counter);
 /* Drops the connection after a failure and says why; under r->lock. */

@@ -173,28 +173,15 @@ static kiln_status judge_value(const redisReply *reply, const uint8_t *fp, char 
         snprintf(detail, cap, "the key holds no string (the server answered %.200s)", reply->str ? reply->str : "");
         return KILN_ERR_CACHE_CORRUPT;
     }
-    if (reply->len > VALUE_MAX) {
-        snprintf(detail, cap, "a value of %zu bytes", (size_t)reply->len);
-        return KILN_ERR_CACHE_CORRUPT;
-    }
     kiln__remote_row row;
-    void *raw = NULL;
-    kiln_status st = kiln__remote_value_parse(reply->str, reply->len, &row, detail, cap);
+    void *raw;
+    kiln_status st = kiln__remote_value_check(reply->str, reply->len, fp, NULL, &row, &raw, detail, cap);
     if (st)
         return st;
-    st = kiln__remote_row_verify(&row, fp, NULL, &raw, detail, cap);
     free(raw);
-    if (!st) {
-        kiln__row_meta m = {.template_id = row.template_id,
-                            .constants = row.constants,
-                            .arch = row.arch,
-                            .parts = row.parts,
-                            .nvrtc_is_integer = 1,
-                            .nvrtc_major = row.nvrtc_major,
-                            .nvrtc_minor = row.nvrtc_minor};
-        if (!kiln__row_parts_agree(&m, detail, cap))
-            st = KILN_ERR_CACHE_CORRUPT;
-    }
+    const kiln__row_meta m = kiln__remote_row_meta(&row);
+    if (!kiln__row_parts_agree(&m, detail, cap))
+        st = KILN_ERR_CACHE_CORRUPT;
     kiln__remote_row_free(&row);
     return st;
 }
