@@ -43,6 +43,7 @@
 
 #include "bench_common.h"
 #include "bench_cuda.h"
+#include "../tests/f16_host.h" /* the tests' f16 and bf16 rounding */
 #include "kiln/kiln.h"
 #include "runtime/internal.h"
 
@@ -86,31 +87,7 @@ static void cu_check(CUresult r, const char *what)
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
 static uint64_t rng_next(void) { return bench_xorshift64(&g_rng); }
 
-/* f32 to f16, rounded to nearest; values below f16's normal range flush to 0. */
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    const uint16_t sign = (uint16_t)((b >> 16) & 0x8000u);
-    const int32_t exp = (int32_t)((b >> 23) & 0xffu) - 127 + 15;
-    const uint32_t man = b & 0x7fffffu;
-    if (exp <= 0)
-        return sign;
-    if (exp >= 31)
-        return sign | 0x7c00u;
-    uint32_t h = ((uint32_t)exp << 10) | (man >> 13);
-    h += (man >> 12) & 1u; /* a carry into the exponent is the right rounding */
-    return (uint16_t)(sign | (h > 0x7bffu ? 0x7c00u : h));
-}
-
-static uint16_t to_elt(float f)
-{
-    if (g_elt == KILN_DTYPE_F16)
-        return f32_to_f16(f);
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
+static uint16_t to_elt(float f) { return g_elt == KILN_DTYPE_F16 ? f2h(f) : kiln_test_bf16_from_f32(f); }
 
 /* A buffer of bytes filled with uniform elements of variance scale² (a
  * random block of at most BLOCK_ELEMS elements, repeated). */
