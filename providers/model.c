@@ -56,6 +56,11 @@ static kiln_status servable(const kiln_model_config *cfg)
     return KILN_OK;
 }
 
+int64_t kiln__dense_intermediate(const kiln_model_config *cfg)
+{
+    return cfg->num_experts ? cfg->shared_expert_intermediate_size : cfg->intermediate_size;
+}
+
 kiln_status kiln_model_specializations(const kiln_model_config *cfg, kiln_spec **specs, size_t *count)
 {
     return kiln_model_specializations_for_arch(cfg, NULL, specs, count);

@@ -105,11 +105,6 @@ kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_
     return KILN_OK;
 }
 
-int64_t kiln__dense_intermediate(const kiln_model_config *cfg)
-{
-    return cfg->num_experts ? cfg->shared_expert_intermediate_size : cfg->intermediate_size;
-}
-
 kiln_status kiln__moe_experts_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
 {
     if (!cfg->num_experts)
