@@ -103,7 +103,8 @@ kiln_status kiln__moe_router_specs(const kiln_model_config *cfg, kiln__spec_sink
 /* The width of the model's dense SwiGLU: intermediate_size, or for a mixture
  * of experts its shared expert's (0: none; the experts are moe_experts'). */
 int64_t kiln__dense_intermediate(const kiln_model_config *cfg);
-kiln_status kiln__moe_experts_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user);
 /* The router's checks (include/kiln/op_moe.h), without encoding: *elt and
  * each binding's bytes (logits, ids, weights). */
 kiln_status kiln__moe_router_check(kiln_runtime *rt, const kiln_moe_router_desc *d, kiln_dtype *elt, size_t bytes[3]);

@@ -28,6 +28,16 @@
 #define SMALL_COLS_DOWN 64u
 #define LARGE_COLS_GU 64u
 #define LARGE_COLS_DOWN 128u
+/* templates/moe_experts_wgmma.cu (sm_90a): 128-row tiles, 128 columns of h
+ * or 256 of y a block, 384 threads, 4 stages of 48 KiB. Taken, with
+ * $KILN_MOE_WGMMA=1 until it has been measured against the 64-row tiles on
+ * the GPU, where the experts average this many rows or more. */
+#define WGMMA_ROWS 128u
+#define WGMMA_COLS_GU 128u
+#define WGMMA_COLS_DOWN 256u
+#define WGMMA_THREADS 384u
+#define WGMMA_SMEM (4u * 49152u + 1024u)
+#define WGMMA_MIN_ROWS 128u
 
 static kiln_status sizes_ok(int64_t hidden, int64_t inter, int64_t experts, int64_t top_k)
 {
@@ -44,18 +54,34 @@ static kiln_status sizes_ok(int64_t hidden, int64_t inter, int64_t experts, int6
     return KILN_OK;
 }
 
-kiln_status kiln_op_moe_experts_spec(kiln_dtype elt, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
-                                     kiln_spec *out)
+/* The spec of template name (moe_experts, or its wgmma products). */
+static kiln_status spec_of(const char *name, kiln_dtype elt, int64_t hidden, int64_t inter, int64_t experts,
+                           int64_t top_k, kiln_spec *out)
 {
     if (!out)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": out is NULL");
     kiln_status st;
-    if ((st = sizes_ok(hidden, inter, experts, top_k)) || (st = kiln_spec_init(out, OP)) ||
+    if ((st = sizes_ok(hidden, inter, experts, top_k)) || (st = kiln_spec_init(out, name)) ||
         (st = kiln__spec_set_elt(out, OP, elt)) || (st = kiln_spec_set(out, "HIDDEN", hidden)) ||
         (st = kiln_spec_set(out, "INTER", inter)) || (st = kiln_spec_set(out, "EXPERTS", experts)) ||
         (st = kiln_spec_set(out, "TOP_K", top_k)))
         return st;
     return KILN_OK;
+}
+
+kiln_status kiln_op_moe_experts_spec(kiln_dtype elt, int64_t hidden, int64_t inter, int64_t experts, int64_t top_k,
+                                     kiln_spec *out)
+{
+    return spec_of(OP, elt, hidden, inter, experts, top_k, out);
+}
+
+/* Whether the wgmma products serve these sizes on an sm_90 device. */
+static int wgmma_sizes(int64_t hidden, int64_t inter) { return hidden % 256 == 0 && inter % 128 == 0; }
+
+static int wgmma_wanted(void)
+{
+    const char *env = getenv("KILN_MOE_WGMMA");
+    return env && !strcmp(env, "1");
 }
 
 /* Where each part of the workspace lies, bytes from its start. */
@@ -105,14 +131,24 @@ kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_
     return KILN_OK;
 }
 
-kiln_status kiln__moe_experts_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+/* The experts at the config's sizes; on sm_90 (arch NULL: not known) with
+ * $KILN_MOE_WGMMA=1 and sizes it serves, the wgmma products too. */
+kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user)
 {
     if (!cfg->num_experts)
         return KILN_OK;
     kiln_spec spec;
-    kiln_status st = kiln_op_moe_experts_spec(cfg->dtype, cfg->hidden_size, cfg->moe_intermediate_size,
-                                              cfg->num_experts, cfg->num_experts_per_tok, &spec);
-    return st ? st : sink(user, &spec);
+    const int64_t h = cfg->hidden_size, i = cfg->moe_intermediate_size;
+    const int sm = kiln__arch_number(arch);
+    kiln_status st = kiln_op_moe_experts_spec(cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec);
+    if (st || (st = sink(user, &spec)))
+        return st;
+    if ((sm && sm != 90) || !wgmma_sizes(h, i) || !wgmma_wanted())
+        return KILN_OK;
+    if ((st = spec_of("moe_experts_wgmma", cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)))
+        return st;
+    return sink(user, &spec);
 }
 
 typedef struct experts_launch {
@@ -120,7 +156,7 @@ typedef struct experts_launch {
     CUfunction group, gate_up, down, combine;
     CUdeviceptr x, ids, weights, gate_up_w, down_w, shared, shared_gate, out;
     CUdeviceptr n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y;
-    uint32_t tokens, pairs, rows, max_tiles, smem, gu_cols, down_cols;
+    uint32_t tokens, pairs, rows, max_tiles, smem, gu_cols, down_cols, gemm_threads;
 } experts_launch;
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
@@ -136,8 +172,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
                    cb[3] = {l->tokens, 1, 1};
     kiln_status st;
     if ((st = kiln__launch_ex(ctx, l->rt, l->group, one, GROUP_THREADS, 0, ga, KILN__LAUNCH_PDL)) ||
-        (st = kiln__launch_ex(ctx, l->rt, l->gate_up, gu, GEMM_THREADS, l->smem, ua, KILN__LAUNCH_PDL)) ||
-        (st = kiln__launch_ex(ctx, l->rt, l->down, dn, GEMM_THREADS, l->smem, da, KILN__LAUNCH_PDL)))
+        (st = kiln__launch_ex(ctx, l->rt, l->gate_up, gu, l->gemm_threads, l->smem, ua, KILN__LAUNCH_PDL)) ||
+        (st = kiln__launch_ex(ctx, l->rt, l->down, dn, l->gemm_threads, l->smem, da, KILN__LAUNCH_PDL)))
         return st;
     return kiln__launch_ex(ctx, l->rt, l->combine, cb, COMBINE_THREADS, 0, ca, KILN__LAUNCH_PDL);
 }
@@ -232,10 +268,16 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
                   I = d.gate_up->dims[1] / 2;
     const uint64_t P = (uint64_t)(T * K), touched = (uint64_t)E < P ? (uint64_t)E : P;
     /* 64-row tiles once an expert averages 32 rows or more (prefill); 16 for
-     * the few rows a decode step gives each expert. */
+     * the few rows a decode step gives each expert; 128 on the wgmma
+     * products where they are taken. */
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
     const int large = P / touched >= 32;
+    const int wg = P / touched >= WGMMA_MIN_ROWS && kiln__arch_number(info.arch) == 90 && wgmma_sizes(H, I) &&
+                   wgmma_wanted();
+    const unsigned rows = wg ? WGMMA_ROWS : large ? LARGE_ROWS : SMALL_ROWS;
     ws_layout w;
-    layout(P, (uint64_t)H, (uint64_t)I, (uint64_t)E, large ? LARGE_ROWS : SMALL_ROWS, &w);
+    layout(P, (uint64_t)H, (uint64_t)I, (uint64_t)E, rows, &w);
     size_t need;
     if ((st = kiln_op_moe_experts_workspace(T, H, I, E, K, &need)))
         return kiln__propagate(err, st);
@@ -243,19 +285,23 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     if ((st = kiln__check_workspace(err, OP, d.workspace, rt, need, t, bytes, names, N_BINDINGS)))
         return st;
     kiln_spec spec;
-    kiln_kernel *k;
+    kiln_kernel *k, *kw = NULL;
     experts_launch *l = calloc(1, sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    const unsigned rows = large ? LARGE_ROWS : SMALL_ROWS, stages = large ? LARGE_STAGES : SMALL_STAGES;
+    const unsigned stages = large ? LARGE_STAGES : SMALL_STAGES;
     /* A stage: the rows' 128 bytes of a k-step, and the weight rows' (gate_up
      * tiles: twice the columns; down's: the columns). */
     const unsigned b_rows = large ? 2 * LARGE_COLS_GU : 2 * SMALL_COLS_GU;
-    l->smem = (rows + b_rows) * 128u * stages + 128u;
+    l->smem = wg ? WGMMA_SMEM : (rows + b_rows) * 128u * stages + 128u;
+    const char *gate_up = wg ? "kiln_moe_gate_up_w" : large ? "kiln_moe_gate_up_l" : "kiln_moe_gate_up_s",
+               *down = wg ? "kiln_moe_down_w" : large ? "kiln_moe_down_l" : "kiln_moe_down_s";
     if ((st = kiln_op_moe_experts_spec(elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (wg && ((st = spec_of("moe_experts_wgmma", elt, H, I, E, K, &spec)) ||
+                (st = kiln_jit_acquire(jit, &spec, &kw)))) ||
         (st = function(rt, err, k, "kiln_moe_group", 0, &l->group)) ||
-        (st = function(rt, err, k, large ? "kiln_moe_gate_up_l" : "kiln_moe_gate_up_s", l->smem, &l->gate_up)) ||
-        (st = function(rt, err, k, large ? "kiln_moe_down_l" : "kiln_moe_down_s", l->smem, &l->down)) ||
+        (st = function(rt, err, wg ? kw : k, gate_up, l->smem, &l->gate_up)) ||
+        (st = function(rt, err, wg ? kw : k, down, l->smem, &l->down)) ||
         (st = function(rt, err, k, "kiln_moe_combine", 0, &l->combine))) {
         free(l);
         return kiln__propagate(err, st);
@@ -282,8 +328,9 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->pairs = (uint32_t)P;
     l->rows = rows;
     l->max_tiles = w.max_tiles;
-    l->gu_cols = (uint32_t)I / (large ? LARGE_COLS_GU : SMALL_COLS_GU);
-    l->down_cols = (uint32_t)H / (large ? LARGE_COLS_DOWN : SMALL_COLS_DOWN);
+    l->gu_cols = (uint32_t)I / (wg ? WGMMA_COLS_GU : large ? LARGE_COLS_GU : SMALL_COLS_GU);
+    l->down_cols = (uint32_t)H / (wg ? WGMMA_COLS_DOWN : large ? LARGE_COLS_DOWN : SMALL_COLS_DOWN);
+    l->gemm_threads = wg ? WGMMA_THREADS : GEMM_THREADS;
     const uint64_t params[] = {l->x,   l->ids,  l->weights, l->gate_up_w, l->down_w, l->shared, l->shared_gate,
                                l->out, ws,      l->tokens,  l->rows};
     kiln_region regions[N_BINDINGS + 1];

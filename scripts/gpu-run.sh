@@ -188,6 +188,10 @@ else
     FAILED=1
 fi
 bench peer_torch_moe 240 python3 "$ROOT/bench/peer_torch_moe.py" --kiln "$BENCH_JSONL"
+# The prefill again on the wgmma products (KILN_MOE_WGMMA=1: "moe_wgmma":true in its line).
+if [ -x "$BUILD/bench/bench_moe" ]; then
+    bench bench_moe_wgmma 90 env KILN_MOE_WGMMA=1 "$BUILD/bench/bench_moe" --tokens 4096
+fi
 
 # Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
 bench bench_decode 240 bash "$ROOT/bench/bench_decode.sh" "$BUILD"

@@ -211,6 +211,63 @@ static void test_experts_specs_compiled(void **state)
     }
 }
 
+/* The wgmma products: listed for sm_90 (or an unknown arch) only with
+ * KILN_MOE_WGMMA=1 and sizes they serve, and compiled by NVRTC for sm_90a
+ * at Qwen3-30B-A3B's, Qwen2-MoE's and Mixtral's sizes in f16 and bf16. */
+static void test_experts_wgmma_listed_and_compiled(void **state)
+{
+    fixture *f = *state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.hidden_size = 2048;
+    c.moe_intermediate_size = 768;
+    spec_list l = {.n = 0};
+    unsetenv("KILN_MOE_WGMMA");
+    KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
+    assert_int_equal(l.n, 1);
+    setenv("KILN_MOE_WGMMA", "1", 1);
+    l.n = 0;
+    KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_80", collect, &l));
+    assert_int_equal(l.n, 1);
+    assert_string_equal(l.items[0].template_id, "moe_experts");
+    l.n = 0;
+    c.moe_intermediate_size = 704; /* not a multiple of 128 */
+    KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
+    assert_int_equal(l.n, 1);
+    static const struct { int64_t h, i, e, k; } sizes[] = {{2048, 768, 128, 8}, {2048, 1408, 60, 4}, {4096, 14336, 8, 2}};
+    kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
+    kiln_jit *jit;
+    KILN_CHECK(kiln_jit_create(&jo, &jit));
+    size_t total = 0;
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            c.dtype = b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+            c.hidden_size = sizes[i].h;
+            c.moe_intermediate_size = sizes[i].i;
+            c.num_experts = sizes[i].e;
+            c.num_experts_per_tok = sizes[i].k;
+            l.n = 0;
+            KILN_CHECK(kiln__moe_experts_arch_specs(&c, i ? NULL : "sm_90", collect, &l));
+            assert_int_equal(l.n, 2);
+            assert_string_equal(l.items[1].template_id, "moe_experts_wgmma");
+            int compiled = 0;
+            kiln_status st = kiln_jit_prepare(jit, &l.items[1], &compiled);
+            if (st)
+                fail_msg("moe_experts_wgmma H %lld I %lld: %s: %s", (long long)sizes[i].h, (long long)sizes[i].i,
+                         kiln_status_code(st), kiln_errmsg());
+            assert_true(compiled);
+            total++;
+        }
+    unsetenv("KILN_MOE_WGMMA");
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    assert_int_equal(k.compiles, total);
+    assert_int_equal(k.compile_errors, 0);
+    kiln_jit_destroy(jit);
+}
+
 static void test_experts_spec_refusals(void **state)
 {
     (void)state;
@@ -288,6 +345,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
                                         offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_specs_compiled, offline_fixture_setup,
+                                        offline_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_wgmma_listed_and_compiled, offline_fixture_setup,
                                         offline_fixture_teardown),
         cmocka_unit_test(test_experts_spec_refusals),
         cmocka_unit_test(test_experts_workspace),

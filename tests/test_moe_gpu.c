@@ -10,7 +10,8 @@
  * against a float64 reference of the contract at decode and prefill tile
  * sizes, one expert set for every token, the shared expert with and without
  * its gate; out-of-range ids reported with their slot adding nothing; one
- * command replayed from a graph over new routings; bad bindings refused. */
+ * command replayed from a graph over new routings; bad bindings refused;
+ * on sm_90 the same checks through the wgmma products (KILN_MOE_WGMMA=1). */
 #include <math.h>
 
 #include "f16_host.h"
@@ -618,6 +619,58 @@ static void test_experts_replayed_over_routings(void **state)
     }
 }
 
+static uint64_t acquisitions(fixture *f)
+{
+    kiln_jit_counters k;
+    kiln_jit_get_counters(f->jit, &k);
+    return k.compiles + k.database_hits + k.memory_hits;
+}
+
+/* The wgmma products (KILN_MOE_WGMMA=1, sm_90 only): 128-row tiles over
+ * partial and full tiles, several column tiles, one expert set, a shared
+ * expert, then one command replayed over new routings. The first encode
+ * acquires both kernels (moe_experts and moe_experts_wgmma). */
+static void test_experts_wgmma(void **state)
+{
+    fixture *f = *state;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    if (strncmp(info.arch, "sm_90", 5)) {
+        printf("wgmma experts: the device is %s, not sm_90: not run\n", info.arch);
+        return;
+    }
+    setenv("KILN_MOE_WGMMA", "1", 1);
+    static const struct { moe_case c; int one_set; } cases[] = {
+        {{600, 256, 128, 8, 2, 0, 0}, 0},   {{2048, 512, 256, 16, 4, 0, 0}, 0}, {{1000, 768, 384, 8, 2, 1, 1}, 0},
+        {{300, 256, 128, 2, 1, 0, 0}, 0},   {{129, 512, 128, 8, 8, 0, 0}, 1},   {{4096, 256, 256, 64, 4, 1, 0}, 0},
+    };
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const uint64_t before = acquisitions(f);
+            experts_case(f, b, &cases[i].c, cases[i].one_set ? cases[i].c.K : cases[i].c.E);
+            assert_int_equal(acquisitions(f) - before, 2);
+        }
+    const moe_case c = {1500, 512, 256, 8, 2, 0, 0};
+    moe m;
+    moe_make(f, 1, &c, c.T, &m);
+    moe_route(&f->rng, &m, c.E);
+    kiln_command *cmd;
+    KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m.d, &cmd));
+    const uint32_t pools[] = {c.E, c.K, c.E};
+    for (size_t r = 0; r < sizeof pools / sizeof pools[0]; r++) {
+        moe_route(&f->rng, &m, pools[r]);
+        moe_poison(&m);
+        kiln_attribution a;
+        gpu_submit_replayed(f->s, cmd, &a);
+        char what[48];
+        snprintf(what, sizeof what, "wgmma replay %zu (pool %u)", r, pools[r]);
+        moe_expect_right(&m, what);
+    }
+    kiln_command_release(cmd);
+    moe_free(&m);
+    unsetenv("KILN_MOE_WGMMA");
+}
+
 /* Refused at encode with KILN_ERR_RUNTIME_CONTRACT, a message naming the op
  * and needle (and needle2, or either of them with either set) and no command. */
 static void expect_refused(fixture *f, const kiln_moe_experts_desc *d, const char *needle, const char *needle2,
@@ -751,6 +804,7 @@ int main(void)
                                         gpu_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_bad_bindings_refused, gpu_fixture_setup,
                                         gpu_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_wgmma, gpu_fixture_setup, gpu_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

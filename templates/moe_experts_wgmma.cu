@@ -1,0 +1,184 @@
+// The routed experts' two grouped products on Hopper's warpgroup MMA
+// (sm_90a), for prefill-sized commands: the same contract, workspace and
+// grid as kiln_moe_gate_up_l / kiln_moe_down_l (templates/moe_experts.cu,
+// whose group and combine kernels run around these), with row tiles of 128
+// rows (the group kernel's bm) and column tiles of 256 weight rows:
+//   kiln_moe_gate_up_w  h[r, n0 + c] = elt(silu(g) u), c < 128: g from the
+//                       expert's gate rows n0 + c, u from its up rows I + n0 + c;
+//   kiln_moe_down_w     y[r, n0 + c] = elt(h[r] down[e][n0 + c]^T), c < 256.
+// Warp specialized, 384 threads, as templates/paged_prefill.cu:
+//   warpgroup 2, the producer: each 64-wide k-step's A rows (x gathered by
+//     token through the sorted pairs, or h's rows in order; rows past the
+//     tile's zero) and the 256 weight rows, cp.async into 128-byte-swizzled
+//     stages (kiln_wgmma.cuh's layout), STAGES of them, full and empty
+//     mbarriers;
+//   warpgroups 0 and 1, 64 rows each: two wgmma m64n128k16 a 16-wide step
+//     (weight rows 0-127 and 128-255 of the stage), f32 accumulators in
+//     registers, one commit group kept in flight.
+// Constants: KILN_BF16, KILN_HIDDEN (H, a multiple of 256 here), KILN_INTER
+// (I, a multiple of 128 here), KILN_EXPERTS, KILN_TOP_K: the moe_experts
+// spec's (providers/moe_experts.c takes this kernel only for such sizes).
+// Dynamic shared memory SMEM_BYTES; grid x = column tiles (I / 128 for
+// gate_up, H / 256 for down), y = the most row tiles a routing can have.
+#include "kiln_tma.cuh"    // saddr, swz, bar_wait, cp_async16
+#include "kiln_reduce.cuh" // kiln_f32_to_e2
+#include "kiln_wgmma.cuh"
+
+//! kiln:entry kiln_moe_gate_up_w
+//! kiln:entry kiln_moe_down_w
+//! kiln:arch-specific
+
+#define H KILN_HIDDEN
+#define I KILN_INTER
+#define K KILN_TOP_K
+#define THREADS 384
+#define CONSUMERS 256
+#define BM 128                        // rows a tile: 64 a consumer warpgroup
+#define BN 256                        // weight rows a column tile: two n128 halves
+#define BK 64                         // a k-step: one 128-byte swizzled row
+#define A_BYTES (BM * 128)
+#define STAGE_BYTES (A_BYTES + BN * 128)
+#define STAGES 4
+#define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 <= 65536
+#define CONSUMER_REGS 224
+
+#if H % 256 != 0 || I % 128 != 0
+#error "the wgmma experts take KILN_HIDDEN a multiple of 256 and KILN_INTER of 128"
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <bool GATED>
+__device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
+                                              kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,
+                                              const kiln_u32 *__restrict__ offsets,
+                                              const kiln_u32 *__restrict__ tile_e,
+                                              const kiln_u32 *__restrict__ tile_r,
+                                              const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw)
+{
+    constexpr kiln_u32 KD = GATED ? H : I;   // the inner dimension
+    constexpr kiln_u32 NOUT = GATED ? I : H; // output columns of a row
+    constexpr kiln_u32 KSTEPS = KD / BK;
+    __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
+    __shared__ kiln_u32 arow[BM]; // the source row of each tile row (0xffffffff: past the tile)
+    const kiln_u32 tile = blockIdx.y;
+    if (tile >= *n_tiles)
+        return;
+    const kiln_u32 e = tile_e[tile], r0 = tile_r[tile], end = offsets[e + 1];
+    const kiln_u32 nrows = end - r0 < (kiln_u32)BM ? end - r0 : (kiln_u32)BM;
+    const kiln_u32 n0 = blockIdx.x * (GATED ? BN / 2 : BN);
+    const kiln_u32 tid = threadIdx.x;
+    unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
+    const kiln_u32 s0 = saddr(sm);
+    if (tid < BM)
+        arow[tid] = tid < nrows ? (GATED ? sorted[r0 + tid] / K : r0 + tid) : 0xffffffffu;
+    if (tid == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            asm volatile("mbarrier.init.shared.b64 [%0], 128;" ::"r"(saddr(&full[i])));
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[i])), "n"(CONSUMERS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads(); // the last block-wide barrier: the roles part here
+
+    if (tid >= CONSUMERS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        // Thread p copies chunk p % 8 of rows p / 8 + 16 i: A's 8 rows, B's 16.
+        const kiln_u32 p = tid - CONSUMERS, ch = p % 8, rr = p / 8;
+        const kiln_elt *we = w + (kiln_u64)e * (GATED ? 2 * I : H) * KD + ch * 8;
+        for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
+            const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES, sb = sa + A_BYTES;
+            if (ks >= STAGES)
+                bar_wait(saddr(&empty[st]), (ks / STAGES - 1) & 1);
+#pragma unroll
+            for (kiln_u32 i = 0; i < BM / 16; i++) {
+                const kiln_u32 r = rr + 16 * i, row = arow[r];
+                const bool ok = row != 0xffffffffu;
+                cp_async16(sa + swz(r, ch), ok ? src + (kiln_u64)row * KD + ks * BK + ch * 8 : src, ok ? 16 : 0);
+            }
+#pragma unroll
+            for (kiln_u32 i = 0; i < BN / 16; i++) {
+                const kiln_u32 rho = rr + 16 * i;
+                // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
+                const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
+                cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32;
+    float d0[64], d1[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        d0[i] = d1[i] = 0.0f;
+    for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
+        const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES + wg * 8192, sb = s0 + st * STAGE_BYTES + A_BYTES;
+        bar_wait(saddr(&full[st]), (ks / STAGES) & 1);
+        fence_proxy_async(); // the producer's cp.async writes, to wgmma's proxy
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            const kiln_u64 da = wgmma_desc(sa + kk * 32, 16, 1024);
+            wgmma_ss_n128(d0, da, wgmma_desc(sb + kk * 32, 16, 1024));
+            wgmma_ss_n128(d1, da, wgmma_desc(sb + 128 * 128 + kk * 32, 16, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<1>(); // step ks - 1's products are done: its stage is free
+        if (ks > 0)
+            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[(ks - 1) % STAGES])) : "memory");
+    }
+    wgmma_wait<0>();
+
+    // Registers 4 j + {0, 1}: row ra, columns 8 j + 2 (lane % 4) + {0, 1} of
+    // a half; 4 j + {2, 3}: row ra + 8.
+    const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const kiln_u32 r = ra + 8 * half;
+        if (r >= nrows)
+            continue;
+        kiln_elt *out = dst + (kiln_u64)(r0 + r) * NOUT + n0 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const float *g = &d0[4 * j + 2 * half], *u = &d1[4 * j + 2 * half];
+            if (GATED) {
+                *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
+                                                             g[1] / (1.0f + __expf(-g[1])) * u[1]);
+            } else {
+                *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(g[0], g[1]);
+                *(kiln_u32 *)(out + 128 + 8 * j) = kiln_f32_to_e2(u[0], u[1]);
+            }
+        }
+    }
+}
+#endif
+
+#define GEMM_ARGS                                                                                                 \
+    const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w, kiln_elt *__restrict__ dst,              \
+        const kiln_u32 *__restrict__ n_tiles, const kiln_u32 *__restrict__ offsets,                              \
+        const kiln_u32 *__restrict__ tile_e, const kiln_u32 *__restrict__ tile_r,                                \
+        const kiln_u32 *__restrict__ sorted
+extern __shared__ __align__(1024) unsigned char smem[];
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_gate_up_w(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    grouped_wgmma<true>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem);
+#else
+    __trap(); // wgmma needs sm_90a: providers/moe_experts.c takes this kernel only there
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_down_w(GEMM_ARGS)
+{
+    kiln_grid_dependency_sync();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    grouped_wgmma<false>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem);
+#else
+    __trap();
+#endif
+}
