@@ -285,62 +285,58 @@ def fuse_experts(path, layers):
     save_file(t, whole, metadata={"format": "pt"})
 
 
-@torch.no_grad()
-def routing(model, ids):
-    """Per layer: how many experts some token of ids chose, and how many
-    distinct sets of experts the tokens chose (the reference's own routers)."""
-    cfg = model.config
-    k = cfg.num_experts_per_tok
-    n_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
-    picks = []
-    hooks = []
-    for name, m in model.named_modules():
-        if is_router(name):
-            def hook(mod, inp, out):
-                # transformers 4: the gate's logits; 5: the router's tuple,
-                # whose chosen indices (or probabilities) are taken.
-                outs = out if isinstance(out, tuple) else (out,)
-                idx = [o for o in outs if not o.is_floating_point() and o.shape[-1] == k]
-                if idx:
-                    chosen = idx[0].reshape(-1, k)
-                else:
-                    full = [o for o in outs if o.is_floating_point() and o.shape[-1] == n_experts][0]
-                    chosen = full.reshape(-1, n_experts).float().topk(k, dim=-1).indices
-                picks.append(chosen.sort(-1).values)
-            hooks.append(m.register_forward_hook(hook))
-    try:
-        model(input_ids=torch.tensor([ids], device="cuda"))
-    finally:
-        for h in hooks:
-            h.remove()
-    return [(p.unique().numel(), len({tuple(r) for r in p.tolist()})) for p in picks]
-
-
 def is_router(name):
     return name.endswith(("mlp.gate", "block_sparse_moe.gate"))
 
 
 @torch.no_grad()
-def router_logits(model, ids, n_experts):
-    """Per router, in layer order: its logits [tokens, experts] in float32 over
-    ids (log-probabilities where the router returns probabilities: the same
-    differences)."""
+def router_outputs(model, ids):
+    """Each router's output over ids, in layer order, as a tuple of tensors
+    (transformers 4: the gate's logits; 5: the router's tuple)."""
     got, hooks = [], []
     for name, m in model.named_modules():
         if is_router(name):
-            def hook(mod, inp, out):
-                outs = out if isinstance(out, tuple) else (out,)
-                full = [o for o in outs if o.is_floating_point() and o.shape[-1] == n_experts][0]
-                full = full.reshape(-1, n_experts).float()
-                if (full >= 0).all() and ((full.sum(-1) - 1).abs() < 1e-3).all():
-                    full = full.clamp_min(1e-30).log()
-                got.append(full)
-            hooks.append(m.register_forward_hook(hook))
+            hooks.append(m.register_forward_hook(
+                lambda mod, inp, out: got.append(out if isinstance(out, tuple) else (out,))))
     try:
         model(input_ids=torch.tensor([ids], device="cuda"))
     finally:
         for h in hooks:
             h.remove()
+    return got
+
+
+def router_full(outs, n_experts):
+    """A router's logits or probabilities [tokens, experts] in float32."""
+    return [o for o in outs if o.is_floating_point() and o.shape[-1] == n_experts][0].reshape(-1, n_experts).float()
+
+
+def routing(model, ids):
+    """Per layer: how many experts some token of ids chose, and how many
+    distinct sets of experts the tokens chose (the reference's own routers:
+    their chosen indices where they return them)."""
+    cfg = model.config
+    k = cfg.num_experts_per_tok
+    n_experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    stats = []
+    for outs in router_outputs(model, ids):
+        idx = [o for o in outs if not o.is_floating_point() and o.shape[-1] == k]
+        chosen = idx[0].reshape(-1, k) if idx else router_full(outs, n_experts).topk(k, dim=-1).indices
+        p = chosen.sort(-1).values
+        stats.append((p.unique().numel(), len({tuple(r) for r in p.tolist()})))
+    return stats
+
+
+def router_logits(model, ids, n_experts):
+    """Per router, in layer order: its logits [tokens, experts] in float32 over
+    ids (log-probabilities where the router returns probabilities: the same
+    differences)."""
+    got = []
+    for outs in router_outputs(model, ids):
+        full = router_full(outs, n_experts)
+        if (full >= 0).all() and ((full.sum(-1) - 1).abs() < 1e-3).all():
+            full = full.clamp_min(1e-30).log()
+        got.append(full)
     return got
 
 
