@@ -6,7 +6,7 @@
 // each panel 1024-byte aligned. wgmma needs an arch-specific target: a
 // template that includes this declares //! kiln:arch-specific.
 #pragma once
-#include "kiln_prelude.cuh"
+#include "kiln_mma.cuh" // saddr
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -21,6 +21,22 @@ __device__ __forceinline__ void wgmma_wait()
 // Makes this thread's generic-proxy writes to shared memory (st.shared,
 // cp.async) visible to the async proxy that wgmma reads through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Thread 0 initializes N stages' mbarriers: full[i] completes on the P
+// producers' cp.async.mbarrier.arrive.noinc (one a producer thread),
+// empty[i] on one arrival of each of C consumer threads. The caller's
+// __syncthreads publishes them.
+template <int N, int P, int C>
+__device__ __forceinline__ void stage_barriers_init(kiln_u64 *full, kiln_u64 *empty)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < N; i++) {
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&full[i])), "n"(P));
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[i])), "n"(C));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+}
 
 // The descriptor of a 128-byte-swizzled operand at shared address a: sbo is
 // the byte stride between groups of 8 rows (1024 here); lbo, for an N-major

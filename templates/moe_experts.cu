@@ -17,6 +17,7 @@
 // multiple of 64), KILN_EXPERTS (E, 1..512), KILN_TOP_K (K, 1..min(16, E)).
 #include "kiln_mma.cuh"    // saddr, cp_async16, ldsm_x4, mma
 #include "kiln_reduce.cuh" // kiln_block_sum, kiln_e8_to_f32, kiln_f32_to_e8
+#include "kiln_moe.cuh"     // KILN_MOE_GEMM_ARGS
 
 //! kiln:entry kiln_moe_group
 //! kiln:entry kiln_moe_gate_up_s
@@ -270,36 +271,31 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
 #endif
 }
 
-#define GEMM_ARGS                                                                                                 \
-    const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w, kiln_elt *__restrict__ dst,              \
-        const kiln_u32 *__restrict__ n_tiles, const kiln_u32 *__restrict__ offsets,                              \
-        const kiln_u32 *__restrict__ tile_e, const kiln_u32 *__restrict__ tile_r,                                \
-        const kiln_u32 *__restrict__ sorted
 #define GEMM_PASS src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem
 extern __shared__ __align__(128) unsigned char smem[];
 
 // Small tiles: 16 rows, 4 warps across the columns, 6 stages in flight (the
 // weight stream is the cost). Large: 64 rows, 2 x 2 warps of 32 x 64
 // columns. The provider's tile constants (providers/moe_experts.c) follow.
-extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_s(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_s(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
     grouped_tile<1, 4, 1, 1, 6, true>(GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_s(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_s(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
     grouped_tile<1, 4, 1, 2, 6, false>(GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_l(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_gate_up_l(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
     grouped_tile<2, 2, 2, 4, 3, true>(GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_l(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(128) kiln_moe_down_l(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
     grouped_tile<2, 2, 2, 8, 3, false>(GEMM_PASS);

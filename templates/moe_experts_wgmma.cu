@@ -23,6 +23,7 @@
 #include "kiln_tma.cuh"    // saddr, swz, bar_wait, cp_async16
 #include "kiln_reduce.cuh" // kiln_f32_to_e2
 #include "kiln_wgmma.cuh"
+#include "kiln_moe.cuh"     // KILN_MOE_GEMM_ARGS
 
 //! kiln:entry kiln_moe_gate_up_w
 //! kiln:entry kiln_moe_down_w
@@ -72,13 +73,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
     const kiln_u32 s0 = saddr(sm);
     if (tid < BM)
         arow[tid] = tid < nrows ? (GATED ? sorted[r0 + tid] / K : r0 + tid) : 0xffffffffu;
-    if (tid == 0) {
-        for (int i = 0; i < STAGES; i++) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 128;" ::"r"(saddr(&full[i])));
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[i])), "n"(CONSUMERS));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
@@ -156,14 +151,9 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
 }
 #endif
 
-#define GEMM_ARGS                                                                                                 \
-    const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w, kiln_elt *__restrict__ dst,              \
-        const kiln_u32 *__restrict__ n_tiles, const kiln_u32 *__restrict__ offsets,                              \
-        const kiln_u32 *__restrict__ tile_e, const kiln_u32 *__restrict__ tile_r,                                \
-        const kiln_u32 *__restrict__ sorted
 extern __shared__ __align__(1024) unsigned char smem[];
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_gate_up_w(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_gate_up_w(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -173,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_gate_up_w(GEMM
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_down_w(GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_down_w(KILN_MOE_GEMM_ARGS)
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

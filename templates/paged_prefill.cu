@@ -136,13 +136,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
-    if (tid == 0) {
-        for (int i = 0; i < STAGES; i++) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 128;" ::"r"(saddr(&full[i])));
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[i])), "n"(CONSUMERS));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
