@@ -58,8 +58,8 @@ int dec_run_bench_startup(const dec_bench_args *a, double t_main);
 /* The monotonic clock, in seconds. */
 double dec_bench_now_s(void);
 /* A mixture of experts' routing, after dec_bench_steps for batch (defined in
- * engine_bench.c): one more decode step, eager, with the chosen ids of each
- * layer copied aside after its router and read back; distinct[l] (one per
+ * engine_bench.c): one more decode step, eager, and each layer's chosen ids
+ * read back (the engine keeps every layer's); distinct[l] (one per
  * layer) gets how many different experts layer l's batch x top_k choices
  * name. KILN_ERR_INVALID_ARGUMENT for a dense model or a batch not yet
  * stepped, KILN_ERR_DEVICE_CONTRACT for an id out of range; dec_errmsg()

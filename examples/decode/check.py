@@ -39,7 +39,13 @@ difference in tokens or logits from such a step on is reported as after a
 routing tie, not a failure, when every step before it holds to the rules
 above and kiln's logits stay within 4x the tolerance of transformers' up to
 the first different token (the experts are alike: a swap moves them a little,
-a wrong expert or layout a lot).
+a wrong expert or layout a lot). Kiln's own routing is checked too
+(decode --dump-routing): at every position on transformers' token path, the
+prompt's and the decoded ones, every layer's chosen experts are float32's top
+k, or differ from them only where float32's k-th logit is within RTIE x the
+router's noise (transformers' largest router distance from float32 in that
+layer up to that position) of the weakest expert kiln chose, or after kiln
+already differed at an earlier layer of that position.
 A second kiln run with an EOS token taken from the reference checks that each
 participant stops at its EOS while the others go on. The database is
 prewarmed with `kiln prewarm --model config.json` first: the kiln runs must
@@ -410,6 +416,58 @@ def read_dump(path):
     return rows
 
 
+def read_routing(path):
+    """decode --dump-routing: {(participant, position): [layers, k] int64}."""
+    rows = {}
+    with open(path, "rb") as f:
+        data = f.read()
+    at = 0
+    while at < len(data):
+        p, q, layers, k = struct.unpack_from("<IIII", data, at)
+        at += 16
+        rows[(p, q)] = torch.frombuffer(bytearray(data[at:at + 4 * layers * k]), dtype=torch.int32).long().view(
+            layers, k)
+        at += 4 * layers * k
+    return rows
+
+
+def check_routing(model, model32, ids, toks, upto, kiln_rows, p, k, n_experts):
+    """Kiln's choices at positions < upto of ids + toks against float32's
+    top k (see the docstring): (decisions, differing, ties' largest margin
+    over the noise, failures as text)."""
+    seq = ids + toks[:-1]
+    lhs, lfs = router_logits(model, seq, n_experts), router_logits(model32, seq, n_experts)
+    decisions, differ, worst, bad = 0, 0, 0.0, []
+    differed_at = set()  # positions where kiln already differed at an earlier layer
+    for layer, (lh, lf) in enumerate(zip(lhs, lfs)):
+        noise = (lh - lf).abs().max(dim=-1).values.cummax(0).values  # running max over positions
+        cut = lf.topk(k, dim=-1).values[:, k - 1]
+        for q in range(min(upto, lf.shape[0])):
+            got = kiln_rows.get((p, q))
+            if got is None:
+                bad.append("no routing recorded at position %d" % q)
+                break
+            chosen = got[layer]
+            decisions += 1
+            if chosen.min() < 0 or chosen.max() >= n_experts or chosen.unique().numel() != k:
+                bad.append("layer %d position %d: chose %s" % (layer, q, chosen.tolist()))
+                continue
+            want = set(lf[q].topk(k).indices.tolist())
+            if set(chosen.tolist()) == want:
+                continue
+            differ += 1
+            margin = (cut[q] - lf[q][chosen].min()).item()
+            allowed = RTIE * noise[q].item()
+            if margin > allowed and q not in differed_at:
+                bad.append("layer %d position %d: kiln chose %s, float32 %s; kiln's weakest is %.3g below "
+                           "float32's k-th, noise allows %.3g" % (layer, q, sorted(chosen.tolist()), sorted(want),
+                                                                 margin, allowed))
+            elif margin <= allowed:
+                worst = max(worst, margin / allowed if allowed > 0 else 0.0)
+            differed_at.add(q)
+    return decisions, differ, worst, bad
+
+
 def kiln_rope(args, config_path, n):
     """kiln_model_rope_frequencies of a saved config, through libkiln."""
     lib = ctypes.CDLL(os.path.join(args.build, "libkiln.so"))
@@ -434,13 +492,15 @@ def rel_err(a, ref):
     return ((a - ref).abs().max() / ref.abs().max()).item()
 
 
-def run_kiln(args, path, prompts, extra, db, dump=None):
+def run_kiln(args, path, prompts, extra, db, dump=None, routing_dump=None):
     cmd = [os.path.join(args.build, "examples/decode/decode"), "--model", path, "--db", db]
     for ids, n in prompts:
         cmd += ["--prompt", ",".join(map(str, ids)) + ":" + str(n)]
     cmd += extra
     if dump:
         cmd += ["--dump-logits", dump]
+    if routing_dump:
+        cmd += ["--dump-routing", routing_dump]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -520,15 +580,17 @@ def main():
                             capture_output=True, text=True)
         log("  kiln prewarm: exit %d, %s" % (pw.returncode, (pw.stdout.strip().splitlines() or ["?"])[-1]))
         dump = os.path.join(path, "logits.bin")
+        moe = saved.get("num_experts") or saved.get("num_local_experts")
+        rdump = os.path.join(path, "routing.bin") if moe else None
         try:
-            parts, summary = run_kiln(args, path, prompts, ["--eos", "none"], db, dump)
+            parts, summary = run_kiln(args, path, prompts, ["--eos", "none"], db, dump, rdump)
         except RuntimeError as e:
             failures.append("%s: %s" % (spec["name"], e))
             log("  FAIL: %s" % e)
             continue
         rows = read_dump(dump)
+        kiln_routing = read_routing(rdump) if moe else None
         tol = LOGIT_TOL[spec.get("dtype", "f16")]
-        moe = saved.get("num_experts") or saved.get("num_local_experts")
         for p, ((ids, n), (toks, logits, gap)) in enumerate(zip(prompts, refs)):
             got = parts[p]["tokens"]
             first_diff = next((i for i in range(max(len(got), len(toks)))
@@ -567,6 +629,16 @@ def main():
                         ", a tie of the dtype" if tie else ""),
                     rel, e_k, e_hf, min(len(got), len(toks))))
             if moe:
+                k_top = saved["num_experts_per_tok"]
+                upto = len(ids) + (first_diff if first_diff is not None else n)
+                dec, differ, worst_tie, bad = check_routing(model, model32, ids, toks, upto, kiln_routing, p, k_top,
+                                                            moe)
+                log("    kiln's routing: %d decisions (%d layers x %d positions), %d differ from float32's, "
+                    "each within %.2f of the noise it allows%s" % (
+                        dec, len(kiln_routing[(p, 0)]), upto, differ, worst_tie,
+                        "" if not bad else "; %d beyond it, first: %s" % (len(bad), bad[0])))
+                if bad:
+                    failures.append("%s participant %d: kiln's routing: %s" % (spec["name"], p, bad[0]))
                 log("    routing ties at %d of %d steps%s" % (
                     len({t[0] for t in ties}), n, "" if not ties else
                     " (first at step %d, layer %d: float32 gap %.2e, hf's router %.2e from float32)%s" % (

@@ -169,6 +169,18 @@ typedef struct dec_stats {
 typedef void (*dec_logits_fn)(void *user, uint32_t participant, uint32_t step, const uint16_t *logits,
                               size_t vocab);
 
+/* Called, for a mixture of experts under dec_record_routing, after each step
+ * of dec_generate for each row it computed: the participant, the row's
+ * position in its sequence (the prefill's prompt tokens, then one a decode
+ * step), and the K experts layer l's router chose for it at ids[l *
+ * layer_stride + j], j < K, in the router's order. */
+typedef void (*dec_routing_fn)(void *user, uint32_t participant, uint32_t position, const uint32_t *ids,
+                               size_t layer_stride);
+
+/* Makes dec_generate report every routing decision to fn (NULL: none, the
+ * default). A dense model has none to report. */
+void dec_record_routing(dec_engine *e, dec_routing_fn fn, void *user);
+
 /* Greedy decoding of n requests at once. Each stops at one of eos[0..n_eos)
  * (the EOS token is kept) or at its max_new tokens. logits may be NULL. */
 kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const int64_t *eos, size_t n_eos,

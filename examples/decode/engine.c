@@ -150,7 +150,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         (st = buf(e, (size_t)P * 4, &e->next, "next tokens")))
         goto fail;
     if (e->E && ((st = buf(e, R * (size_t)e->E * 2, &e->moe_logits, "router logits")) ||
-                 (st = buf(e, R * (size_t)e->K * 4, &e->moe_ids, "chosen experts")) ||
+                 (st = buf(e, (size_t)m->config.layers * R * (size_t)e->K * 4, &e->moe_ids, "chosen experts")) ||
                  (st = buf(e, R * (size_t)e->K * 4, &e->moe_weights, "expert weights")) ||
                  (st = buf(e, R * e->H * 2, &e->moe_out, "experts out")) ||
                  (e->SI && (st = buf(e, R * e->H * 2, &e->shared_out, "shared expert out")))))
@@ -233,6 +233,7 @@ void dec_engine_free(dec_engine *e)
     free(e->table);
     free(e->logits_host);
     free(e->next_host);
+    free(e->routing_host);
     free(e);
 }
 
@@ -272,7 +273,7 @@ static kiln_status encode_experts(dec_engine *e, step_cmds *c, size_t cap, const
 {
     const kiln_dtype F = e->m->config.base.dtype;
     kiln_tensor wr = tensor(L->router, 0, F, 2, e->E, e->H, 0), logits = tensor(e->moe_logits, 0, F, 2, T, e->E, 0),
-                ids = tensor(e->moe_ids, 0, KILN_DTYPE_U32, 2, T, e->K, 0),
+                ids = tensor(e->moe_ids, (size_t)l * e->max_rows * (size_t)e->K * 4, KILN_DTYPE_U32, 2, T, e->K, 0),
                 weights = tensor(e->moe_weights, 0, KILN_DTYPE_F32, 2, T, e->K, 0),
                 gu = tensor(L->x_gate_up, 0, F, 3, e->E, 2 * e->XI, e->H),
                 down = tensor(L->x_down, 0, F, 3, e->E, e->H, e->XI), out = tensor(e->moe_out, 0, F, 2, T, e->H, 0),
@@ -455,6 +456,39 @@ kiln_status dec__finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, ui
     return KILN_OK;
 }
 
+kiln_status dec__read_routing(dec_engine *e, uint32_t T, uint32_t *host)
+{
+    const size_t per = (size_t)T * (size_t)e->K * 4, slice = (size_t)e->max_rows * (size_t)e->K * 4;
+    for (int64_t l = 0; l < e->m->config.layers; l++) {
+        const kiln_region r = {e->moe_ids, (size_t)l * slice, (size_t)l * slice + per};
+        kiln_status st = kiln_stream_readback(e->s, &r, (unsigned char *)host + (size_t)l * per);
+        if (st)
+            return dec_kfail(st, "reading a layer's chosen experts");
+    }
+    return KILN_OK;
+}
+
+void dec_record_routing(dec_engine *e, dec_routing_fn fn, void *user)
+{
+    e->routing_fn = fn;
+    e->routing_user = user;
+}
+
+/* Reports the last step's T rows to the routing callback: row j is
+ * participant who[j] at position pos[j]. */
+static kiln_status report_routing(dec_engine *e, uint32_t T, const uint32_t *who, const uint32_t *pos)
+{
+    if (!e->E || !e->routing_fn)
+        return KILN_OK;
+    if (!e->routing_host &&
+        !(e->routing_host = malloc((size_t)e->m->config.layers * e->max_rows * (size_t)e->K * 4)))
+        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    kiln_status st = dec__read_routing(e, T, e->routing_host);
+    for (uint32_t j = 0; !st && j < T; j++)
+        e->routing_fn(e->routing_user, who[j], pos[j], e->routing_host + (size_t)j * e->K, (size_t)T * e->K);
+    return st;
+}
+
 kiln_status dec__decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out)
 {
     step_cmds *c = &e->decode[P];
@@ -542,6 +576,16 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
         st = dec__finish_step(e, fence, pre.n, S, logits_fn != NULL, stats);
     stats->prefill_s = dec__now_s() - t0;
     dec__cmds_release(&pre);
+    if (!st && e->E && e->routing_fn) {
+        uint32_t *who = malloc((size_t)T * sizeof *who);
+        if (!who)
+            return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+        for (uint32_t i = 0; i < S; i++)
+            for (uint32_t t = 0; t < reqs[i].prompt_len; t++)
+                who[e->spans[2 * i] + t] = i;
+        st = report_routing(e, T, who, e->pos);
+        free(who);
+    }
     if (st)
         return st;
     stats->prefill_tokens = T;
@@ -581,7 +625,8 @@ kiln_status dec_generate(dec_engine *e, const dec_request *reqs, size_t n, const
             dec__set_rows(e, j, i);
         }
         if ((st = dec__submit_step(e, c, P, P, changed, "decode", KILN_TIMING_OFF, &fence)) ||
-            (st = dec__finish_step(e, fence, c->n, P, logits_fn != NULL, stats)))
+            (st = dec__finish_step(e, fence, c->n, P, logits_fn != NULL, stats)) ||
+            (st = report_routing(e, P, active, e->pos)))
             break;
         last_P = P;
         stats->decode_steps++;

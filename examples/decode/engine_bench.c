@@ -91,57 +91,24 @@ kiln_status dec_bench_routing(dec_engine *e, uint32_t batch, uint32_t context, u
         return dec_fail(KILN_ERR_INVALID_ARGUMENT, "routing: a mixture of experts (%lld experts) after "
                         "dec_bench_steps for batch %u", (long long)e->E, batch);
     const step_cmds *c = &e->decode[batch];
-    const size_t L = (size_t)e->m->config.layers, per = (size_t)batch * (size_t)e->K * 4;
-    /* The step's commands with a copy of the chosen ids after each layer's
-     * router: the engine's moe_ids holds one layer's at a time. */
-    kiln_command **cmds = calloc(c->n + L, sizeof *cmds), **copies = calloc(L, sizeof *copies);
-    uint32_t *ids = malloc(L * per);
-    kiln_buffer *all = NULL;
+    const size_t L = (size_t)e->m->config.layers, picks = (size_t)batch * (size_t)e->K;
+    uint32_t *ids = malloc(L * picks * 4);
     kiln_fence *fence = NULL;
-    size_t n = 0, routers = 0;
     kiln_status st = KILN_OK;
-    if (!cmds || !copies || !ids) {
-        st = dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-        goto out;
-    }
-    if ((st = kiln_buffer_create(e->rt, L * per, 256, &all))) {
-        dec_kfail(st, "routing: the ids of every layer");
-        goto out;
-    }
-    for (size_t i = 0; i < c->n; i++) {
-        cmds[n++] = c->cmd[i];
-        if (strcmp(c->label[i], "router"))
-            continue;
-        if (routers == L) {
-            st = dec_fail(KILN_ERR_INVALID_ARGUMENT, "routing: more routers than the %zu layers", L);
-            goto out;
-        }
-        const kiln_region from = {e->moe_ids, 0, per}, to = {all, routers * per, (routers + 1) * per};
-        if ((st = kiln_command_copy(e->rt, &from, &to, &copies[routers]))) {
-            dec_kfail(st, "routing: copy command");
-            goto out;
-        }
-        cmds[n++] = copies[routers++];
-    }
-    if (routers != L) {
-        st = dec_fail(KILN_ERR_INVALID_ARGUMENT, "routing: %zu routers in a step of %zu layers", routers, L);
-        goto out;
-    }
+    if (!ids)
+        return dec_fail(KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    /* The step once more, eagerly; each layer's router keeps its choices. */
     kiln_binding_patch p[3] = {{SLOT_IDS, 0, e->ids, (size_t)batch * 4},
                                {SLOT_POS, 0, e->pos, (size_t)batch * 4},
                                {SLOT_LENS, 0, e->lens, (size_t)batch * 4}};
     kiln_submit_options so = {.size = sizeof so, .path = KILN_PATH_EAGER_ONLY, .timing = KILN_TIMING_OFF,
                               .phase = "decode", .arena = e->arena, .patches = p, .n_patches = 3};
-    if ((st = kiln_stream_submit(e->s, cmds, n, &so, &fence)) || (st = kiln_fence_wait(fence))) {
+    if ((st = kiln_stream_submit(e->s, c->cmd, c->n, &so, &fence)) || (st = kiln_fence_wait(fence))) {
         dec_kfail(st, "routing step");
         goto out;
     }
-    const kiln_region r = {all, 0, L * per};
-    if ((st = kiln_stream_readback(e->s, &r, ids))) {
-        dec_kfail(st, "routing: reading the ids back");
+    if ((st = dec__read_routing(e, batch, ids)))
         goto out;
-    }
-    const size_t picks = (size_t)batch * (size_t)e->K;
     for (size_t l = 0; l < L; l++) {
         uint8_t seen[512] = {0}; /* the loader takes at most 512 experts */
         distinct[l] = 0;
@@ -158,12 +125,7 @@ kiln_status dec_bench_routing(dec_engine *e, uint32_t batch, uint32_t context, u
     }
 out:
     kiln_fence_release(fence);
-    for (size_t l = 0; copies && l < L; l++)
-        kiln_command_release(copies[l]);
-    kiln_buffer_destroy(all);
     free(ids);
-    free(copies);
-    free(cmds);
     return st;
 }
 

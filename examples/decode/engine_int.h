@@ -40,7 +40,8 @@ struct dec_engine {
     uint32_t page_tokens, max_blocks, pages_per_layer, max_rows;
     uint32_t window; /* the attention's sliding window (0: none) */
     kiln_buffer *res, *norm, *qkv, *attn, *act, *logits, *ws, *kv;
-    /* The experts' router logits [rows, E], choices (u32 [rows, K]) and
+    /* The experts' router logits [rows, E], choices (u32 [layers, rows, K]:
+     * each layer's own, so that a step's routing can be read back) and
      * weights (f32 [rows, K]), their output and the shared expert's [rows, H];
      * NULL for a dense model. act holds the shared expert's activations then. */
     kiln_buffer *moe_logits, *moe_ids, *moe_weights, *moe_out, *shared_out;
@@ -55,6 +56,9 @@ struct dec_engine {
     uint32_t *ids, *pos, *lens, *spans, *table;
     uint16_t *logits_host;
     uint32_t *next_host;
+    dec_routing_fn routing_fn; /* dec_record_routing's */
+    void *routing_user;
+    uint32_t *routing_host; /* [layers, rows, K], allocated on first use */
 };
 
 /* Releases the commands and the arrays; c is left empty. */
@@ -74,6 +78,9 @@ kiln_status dec__finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, ui
                              dec_stats *stats);
 /* The decode commands of batch size P, encoded on first use. */
 kiln_status dec__decode_cmds(dec_engine *e, uint32_t P, dec_stats *stats, const step_cmds **out);
+/* The last step's chosen experts of its first T rows, every layer's, into
+ * host [layers, T, K]. */
+kiln_status dec__read_routing(dec_engine *e, uint32_t T, uint32_t *host);
 /* Points block table row `row` at the pages of sequence slot seq_slot. */
 void dec__set_rows(dec_engine *e, uint32_t row, uint32_t seq_slot);
 

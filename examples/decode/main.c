@@ -3,7 +3,7 @@
  * the prefill (--bench-prefill), in bench.c.
  *
  *   decode --model DIR --prompt 1,2,3[:MAX_NEW] [--prompt ...] [--max-new N]
- *          [--eos ID|none] [--db PATH] [--dump-logits FILE]
+ *          [--eos ID|none] [--db PATH] [--dump-logits FILE] [--dump-routing FILE]
  *   decode --bench [--config config.json] [--layers N] [--dtype f16|bf16]
  *          [--batch 1,8,32] [--context 1024[,4096,...]] [--steps N]
  *          [--chunk-file FILE] [--db PATH]
@@ -27,8 +27,12 @@
  * and its first submission), the weights' upload apart: run it against a
  * database that already holds the model's kernels.
  * --dump-logits writes, per participant and step, a record: u32 participant,
- * u32 step, u32 vocab, then vocab f32 logits (little-endian). Exit codes: 0
- * ok, 1 failure, 2 usage.
+ * u32 step, u32 vocab, then vocab f32 logits (little-endian).
+ * --dump-routing (a mixture of experts) writes, per participant and position
+ * the model computed (the prompt's, then one a decode step), a record: u32
+ * participant, u32 position, u32 layers, u32 top_k, then layers x top_k u32
+ * expert ids, layer by layer in the router's order. Exit codes: 0 ok, 1
+ * failure, 2 usage.
  */
 #include <errno.h>
 #include <math.h>
@@ -46,7 +50,7 @@ static int usage(const char *msg)
         fprintf(stderr, "decode: %s\n", msg);
     fprintf(stderr,
             "usage: decode --model DIR --prompt IDS[:MAX_NEW] [--prompt ...] [--max-new N] [--eos ID|none]\n"
-            "              [--db PATH] [--dump-logits FILE]\n"
+            "              [--db PATH] [--dump-logits FILE] [--dump-routing FILE]\n"
             "       decode --bench [--config config.json] [--layers N] [--dtype f16|bf16] [--batch 1,8,32]\n"
             "              [--context 1024[,4096,...]] [--steps N] [--chunk-file FILE] [--db PATH]\n"
             "       decode --bench-prefill [--config config.json] [--layers N] [--dtype f16|bf16]\n"
@@ -182,6 +186,46 @@ static void dump_logits(void *user, uint32_t participant, uint32_t step, const u
     }
 }
 
+typedef struct routing_dump {
+    FILE *f;
+    int failed;
+    uint32_t layers, k;
+} routing_dump;
+
+static void dump_routing(void *user, uint32_t participant, uint32_t position, const uint32_t *ids,
+                         size_t layer_stride)
+{
+    routing_dump *d = user;
+    const uint32_t head[4] = {participant, position, d->layers, d->k};
+    if (fwrite(head, 4, 4, d->f) != 4)
+        d->failed = 1;
+    for (uint32_t l = 0; l < d->layers; l++)
+        if (fwrite(ids + (size_t)l * layer_stride, 4, d->k, d->f) != d->k)
+            d->failed = 1;
+}
+
+/* Opens path for writing into *f; 0 (and a message) when it cannot. */
+static int open_dump(const char *path, FILE **f)
+{
+    if (path && !(*f = fopen(path, "wb"))) {
+        fprintf(stderr, "decode: %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    return 1;
+}
+
+/* Closes a dump; 0 (and a message) when it was not all written. */
+static int close_dump(const char *path, FILE **f, int failed)
+{
+    if (!*f)
+        return 1;
+    const int ok = fclose(*f) == 0 && !failed;
+    *f = NULL;
+    if (!ok)
+        fprintf(stderr, "decode: writing %s failed\n", path);
+    return ok;
+}
+
 int dec_session_open(const char *db, dec_session *x)
 {
     memset(x, 0, sizeof *x);
@@ -220,7 +264,7 @@ int dec_report(kiln_status st)
 /* ---- generation ---- */
 
 static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max_new, const int64_t *eos_override,
-                        int eos_given, const char *db, const char *dump_path)
+                        int eos_given, const char *db, const char *dump_path, const char *routing_path)
 {
     dec_checkpoint ck;
     kiln_status st = dec_checkpoint_open(dir, &ck);
@@ -234,6 +278,7 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
     dec_result res[MAX_PROMPTS];
     memset(res, 0, sizeof res);
     dump d = {0};
+    routing_dump rd = {0};
     if (!dec_session_open(db, &x))
         goto out;
     if ((st = dec_model_load(x.rt, &ck, &m))) {
@@ -254,10 +299,15 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
         goto out;
     }
     d.bf16 = ck.config.base.dtype == KILN_DTYPE_BF16;
-    if (dump_path && !(d.f = fopen(dump_path, "wb"))) {
-        fprintf(stderr, "decode: %s: %s\n", dump_path, strerror(errno));
+    if (routing_path && !m->config.base.num_experts) {
+        fprintf(stderr, "decode: --dump-routing: %s is not a mixture of experts\n", m->config.model_type);
         goto out;
     }
+    if (!open_dump(dump_path, &d.f) || !open_dump(routing_path, &rd.f))
+        goto out;
+    rd.layers = (uint32_t)m->config.layers;
+    rd.k = (uint32_t)m->config.base.num_experts_per_tok;
+    dec_record_routing(e, rd.f ? dump_routing : NULL, &rd);
     const int64_t *eos = eos_given ? eos_override : m->config.eos;
     size_t n_eos = eos_given ? (eos_override ? 1 : 0) : m->config.n_eos;
     dec_stats stats;
@@ -265,12 +315,8 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
         dec_report(st);
         goto out;
     }
-    if (d.f && (fclose(d.f) != 0 || d.failed)) {
-        d.f = NULL;
-        fprintf(stderr, "decode: writing %s failed\n", dump_path);
+    if (!close_dump(dump_path, &d.f, d.failed) || !close_dump(routing_path, &rd.f, rd.failed))
         goto out;
-    }
-    d.f = NULL;
     for (size_t i = 0; i < n; i++) {
         printf("{\"participant\":%zu,\"prompt_tokens\":%u,\"max_new\":%u,\"stop\":\"%s\",\"tokens\":[", i,
                reqs[i].prompt_len, reqs[i].max_new, res[i].stopped_at_eos ? "eos" : "limit");
@@ -295,6 +341,8 @@ static int run_generate(const char *dir, prompt *prompts, size_t n, uint32_t max
 out:
     if (d.f)
         fclose(d.f);
+    if (rd.f)
+        fclose(rd.f);
     for (size_t i = 0; i < n; i++)
         free(res[i].tokens);
     dec_engine_free(e);
@@ -307,7 +355,7 @@ out:
 int main(int argc, char **argv)
 {
     const double t_main = dec_bench_now_s();
-    const char *model = NULL, *db = NULL, *dump_path = NULL, *config = NULL, *chunk = NULL;
+    const char *model = NULL, *db = NULL, *dump_path = NULL, *routing_path = NULL, *config = NULL, *chunk = NULL;
     static prompt prompts[MAX_PROMPTS];
     size_t n_prompts = 0, n_batches = 0, n_contexts = 0, n_shapes = 0;
     uint32_t max_new = 32, steps = 30, iters = 10, layers = 0, batches[DEC_MAX_LIST], contexts[DEC_MAX_LIST];
@@ -343,6 +391,8 @@ int main(int argc, char **argv)
             db = v;
         else if (!strcmp(a, "--dump-logits"))
             dump_path = v;
+        else if (!strcmp(a, "--dump-routing"))
+            routing_path = v;
         else if (!strcmp(a, "--config"))
             config = v;
         else if (!strcmp(a, "--chunk-file")) {
@@ -434,7 +484,7 @@ int main(int argc, char **argv)
         if (!model || !n_prompts)
             return usage("--model and at least one --prompt are needed");
         rc = run_generate(model, prompts, n_prompts, max_new, eos_given && eos_value >= 0 ? &eos_value : NULL,
-                          eos_given, db, dump_path);
+                          eos_given, db, dump_path, routing_path);
     }
     for (size_t i = 0; i < n_prompts; i++)
         free(prompts[i].ids);
