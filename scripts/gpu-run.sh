@@ -16,6 +16,7 @@
 #     MEMCHECK_TESTS="test_graph_gpu ..."   memcheck only these binaries
 #     BENCHES="bench_graph peer_torch_graph ..."   only these benchmark steps
 #     DECODE_MOE=1   adds bench_decode_moe (the mixture of experts' decode step, kiln and torch)
+#     PROFILE_MOE=1  adds moe-ncu.log: ncu's time of each kernel of a one-token MoE layer
 # Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
 # default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
 # of it to the benchmarks): a step that would start past the budget is
@@ -191,6 +192,11 @@ bench peer_torch_moe 240 python3 "$ROOT/bench/peer_torch_moe.py" --kiln "$BENCH_
 # The prefill again on the wgmma products (KILN_MOE_WGMMA=1: "moe_wgmma":true in its line).
 if [ -x "$BUILD/bench/bench_moe" ]; then
     bench bench_moe_wgmma 90 env KILN_MOE_WGMMA=1 "$BUILD/bench/bench_moe" --tokens 4096
+fi
+# Where a one-token MoE layer's time goes, kernel by kernel (ncu, clocks not locked): only with PROFILE_MOE=1.
+if [ "${PROFILE_MOE:-0}" = 1 ] && command -v ncu >/dev/null; then
+    step profile_moe 150 0 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:kiln -c 30 \
+        "$BUILD/bench/bench_moe" --tokens 1 --iters 1 --reps 1 --sets 1 >"$OUT/moe-ncu.log" 2>&1
 fi
 
 # Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
