@@ -372,8 +372,8 @@ int main(int argc, char **argv)
         bench_json_int(&j, "iters", iters);
         bench_json_int(&j, "reps", reps);
         bench_json_int(&j, "sets", sets);
-        /* What the provider reads: the wgmma products where they apply. */
-        bench_json_bool(&j, "moe_wgmma", getenv("KILN_MOE_WGMMA") && !strcmp(getenv("KILN_MOE_WGMMA"), "1"));
+        /* What the provider reads: the sm_90 wgmma products at prefill unless 0. */
+        bench_json_bool(&j, "moe_wgmma", !getenv("KILN_MOE_WGMMA") || strcmp(getenv("KILN_MOE_WGMMA"), "0"));
         bench_json_bool(&j, "replayed", replayed && g1.hits - g0.hits >= (uint64_t)(2 * (iters + 3)));
         if (!replayed)
             bench_json_str(&j, "replay_error", replay_why);

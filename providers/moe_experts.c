@@ -29,9 +29,9 @@
 #define LARGE_COLS_GU 64u
 #define LARGE_COLS_DOWN 128u
 /* templates/moe_experts_wgmma.cu (sm_90a): 128-row tiles, 128 columns of h
- * or 256 of y a block, 384 threads, 4 stages of 48 KiB. Taken, with
- * $KILN_MOE_WGMMA=1 until it has been measured against the 64-row tiles on
- * the GPU, where the experts average this many rows or more. */
+ * or 256 of y a block, 384 threads, 4 stages of 48 KiB. Taken where the
+ * experts average this many rows or more ($KILN_MOE_WGMMA=0: never); 1.28x
+ * the 64-row mma.sync tiles at 4096 tokens of Qwen3-30B-A3B (bench_moe). */
 #define WGMMA_ROWS 128u
 #define WGMMA_COLS_GU 128u
 #define WGMMA_COLS_DOWN 256u
@@ -81,7 +81,7 @@ static int wgmma_sizes(int64_t hidden, int64_t inter) { return hidden % 256 == 0
 static int wgmma_wanted(void)
 {
     const char *env = getenv("KILN_MOE_WGMMA");
-    return env && !strcmp(env, "1");
+    return !env || strcmp(env, "0");
 }
 
 /* Where each part of the workspace lies, bytes from its start. */
@@ -131,8 +131,8 @@ kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_
     return KILN_OK;
 }
 
-/* The experts at the config's sizes; on sm_90 (arch NULL: not known) with
- * $KILN_MOE_WGMMA=1 and sizes it serves, the wgmma products too. */
+/* The experts at the config's sizes; on sm_90 (arch NULL: not known), for
+ * sizes they serve and unless $KILN_MOE_WGMMA=0, the wgmma products too. */
 kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
                                          void *user)
 {

@@ -189,9 +189,9 @@ else
     FAILED=1
 fi
 bench peer_torch_moe 240 python3 "$ROOT/bench/peer_torch_moe.py" --kiln "$BENCH_JSONL"
-# The prefill again on the wgmma products (KILN_MOE_WGMMA=1: "moe_wgmma":true in its line).
+# The prefill again on the 64-row mma.sync tiles that sm_90's wgmma products replace ("moe_wgmma":false).
 if [ -x "$BUILD/bench/bench_moe" ]; then
-    bench bench_moe_wgmma 90 env KILN_MOE_WGMMA=1 "$BUILD/bench/bench_moe" --tokens 4096
+    bench bench_moe_mma 90 env KILN_MOE_WGMMA=0 "$BUILD/bench/bench_moe" --tokens 4096
 fi
 # Where a one-token MoE layer's time goes, kernel by kernel (ncu, clocks not locked): only with PROFILE_MOE=1.
 if [ "${PROFILE_MOE:-0}" = 1 ] && command -v ncu >/dev/null; then

@@ -211,9 +211,9 @@ static void test_experts_specs_compiled(void **state)
     }
 }
 
-/* The wgmma products: listed for sm_90 (or an unknown arch) only with
- * KILN_MOE_WGMMA=1 and sizes they serve, and compiled by NVRTC for sm_90a
- * at Qwen3-30B-A3B's, Qwen2-MoE's and Mixtral's sizes in f16 and bf16. */
+/* The wgmma products: listed for sm_90 (or an unknown arch) for sizes they
+ * serve unless KILN_MOE_WGMMA=0, and compiled by NVRTC for sm_90a at
+ * Qwen3-30B-A3B's, Qwen2-MoE's and Mixtral's sizes in f16 and bf16. */
 static void test_experts_wgmma_listed_and_compiled(void **state)
 {
     fixture *f = *state;
@@ -224,10 +224,10 @@ static void test_experts_wgmma_listed_and_compiled(void **state)
     c.hidden_size = 2048;
     c.moe_intermediate_size = 768;
     spec_list l = {.n = 0};
-    unsetenv("KILN_MOE_WGMMA");
+    setenv("KILN_MOE_WGMMA", "0", 1);
     KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
     assert_int_equal(l.n, 1);
-    setenv("KILN_MOE_WGMMA", "1", 1);
+    unsetenv("KILN_MOE_WGMMA");
     l.n = 0;
     KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_80", collect, &l));
     assert_int_equal(l.n, 1);
@@ -260,7 +260,6 @@ static void test_experts_wgmma_listed_and_compiled(void **state)
             assert_true(compiled);
             total++;
         }
-    unsetenv("KILN_MOE_WGMMA");
     kiln_jit_counters k;
     kiln_jit_get_counters(jit, &k);
     assert_int_equal(k.compiles, total);

@@ -11,7 +11,8 @@
  * sizes, one expert set for every token, the shared expert with and without
  * its gate; out-of-range ids reported with their slot adding nothing; one
  * command replayed from a graph over new routings; bad bindings refused;
- * on sm_90 the same checks through the wgmma products (KILN_MOE_WGMMA=1). */
+ * on sm_90 prefill-sized checks through the wgmma products and, with
+ * KILN_MOE_WGMMA=0, through the 64-row mma.sync tiles sm_80 to sm_120 run. */
 #include <math.h>
 
 #include "f16_host.h"
@@ -626,10 +627,11 @@ static uint64_t acquisitions(fixture *f)
     return k.compiles + k.database_hits + k.memory_hits;
 }
 
-/* The wgmma products (KILN_MOE_WGMMA=1, sm_90 only): 128-row tiles over
- * partial and full tiles, several column tiles, one expert set, a shared
- * expert, then one command replayed over new routings. The first encode
- * acquires both kernels (moe_experts and moe_experts_wgmma). */
+/* On sm_90: the wgmma products (the default there) over partial and full
+ * 128-row tiles, several column tiles, one expert set, a shared expert,
+ * then one command replayed over new routings, each encode acquiring both
+ * kernels (moe_experts and moe_experts_wgmma); then the same cases with
+ * KILN_MOE_WGMMA=0 on the 64-row mma.sync tiles, one kernel each. */
 static void test_experts_wgmma(void **state)
 {
     fixture *f = *state;
@@ -639,17 +641,22 @@ static void test_experts_wgmma(void **state)
         printf("wgmma experts: the device is %s, not sm_90: not run\n", info.arch);
         return;
     }
-    setenv("KILN_MOE_WGMMA", "1", 1);
+    unsetenv("KILN_MOE_WGMMA");
     static const struct { moe_case c; int one_set; } cases[] = {
         {{600, 256, 128, 8, 2, 0, 0}, 0},   {{2048, 512, 256, 16, 4, 0, 0}, 0}, {{1000, 768, 384, 8, 2, 1, 1}, 0},
         {{300, 256, 128, 2, 1, 0, 0}, 0},   {{129, 512, 128, 8, 8, 0, 0}, 1},   {{4096, 256, 256, 64, 4, 1, 0}, 0},
     };
-    for (int b = 0; b < 2; b++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            const uint64_t before = acquisitions(f);
-            experts_case(f, b, &cases[i].c, cases[i].one_set ? cases[i].c.K : cases[i].c.E);
-            assert_int_equal(acquisitions(f) - before, 2);
-        }
+    for (int mma = 0; mma < 2; mma++) {
+        if (mma)
+            setenv("KILN_MOE_WGMMA", "0", 1);
+        for (int b = 0; b < 2; b++)
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                const uint64_t before = acquisitions(f);
+                experts_case(f, b, &cases[i].c, cases[i].one_set ? cases[i].c.K : cases[i].c.E);
+                assert_int_equal(acquisitions(f) - before, mma ? 1 : 2);
+            }
+    }
+    unsetenv("KILN_MOE_WGMMA");
     const moe_case c = {1500, 512, 256, 8, 2, 0, 0};
     moe m;
     moe_make(f, 1, &c, c.T, &m);

@@ -30,6 +30,10 @@ static kiln_status buf(dec_engine *e, size_t bytes, kiln_buffer **out, const cha
 
 uint64_t dec_engine_kv_bytes(const dec_engine *e) { return kiln_buffer_size(e->kv); }
 
+/* Bytes of one layer's slice of moe_ids: rows x K u32, rounded up to 256 so
+ * that every slice starts as aligned as the buffer (the experts need 16). */
+static size_t ids_slice(const dec_engine *e) { return ((size_t)e->max_rows * (size_t)e->K * 4 + 255) & ~(size_t)255; }
+
 kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m, const dec_engine_options *o,
                               dec_engine **out)
 {
@@ -150,7 +154,7 @@ kiln_status dec_engine_create(kiln_jit *jit, kiln_stream *s, const dec_model *m,
         (st = buf(e, (size_t)P * 4, &e->next, "next tokens")))
         goto fail;
     if (e->E && ((st = buf(e, R * (size_t)e->E * 2, &e->moe_logits, "router logits")) ||
-                 (st = buf(e, (size_t)m->config.layers * R * (size_t)e->K * 4, &e->moe_ids, "chosen experts")) ||
+                 (st = buf(e, (size_t)m->config.layers * ids_slice(e), &e->moe_ids, "chosen experts")) ||
                  (st = buf(e, R * (size_t)e->K * 4, &e->moe_weights, "expert weights")) ||
                  (st = buf(e, R * e->H * 2, &e->moe_out, "experts out")) ||
                  (e->SI && (st = buf(e, R * e->H * 2, &e->shared_out, "shared expert out")))))
@@ -273,7 +277,7 @@ static kiln_status encode_experts(dec_engine *e, step_cmds *c, size_t cap, const
 {
     const kiln_dtype F = e->m->config.base.dtype;
     kiln_tensor wr = tensor(L->router, 0, F, 2, e->E, e->H, 0), logits = tensor(e->moe_logits, 0, F, 2, T, e->E, 0),
-                ids = tensor(e->moe_ids, (size_t)l * e->max_rows * (size_t)e->K * 4, KILN_DTYPE_U32, 2, T, e->K, 0),
+                ids = tensor(e->moe_ids, (size_t)l * ids_slice(e), KILN_DTYPE_U32, 2, T, e->K, 0),
                 weights = tensor(e->moe_weights, 0, KILN_DTYPE_F32, 2, T, e->K, 0),
                 gu = tensor(L->x_gate_up, 0, F, 3, e->E, 2 * e->XI, e->H),
                 down = tensor(L->x_down, 0, F, 3, e->E, e->H, e->XI), out = tensor(e->moe_out, 0, F, 2, T, e->H, 0),
@@ -458,7 +462,7 @@ kiln_status dec__finish_step(dec_engine *e, kiln_fence *fence, size_t n_cmds, ui
 
 kiln_status dec__read_routing(dec_engine *e, uint32_t T, uint32_t *host)
 {
-    const size_t per = (size_t)T * (size_t)e->K * 4, slice = (size_t)e->max_rows * (size_t)e->K * 4;
+    const size_t per = (size_t)T * (size_t)e->K * 4, slice = ids_slice(e);
     for (int64_t l = 0; l < e->m->config.layers; l++) {
         const kiln_region r = {e->moe_ids, (size_t)l * slice, (size_t)l * slice + per};
         kiln_status st = kiln_stream_readback(e->s, &r, (unsigned char *)host + (size_t)l * per);
