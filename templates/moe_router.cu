@@ -82,6 +82,16 @@ kiln_moe_router(const kiln_elt *__restrict__ logits, kiln_u32 *__restrict__ ids,
                 bi = e;
             }
         }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        // Two warp reductions (redux.sync): the greatest key, then the lowest
+        // expert holding it. A probability is >= 0, so its bits order as it
+        // does; + 1 puts every number above a NaN, and a NaN level with a lane
+        // that has none left (key 0, index 0xffffffff never the minimum).
+        const kiln_u32 key = bi == 0xffffffffu || bv != bv ? 0u : __float_as_uint(bv) + 1u;
+        const kiln_u32 top = __reduce_max_sync(0xffffffffu, key);
+        bi = __reduce_min_sync(0xffffffffu, key == top ? bi : 0xffffffffu);
+        bv = __shfl_sync(0xffffffffu, bv, bi % 32);
+#else
 #pragma unroll
         for (int m = 16; m; m >>= 1) {
             const float ov = kiln_shfl_xor_f32(bv, m);
@@ -91,6 +101,7 @@ kiln_moe_router(const kiln_elt *__restrict__ logits, kiln_u32 *__restrict__ ids,
                 bi = oi;
             }
         }
+#endif
         // K <= E: an unused expert is left, so bi is one.
         if (bi % 32 == lane)
             used |= 1u << (bi / 32);
