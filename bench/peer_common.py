@@ -36,3 +36,18 @@ def quantile(sorted_v, q):
 
 def r3(x):
     return None if x is None else round(x, 3)
+
+
+def cuda_device(emit):
+    """torch and its first CUDA device, with a first kernel run on it; None
+    after a "skipped" line when there is no driver or no torch."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False")
+        dev = torch.device("cuda", 0)
+        torch.zeros(1, device=dev).sum().item()
+        return torch, dev
+    except Exception as e:
+        emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
+        return None

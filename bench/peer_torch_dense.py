@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from peer_common import Emitter, quantile, r3
+from peer_common import Emitter, cuda_device, quantile, r3
 
 BENCH = "dense"
 PEER = "torch"
@@ -39,16 +39,11 @@ def main():
     ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
     args = ap.parse_args()
     emit.dtype = args.dtype
-    try:
-        import torch
-        import torch.nn.functional as F
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False")
-        dev = torch.device("cuda", 0)
-        torch.zeros(1, device=dev).sum().item()
-    except Exception as e:
-        emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
+    found = cuda_device(emit)
+    if not found:
         return 0
+    torch, dev = found
+    import torch.nn.functional as F
     tdtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     stream = torch.cuda.current_stream(dev)
     name = torch.cuda.get_device_name(dev)

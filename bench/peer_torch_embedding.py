@@ -18,7 +18,7 @@ Usage: peer_torch_embedding.py [--iters 200] [--warmup 20] [--vocab 128256] [--d
 import argparse
 import sys
 
-from peer_common import Emitter, quantile, r3
+from peer_common import Emitter, cuda_device, quantile, r3
 
 BENCH = "embedding"
 PEER = "torch"
@@ -46,17 +46,11 @@ def main():
     if args.iters < 1 or args.warmup < 1 or args.vocab < 1:
         ap.error("--iters, --warmup and --vocab must be positive")
 
-    try:
-        import torch
-        import torch.nn.functional as F
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False")
-        dev = torch.device("cuda", 0)
-        torch.zeros(1, device=dev).sum().item()
-    except Exception as e:
-        emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
+    found = cuda_device(emit)
+    if not found:
         return 0
+    torch, dev = found
+    import torch.nn.functional as F
 
     iters, vocab = args.iters, args.vocab
     name = torch.cuda.get_device_name(dev)

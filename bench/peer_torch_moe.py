@@ -47,7 +47,7 @@ import json
 import math
 import sys
 
-from peer_common import Emitter, quantile, r3
+from peer_common import Emitter, cuda_device, quantile, r3
 
 BENCH = "moe"
 PEER = "torch"
@@ -120,18 +120,17 @@ def main():
     emit.dtype = args.dtype
     H, I, E, K = args.hidden, args.inter, args.experts, args.top_k
     tokens = [int(t) for t in args.tokens.split(",") if t]
+    found = cuda_device(emit)
+    if not found:
+        return 0
+    torch, dev = found
+    import torch.nn.functional as F
     try:
-        import torch
-        import torch.nn.functional as F
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False")
-        dev = torch.device("cuda", 0)
-        torch.zeros(1, device=dev).sum().item()
         import transformers
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
     except Exception as e:
-        emit({"skipped": "no driver, torch or transformers: %s: %s" % (type(e).__name__, str(e)[:500])})
+        emit({"skipped": "no transformers: %s: %s" % (type(e).__name__, str(e)[:500])})
         return 0
     tdtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     name = torch.cuda.get_device_name(dev)

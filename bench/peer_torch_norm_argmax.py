@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 
-from peer_common import Emitter, quantile, r3
+from peer_common import Emitter, cuda_device, quantile, r3
 
 BENCH = "norm_argmax"
 PEER = "torch"
@@ -88,16 +88,11 @@ def main():
     ap.add_argument("--kiln", default=None)
     args = ap.parse_args()
     emit.dtype = args.dtype
-    try:
-        import torch
-        import torch.nn.functional as F
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch.cuda.is_available() is False")
-        dev = torch.device("cuda", 0)
-        torch.zeros(1, device=dev).sum().item()
-    except Exception as e:
-        emit({"skipped": "no driver or no torch: %s: %s" % (type(e).__name__, str(e)[:500])})
+    found = cuda_device(emit)
+    if not found:
         return 0
+    torch, dev = found
+    import torch.nn.functional as F
     name = torch.cuda.get_device_name(dev)
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.half
     gen = torch.Generator(device=dev)
