@@ -26,6 +26,28 @@ static kiln_status collect(void *user, const kiln_spec *spec)
     return KILN_OK;
 }
 
+/* Compiles spec on jit (a fresh kernel: compiled, not found), or fails naming
+ * its template and constants. */
+static void expect_compiled(kiln_jit *jit, const kiln_spec *spec, const char *arch)
+{
+    char text[256];
+    KILN_CHECK(kiln_spec_constants_text(spec, text, sizeof text));
+    int compiled = 0;
+    kiln_status st = kiln_jit_prepare(jit, spec, &compiled);
+    if (st)
+        fail_msg("%s, %s %s: %s: %s", arch, spec->template_id, text, kiln_status_code(st), kiln_errmsg());
+    assert_true(compiled);
+}
+
+/* jit compiled n kernels in all, none failing. */
+static void expect_compiles(kiln_jit *jit, size_t n)
+{
+    kiln_jit_counters k;
+    kiln_jit_get_counters(jit, &k);
+    assert_int_equal(k.compiles, n);
+    assert_int_equal(k.compile_errors, 0);
+}
+
 static void test_specs_listed_and_compiled(void **state)
 {
     fixture *f = *state;
@@ -53,20 +75,12 @@ static void test_specs_listed_and_compiled(void **state)
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
             kiln_spec s;
-            int compiled = 0;
             KILN_CHECK(kiln_op_moe_router_spec(b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, sizes[i].e, sizes[i].k,
                                                sizes[i].norm, &s));
-            kiln_status st = kiln_jit_prepare(f->jit, &s, &compiled);
-            if (st)
-                fail_msg("moe_router E %lld K %lld: %s: %s", (long long)sizes[i].e, (long long)sizes[i].k,
-                         kiln_status_code(st), kiln_errmsg());
-            assert_true(compiled);
+            expect_compiled(f->jit, &s, "sm_90");
             total++;
         }
-    kiln_jit_counters k;
-    kiln_jit_get_counters(f->jit, &k);
-    assert_int_equal(k.compiles, total);
-    assert_int_equal(k.compile_errors, 0);
+    expect_compiles(f->jit, total);
 }
 
 static void test_spec_refusals(void **state)
@@ -194,19 +208,9 @@ static void test_experts_specs_compiled(void **state)
         kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
         kiln_jit *jit;
         KILN_CHECK(kiln_jit_create(&jo, &jit));
-        for (size_t i = 0; i < n; i++) {
-            char text[256];
-            KILN_CHECK(kiln_spec_constants_text(&specs[i], text, sizeof text));
-            int compiled = 0;
-            kiln_status st = kiln_jit_prepare(jit, &specs[i], &compiled);
-            if (st)
-                fail_msg("%s, moe_experts %s: %s: %s", archs[a], text, kiln_status_code(st), kiln_errmsg());
-            assert_true(compiled);
-        }
-        kiln_jit_counters k;
-        kiln_jit_get_counters(jit, &k);
-        assert_int_equal(k.compiles, n);
-        assert_int_equal(k.compile_errors, 0);
+        for (size_t i = 0; i < n; i++)
+            expect_compiled(jit, &specs[i], archs[a]);
+        expect_compiles(jit, n);
         kiln_jit_destroy(jit);
     }
 }
@@ -252,18 +256,10 @@ static void test_experts_wgmma_listed_and_compiled(void **state)
             KILN_CHECK(kiln__moe_experts_arch_specs(&c, i ? NULL : "sm_90", collect, &l));
             assert_int_equal(l.n, 2);
             assert_string_equal(l.items[1].template_id, "moe_experts_wgmma");
-            int compiled = 0;
-            kiln_status st = kiln_jit_prepare(jit, &l.items[1], &compiled);
-            if (st)
-                fail_msg("moe_experts_wgmma H %lld I %lld: %s: %s", (long long)sizes[i].h, (long long)sizes[i].i,
-                         kiln_status_code(st), kiln_errmsg());
-            assert_true(compiled);
+            expect_compiled(jit, &l.items[1], "sm_90");
             total++;
         }
-    kiln_jit_counters k;
-    kiln_jit_get_counters(jit, &k);
-    assert_int_equal(k.compiles, total);
-    assert_int_equal(k.compile_errors, 0);
+    expect_compiles(jit, total);
     kiln_jit_destroy(jit);
 }
 
