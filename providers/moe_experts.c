@@ -15,28 +15,30 @@
 /* Pairs (tokens x top_k) a command takes: its row tiles (64 rows a tile
  * plus a partial one an expert, at this many pairs) fit a grid's y (65535). */
 #define MAX_PAIRS 1000000u
-#define GEMM_THREADS 128u
 #define GROUP_THREADS 1024u
 #define COMBINE_THREADS 256u
-/* The template's tiles: rows, output columns of gate_up's and down's
- * tiles, stages, as its grouped_tile<...> instances have them. */
-#define SMALL_ROWS 16u
-#define LARGE_ROWS 64u
-#define SMALL_STAGES 6u
-#define LARGE_STAGES 3u
-#define SMALL_COLS_GU 32u
-#define SMALL_COLS_DOWN 64u
-#define LARGE_COLS_GU 64u
-#define LARGE_COLS_DOWN 128u
-/* templates/moe_experts_wgmma.cu (sm_90a): 128-row tiles, 128 columns of h
- * or 256 of y a block, 384 threads, 4 stages of 48 KiB. Taken where the
- * experts average this many rows or more ($KILN_MOE_WGMMA=0: never); 1.28x
- * the 64-row mma.sync tiles at 4096 tokens of Qwen3-30B-A3B (bench_moe). */
-#define WGMMA_ROWS 128u
-#define WGMMA_COLS_GU 128u
-#define WGMMA_COLS_DOWN 256u
-#define WGMMA_THREADS 384u
-#define WGMMA_SMEM (4u * 49152u + 1024u)
+#define WGMMA_TEMPLATE "moe_experts_wgmma"
+
+/* One way of running the two grouped products: their entries and, as their
+ * kernels have them, rows a tile, output columns of a gate_up and a down
+ * block, threads and dynamic shared memory. */
+typedef struct tiling {
+    const char *gate_up, *down;
+    unsigned rows, cols_gu, cols_down, threads, smem;
+} tiling;
+
+/* A grouped_tile<...> stage of moe_experts.cu: the rows' 128 bytes of a
+ * k-step and twice the gate_up columns' weight rows (down's are as many). */
+#define MMA_SMEM(rows, cols_gu, stages) (((rows) + 2u * (cols_gu)) * 128u * (stages) + 128u)
+/* 16 rows for the few a decode step gives each expert; 64 once an expert
+ * averages 32 rows (prefill); on sm_90, where the experts average
+ * WGMMA_MIN_ROWS or more ($KILN_MOE_WGMMA=0: never), moe_experts_wgmma.cu's
+ * 128-row tiles, 4 stages of 48 KiB: 1.28x the 64-row tiles at 4096 tokens
+ * of Qwen3-30B-A3B (bench_moe). */
+static const tiling SMALL = {"kiln_moe_gate_up_s", "kiln_moe_down_s", 16, 32, 64, 128, MMA_SMEM(16u, 32u, 6u)};
+static const tiling LARGE = {"kiln_moe_gate_up_l", "kiln_moe_down_l", 64, 64, 128, 128, MMA_SMEM(64u, 64u, 3u)};
+static const tiling WGMMA = {"kiln_moe_gate_up_w", "kiln_moe_down_w", 128, 128, 256, 384, 4u * 49152u + 1024u};
+#define LARGE_MIN_ROWS 32u
 #define WGMMA_MIN_ROWS 128u
 
 static kiln_status sizes_ok(int64_t hidden, int64_t inter, int64_t experts, int64_t top_k)
@@ -75,13 +77,12 @@ kiln_status kiln_op_moe_experts_spec(kiln_dtype elt, int64_t hidden, int64_t int
     return spec_of(OP, elt, hidden, inter, experts, top_k, out);
 }
 
-/* Whether the wgmma products serve these sizes on an sm_90 device. */
-static int wgmma_sizes(int64_t hidden, int64_t inter) { return hidden % 256 == 0 && inter % 128 == 0; }
-
-static int wgmma_wanted(void)
+/* Whether the wgmma products serve these sizes on sm (0: not known, so
+ * perhaps sm_90), unless $KILN_MOE_WGMMA=0. */
+static int wgmma_serves(int sm, int64_t hidden, int64_t inter)
 {
     const char *env = getenv("KILN_MOE_WGMMA");
-    return !env || strcmp(env, "0");
+    return (!sm || sm == 90) && hidden % 256 == 0 && inter % 128 == 0 && (!env || strcmp(env, "0"));
 }
 
 /* Where each part of the workspace lies, bytes from its start. */
@@ -126,7 +127,7 @@ kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_
     if ((st = sizes_ok(hidden, inter, experts, top_k)) || (st = pairs_ok(NULL, tokens, top_k)))
         return st;
     ws_layout w;
-    layout((uint64_t)(tokens * top_k), (uint64_t)hidden, (uint64_t)inter, (uint64_t)experts, SMALL_ROWS, &w);
+    layout((uint64_t)(tokens * top_k), (uint64_t)hidden, (uint64_t)inter, (uint64_t)experts, SMALL.rows, &w);
     *bytes = w.total;
     return KILN_OK;
 }
@@ -140,13 +141,12 @@ kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const cha
         return KILN_OK;
     kiln_spec spec;
     const int64_t h = cfg->hidden_size, i = cfg->moe_intermediate_size;
-    const int sm = kiln__arch_number(arch);
     kiln_status st = kiln_op_moe_experts_spec(cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
-    if ((sm && sm != 90) || !wgmma_sizes(h, i) || !wgmma_wanted())
+    if (!wgmma_serves(kiln__arch_number(arch), h, i))
         return KILN_OK;
-    if ((st = spec_of("moe_experts_wgmma", cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)))
+    if ((st = spec_of(WGMMA_TEMPLATE, cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)))
         return st;
     return sink(user, &spec);
 }
@@ -267,17 +267,14 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     const int64_t T = d.x->dims[0], H = d.x->dims[1], K = d.ids->dims[1], E = d.gate_up->dims[0],
                   I = d.gate_up->dims[1] / 2;
     const uint64_t P = (uint64_t)(T * K), touched = (uint64_t)E < P ? (uint64_t)E : P;
-    /* 64-row tiles once an expert averages 32 rows or more (prefill); 16 for
-     * the few rows a decode step gives each expert; 128 on the wgmma
-     * products where they are taken. */
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    const int large = P / touched >= 32;
-    const int wg = P / touched >= WGMMA_MIN_ROWS && kiln__arch_number(info.arch) == 90 && wgmma_sizes(H, I) &&
-                   wgmma_wanted();
-    const unsigned rows = wg ? WGMMA_ROWS : large ? LARGE_ROWS : SMALL_ROWS;
+    const uint64_t per_expert = P / touched;
+    const tiling *tl = per_expert >= WGMMA_MIN_ROWS && wgmma_serves(kiln__arch_number(info.arch), H, I) ? &WGMMA
+                       : per_expert >= LARGE_MIN_ROWS                                                 ? &LARGE
+                                                                                                      : &SMALL;
     ws_layout w;
-    layout(P, (uint64_t)H, (uint64_t)I, (uint64_t)E, rows, &w);
+    layout(P, (uint64_t)H, (uint64_t)I, (uint64_t)E, tl->rows, &w);
     size_t need;
     if ((st = kiln_op_moe_experts_workspace(T, H, I, E, K, &need)))
         return kiln__propagate(err, st);
@@ -285,23 +282,18 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     if ((st = kiln__check_workspace(err, OP, d.workspace, rt, need, t, bytes, names, N_BINDINGS)))
         return st;
     kiln_spec spec;
-    kiln_kernel *k, *kw = NULL;
+    kiln_kernel *k, *kw = NULL; /* moe_experts, and the wgmma template's products where they are taken */
+    const int wg = tl == &WGMMA;
     experts_launch *l = calloc(1, sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
-    const unsigned stages = large ? LARGE_STAGES : SMALL_STAGES;
-    /* A stage: the rows' 128 bytes of a k-step, and the weight rows' (gate_up
-     * tiles: twice the columns; down's: the columns). */
-    const unsigned b_rows = large ? 2 * LARGE_COLS_GU : 2 * SMALL_COLS_GU;
-    l->smem = wg ? WGMMA_SMEM : (rows + b_rows) * 128u * stages + 128u;
-    const char *gate_up = wg ? "kiln_moe_gate_up_w" : large ? "kiln_moe_gate_up_l" : "kiln_moe_gate_up_s",
-               *down = wg ? "kiln_moe_down_w" : large ? "kiln_moe_down_l" : "kiln_moe_down_s";
+    l->smem = tl->smem;
     if ((st = kiln_op_moe_experts_spec(elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
-        (wg && ((st = spec_of("moe_experts_wgmma", elt, H, I, E, K, &spec)) ||
+        (wg && ((st = spec_of(WGMMA_TEMPLATE, elt, H, I, E, K, &spec)) ||
                 (st = kiln_jit_acquire(jit, &spec, &kw)))) ||
         (st = function(rt, err, k, "kiln_moe_group", 0, &l->group)) ||
-        (st = function(rt, err, wg ? kw : k, gate_up, l->smem, &l->gate_up)) ||
-        (st = function(rt, err, wg ? kw : k, down, l->smem, &l->down)) ||
+        (st = function(rt, err, wg ? kw : k, tl->gate_up, l->smem, &l->gate_up)) ||
+        (st = function(rt, err, wg ? kw : k, tl->down, l->smem, &l->down)) ||
         (st = function(rt, err, k, "kiln_moe_combine", 0, &l->combine))) {
         free(l);
         return kiln__propagate(err, st);
@@ -326,11 +318,11 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->y = ws + w.y;
     l->tokens = (uint32_t)T;
     l->pairs = (uint32_t)P;
-    l->rows = rows;
+    l->rows = tl->rows;
     l->max_tiles = w.max_tiles;
-    l->gu_cols = (uint32_t)I / (wg ? WGMMA_COLS_GU : large ? LARGE_COLS_GU : SMALL_COLS_GU);
-    l->down_cols = (uint32_t)H / (wg ? WGMMA_COLS_DOWN : large ? LARGE_COLS_DOWN : SMALL_COLS_DOWN);
-    l->gemm_threads = wg ? WGMMA_THREADS : GEMM_THREADS;
+    l->gu_cols = (uint32_t)I / tl->cols_gu;
+    l->down_cols = (uint32_t)H / tl->cols_down;
+    l->gemm_threads = tl->threads;
     const uint64_t params[] = {l->x,   l->ids,  l->weights, l->gate_up_w, l->down_w, l->shared, l->shared_gate,
                                l->out, ws,      l->tokens,  l->rows};
     kiln_region regions[N_BINDINGS + 1];
