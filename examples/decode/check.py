@@ -385,32 +385,29 @@ def reference(model, ids, n):
     return toks, logits.cpu(), gap
 
 
-def read_dump(path):
-    rows = {}
+def read_records(path, n_head, values):
+    """The records of a decode dump: n_head u32s, then values(head) 4-byte
+    values; yields (head, their bytes)."""
     with open(path, "rb") as f:
         data = f.read()
     at = 0
     while at < len(data):
-        p, s, v = struct.unpack_from("<III", data, at)
-        at += 12
-        rows[(p, s)] = torch.frombuffer(bytearray(data[at:at + 4 * v]), dtype=torch.float32)
-        at += 4 * v
-    return rows
+        head = struct.unpack_from("<%dI" % n_head, data, at)
+        at += 4 * n_head
+        n = 4 * values(head)
+        yield head, bytearray(data[at:at + n])
+        at += n
+
+
+def read_dump(path):
+    """decode --dump-logits: {(participant, step): [vocab] float32}."""
+    return {(p, s): torch.frombuffer(b, dtype=torch.float32) for (p, s, v), b in read_records(path, 3, lambda h: h[2])}
 
 
 def read_routing(path):
     """decode --dump-routing: {(participant, position): [layers, k] int64}."""
-    rows = {}
-    with open(path, "rb") as f:
-        data = f.read()
-    at = 0
-    while at < len(data):
-        p, q, layers, k = struct.unpack_from("<IIII", data, at)
-        at += 16
-        rows[(p, q)] = torch.frombuffer(bytearray(data[at:at + 4 * layers * k]), dtype=torch.int32).long().view(
-            layers, k)
-        at += 4 * layers * k
-    return rows
+    return {(p, q): torch.frombuffer(b, dtype=torch.int32).long().view(layers, k)
+            for (p, q, layers, k), b in read_records(path, 4, lambda h: h[2] * h[3])}
 
 
 def check_routing(model, model32, ids, toks, upto, kiln_rows, p, k, n_experts):
