@@ -133,14 +133,12 @@ __device__ __forceinline__ kiln_u32 swz(kiln_u32 r, kiln_u32 c) { return r * 128
 // warps; a warp's MI m16 blocks by its NB n8 blocks, whose weight rows lie
 // together in shared memory (GATED: NI blocks of gate rows, then the same NI
 // columns' up rows; the epilogue pairs block b with b + NI). One ldmatrix x4
-// reads blocks 2j and 2j + 1.
-template <int WM, int WN, int MI, int NI, int STAGES, bool GATED>
-__device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
-                                             kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,
-                                             const kiln_u32 *__restrict__ offsets,
-                                             const kiln_u32 *__restrict__ tile_e,
-                                             const kiln_u32 *__restrict__ tile_r,
-                                             const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw)
+// reads blocks 2j and 2j + 1. The tile's nrows rows (at most BM): row r reads
+// src row a_row(r) and writes dst row o_row(r); n0 is its first column.
+template <int WM, int WN, int MI, int NI, int STAGES, bool GATED, class ARow, class ORow>
+__device__ __forceinline__ void tile_product(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
+                                             kiln_elt *__restrict__ dst, kiln_u32 e, kiln_u32 nrows, kiln_u32 n0,
+                                             ARow a_row, ORow o_row, unsigned char *smem_raw)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int KD = GATED ? H : I;   // the inner dimension
@@ -150,12 +148,6 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
     constexpr int A_BYTES = BM * 128, STAGE = A_BYTES + BROWS * 128, KSTEPS = KD / BK;
     constexpr int A_CH = BM * 8 / THREADS, B_CH = BROWS * 8 / THREADS;
     static_assert(NB % 2 == 0 && BM * 8 % THREADS == 0 && BROWS * 8 % THREADS == 0 && NOUT % BOUT == 0, "tile");
-    const kiln_u32 tile = blockIdx.y;
-    if (tile >= *n_tiles)
-        return;
-    const kiln_u32 e = tile_e[tile], r0 = tile_r[tile], end = offsets[e + 1];
-    const kiln_u32 nrows = end - r0 < (kiln_u32)BM ? end - r0 : (kiln_u32)BM;
-    const kiln_u32 n0 = blockIdx.x * BOUT;
     const kiln_u32 tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wm = warp / WN, wn = warp % WN;
     unsigned char *sm = smem_raw + ((128u - (saddr(smem_raw) & 127u)) & 127u);
     const kiln_u32 s0 = saddr(sm);
@@ -170,7 +162,7 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
         const bool ok = r < nrows;
         kiln_u64 row = 0;
         if (ok)
-            row = GATED ? (kiln_u64)(sorted[r0 + r] / K) : (kiln_u64)(r0 + r);
+            row = a_row(r);
         arow[i] = src + row * KD + (c % 8) * 8;
         aoff[i] = swz(r, c % 8);
         abytes[i] = ok ? 16 : 0;
@@ -250,7 +242,7 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
             const kiln_u32 r = wm * MI * 16 + a * 16 + lane / 4 + 8 * half;
             if (r >= nrows)
                 continue;
-            kiln_elt *out = dst + (kiln_u64)(r0 + r) * NOUT;
+            kiln_elt *out = dst + (kiln_u64)o_row(r) * NOUT;
 #pragma unroll
             for (int b = 0; b < (GATED ? NI : NB); b++) {
                 const kiln_u32 col = n0 + wn * (GATED ? NI : NB) * 8 + b * 8 + 2 * (lane % 4);
@@ -269,6 +261,28 @@ __device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, c
 #else
     __trap(); // no mma.sync m16n8k16: the provider refuses devices before sm_80
 #endif
+}
+
+// Row tile blockIdx.y of the group kernel's list (none past its count) by
+// column tile blockIdx.x: rows in expert order, A gathered (x by token).
+template <int WM, int WN, int MI, int NI, int STAGES, bool GATED>
+__device__ __forceinline__ void grouped_tile(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
+                                             kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,
+                                             const kiln_u32 *__restrict__ offsets,
+                                             const kiln_u32 *__restrict__ tile_e,
+                                             const kiln_u32 *__restrict__ tile_r,
+                                             const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw)
+{
+    constexpr kiln_u32 BM = WM * MI * 16, BOUT = WN * NI * 8;
+    const kiln_u32 tile = blockIdx.y;
+    if (tile >= *n_tiles)
+        return;
+    const kiln_u32 e = tile_e[tile], r0 = tile_r[tile], end = offsets[e + 1];
+    const kiln_u32 nrows = end - r0 < BM ? end - r0 : BM;
+    tile_product<WM, WN, MI, NI, STAGES, GATED>(
+        src, w, dst, e, nrows, blockIdx.x * BOUT,
+        [&](kiln_u32 r) { return GATED ? (kiln_u64)(sorted[r0 + r] / K) : (kiln_u64)(r0 + r); },
+        [&](kiln_u32 r) { return (kiln_u64)(r0 + r); }, smem_raw);
 }
 
 #define GEMM_PASS src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem
@@ -364,3 +378,4 @@ kiln_moe_combine(const kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ in
         kiln_stg16(out + t * H + v * 8, kiln_f32_to_e8(acc));
     }
 }
+

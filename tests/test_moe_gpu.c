@@ -418,7 +418,7 @@ static size_t moe_check(moe *m, const char *what)
             err2 += (got - want) * (got - want);
             want2 += want * want;
             const double err = fabs(got - want), bound = rtol * (fabs(want) + mag[j] + 0.25 * rms);
-            const double ratio = isfinite(got) ? err / bound : INFINITY;
+            const double ratio = !isfinite(got) ? INFINITY : err == 0 ? 0 : err / bound;
             if (ratio > worst) {
                 worst = ratio;
                 worst_err = err;
@@ -495,15 +495,19 @@ static void experts_case(fixture *f, int bf16, const moe_case *c, uint32_t pool)
     moe_free(&m);
 }
 
-/* The decode tile (under 16 rows an expert on average) and the prefill tile
- * (rows per expert not a multiple of 64), a single expert, the limits. */
+/* A decode step's batches (Qwen3-30B-A3B's hidden and inter among them),
+ * the 16-row tile (under 32 rows an expert on
+ * average) and the prefill tile (rows per expert not a multiple of 64), a
+ * single expert, the limits. */
 static void test_experts_against_float64(void **state)
 {
     fixture *f = *state;
     static const moe_case cases[] = {
         {1, 256, 128, 8, 2, 0, 0},     {5, 256, 192, 16, 4, 0, 0},  {64, 512, 256, 64, 8, 0, 0},
         {600, 256, 128, 8, 2, 0, 0},   {300, 384, 128, 128, 8, 0, 0}, {9, 128, 64, 1, 1, 0, 0},
-        {20, 256, 64, 512, 16, 0, 0},  {1000, 128, 64, 4, 4, 0, 0},
+        {20, 256, 64, 512, 16, 0, 0},  {1000, 128, 64, 4, 4, 0, 0}, {8, 256, 128, 64, 8, 0, 0},
+        {9, 256, 128, 64, 8, 0, 0},    {4, 256, 64, 512, 16, 0, 0}, {7, 128, 64, 1, 1, 0, 0},
+        {2, 2048, 768, 8, 8, 0, 0},    {16, 256, 128, 64, 16, 0, 0},
     };
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -539,7 +543,8 @@ static void test_experts_shared(void **state)
 static void test_experts_bad_ids_reported(void **state)
 {
     fixture *f = *state;
-    static const moe_case cases[] = {{50, 256, 128, 16, 4, 0, 0}, {600, 256, 128, 8, 2, 1, 1}};
+    static const moe_case cases[] = {{50, 256, 128, 16, 4, 0, 0}, {600, 256, 128, 8, 2, 1, 1},
+                                     {6, 256, 128, 16, 4, 1, 1}};
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             const moe_case *c = &cases[i];
@@ -562,6 +567,15 @@ static void test_experts_bad_ids_reported(void **state)
             KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts",
                         "4000000000");
             moe_expect_right(&m, "three bad ids");
+            /* Every id bad: out is the shared term alone, or zeros. */
+            for (size_t p = 0; p < (size_t)c->T * c->K; p++)
+                m.ids[p] = c->E + (uint32_t)p;
+            upload(m.bi, m.ids, (size_t)c->T * c->K * 4);
+            moe_poison(&m);
+            KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
+            KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts",
+                        NULL);
+            moe_expect_right(&m, "every id bad");
             /* The fault was cleared: a good routing runs clean. */
             moe_route(&f->rng, &m, c->E);
             moe_poison(&m);
@@ -583,6 +597,7 @@ static void test_experts_replayed_over_routings(void **state)
         {0, {40, 256, 128, 16, 4, 0, 0}}, /* 16-row tiles; one expert set: 40 rows each */
         {1, {600, 256, 128, 8, 2, 0, 0}}, /* 64-row tiles */
         {0, {300, 384, 128, 128, 8, 1, 1}},
+        {1, {8, 256, 128, 64, 8, 1, 1}}, /* a decode step's batch */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const moe_case *c = &cases[i].c;
@@ -618,6 +633,30 @@ static void test_experts_replayed_over_routings(void **state)
         kiln_command_release(cmd);
         moe_free(&m);
     }
+}
+
+/* Ids repeated within a token's slots (the contract allows them): every
+ * slot one expert (6 tokens: 24 rows of it, more than a 16-row tile; 40
+ * tokens), and 5 tokens over 3 experts, each two or three times a token. */
+static void test_experts_repeated_ids(void **state)
+{
+    fixture *f = *state;
+    static const moe_case cases[] = {{6, 256, 128, 8, 4, 1, 0}, {40, 256, 128, 8, 4, 0, 0}, {5, 256, 128, 8, 8, 0, 0}};
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const moe_case *c = &cases[i];
+            moe m;
+            moe_make(f, b, c, c->T, &m);
+            moe_route(&f->rng, &m, c->E);
+            for (size_t p = 0; p < (size_t)c->T * c->K; p++)
+                m.ids[p] = i == 2 ? (uint32_t)(p % 3) : 3; /* the last: three experts, each twice or thrice a token */
+            upload(m.bi, m.ids, (size_t)c->T * c->K * 4);
+            moe_poison(&m);
+            KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
+            KILN_CHECK(kiln_runtime_synchronize(f->rt));
+            moe_expect_right(&m, "repeated ids");
+            moe_free(&m);
+        }
 }
 
 static uint64_t acquisitions(fixture *f)
@@ -812,6 +851,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_bad_bindings_refused, gpu_fixture_setup,
                                         gpu_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_wgmma, gpu_fixture_setup, gpu_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_repeated_ids, gpu_fixture_setup, gpu_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
