@@ -460,6 +460,27 @@ static void link_call(call *c)
     c->d.kv_pages = &c->pages;
 }
 
+/* c: a call of T tokens over S sequences (block tables of B pages) at
+ * Llama-3-8B's heads (32 / 8, head_dim 128) in element type dt, its
+ * bindings at fixed megabytes of buf, every page in kv, linked. */
+static void call_at(call *c, kiln_buffer *buf, kiln_buffer *kv, kiln_dtype dt, int64_t T, int64_t S, int64_t B)
+{
+    const size_t MB = 1 << 20;
+    const int64_t H = 32, KVH = 8, D = 128;
+    memset(c, 0, sizeof *c);
+    c->q = view3(buf, 0, dt, T, H, D);
+    c->k = view3(buf, 4 * MB, dt, T, KVH, D);
+    c->v = view3(buf, 5 * MB, dt, T, KVH, D);
+    c->out = view3(buf, 8 * MB, dt, T, H, D);
+    c->pos = view3(buf, 12 * MB, KILN_DTYPE_U32, T, 0, 0);
+    c->table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
+    c->lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
+    c->spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
+    c->pages = (kiln_region){kv, 0, 64 * MB};
+    c->d.rope_theta = 500000.0f;
+    link_call(c);
+}
+
 static void test_validation_names_binding_and_values(void **state)
 {
     (void)state;
@@ -467,19 +488,9 @@ static void test_validation_names_binding_and_values(void **state)
     const size_t MB = 1 << 20;
     kiln_buffer *buf = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES), *kv = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES),
                 *foreign = fake_buffer(other, MB, KILN_DTYPE_BYTES);
-    const int64_t T = 100, H = 32, KVH = 8, D = 128, S = 3, B = 40;
-    call c = {0};
-    c.q = view3(buf, 0, KILN_DTYPE_F16, T, H, D);
-    c.k = view3(buf, 4 * MB, KILN_DTYPE_F16, T, KVH, D);
-    c.v = view3(buf, 5 * MB, KILN_DTYPE_F16, T, KVH, D);
-    c.out = view3(buf, 8 * MB, KILN_DTYPE_F16, T, H, D);
-    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, T, 0, 0);
-    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
-    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
-    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
-    c.pages = (kiln_region){kv, 0, 64 * MB};
-    c.d.rope_theta = 500000.0f;
-    link_call(&c);
+    const int64_t T = 100, S = 3, B = 40;
+    call c;
+    call_at(&c, buf, kv, KILN_DTYPE_F16, T, S, B);
     kiln__paged_attention_info in;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
     assert_int_equal(in.pages, 1024);
@@ -624,19 +635,9 @@ static void test_workspace_and_fused_qkv(void **state)
     kiln_buffer *buf = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES), *kv = fake_buffer(rt, 64 * MB, KILN_DTYPE_BYTES),
                 *wsb = fake_buffer(rt, 16 * MB, KILN_DTYPE_BYTES), *foreign = fake_buffer(other, 16 * MB, KILN_DTYPE_BYTES);
     const int64_t S = 8, H = 32, KVH = 8, D = 128, B = 64;
-    call c = {0};
-    c.q = view3(buf, 0, KILN_DTYPE_F16, S, H, D);
-    c.k = view3(buf, 4 * MB, KILN_DTYPE_F16, S, KVH, D);
-    c.v = view3(buf, 5 * MB, KILN_DTYPE_F16, S, KVH, D);
-    c.out = view3(buf, 8 * MB, KILN_DTYPE_F16, S, H, D);
-    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, S, 0, 0);
-    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
-    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
-    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
-    c.pages = (kiln_region){kv, 0, 64 * MB};
-    c.d.rope_theta = 500000.0f;
+    call c;
+    call_at(&c, buf, kv, KILN_DTYPE_F16, S, S, B);
     c.d.max_query_tokens = 1;
-    link_call(&c);
     kiln__paged_attention_info in;
     /* No workspace: the decode needs none (it splits over a cluster's shared memory). */
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
@@ -772,18 +773,8 @@ static void test_validation_bf16_and_rope(void **state)
                 *okv = fake_buffer(old, 64 * MB, KILN_DTYPE_BYTES);
     const int64_t T = 100, H = 32, KVH = 8, D = 128, S = 3, B = 40;
     const kiln_dtype BF = KILN_DTYPE_BF16;
-    call c = {0};
-    c.q = view3(buf, 0, BF, T, H, D);
-    c.k = view3(buf, 4 * MB, BF, T, KVH, D);
-    c.v = view3(buf, 5 * MB, BF, T, KVH, D);
-    c.out = view3(buf, 8 * MB, BF, T, H, D);
-    c.pos = view3(buf, 12 * MB, KILN_DTYPE_U32, T, 0, 0);
-    c.table = view3(buf, 13 * MB, KILN_DTYPE_U32, S, B, 0);
-    c.lens = view3(buf, 14 * MB, KILN_DTYPE_U32, S, 0, 0);
-    c.spans = view3(buf, 15 * MB, KILN_DTYPE_U32, S, 2, 0);
-    c.pages = (kiln_region){kv, 0, 64 * MB};
-    c.d.rope_theta = 500000.0f;
-    link_call(&c);
+    call c;
+    call_at(&c, buf, kv, BF, T, S, B);
     kiln__paged_attention_info in;
     KILN_CHECK(kiln__paged_attention_check(rt, &c.d, &in));
     c.pages.buffer = kvb; /* a bf16 cache */
