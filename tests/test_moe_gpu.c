@@ -536,6 +536,17 @@ static void test_experts_shared(void **state)
             experts_case(f, b, &cases[i], cases[i].E);
 }
 
+/* m's ids uploaded and run through the immediate call: the fault record
+ * names moe_experts (and needle), and every element is right. */
+static void expect_bad_ids_right(fixture *f, moe *m, const char *needle, const char *what)
+{
+    upload(m->bi, m->ids, (size_t)m->c.T * m->c.K * 4);
+    moe_poison(m);
+    KILN_CHECK(kiln_op_moe_experts(f->jit, &m->d));
+    KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts", needle);
+    moe_expect_right(m, what);
+}
+
 /* Ids at or past experts: the fault record names moe_experts and the lowest
  * bad pair's id at the next synchronization, the bad slots add nothing, every
  * other slot is right; the fault clears and the op goes on. Through the
@@ -552,30 +563,15 @@ static void test_experts_bad_ids_reported(void **state)
             moe_make(f, b, c, c->T, &m);
             moe_route(&f->rng, &m, c->E);
             m.ids[2 * c->K + 1] = c->E; /* exactly experts */
-            upload(m.bi, m.ids, (size_t)c->T * c->K * 4);
-            moe_poison(&m);
-            KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
-            KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts",
-                        NULL);
-            moe_expect_right(&m, "id = experts");
+            expect_bad_ids_right(f, &m, NULL, "id = experts");
             /* Two more; the lowest pair is reported. */
             m.ids[1 * c->K + 0] = 4000000000u;
             m.ids[(size_t)(c->T - 2) * c->K + c->K - 1] = c->E + 1;
-            upload(m.bi, m.ids, (size_t)c->T * c->K * 4);
-            moe_poison(&m);
-            KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
-            KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts",
-                        "4000000000");
-            moe_expect_right(&m, "three bad ids");
+            expect_bad_ids_right(f, &m, "4000000000", "three bad ids");
             /* Every id bad: out is the shared term alone, or zeros. */
             for (size_t p = 0; p < (size_t)c->T * c->K; p++)
                 m.ids[p] = c->E + (uint32_t)p;
-            upload(m.bi, m.ids, (size_t)c->T * c->K * 4);
-            moe_poison(&m);
-            KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
-            KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts",
-                        NULL);
-            moe_expect_right(&m, "every id bad");
+            expect_bad_ids_right(f, &m, NULL, "every id bad");
             /* The fault was cleared: a good routing runs clean. */
             moe_route(&f->rng, &m, c->E);
             moe_poison(&m);
