@@ -378,4 +378,3 @@ kiln_moe_combine(const kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ in
         kiln_stg16(out + t * H + v * 8, kiln_f32_to_e8(acc));
     }
 }
-
