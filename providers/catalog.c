@@ -39,7 +39,7 @@ static const kiln__op_row rows[] = {
      "kiln_op_masked_argmax_workspace", NULL, kiln__masked_argmax_arch_specs},
     {"moe_router", KILN__VERSION_MOE_ROUTER, KERNELS, ELT, PACKED, "moe_router", "kiln_op_moe_router_workspace",
      kiln__moe_router_specs, NULL},
-    {"moe_experts", KILN__VERSION_MOE_EXPERTS, KERNELS, ELT, PACKED, "moe_experts moe_experts_wgmma",
+    {"moe_experts", KILN__VERSION_MOE_EXPERTS, KERNELS, ELT, PACKED, "moe_experts moe_experts_wgmma moe_experts_tma",
      "kiln_op_moe_experts_workspace", NULL, kiln__moe_experts_arch_specs},
     {"gated_delta", KILN__VERSION_GATED_DELTA, KERNELS, ELT, PACKED, "gated_delta gated_delta_chunk",
      "kiln_op_gated_delta_workspace", NULL, kiln__gated_delta_arch_specs},

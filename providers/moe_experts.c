@@ -1,6 +1,7 @@
 /* Routed SwiGLU experts with an optional shared expert: grouping on the
  * device, two grouped tensor-core products, the weighted combine
  * (templates/moe_experts.cu; include/kiln/op_moe.h). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "jit/internal.h"
 #include "providers/blas.h" /* kiln__check_workspace */
 #include "providers/internal.h"
+#include "providers/tma.h"
 #include "runtime/device.h"
 
 #define OP "moe_experts"
@@ -18,6 +20,18 @@
 #define GROUP_THREADS 1024u
 #define COMBINE_THREADS 256u
 #define WGMMA_TEMPLATE "moe_experts_wgmma"
+#define TMA_TEMPLATE "moe_experts_tma"
+/* The decode path (moe_experts_tma.cu): at most this many tokens and pairs,
+ * so that an expert's tokens are one 8-token mma tile and the ids fit the
+ * kernels' plan; taken by default for at most TMA_DEFAULT_PAIRS pairs (at
+ * Qwen3-30B-A3B's sizes bench_moe measured it faster than the 16-row tiles
+ * at 1 and 2 tokens of top-8, slower at 4 and 8). */
+#define TMA_TOKENS 8
+#define TMA_PAIRS 64
+#define TMA_DEFAULT_PAIRS 16
+#define TMA_MAX_WARPS 16 /* consumer warps a block; one more produces */
+#define TMA_MAX_STAGES 8
+#define TMA_GATE_UP_SHARE (80u * 1024u)
 
 /* One way of running the two grouped products: their entries and, as their
  * kernels have them, rows a tile, output columns of a gate_up and a down
@@ -98,6 +112,11 @@ static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 static void layout(uint64_t pairs, uint64_t hidden, uint64_t inter, uint64_t experts, uint32_t rows, ws_layout *w)
 {
     const uint64_t touched = experts < pairs ? experts : pairs;
+    /* h and y rows: a pair's each, and at least the decode path's 8 token
+     * slots per expert a step of at most TMA_PAIRS pairs can name
+     * (moe_experts_tma.cu), so that the bytes grow with the tokens. */
+    const uint64_t slots = 8 * (touched < TMA_PAIRS ? touched : TMA_PAIRS);
+    const uint64_t hy_rows = pairs > slots ? pairs : slots;
     w->max_tiles = (uint32_t)((pairs + rows - 1) / rows + touched);
     w->n_tiles = 0;
     w->offsets = 256;
@@ -106,8 +125,8 @@ static void layout(uint64_t pairs, uint64_t hidden, uint64_t inter, uint64_t exp
     w->sorted = w->tile_r + up256((size_t)w->max_tiles * 4);
     w->inv = w->sorted + up256(pairs * 4);
     w->h = w->inv + up256(pairs * 4);
-    w->y = w->h + up256(pairs * inter * 2);
-    w->total = w->y + up256(pairs * hidden * 2);
+    w->y = w->h + up256(hy_rows * inter * 2);
+    w->total = w->y + up256(hy_rows * hidden * 2);
 }
 
 static kiln_status pairs_ok(kiln__errslot *err, int64_t tokens, int64_t top_k)
@@ -132,8 +151,25 @@ kiln_status kiln_op_moe_experts_workspace(int64_t tokens, int64_t hidden, int64_
     return KILN_OK;
 }
 
+/* Whether the TMA decode products serve on sm (0: not known, so perhaps
+ * sm_90), unless $KILN_MOE_TMA=0. */
+static int tma_serves(int sm)
+{
+    const char *env = getenv("KILN_MOE_TMA");
+    return (!sm || sm == 90) && (!env || strcmp(env, "0"));
+}
+
+/* The most pairs a step the TMA decode products take: TMA_PAIRS with
+ * $KILN_MOE_TMA=1, else TMA_DEFAULT_PAIRS. */
+static uint64_t tma_pairs(void)
+{
+    const char *env = getenv("KILN_MOE_TMA");
+    return env && !strcmp(env, "1") ? TMA_PAIRS : TMA_DEFAULT_PAIRS;
+}
+
 /* The experts at the config's sizes; on sm_90 (arch NULL: not known), for
- * sizes they serve and unless $KILN_MOE_WGMMA=0, the wgmma products too. */
+ * sizes they serve and unless $KILN_MOE_WGMMA=0, the wgmma products too,
+ * and unless $KILN_MOE_TMA=0 the TMA decode products. */
 kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
                                          void *user)
 {
@@ -144,11 +180,97 @@ kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const cha
     kiln_status st = kiln_op_moe_experts_spec(cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec);
     if (st || (st = sink(user, &spec)))
         return st;
-    if (!wgmma_serves(kiln__arch_number(arch), h, i))
+    const int sm = kiln__arch_number(arch);
+    if (wgmma_serves(sm, h, i) &&
+        ((st = spec_of(WGMMA_TEMPLATE, cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)) ||
+         (st = sink(user, &spec))))
+        return st;
+    if (!tma_serves(sm))
         return KILN_OK;
-    if ((st = spec_of(WGMMA_TEMPLATE, cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)))
+    if ((st = spec_of(TMA_TEMPLATE, cfg->dtype, h, i, cfg->num_experts, cfg->num_experts_per_tok, &spec)))
         return st;
     return sink(user, &spec);
+}
+
+/* ---- the decode path: templates/moe_experts_tma.cu, then the combine ---- */
+typedef struct tma_launch {
+    CUtensorMap gate_up_map, x_map, down_map, h_map; /* first: CUtensorMap's alignment */
+    kiln_runtime *rt;
+    CUfunction gate_up, down, combine;
+    CUdeviceptr ids, weights, x, shared, shared_gate, out, h, y, inv;
+    uint32_t tokens, pairs, gu_stages, dn_stages;
+    unsigned grid, gu_threads, dn_threads, gu_smem, dn_smem;
+} tma_launch;
+
+static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx)
+{
+    tma_launch *l = user;
+    CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
+    void *ua[] = {&l->gate_up_map, &l->x_map, &l->h, &l->ids, &l->pairs, &l->gu_stages, &l->inv, &fault};
+    void *da[] = {&l->down_map, &l->h_map, &l->y, &l->ids, &l->pairs, &l->dn_stages};
+    void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
+    const unsigned grid[3] = {l->grid, 1, 1}, cb[3] = {l->tokens, 1, 1};
+    kiln_status st;
+    if ((st = kiln__launch_ex(ctx, l->rt, l->gate_up, grid, l->gu_threads, l->gu_smem, ua, KILN__LAUNCH_PDL)) ||
+        (st = kiln__launch_ex(ctx, l->rt, l->down, grid, l->dn_threads, l->dn_smem, da, KILN__LAUNCH_PDL)))
+        return st;
+    return kiln__launch_ex(ctx, l->rt, l->combine, cb, COMBINE_THREADS, 0, ca, KILN__LAUNCH_PDL);
+}
+
+/* A group's units (consumer warps) for experts of per_expert units each over
+ * grid blocks: enough that the most experts a step can name fill the grid
+ * once, a divisor of per_expert where one is at most TMA_MAX_WARPS (no rows
+ * read past an expert's last group). */
+static unsigned tma_warps(uint64_t experts, uint64_t per_expert, unsigned grid)
+{
+    uint64_t w = (experts * per_expert + grid - 1) / grid;
+    w = w < 1 ? 1 : w > TMA_MAX_WARPS ? TMA_MAX_WARPS : w;
+    for (uint64_t v = w; v <= TMA_MAX_WARPS; v++)
+        if (per_expert % v == 0)
+            return (unsigned)v;
+    return (unsigned)w;
+}
+
+/* As many stages of stage bytes as fit most bytes of dynamic shared memory
+ * (1 KiB of it the 1024-byte alignment) and the device's opt-in limit, 2 to
+ * TMA_MAX_STAGES, the function's attribute set. */
+static kiln_status tma_stages(kiln_runtime *rt, kiln__errslot *err, CUfunction fn, unsigned stage, size_t most,
+                              uint32_t *stages, unsigned *smem)
+{
+    uint32_t s = most > 1024 && (most - 1024) / stage < TMA_MAX_STAGES ? (uint32_t)((most - 1024) / stage)
+                                                                        : TMA_MAX_STAGES;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (*stages = s; *stages >= 2; (*stages)--) {
+        *smem = *stages * stage + 1024u;
+        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)*smem);
+        if (r != CUDA_ERROR_INVALID_VALUE)
+            break;
+    }
+    if (r != CUDA_SUCCESS)
+        return kiln__fail(err, KILN_ERR_CUDA_DRIVER, OP ": the TMA products cannot have %u bytes of shared memory (CUresult %d)",
+                          *smem, (int)r);
+    return KILN_OK;
+}
+
+/* The shared memory of the two TMA products. Where a block of each fits one
+ * SM together, gate_up takes about TMA_GATE_UP_SHARE bytes of stages and
+ * down the rest, so that down's blocks, launched while gate_up runs, stream
+ * their first stages of weight beside it (bench_moe at 1 and 2 tokens);
+ * otherwise each takes all it can. */
+static kiln_status tma_shared(kiln_runtime *rt, kiln__errslot *err, tma_launch *l, unsigned gu_warps,
+                              unsigned dn_warps)
+{
+    const unsigned gu_stage = (2u * gu_warps + 1u) * 1024u, dn_stage = (2u * dn_warps + 1u) * 1024u;
+    const size_t share = TMA_GATE_UP_SHARE;
+    size_t gu_most = SIZE_MAX, dn_most = SIZE_MAX;
+    const size_t both = kiln__function_pair_shared_bytes(rt, l->gate_up, l->gu_threads, l->down, l->dn_threads);
+    const size_t gu_want = (share / gu_stage < 2 ? 2 : share / gu_stage) * gu_stage + 1024u;
+    if (share && both >= gu_want + 2u * dn_stage + 1024u) {
+        gu_most = gu_want;
+        dn_most = both - gu_want;
+    }
+    kiln_status st = tma_stages(rt, err, l->gate_up, gu_stage, gu_most, &l->gu_stages, &l->gu_smem);
+    return st ? st : tma_stages(rt, err, l->down, dn_stage, dn_most, &l->dn_stages, &l->dn_smem);
 }
 
 typedef struct experts_launch {
@@ -252,6 +374,86 @@ static kiln_status function(kiln_runtime *rt, kiln__errslot *err, kiln_kernel *k
     return KILN_OK;
 }
 
+static CUdeviceptr ptr(const kiln_tensor *t);
+
+/* The decode step on sm_90: the two TMA products (moe_experts_tma.cu) with
+ * a grid of the SM count, then moe_experts.cu's combine. */
+static kiln_status encode_tma(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *err, const kiln_moe_experts_desc *d,
+                              kiln_dtype elt, size_t bytes[N_BINDINGS], kiln_command **cmd)
+{
+    const int64_t T = d->x->dims[0], H = d->x->dims[1], K = d->ids->dims[1], E = d->gate_up->dims[0],
+                  I = d->gate_up->dims[1] / 2;
+    const uint64_t P = (uint64_t)(T * K), touched = (uint64_t)E < P ? (uint64_t)E : P;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    ws_layout w;
+    layout(P, (uint64_t)H, (uint64_t)I, (uint64_t)E, SMALL.rows, &w);
+    size_t need;
+    kiln_status st;
+    const kiln_tensor *t[N_BINDINGS] = {d->x, d->ids, d->weights, d->gate_up, d->down, d->shared, d->shared_gate, d->out};
+    if ((st = kiln_op_moe_experts_workspace(T, H, I, E, K, &need)))
+        return kiln__propagate(err, st);
+    if ((st = kiln__check_workspace(err, OP, d->workspace, rt, need, t, bytes, names, N_BINDINGS)))
+        return st;
+    kiln_spec spec;
+    kiln_kernel *k, *kt;
+    tma_launch *l = kiln__tma_calloc(sizeof *l);
+    if (!l)
+        return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+    const CUdeviceptr ws = kiln__buffer_ptr(d->workspace->buffer) + d->workspace->start;
+    l->rt = rt;
+    l->ids = ptr(d->ids);
+    l->weights = ptr(d->weights);
+    l->x = ptr(d->x);
+    l->shared = ptr(d->shared);
+    l->shared_gate = ptr(d->shared_gate);
+    l->out = ptr(d->out);
+    l->h = ws + w.h;
+    l->y = ws + w.y;
+    l->inv = ws + w.inv;
+    l->tokens = (uint32_t)T;
+    l->pairs = (uint32_t)P;
+    l->grid = (unsigned)info.multiprocessors;
+    void *fu, *fd;
+    if ((st = kiln_op_moe_experts_spec(elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = spec_of(TMA_TEMPLATE, elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kt)) ||
+        (st = function(rt, err, k, "kiln_moe_combine", 0, &l->combine)) ||
+        (st = kiln_kernel_function(kt, "kiln_moe_gate_up_t", &fu)) ||
+        (st = kiln_kernel_function(kt, "kiln_moe_down_t", &fd))) {
+        free(l);
+        return kiln__propagate(err, st);
+    }
+    l->gate_up = (CUfunction)fu;
+    l->down = (CUfunction)fd;
+    /* A stage: a warp's 8 gate and 8 up rows of gate_up (2 KiB) and x's box
+     * (1 KiB); a warp's 16 rows of down (2 KiB) and h's 8 (1 KiB). */
+    const unsigned gu_warps = tma_warps(touched, (uint64_t)(I / 8), l->grid),
+                   dn_warps = tma_warps(touched, (uint64_t)(H / 16), l->grid);
+    l->gu_threads = 32u * (gu_warps + 1u);
+    l->dn_threads = 32u * (dn_warps + 1u);
+    if ((st = tma_shared(rt, err, l, gu_warps, dn_warps)) ||
+        (st = kiln__tma_map(rt, OP, elt, &l->gate_up_map, ptr(d->gate_up), H, E * 2 * I, 8 * gu_warps)) ||
+        (st = kiln__tma_map(rt, OP, elt, &l->x_map, l->x, H, T, 8)) ||
+        (st = kiln__tma_map(rt, OP, elt, &l->down_map, ptr(d->down), I, E * H, 16 * dn_warps)) ||
+        (st = kiln__tma_map(rt, OP, elt, &l->h_map, l->h, I, (int64_t)(8 * touched), 8))) {
+        free(l);
+        return kiln__propagate(err, st);
+    }
+    const uint64_t params[] = {l->x,       l->ids,  l->weights, ptr(d->gate_up), ptr(d->down), l->shared,
+                               l->shared_gate, l->out, ws, l->tokens, ((uint64_t)l->gu_stages << 32) | l->dn_stages,
+                               ((uint64_t)l->gu_threads << 32) | l->dn_threads};
+    kiln_region regions[N_BINDINGS + 1];
+    size_t n = 0;
+    for (int i = 0; i < N_BINDINGS; i++)
+        if (t[i])
+            regions[n++] = kiln__tensor_region(t[i], bytes[i]);
+    regions[n++] = *d->workspace;
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)T, .dispatches = 3, .regions = regions,
+                                          .n_regions = n, .enqueue = tma_enqueue, .user = l, .kernel = k,
+                                          KILN__PARAMS(params)};
+    return kiln__kernel_command(rt, &cd, cmd);
+}
+
 kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_desc *desc, kiln_command **cmd)
 {
     kiln_runtime *rt;
@@ -269,6 +471,9 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     const uint64_t P = (uint64_t)(T * K), touched = (uint64_t)E < P ? (uint64_t)E : P;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
+    if (T <= TMA_TOKENS && P <= tma_pairs() && kiln__arch_number(info.arch) == 90 &&
+        tma_serves(kiln__arch_number(info.arch)) && info.multiprocessors > 0)
+        return encode_tma(jit, rt, err, &d, elt, bytes, cmd);
     const uint64_t per_expert = P / touched;
     const tiling *tl = per_expert >= WGMMA_MIN_ROWS && wgmma_serves(kiln__arch_number(info.arch), H, I) ? &WGMMA
                        : per_expert >= LARGE_MIN_ROWS                                                 ? &LARGE

@@ -29,10 +29,8 @@ int kiln__tma_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t k_pa
            in <= INT32_MAX && (dx | dw) % 16 == 0;
 }
 
-/* A 2-D map of 16-bit elements (elt: f16 or bf16; the swizzle and the boxes
- * depend on the size only, the type tells the TMA unit what it copies). */
-static kiln_status map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base, int64_t k,
-                       int64_t rows, unsigned box_rows)
+kiln_status kiln__tma_map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base,
+                          int64_t k, int64_t rows, unsigned box_rows)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)k * 2};
     const cuuint32_t box[2] = {KILN__TMA_K, box_rows}, es[2] = {1, 1};
@@ -74,8 +72,8 @@ kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, k
         return kiln__runtime_cu_fail(rt, r, what);
     }
     t->pre = t->stages;
-    kiln_status st = map(rt, op, elt, &t->w, w, in, w_rows, box_rows);
-    return st ? st : map(rt, op, elt, &t->x, x, in, tokens, 32);
+    kiln_status st = kiln__tma_map(rt, op, elt, &t->w, w, in, w_rows, box_rows);
+    return st ? st : kiln__tma_map(rt, op, elt, &t->x, x, in, tokens, 32);
 }
 
 kiln_status kiln__tma_enqueue(const kiln__tma *t, const kiln_launch_context *ctx)

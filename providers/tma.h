@@ -14,6 +14,13 @@
 #define KILN__TMA_K 64         /* K per stage: one 128-byte swizzle row of 16-bit elements */
 #define KILN__TMA_MAX_BOX 256  /* rows of a TMA box (cuTensorMapEncodeTiled's limit) */
 
+/* A 2-D map of 16-bit elements (elt: f16 or bf16; the swizzle and the boxes
+ * depend on the size only, the type tells the TMA unit what it copies):
+ * rows of k elements at base, boxes of 64 x box_rows, 128-byte swizzle. op
+ * names the caller in errors. */
+kiln_status kiln__tma_map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base,
+                          int64_t k, int64_t rows, unsigned box_rows);
+
 /* A prepared launch: the kernel's parameters are the two maps, out, tokens,
  * stages, pre. Aligned as CUtensorMap wants: allocate a struct holding it
  * with kiln__tma_calloc. */

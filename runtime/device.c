@@ -25,6 +25,34 @@ int kiln__function_blocks_per_sm(kiln_runtime *rt, CUfunction fn, unsigned threa
     return per_sm;
 }
 
+/* Registers a block of fn takes: per warp, its threads' count rounded up to
+ * the allocation unit of 8 (sm_70 and later), 32 lanes each. */
+static int block_registers(kiln_runtime *rt, CUfunction fn, unsigned threads, int *smem)
+{
+    int regs = 0;
+    if (rt->d->cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn) != CUDA_SUCCESS ||
+        rt->d->cuFuncGetAttribute(smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) != CUDA_SUCCESS || regs < 1)
+        return -1;
+    return (int)((threads + 31) / 32) * 32 * ((regs + 7) / 8 * 8);
+}
+
+size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned threads_a, CUfunction b,
+                                        unsigned threads_b)
+{
+    int sm_smem = 0, reserved = 0, sm_regs = 0, sm_threads = 0, smem_a = 0, smem_b = 0;
+    if (kiln__runtime_enter(rt) ||
+        rt->d->cuDeviceGetAttribute(&sm_smem, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, rt->dev) ||
+        rt->d->cuDeviceGetAttribute(&reserved, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, rt->dev) ||
+        rt->d->cuDeviceGetAttribute(&sm_regs, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, rt->dev) ||
+        rt->d->cuDeviceGetAttribute(&sm_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, rt->dev))
+        return 0;
+    const int ra = block_registers(rt, a, threads_a, &smem_a), rb = block_registers(rt, b, threads_b, &smem_b);
+    if (ra < 0 || rb < 0 || (int64_t)ra + rb > sm_regs || (int64_t)threads_a + threads_b > sm_threads)
+        return 0;
+    const int64_t left = (int64_t)sm_smem - 2 * (int64_t)reserved - smem_a - smem_b;
+    return left > 0 ? (size_t)left : 0;
+}
+
 int kiln__function_clusters(kiln_runtime *rt, CUfunction fn, unsigned cluster_x, unsigned block_x,
                             unsigned shared_bytes, unsigned flags)
 {

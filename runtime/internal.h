@@ -66,6 +66,7 @@
     X(cuMemFreeHost, PFN_cuMemFreeHost_v2000)                                                                     \
     X(cuMemHostGetDevicePointer, PFN_cuMemHostGetDevicePointer_v3020)                                             \
     X(cuFuncSetAttribute, PFN_cuFuncSetAttribute_v9000)                                                           \
+    X(cuFuncGetAttribute, PFN_cuFuncGetAttribute_v2020)                                                           \
     X(cuTensorMapEncodeTiled, PFN_cuTensorMapEncodeTiled_v12000)                                                  \
     X(cuOccupancyMaxActiveClusters, PFN_cuOccupancyMaxActiveClusters_v11070)                                      \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050)

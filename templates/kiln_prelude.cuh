@@ -109,6 +109,20 @@ __device__ __forceinline__ void kiln_grid_dependency_sync()
 #endif
 }
 
+// The sync's other order, for a kernel whose next one reads, before its own
+// sync, what the kernels ahead of this one wrote: wait, then let the next
+// kernel launch. That kernel then launches only once everything ahead of this
+// one is complete (it reads that through L2: ld.global.cg), and starts with
+// KILN_INPUT_BEFORE_DEPENDENCY_SYNC.
+__device__ __forceinline__ void kiln_grid_dependency_wait_then_launch()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define KILN_INPUT_BEFORE_DEPENDENCY_SYNC ((void)0)
+
 // The one exception to "kiln_grid_dependency_sync() first": a kernel whose
 // body starts with this marker requests part of its weight (a model
 // parameter, which no kernel ahead of it writes: the op's contract says so)

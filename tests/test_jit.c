@@ -356,8 +356,10 @@ static void test_without_a_database(void **state)
 
 /* kiln launches every kernel with programmatic dependent launch: a kernel may
  * start before the one ahead of it has finished, so each must call
- * kiln_grid_dependency_sync() before anything else (kiln_prelude.cuh). Every
- * __global__ function of every embedded template: its body's first statement. */
+ * kiln_grid_dependency_sync() (or kiln_grid_dependency_wait_then_launch())
+ * before anything else, or start with the marker of a prologue the sync
+ * follows (kiln_prelude.cuh). Every __global__ function of every embedded
+ * template: its body's first statement. */
 static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
 {
     (void)state;
@@ -371,16 +373,20 @@ static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
             while (*body == ' ' || *body == '\n' || *body == '\t')
                 body++;
             static const char want[] = "kiln_grid_dependency_sync();",
-                              early[] = "KILN_WEIGHT_BEFORE_DEPENDENCY_SYNC;";
-            if (!strncmp(body, early, sizeof early - 1)) {
-                /* The weight-only prologue: the sync must come in the same body. */
+                              other[] = "kiln_grid_dependency_wait_then_launch();",
+                              early[] = "KILN_WEIGHT_BEFORE_DEPENDENCY_SYNC;",
+                              input[] = "KILN_INPUT_BEFORE_DEPENDENCY_SYNC;";
+            const int weight_first = !strncmp(body, early, sizeof early - 1);
+            if (weight_first || !strncmp(body, input, sizeof input - 1)) {
+                /* A prologue before the sync: the sync must come in the same body. */
                 const char *next = strstr(body, "__global__"), *sync = strstr(body, want);
                 if (!sync || (next && sync > next))
-                    fail_msg("%s: a kernel starts with %s but has no %s after it", f->name, early, want);
+                    fail_msg("%s: a kernel starts with %s but has no %s after it", f->name,
+                             weight_first ? early : input, want);
                 kernels++;
                 continue;
             }
-            if (strncmp(body, want, sizeof want - 1)) {
+            if (strncmp(body, want, sizeof want - 1) && strncmp(body, other, sizeof other - 1)) {
                 char line[80];
                 snprintf(line, sizeof line, "%.60s", body);
                 fail_msg("%s: a kernel body starts with \"%s\", not %s", f->name, line, want);

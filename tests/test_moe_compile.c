@@ -216,8 +216,9 @@ static void test_experts_specs_compiled(void **state)
 }
 
 /* The wgmma products: listed for sm_90 (or an unknown arch) for sizes they
- * serve unless KILN_MOE_WGMMA=0, and compiled by NVRTC for sm_90a at
- * Qwen3-30B-A3B's, Qwen2-MoE's and Mixtral's sizes in f16 and bf16. */
+ * serve unless KILN_MOE_WGMMA=0; the TMA decode products for sm_90 unless
+ * KILN_MOE_TMA=0; both compiled by NVRTC for sm_90 at Qwen3-30B-A3B's,
+ * Qwen2-MoE's and Mixtral's sizes in f16 and bf16. */
 static void test_experts_wgmma_listed_and_compiled(void **state)
 {
     fixture *f = *state;
@@ -230,16 +231,27 @@ static void test_experts_wgmma_listed_and_compiled(void **state)
     spec_list l = {.n = 0};
     setenv("KILN_MOE_WGMMA", "0", 1);
     KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.items[1].template_id, "moe_experts_tma");
+    setenv("KILN_MOE_TMA", "0", 1);
+    l.n = 0;
+    KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
     assert_int_equal(l.n, 1);
     unsetenv("KILN_MOE_WGMMA");
+    l.n = 0;
+    KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.items[1].template_id, "moe_experts_wgmma");
+    unsetenv("KILN_MOE_TMA");
     l.n = 0;
     KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_80", collect, &l));
     assert_int_equal(l.n, 1);
     assert_string_equal(l.items[0].template_id, "moe_experts");
     l.n = 0;
-    c.moe_intermediate_size = 704; /* not a multiple of 128 */
+    c.moe_intermediate_size = 704; /* not a multiple of 128: no wgmma products */
     KILN_CHECK(kiln__moe_experts_arch_specs(&c, "sm_90", collect, &l));
-    assert_int_equal(l.n, 1);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.items[1].template_id, "moe_experts_tma");
     static const struct { int64_t h, i, e, k; } sizes[] = {{2048, 768, 128, 8}, {2048, 1408, 60, 4}, {4096, 14336, 8, 2}};
     kiln_jit_options jo = {.cache = f->cache, .arch = "sm_90"};
     kiln_jit *jit;
@@ -254,10 +266,12 @@ static void test_experts_wgmma_listed_and_compiled(void **state)
             c.num_experts_per_tok = sizes[i].k;
             l.n = 0;
             KILN_CHECK(kiln__moe_experts_arch_specs(&c, i ? NULL : "sm_90", collect, &l));
-            assert_int_equal(l.n, 2);
+            assert_int_equal(l.n, 3);
             assert_string_equal(l.items[1].template_id, "moe_experts_wgmma");
+            assert_string_equal(l.items[2].template_id, "moe_experts_tma");
             expect_compiled(jit, &l.items[1], "sm_90");
-            total++;
+            expect_compiled(jit, &l.items[2], "sm_90");
+            total += 2;
         }
     expect_compiles(jit, total);
     kiln_jit_destroy(jit);

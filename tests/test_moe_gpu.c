@@ -461,8 +461,41 @@ static void moe_expect_right(moe *m, const char *what)
     }
 }
 
+/* The launches of a command of T tokens of top_k K: on sm_90 for at most 8
+ * tokens and 16 pairs (64 with KILN_MOE_TMA=1; none with KILN_MOE_TMA=0),
+ * the TMA decode products and the combine; else the group, the two products
+ * and the combine. */
+static uint32_t moe_dispatches(fixture *f, uint32_t tokens, uint32_t top_k)
+{
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    const char *env = getenv("KILN_MOE_TMA");
+    const uint32_t most = env && !strcmp(env, "1") ? 64 : 16;
+    const int tma = !strcmp(info.arch, "sm_90") && tokens <= 8 && tokens * top_k <= most && (!env || strcmp(env, "0"));
+    return tma ? 3 : 4;
+}
+
+/* Replays cmd (encoded for m) once per pool, each time over a new routing
+ * of experts drawn from the first pools[r]: the attribution (op, tokens,
+ * dispatches) and every output checked, each run labelled label r. */
+static void replay_right(fixture *f, moe *m, kiln_command *cmd, const uint32_t *pools, size_t n, const char *label)
+{
+    for (size_t r = 0; r < n; r++) {
+        moe_route(&f->rng, m, pools[r]);
+        moe_poison(m);
+        kiln_attribution a;
+        gpu_submit_replayed(f->s, cmd, &a);
+        assert_string_equal(a.op_id, "moe_experts");
+        assert_int_equal(a.tokens, m->c.T);
+        assert_int_equal(a.dispatches, moe_dispatches(f, m->c.T, m->c.K));
+        char what[48];
+        snprintf(what, sizeof what, "%s %zu (pool %u)", label, r, pools[r]);
+        moe_expect_right(m, what);
+    }
+}
+
 /* Submits cmd eager on f's stream and waits; checks its attribution. */
-static kiln_status moe_submit_eager(fixture *f, kiln_command *cmd, uint32_t tokens)
+static kiln_status moe_submit_eager(fixture *f, kiln_command *cmd, uint32_t tokens, uint32_t top_k)
 {
     kiln_submit_options so = {.path = KILN_PATH_EAGER_ONLY};
     kiln_fence *fence;
@@ -472,7 +505,7 @@ static kiln_status moe_submit_eager(fixture *f, kiln_command *cmd, uint32_t toke
     assert_string_equal(a.op_id, "moe_experts");
     assert_int_equal(a.path, KILN_EXEC_EAGER);
     assert_int_equal(a.tokens, tokens);
-    assert_int_equal(a.dispatches, 4);
+    assert_int_equal(a.dispatches, moe_dispatches(f, tokens, top_k));
     const kiln_status st = kiln_fence_wait(fence);
     kiln_fence_release(fence);
     return st;
@@ -489,7 +522,7 @@ static void experts_case(fixture *f, int bf16, const moe_case *c, uint32_t pool)
     KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m.d, &cmd));
     assert_true(kiln_command_replayable(cmd));
     assert_string_equal(kiln_command_op_id(cmd), "moe_experts");
-    KILN_CHECK(moe_submit_eager(f, cmd, c->T));
+    KILN_CHECK(moe_submit_eager(f, cmd, c->T, c->K));
     kiln_command_release(cmd);
     moe_expect_right(&m, pool == c->K ? "one expert set" : "routed");
     moe_free(&m);
@@ -610,25 +643,14 @@ static void test_experts_replayed_over_routings(void **state)
         kiln_graph_stats g0, g1;
         kiln_stream_graph_stats(f->s, &g0);
         const uint32_t pools[] = {c->E, c->K, c->K + 1 < c->E ? c->K + 1 : c->E, c->E};
-        for (size_t r = 0; r < sizeof pools / sizeof pools[0]; r++) {
-            moe_route(&f->rng, &m, pools[r]);
-            moe_poison(&m);
-            kiln_attribution a;
-            gpu_submit_replayed(f->s, cmd, &a);
-            assert_string_equal(a.op_id, "moe_experts");
-            assert_int_equal(a.tokens, c->T);
-            assert_int_equal(a.dispatches, 4);
-            char what[48];
-            snprintf(what, sizeof what, "replay %zu (pool %u)", r, pools[r]);
-            moe_expect_right(&m, what);
-        }
+        replay_right(f, &m, cmd, pools, sizeof pools / sizeof pools[0], "replay");
         kiln_stream_graph_stats(f->s, &g1);
         assert_int_equal(g1.captured - g0.captured, 1);
         assert_int_equal(g1.rejected - g0.rejected, 0);
         /* Eager after replayed, the same command: right too. */
         moe_route(&f->rng, &m, c->E);
         moe_poison(&m);
-        KILN_CHECK(moe_submit_eager(f, cmd, c->T));
+        KILN_CHECK(moe_submit_eager(f, cmd, c->T, c->K));
         moe_expect_right(&m, "eager after replays");
         kiln_command_release(cmd);
         moe_free(&m);
@@ -653,6 +675,69 @@ static void test_experts_repeated_ids(void **state)
             run_ids_right(f, &m, 0, NULL, "repeated ids");
             moe_free(&m);
         }
+}
+
+/* On sm_90: the TMA decode products over all they can serve (KILN_MOE_TMA=1:
+ * at most 8 tokens and 64 pairs; by default 16 pairs) at one token of
+ * Qwen3-30B-A3B's sizes, 8 tokens of top_k 8, 4 of top_k 16, a single
+ * expert, a gated shared expert, every token the same experts, an expert
+ * named twice by a token, bad ids, and a replayed command over new routings;
+ * then the same with the default choice, and on the 16-row tiles with
+ * KILN_MOE_TMA=0. */
+static void test_experts_tma(void **state)
+{
+    fixture *f = *state;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    if (strcmp(info.arch, "sm_90")) {
+        printf("TMA experts: the device is %s, not sm_90: not run\n", info.arch);
+        return;
+    }
+    static const struct { moe_case c; int one_set; } cases[] = {
+        {{1, 2048, 768, 16, 8, 0, 0}, 0}, {{8, 256, 128, 64, 8, 0, 0}, 0}, {{4, 512, 192, 512, 16, 0, 0}, 0},
+        {{7, 128, 64, 1, 1, 0, 0}, 0},    {{3, 256, 128, 16, 4, 1, 1}, 0}, {{6, 384, 256, 32, 8, 1, 0}, 1},
+        {{2, 1024, 512, 8, 2, 0, 0}, 0},
+    };
+    static const char *const modes[] = {"1", NULL, "0"};
+    for (int mode = 0; mode < 3; mode++) {
+        const int tma = mode < 2;
+        if (modes[mode])
+            setenv("KILN_MOE_TMA", modes[mode], 1);
+        else
+            unsetenv("KILN_MOE_TMA");
+        for (int b = 0; b < 2; b++)
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+                experts_case(f, b, &cases[i].c, cases[i].one_set ? cases[i].c.K : cases[i].c.E);
+        /* A token naming one expert in two slots, and a bad id. */
+        const moe_case c = {5, 256, 128, 8, 4, 1, 0};
+        moe m;
+        moe_make(f, tma, &c, c.T, &m);
+        moe_route(&f->rng, &m, c.E);
+        m.ids[1] = m.ids[0];
+        m.ids[2 * c.K + 3] = m.ids[2 * c.K];
+        upload(m.bi, m.ids, (size_t)c.T * c.K * 4);
+        moe_poison(&m);
+        KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
+        KILN_CHECK(kiln_runtime_synchronize(f->rt));
+        moe_expect_right(&m, "an expert twice a token");
+        m.ids[3 * c.K + 1] = c.E + 7;
+        upload(m.bi, m.ids, (size_t)c.T * c.K * 4);
+        moe_poison(&m);
+        KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
+        KILN_EXPECT(kiln_runtime_synchronize(f->rt), BAD_ID_STATUS, kiln_runtime_errmsg(f->rt), "moe_experts", NULL);
+        moe_expect_right(&m, "a bad id");
+        /* One command replayed over new routings, its workspace for more tokens. */
+        moe_free(&m);
+        moe_make(f, 1, &c, 8, &m);
+        kiln_command *cmd;
+        moe_route(&f->rng, &m, c.E);
+        KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m.d, &cmd));
+        const uint32_t pools[] = {c.E, c.K, c.E};
+        replay_right(f, &m, cmd, pools, sizeof pools / sizeof pools[0], "replay");
+        kiln_command_release(cmd);
+        moe_free(&m);
+    }
+    unsetenv("KILN_MOE_TMA");
 }
 
 static uint64_t acquisitions(fixture *f)
@@ -699,15 +784,7 @@ static void test_experts_wgmma(void **state)
     kiln_command *cmd;
     KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m.d, &cmd));
     const uint32_t pools[] = {c.E, c.K, c.E};
-    for (size_t r = 0; r < sizeof pools / sizeof pools[0]; r++) {
-        moe_route(&f->rng, &m, pools[r]);
-        moe_poison(&m);
-        kiln_attribution a;
-        gpu_submit_replayed(f->s, cmd, &a);
-        char what[48];
-        snprintf(what, sizeof what, "wgmma replay %zu (pool %u)", r, pools[r]);
-        moe_expect_right(&m, what);
-    }
+    replay_right(f, &m, cmd, pools, sizeof pools / sizeof pools[0], "wgmma replay");
     kiln_command_release(cmd);
     moe_free(&m);
 }
@@ -847,6 +924,7 @@ int main(void)
                                         gpu_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_wgmma, gpu_fixture_setup, gpu_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_experts_repeated_ids, gpu_fixture_setup, gpu_fixture_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_tma, gpu_fixture_setup, gpu_fixture_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
