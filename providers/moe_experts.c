@@ -101,7 +101,7 @@ static int wgmma_serves(int sm, int64_t hidden, int64_t inter)
 
 /* Where each part of the workspace lies, bytes from its start. */
 typedef struct ws_layout {
-    size_t n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y, arrivals, total;
+    size_t n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y, total;
     uint32_t max_tiles;
 } ws_layout;
 
@@ -126,8 +126,7 @@ static void layout(uint64_t pairs, uint64_t hidden, uint64_t inter, uint64_t exp
     w->inv = w->sorted + up256(pairs * 4);
     w->h = w->inv + up256(pairs * 4);
     w->y = w->h + up256(hy_rows * inter * 2);
-    w->arrivals = w->y + up256(hy_rows * hidden * 2);
-    w->total = w->arrivals + up256(hidden / 16 * 4); /* the decode path's column groups */
+    w->total = w->y + up256(hy_rows * hidden * 2);
 }
 
 static kiln_status pairs_ok(kiln__errslot *err, int64_t tokens, int64_t top_k)
@@ -193,12 +192,12 @@ kiln_status kiln__moe_experts_arch_specs(const kiln_model_config *cfg, const cha
     return sink(user, &spec);
 }
 
-/* ---- the decode path: templates/moe_experts_tma.cu, two launches ---- */
+/* ---- the decode path: templates/moe_experts_tma.cu, then the combine ---- */
 typedef struct tma_launch {
     CUtensorMap gate_up_map, x_map, down_map, h_map; /* first: CUtensorMap's alignment */
     kiln_runtime *rt;
-    CUfunction gate_up, down;
-    CUdeviceptr ids, weights, x, shared, shared_gate, out, h, y, inv, arrivals;
+    CUfunction gate_up, down, combine;
+    CUdeviceptr ids, weights, x, shared, shared_gate, out, h, y, inv;
     uint32_t tokens, pairs, gu_stages, dn_stages;
     unsigned grid, gu_threads, dn_threads, gu_smem, dn_smem;
 } tma_launch;
@@ -207,12 +206,15 @@ static kiln_status tma_enqueue(void *user, const kiln_launch_context *ctx)
 {
     tma_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
-    void *ua[] = {&l->gate_up_map, &l->x_map, &l->h, &l->ids, &l->pairs, &l->gu_stages, &l->inv, &l->arrivals, &fault};
-    void *da[] = {&l->down_map, &l->h_map, &l->y, &l->ids, &l->pairs, &l->dn_stages, &l->inv, &l->weights,
-                  &l->x, &l->shared, &l->shared_gate, &l->out, &l->arrivals};
-    const unsigned grid[3] = {l->grid, 1, 1};
-    kiln_status st = kiln__launch_ex(ctx, l->rt, l->gate_up, grid, l->gu_threads, l->gu_smem, ua, KILN__LAUNCH_PDL);
-    return st ? st : kiln__launch_ex(ctx, l->rt, l->down, grid, l->dn_threads, l->dn_smem, da, KILN__LAUNCH_PDL);
+    void *ua[] = {&l->gate_up_map, &l->x_map, &l->h, &l->ids, &l->pairs, &l->gu_stages, &l->inv, &fault};
+    void *da[] = {&l->down_map, &l->h_map, &l->y, &l->ids, &l->pairs, &l->dn_stages};
+    void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
+    const unsigned grid[3] = {l->grid, 1, 1}, cb[3] = {l->tokens, 1, 1};
+    kiln_status st;
+    if ((st = kiln__launch_ex(ctx, l->rt, l->gate_up, grid, l->gu_threads, l->gu_smem, ua, KILN__LAUNCH_PDL)) ||
+        (st = kiln__launch_ex(ctx, l->rt, l->down, grid, l->dn_threads, l->dn_smem, da, KILN__LAUNCH_PDL)))
+        return st;
+    return kiln__launch_ex(ctx, l->rt, l->combine, cb, COMBINE_THREADS, 0, ca, KILN__LAUNCH_PDL);
 }
 
 /* A group's units (consumer warps) for experts of per_expert units each over
@@ -375,7 +377,7 @@ static kiln_status function(kiln_runtime *rt, kiln__errslot *err, kiln_kernel *k
 static CUdeviceptr ptr(const kiln_tensor *t);
 
 /* The decode step on sm_90: the two TMA products (moe_experts_tma.cu) with
- * a grid of the SM count, down's last blocks combining. */
+ * a grid of the SM count, then moe_experts.cu's combine. */
 static kiln_status encode_tma(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *err, const kiln_moe_experts_desc *d,
                               kiln_dtype elt, size_t bytes[N_BINDINGS], kiln_command **cmd)
 {
@@ -394,7 +396,7 @@ static kiln_status encode_tma(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *er
     if ((st = kiln__check_workspace(err, OP, d->workspace, rt, need, t, bytes, names, N_BINDINGS)))
         return st;
     kiln_spec spec;
-    kiln_kernel *kt;
+    kiln_kernel *k, *kt;
     tma_launch *l = kiln__tma_calloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
@@ -409,12 +411,13 @@ static kiln_status encode_tma(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *er
     l->h = ws + w.h;
     l->y = ws + w.y;
     l->inv = ws + w.inv;
-    l->arrivals = ws + w.arrivals;
     l->tokens = (uint32_t)T;
     l->pairs = (uint32_t)P;
     l->grid = (unsigned)info.multiprocessors;
     void *fu, *fd;
-    if ((st = spec_of(TMA_TEMPLATE, elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kt)) ||
+    if ((st = kiln_op_moe_experts_spec(elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
+        (st = spec_of(TMA_TEMPLATE, elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &kt)) ||
+        (st = function(rt, err, k, "kiln_moe_combine", 0, &l->combine)) ||
         (st = kiln_kernel_function(kt, "kiln_moe_gate_up_t", &fu)) ||
         (st = kiln_kernel_function(kt, "kiln_moe_down_t", &fd))) {
         free(l);
@@ -445,8 +448,8 @@ static kiln_status encode_tma(kiln_jit *jit, kiln_runtime *rt, kiln__errslot *er
         if (t[i])
             regions[n++] = kiln__tensor_region(t[i], bytes[i]);
     regions[n++] = *d->workspace;
-    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)T, .dispatches = 2, .regions = regions,
-                                          .n_regions = n, .enqueue = tma_enqueue, .user = l, .kernel = kt,
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)T, .dispatches = 3, .regions = regions,
+                                          .n_regions = n, .enqueue = tma_enqueue, .user = l, .kernel = k,
                                           KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &cd, cmd);
 }

@@ -357,6 +357,24 @@ kiln_moe_combine(const kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ in
         const int v = threadIdx.x + i * COMBINE_THREADS;
         if (v >= VECS)
             break;
-        kiln_moe_combine_piece<false>(y, pos, wt, shared, c, out, t, v);
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int s = 0; s < K; s++) {
+            if (pos[s] == NO_ROW)
+                continue;
+            float f[8];
+            kiln_e8_to_f32(kiln_ldg16(y + (kiln_u64)pos[s] * H + v * 8), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[j] += wt[s] * f[j];
+        }
+        if (shared) {
+            float f[8];
+            kiln_e8_to_f32(kiln_ldg16(shared + t * H + v * 8), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[j] += c * f[j];
+        }
+        kiln_stg16(out + t * H + v * 8, kiln_f32_to_e8(acc));
     }
 }

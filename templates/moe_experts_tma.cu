@@ -1,10 +1,10 @@
-// The routed experts for a decode step on sm_90 (at most 8 tokens and 64
-// pairs) in two launches, the experts' weights streamed by TMA as
+// The routed experts' two products for a decode step on sm_90 (at most 8
+// tokens and 64 pairs), the experts' weights streamed by TMA as
 // templates/tma_swiglu.cu streams a dense one: one block an SM, each taking
 // groups of its expert's rows in turn, a group's weight one TMA box a
 // k-step (small boxes stream slowly: 8-row boxes a warp ran gate_up at 1.5
-// TB/s). The contract is moe_experts.cu's, with no group kernel before
-// these and the combine done by down's last blocks.
+// TB/s). The contract is moe_experts.cu's; its combine kernel runs after
+// these, no group kernel before them.
 //   The plan, in every block: the distinct experts the ids name, in expert
 //   order (rank q of D), from the ids alone.
 //   kiln_moe_gate_up_t  groups of W units of 8 h columns (G = ceil(I / 8W)
@@ -15,20 +15,14 @@
 //                       zero); h[q, t, c] = elt(silu(g) u) for all 8 token
 //                       slots (the combine reads only the pairs that exist).
 //                       Block 0 writes inv[p] = 8 q + t, the row of pair p's
-//                       y, reports ids at or past E and zeroes down's
-//                       arrival counts.
+//                       y, and reports ids at or past E.
 //   kiln_moe_down_t     groups of W units of 16 y columns (a box of 16W rows
 //                       of the expert's down weight), h[q]'s 8 token rows as
 //                       every warp's B, y[q, t, c] = elt(h down^T). Its first
 //                       stages' weight is requested before its dependency
 //                       sync: gate_up launched it only after its own wait,
 //                       so the router's ids are complete, and the plan is
-//                       made from them then. A group's y written, its block
-//                       counts it in its column group's arrivals; the last
-//                       of the D to arrive (each expert's group of those
-//                       columns) combines those columns of every token as
-//                       moe_experts.cu's combine kernel does (block 0 all of
-//                       them where the ids name no expert).
+//                       made from them then.
 // A group's rows past its expert's (the last group of one, when W does not
 // divide the units) are read and dropped. A producer thread keeps the stages
 // full (full and empty mbarriers, 128-byte swizzle); the W consumer warps
@@ -36,12 +30,10 @@
 // Constants: KILN_BF16, KILN_HIDDEN (H), KILN_INTER (I), KILN_EXPERTS (E),
 // KILN_TOP_K (K): moe_experts' spec. Arguments: tensor maps of the weight
 // (gate_up [E 2I, H], boxes of 8W rows; down [E H, I], boxes of 16W) and of
-// B (x [tokens, H]; h [64 x 8, I], boxes of 8 rows), the output (h or y),
-// ids, pairs, stages, inv and H / 16 arrival counts; gate_up the fault
-// record, down the combine's (weights, x, shared, shared_gate, out). Block:
-// 32 (W + 1) threads; dynamic shared memory stages x (2W + 1) KiB + 1024.
+// B (x [tokens, H]; h [64 x 8, I], boxes of 8 rows), the output, ids, pairs,
+// stages, and for gate_up inv and the fault record. Block: 32 (W + 1)
+// threads; dynamic shared memory stages x (2W + 1) KiB + 1024.
 #include "kiln_tma.cuh" // saddr, swz, bar_wait, expect, tma, ldsm_x4, mma
-#include "kiln_moe.cuh" // kiln_moe_combine_piece
 
 //! kiln:entry kiln_moe_gate_up_t
 //! kiln:entry kiln_moe_down_t
@@ -52,7 +44,6 @@
 #define K KILN_TOP_K
 #define KB KILN_TMA_KB
 #define MAX_PAIRS 64
-#define MAX_TOKENS 8
 #define MAX_STAGES 8
 #define NO_ROW 0xffffffffu
 #define KILN_FAULT_MOE_EXPERT_ID 24u
@@ -123,7 +114,7 @@ __device__ __forceinline__ void load_b(kiln_u32 b, kiln_u32 j, kiln_u32 *r)
 extern "C" __global__ void __launch_bounds__(544, 1)
 kiln_moe_gate_up_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ kiln_tmap xmap,
                    kiln_elt *__restrict__ h, const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 stages,
-                   kiln_u32 *__restrict__ inv, kiln_u32 *__restrict__ arrivals, kiln_fault *fault)
+                   kiln_u32 *__restrict__ inv, kiln_fault *fault)
 {
     kiln_grid_dependency_wait_then_launch(); // kiln_moe_down_t reads ids before its sync
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
@@ -137,9 +128,7 @@ kiln_moe_gate_up_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant
     const kiln_u32 stage_bytes = (2 * warps + 1) * 1024, S = stages < MAX_STAGES ? stages : MAX_STAGES;
     constexpr kiln_u32 NK = H / KB, COLS = I / 8; // units of 8 columns an expert
     const kiln_u32 d = make_plan(&pl, ids, pairs);
-    if (blockIdx.x == 0) {
-        for (kiln_u32 i = threadIdx.x; i < H / 16; i += blockDim.x)
-            arrivals[i] = 0;
+    if (blockIdx.x == 0)
         for (kiln_u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
             const kiln_u32 id = pl.ids[p];
             if (id < E)
@@ -149,7 +138,6 @@ kiln_moe_gate_up_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant
                 kiln_report_fault(fault, KILN_FAULT_MOE_EXPERT_ID, p, id, E);
             }
         }
-    }
     const kiln_u32 G = (COLS + warps - 1) / warps, groups = d * G;
     const kiln_u32 rounds = blockIdx.x < groups ? (groups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     const kiln_u32 tile = warps * 1024; // 8W rows of 128 bytes
@@ -210,62 +198,9 @@ kiln_moe_gate_up_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// A barrier of the W consumer warps (the producer warp has returned).
-__device__ __forceinline__ void consumers_sync(kiln_u32 warps)
-{
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * warps) : "memory");
-}
-
-// Columns [lo, hi) of every token's output, by the W consumer warps: the
-// combine of moe_experts.cu, each token's shared gate c(t) made once a block
-// (gates, have_gates) where there is one.
-__device__ void combine(const kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ inv,
-                        const float *__restrict__ weights, const kiln_elt *__restrict__ x,
-                        const kiln_elt *__restrict__ shared, const kiln_elt *__restrict__ shared_gate,
-                        kiln_elt *__restrict__ out, kiln_u32 tokens, kiln_u32 lo, kiln_u32 hi, float *gates,
-                        bool &have_gates)
-{
-    const kiln_u32 warps = blockDim.x / 32 - 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (shared_gate && !have_gates) {
-        for (kiln_u32 t = warp; t < tokens; t += warps) {
-            float dot = 0.0f;
-            for (kiln_u32 v = lane; v < H / 8; v += 32) {
-                float a[8], b[8];
-                kiln_e8_to_f32(kiln_ldg16(x + (kiln_u64)t * H + v * 8), a);
-                kiln_e8_to_f32(kiln_ldg16(shared_gate + v * 8), b);
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    dot += a[j] * b[j];
-            }
-            dot = kiln_warp_sum(dot);
-            if (lane == 0)
-                gates[t] = 1.0f / (1.0f + __expf(-dot));
-        }
-        consumers_sync(warps);
-        have_gates = true;
-    }
-    const kiln_u32 per = (hi - lo) / 8;
-    for (kiln_u32 i = threadIdx.x; i < tokens * per; i += 32 * warps) {
-        const kiln_u32 t = i / per;
-        kiln_u32 pos[K];
-        float wt[K];
-#pragma unroll
-        for (int s = 0; s < K; s++) {
-            pos[s] = inv[t * K + s];
-            wt[s] = weights[t * K + s];
-        }
-        kiln_moe_combine_piece<true>(y, pos, wt, shared, shared_gate ? gates[t] : 1.0f, out, t, lo / 8 + i % per);
-    }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(544, 1)
 kiln_moe_down_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ kiln_tmap hmap,
-                kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 stages,
-                const kiln_u32 *__restrict__ inv, const float *__restrict__ weights, const kiln_elt *__restrict__ x,
-                const kiln_elt *__restrict__ shared, const kiln_elt *__restrict__ shared_gate,
-                kiln_elt *__restrict__ out, kiln_u32 *__restrict__ arrivals)
+                kiln_elt *__restrict__ y, const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 stages)
 {
     KILN_INPUT_BEFORE_DEPENDENCY_SYNC; // the plan and the first stages' weight: see the header
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
@@ -275,8 +210,6 @@ kiln_moe_down_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     __shared__ __align__(8) kiln_u64 full[MAX_STAGES], empty[MAX_STAGES];
     __shared__ plan pl;
-    __shared__ float gates[MAX_TOKENS];
-    __shared__ kiln_u32 last;
     unsigned char *sm = (unsigned char *)(((kiln_u64)smem_raw + 1023) & ~(kiln_u64)1023);
     const kiln_u32 warps = blockDim.x / 32 - 1, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const kiln_u32 stage_bytes = (2 * warps + 1) * 1024, S = stages < MAX_STAGES ? stages : MAX_STAGES;
@@ -318,7 +251,6 @@ kiln_moe_down_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
     // ldmatrix x4 of this warp's 16 rows of the box: matrices (rows 0-7,
     // chunk 2kk), (rows 8-15, 2kk), (rows 0-7, 2kk + 1), (rows 8-15, 2kk + 1).
     const kiln_u32 a_row = 16 * warp + lane % 8 + 8 * ((lane / 8) & 1), a_ch = lane / 16;
-    bool have_gates = false;
     for (kiln_u32 r = 0, it = 0; r < rounds; r++) {
         const kiln_u32 grp = blockIdx.x + r * gridDim.x, q = grp / G, c0 = (grp % G * warps + warp) * 16;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -338,27 +270,13 @@ kiln_moe_down_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
             if (lane == 0)
                 asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
         }
+        if (c0 >= H)
+            continue;
         // acc[i]: row g (i < 2) or g + 8 of the warp's 16, token slot 2 (lane % 4) + (i & 1).
-        if (c0 < H)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                y[(kiln_u64)(8 * q + 2 * (lane % 4) + (i & 1)) * H + c0 + lane / 4 + (i >= 2 ? 8 : 0)] =
-                    kiln_f32_to_elt(acc[i]);
-        // The last of the D groups of these columns (one an expert's) to
-        // write its y combines them: y's stores made visible, then counted.
-        __threadfence();
-        consumers_sync(warps);
-        if (threadIdx.x == 0)
-            last = atomicAdd(&arrivals[grp % G], 1u) == d - 1;
-        consumers_sync(warps);
-        if (last) {
-            __threadfence();
-            const kiln_u32 lo = grp % G * 16 * warps;
-            combine(y, inv, weights, x, shared, shared_gate, out, pairs / K, lo, lo + 16 * warps < H ? lo + 16 * warps : H,
-                    gates, have_gates);
-        }
+        for (int i = 0; i < 4; i++)
+            y[(kiln_u64)(8 * q + 2 * (lane % 4) + (i & 1)) * H + c0 + lane / 4 + (i >= 2 ? 8 : 0)] =
+                kiln_f32_to_elt(acc[i]);
     }
-    if (d == 0 && blockIdx.x == 0) // no expert named: the shared term alone
-        combine(y, inv, weights, x, shared, shared_gate, out, pairs / K, 0, H, gates, have_gates);
 #endif
 }

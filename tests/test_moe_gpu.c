@@ -463,8 +463,8 @@ static void moe_expect_right(moe *m, const char *what)
 
 /* The launches of a command of T tokens of top_k K: on sm_90 for at most 8
  * tokens and 16 pairs (64 with KILN_MOE_TMA=1; none with KILN_MOE_TMA=0),
- * the two TMA decode products (down combining); else the group, the two
- * products and the combine. */
+ * the TMA decode products and the combine; else the group, the two products
+ * and the combine. */
 static uint32_t moe_dispatches(fixture *f, uint32_t tokens, uint32_t top_k)
 {
     kiln_runtime_info info;
@@ -472,7 +472,7 @@ static uint32_t moe_dispatches(fixture *f, uint32_t tokens, uint32_t top_k)
     const char *env = getenv("KILN_MOE_TMA");
     const uint32_t most = env && !strcmp(env, "1") ? 64 : 16;
     const int tma = !strcmp(info.arch, "sm_90") && tokens <= 8 && tokens * top_k <= most && (!env || strcmp(env, "0"));
-    return tma ? 2 : 4;
+    return tma ? 3 : 4;
 }
 
 /* Replays cmd (encoded for m) once per pool, each time over a new routing

@@ -88,8 +88,7 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * 1 <= T · top_k <= 1,000,000 (a command's pairs); every binding 16-byte
  * aligned; out, ids and weights
  * overlap nothing written. The workspace (kiln_op_moe_experts_workspace
- * bytes, 256-byte aligned) holds the grouping, h, y and the TMA path's
- * arrival counts.
+ * bytes, 256-byte aligned) holds the grouping, h and y.
  * Four launches: the (token, slot) pairs grouped by expert on the device (a
  * permutation and a tile list in the workspace: the host never sees the
  * routing, so one command serves every step whatever it routes); the gate_up
@@ -100,14 +99,14 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * only the selected experts' weights, each once per tile of 16 rows (fewer
  * than 32 pairs per selected expert on average: the decode step) or 64 rows
  * (a prefill) of the expert's tokens. On sm_90 a step of at most 16 pairs
- * (KILN_MOE_TMA in the README) runs two launches instead: the two
- * products fed by TMA, each block planning from the ids itself, the last
- * block to write each group of output columns combining them. An id at or past experts is reported by the device (the
+ * (KILN_MOE_TMA in the README) runs three launches instead: the two
+ * products fed by TMA, each block planning from the ids itself, then the
+ * combine. An id at or past experts is reported by the device (the
  * runtime's fault record: KILN_ERR_DEVICE_CONTRACT at the next
  * synchronization, naming the pair and the id) and its slot adds nothing.
  * Replayable (its key: the kernel's fingerprint, every binding's address,
  * T, the tile size). Attribution: op "moe_experts", tokens T, 4 dispatches
- * (2 on the TMA path).
+ * (3 on the TMA path).
  * Checked at encode as the router is (KILN_ERR_RUNTIME_CONTRACT naming the
  * binding, the expected and the actual). */
 typedef struct kiln_moe_experts_desc {
