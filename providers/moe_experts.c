@@ -237,9 +237,10 @@ static unsigned tma_warps(uint64_t experts, uint64_t per_expert, unsigned grid)
 static kiln_status tma_stages(kiln_runtime *rt, kiln__errslot *err, CUfunction fn, unsigned stage, size_t most,
                               uint32_t *stages, unsigned *smem)
 {
-    uint32_t s = most > 1024 && (most - 1024) / stage < TMA_MAX_STAGES ? (uint32_t)((most - 1024) / stage)
-                                                                        : TMA_MAX_STAGES;
+    const size_t fit = most > 1024 ? (most - 1024) / stage : 0;
+    const uint32_t s = fit < TMA_MAX_STAGES ? (uint32_t)fit : TMA_MAX_STAGES;
     CUresult r = CUDA_ERROR_INVALID_VALUE;
+    *smem = 2 * stage + 1024u;
     for (*stages = s; *stages >= 2; (*stages)--) {
         *smem = *stages * stage + 1024u;
         r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)*smem);
@@ -263,8 +264,9 @@ static kiln_status tma_shared(kiln_runtime *rt, kiln__errslot *err, tma_launch *
     const unsigned gu_stage = (2u * gu_warps + 1u) * 1024u, dn_stage = (2u * dn_warps + 1u) * 1024u;
     size_t gu_most = SIZE_MAX, dn_most = SIZE_MAX;
     const size_t both = kiln__function_pair_shared_bytes(rt, l->gate_up, l->gu_threads, l->down, l->dn_threads);
-    const size_t gu_stages = TMA_GATE_UP_SHARE / gu_stage < 2 ? 2 : TMA_GATE_UP_SHARE / gu_stage,
-                 gu_want = gu_stages * gu_stage + 1024u;
+    size_t gu_stages = TMA_GATE_UP_SHARE / gu_stage;
+    gu_stages = gu_stages < 2 ? 2 : gu_stages > TMA_MAX_STAGES ? TMA_MAX_STAGES : gu_stages;
+    const size_t gu_want = gu_stages * gu_stage + 1024u;
     if (both >= gu_want + 2u * dn_stage + 1024u) {
         gu_most = gu_want;
         dn_most = both - gu_want;

@@ -12,6 +12,13 @@ kiln_status kiln__module_function(kiln_runtime *rt, CUmodule module, const char 
 
 CUresult kiln__function_set_attribute(kiln_runtime *rt, CUfunction fn, CUfunction_attribute attr, int value)
 {
+    /* The dynamic shared memory limit is the function's, shared by every
+     * command that launches it: a command asking for less than an earlier
+     * one must not take the earlier one's launches away. */
+    int now = 0;
+    if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+        rt->d->cuFuncGetAttribute(&now, attr, fn) == CUDA_SUCCESS && value <= now)
+        return CUDA_SUCCESS;
     return rt->d->cuFuncSetAttribute(fn, attr, value);
 }
 

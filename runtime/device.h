@@ -41,7 +41,9 @@ void kiln__runtime_unload_module(kiln_runtime *rt, CUmodule module);
 kiln_status kiln__module_function(kiln_runtime *rt, CUmodule module, const char *name, CUfunction *out);
 /* cuFuncSetAttribute: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (which
  * the driver refuses with CUDA_ERROR_INVALID_VALUE past the device's opt-in
- * limit), CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED. */
+ * limit; never lowered: a value at or below the function's present limit
+ * leaves it, so commands encoded earlier keep their launches),
+ * CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED. */
 CUresult kiln__function_set_attribute(kiln_runtime *rt, CUfunction fn, CUfunction_attribute attr, int value);
 /* Blocks of fn (threads each, shared_bytes of dynamic shared memory) one SM
  * holds at once, after making the context current; 0 when the driver cannot

@@ -680,10 +680,11 @@ static void test_experts_repeated_ids(void **state)
 /* On sm_90: the TMA decode products over all they can serve (KILN_MOE_TMA=1:
  * at most 8 tokens and 64 pairs; by default 16 pairs) at one token of
  * Qwen3-30B-A3B's sizes, 8 tokens of top_k 8, 4 of top_k 16, a single
- * expert, a gated shared expert, every token the same experts, an expert
- * named twice by a token, bad ids, and a replayed command over new routings;
- * then the same with the default choice, and on the 16-row tiles with
- * KILN_MOE_TMA=0. */
+ * expert, a gated shared expert, every token the same experts, groups of
+ * warps that do not divide an expert's columns (inter 1088: 9 warps), an
+ * expert named twice by a token, bad ids, and a replayed command over new
+ * routings; then the same with the default choice, and on the 16-row tiles
+ * with KILN_MOE_TMA=0; then two commands of different shared memory. */
 static void test_experts_tma(void **state)
 {
     fixture *f = *state;
@@ -696,11 +697,11 @@ static void test_experts_tma(void **state)
     static const struct { moe_case c; int one_set; } cases[] = {
         {{1, 2048, 768, 16, 8, 0, 0}, 0}, {{8, 256, 128, 64, 8, 0, 0}, 0}, {{4, 512, 192, 512, 16, 0, 0}, 0},
         {{7, 128, 64, 1, 1, 0, 0}, 0},    {{3, 256, 128, 16, 4, 1, 1}, 0}, {{6, 384, 256, 32, 8, 1, 0}, 1},
-        {{2, 1024, 512, 8, 2, 0, 0}, 0},
+        {{2, 1024, 512, 8, 2, 0, 0}, 0},  {{1, 256, 1088, 16, 8, 0, 0}, 0},
     };
     static const char *const modes[] = {"1", NULL, "0"};
     for (int mode = 0; mode < 3; mode++) {
-        const int tma = mode < 2;
+        const int bf16 = mode != 1;
         if (modes[mode])
             setenv("KILN_MOE_TMA", modes[mode], 1);
         else
@@ -708,13 +709,14 @@ static void test_experts_tma(void **state)
         for (int b = 0; b < 2; b++)
             for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
                 experts_case(f, b, &cases[i].c, cases[i].one_set ? cases[i].c.K : cases[i].c.E);
-        /* A token naming one expert in two slots, and a bad id. */
-        const moe_case c = {5, 256, 128, 8, 4, 1, 0};
+        /* A token naming one expert in two slots, and a bad id (15 pairs:
+         * the TMA products by default too). */
+        const moe_case c = {5, 256, 128, 8, 3, 1, 0};
         moe m;
-        moe_make(f, tma, &c, c.T, &m);
+        moe_make(f, bf16, &c, c.T, &m);
         moe_route(&f->rng, &m, c.E);
         m.ids[1] = m.ids[0];
-        m.ids[2 * c.K + 3] = m.ids[2 * c.K];
+        m.ids[2 * c.K + 2] = m.ids[2 * c.K];
         upload(m.bi, m.ids, (size_t)c.T * c.K * 4);
         moe_poison(&m);
         KILN_CHECK(kiln_op_moe_experts(f->jit, &m.d));
@@ -738,6 +740,28 @@ static void test_experts_tma(void **state)
         moe_free(&m);
     }
     unsetenv("KILN_MOE_TMA");
+    /* Two commands whose TMA products take different shared memory (1 and 2
+     * tokens: 8 and 16 experts named), the larger's first: the later encode
+     * must leave the earlier command's launches. */
+    const moe_case c1 = {1, 2048, 768, 16, 8, 0, 0}, c2 = {2, 2048, 768, 16, 8, 0, 0};
+    moe m1, m2;
+    moe_make(f, 1, &c1, c1.T, &m1);
+    moe_make(f, 1, &c2, c2.T, &m2);
+    moe_route(&f->rng, &m1, c1.E);
+    moe_route(&f->rng, &m2, c2.E);
+    kiln_command *cmd1, *cmd2;
+    KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m1.d, &cmd1));
+    KILN_CHECK(kiln_op_moe_experts_encode(f->jit, &m2.d, &cmd2));
+    moe_poison(&m1);
+    KILN_CHECK(moe_submit_eager(f, cmd1, c1.T, c1.K));
+    moe_expect_right(&m1, "1 token after a 2-token encode");
+    moe_poison(&m2);
+    KILN_CHECK(moe_submit_eager(f, cmd2, c2.T, c2.K));
+    moe_expect_right(&m2, "2 tokens");
+    kiln_command_release(cmd1);
+    kiln_command_release(cmd2);
+    moe_free(&m1);
+    moe_free(&m2);
 }
 
 static uint64_t acquisitions(fixture *f)

@@ -98,15 +98,15 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * rounding. The grouped products are tensor-core tiles (mma.sync) that read
  * only the selected experts' weights, each once per tile of 16 rows (fewer
  * than 32 pairs per selected expert on average: the decode step) or 64 rows
- * (a prefill) of the expert's tokens. On sm_90 a step of at most 16 pairs
- * (KILN_MOE_TMA in the README) runs three launches instead: the two
+ * (a prefill) of the expert's tokens. On sm_90 a step of at most 8 tokens
+ * and 16 pairs (KILN_MOE_TMA in the README) runs three launches instead: the two
  * products fed by TMA, each block planning from the ids itself, then the
  * combine. An id at or past experts is reported by the device (the
  * runtime's fault record: KILN_ERR_DEVICE_CONTRACT at the next
  * synchronization, naming the pair and the id) and its slot adds nothing.
  * Replayable (its key: the kernel's fingerprint, every binding's address,
- * T, the tile size). Attribution: op "moe_experts", tokens T, 4 dispatches
- * (3 on the TMA path).
+ * T, the tile size, or on the TMA path its stages and threads). Attribution:
+ * op "moe_experts", tokens T, 4 dispatches (3 on the TMA path).
  * Checked at encode as the router is (KILN_ERR_RUNTIME_CONTRACT naming the
  * binding, the expected and the actual). */
 typedef struct kiln_moe_experts_desc {
