@@ -238,15 +238,8 @@ static kiln_status tma_stages(kiln_runtime *rt, kiln__errslot *err, CUfunction f
                               uint32_t *stages, unsigned *smem)
 {
     const size_t fit = most > 1024 ? (most - 1024) / stage : 0;
-    const uint32_t s = fit < TMA_MAX_STAGES ? (uint32_t)fit : TMA_MAX_STAGES;
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
-    *smem = 2 * stage + 1024u;
-    for (*stages = s; *stages >= 2; (*stages)--) {
-        *smem = *stages * stage + 1024u;
-        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)*smem);
-        if (r != CUDA_ERROR_INVALID_VALUE)
-            break;
-    }
+    const CUresult r =
+        kiln__tma_fit_stages(rt, fn, stage, fit < TMA_MAX_STAGES ? (uint32_t)fit : TMA_MAX_STAGES, stages, smem);
     if (r != CUDA_SUCCESS)
         return kiln__fail(err, KILN_ERR_CUDA_DRIVER, OP ": the TMA products cannot have %u bytes of shared memory (CUresult %d)",
                           *smem, (int)r);

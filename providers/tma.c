@@ -46,6 +46,20 @@ kiln_status kiln__tma_map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUte
     return kiln__runtime_cu_fail(rt, r, what);
 }
 
+CUresult kiln__tma_fit_stages(kiln_runtime *rt, CUfunction fn, unsigned stage_bytes, uint32_t most, uint32_t *stages,
+                              unsigned *smem)
+{
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    *smem = 2 * stage_bytes + 1024u;
+    for (*stages = most; *stages >= 2; (*stages)--) {
+        *smem = *stages * stage_bytes + 1024u;
+        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)*smem);
+        if (r != CUDA_ERROR_INVALID_VALUE)
+            break;
+    }
+    return r;
+}
+
 kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, kiln_dtype elt, CUdeviceptr w,
                               int64_t w_rows, unsigned box_rows, CUdeviceptr x, int64_t tokens, int64_t in,
                               unsigned stage_bytes, unsigned warps, unsigned grid, CUdeviceptr out, kiln__tma *t)
@@ -56,16 +70,9 @@ kiln_status kiln__tma_prepare(kiln_runtime *rt, const char *op, CUfunction fn, k
     t->tokens = (uint32_t)tokens;
     t->grid = grid;
     t->threads = 32 * (warps + 1);
-    /* As many stages as the device's shared memory takes (the driver refuses
-     * more than its opt-in limit less the kernel's static bytes), all of them
+    /* As many stages as the device's shared memory takes, all of them
      * requested before the dependency sync. */
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
-    for (t->stages = MAX_STAGES; t->stages >= 2; t->stages--) {
-        t->smem = t->stages * stage_bytes + 1024;
-        r = kiln__function_set_attribute(rt, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)t->smem);
-        if (r != CUDA_ERROR_INVALID_VALUE)
-            break;
-    }
+    const CUresult r = kiln__tma_fit_stages(rt, fn, stage_bytes, MAX_STAGES, &t->stages, &t->smem);
     if (r != CUDA_SUCCESS) {
         char what[96];
         snprintf(what, sizeof what, "cuFuncSetAttribute (%s TMA shared memory)", op);

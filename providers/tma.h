@@ -21,6 +21,14 @@
 kiln_status kiln__tma_map(kiln_runtime *rt, const char *op, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base,
                           int64_t k, int64_t rows, unsigned box_rows);
 
+/* Sets fn's dynamic shared memory limit for the most stages of stage_bytes,
+ * from most down to 2, that the device takes (stages x stage_bytes and 1024
+ * bytes of alignment slack; the driver refuses more than its opt-in limit
+ * less the kernel's static bytes). Fills *stages and *smem (on failure the
+ * last size tried); returns the driver's result. */
+CUresult kiln__tma_fit_stages(kiln_runtime *rt, CUfunction fn, unsigned stage_bytes, uint32_t most, uint32_t *stages,
+                              unsigned *smem);
+
 /* A prepared launch: the kernel's parameters are the two maps, out, tokens,
  * stages, pre. Aligned as CUtensorMap wants: allocate a struct holding it
  * with kiln__tma_calloc. */
