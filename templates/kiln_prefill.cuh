@@ -48,18 +48,35 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
 // in the block; rows past the sequence's are zero (attending every key,
 // never written). Where freqs.half is a multiple of 8 (the whole head
 // rotated, or a partial rotary of 16 k dims) the eight slots' dims are two
-// aligned runs of 8, stored as two 16-byte vectors; otherwise dim by dim.
+// aligned runs of 8: with q 16-byte aligned they load as two 16-byte vectors
+// a head, QV heads' loads issued before any is used (one round trip, not a
+// load a dim: ncu had the scalar loads at a fifth of a 4 x 1024 block's
+// time), and store as two; otherwise dim by dim.
 template <int BMR>
 __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt *__restrict__ qin, kiln_u32 q_stride,
                                                const kiln_u32 *__restrict__ positions, const rope_freqs &freqs,
                                                float qscale, const seq_info &q, kiln_u32 h, kiln_u32 r0,
                                                kiln_u32 me, kiln_u32 n)
 {
+    constexpr kiln_u32 QV = G < 4 ? G : 4; // heads whose vectors are in flight together
     const kiln_u32 tok0 = r0 / G, ntok = (r0 + BMR - 1) / G + 1 - tok0;
+    const bool runs = freqs.half % 8 == 0, vec = runs && ((kiln_u64)qin & 15u) == 0;
     for (kiln_u32 idx = me; idx < ntok * (HALF / 8); idx += n) {
         const kiln_u32 tl = tok0 + idx / (HALF / 8), i0 = idx % (HALF / 8) * 8;
         const bool live = tl < q.count;
         const kiln_u32 t = q.start + (live ? tl : 0);
+        const kiln_elt *src0 = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G) * D;
+        kiln_u32 lo[8], hi[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            rope_slot(freqs, i0 + j, &lo[j], &hi[j]);
+        kiln_u32x4 xv[QV][2];
+        if (vec && live)
+#pragma unroll
+            for (kiln_u32 g = 0; g < QV; g++) {
+                xv[g][0] = kiln_ldg16(src0 + g * D + lo[0]);
+                xv[g][1] = kiln_ldg16(src0 + g * D + hi[0]);
+            }
         float sn[8], cs[8];
         if (live) {
             const float pos = (float)positions[t];
@@ -70,29 +87,36 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
                 cs[j] *= qscale;
             }
         }
-        const bool runs = freqs.half % 8 == 0;
-        kiln_u32 lo[8], hi[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            rope_slot(freqs, i0 + j, &lo[j], &hi[j]);
         for (kiln_u32 g = 0; g < G; g++) {
             const kiln_u32 row = tl * G + g;
+            if (vec && live && g % QV == 0 && g > 0)
+#pragma unroll
+                for (kiln_u32 gg = 0; gg < QV; gg++)
+                    if (g + gg < G) {
+                        xv[gg][0] = kiln_ldg16(src0 + (g + gg) * D + lo[0]);
+                        xv[gg][1] = kiln_ldg16(src0 + (g + gg) * D + hi[0]);
+                    }
             if (row < r0 || row >= r0 + BMR)
                 continue;
             float y0[8], y1[8];
             if (live) {
-                const kiln_elt *src = qin + (kiln_u64)t * q_stride + (kiln_u64)(h * G + g) * D;
-                kiln_elt x[16];
+                float x0[8], x1[8];
+                if (vec) {
+                    kiln_e8_to_f32(xv[g % QV][0], x0);
+                    kiln_e8_to_f32(xv[g % QV][1], x1);
+                } else {
+                    const kiln_elt *src = src0 + g * D;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    x[j] = src[lo[j]];
-                    x[j + 8] = src[hi[j]];
+                    for (int j = 0; j < 8; j++) {
+                        x0[j] = kiln_elt_to_f32(src[lo[j]]);
+                        x1[j] = kiln_elt_to_f32(src[hi[j]]);
+                    }
                 }
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
-                    const float x0 = kiln_elt_to_f32(x[j]), x1 = kiln_elt_to_f32(x[j + 8]);
-                    y0[j] = x0 * cs[j] - x1 * sn[j];
-                    y1[j] = x1 * cs[j] + x0 * sn[j];
+                    y0[j] = x0[j] * cs[j] - x1[j] * sn[j];
+                    y1[j] = x1[j] * cs[j] + x0[j] * sn[j];
                 }
             } else {
 #pragma unroll
@@ -263,6 +287,48 @@ __device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, k
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             *(kiln_u32 *)(dst + 8 * j) = kiln_f32_to_e2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    }
+}
+
+// The rows' sums over their quad, then rows ra and ra + 8 of the output,
+// normalized and rounded, into the swizzled tile at sm (BMR rows, a kernel's
+// q tile once nothing reads those rows of it), for prefill_store_rows.
+template <int BMR>
+__device__ __forceinline__ void prefill_stage(const float *o, prefill_rows *r, unsigned char *sm, kiln_u32 ra,
+                                              kiln_u32 lane)
+{
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 2);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 1);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const float inv = 1.0f / (half ? r->l_b : r->l_a);
+        unsigned char *row = sm + 4 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(kiln_u32 *)(row + swz_at(ra + 8 * half, 8 * j, BMR * 128)) =
+                kiln_f32_to_e2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+    }
+}
+
+// Rows [w0, w0 + WR) of the staged tile at sm (prefill_stage) to out, those
+// below nrows, by threads me of n: 16 bytes a copy, a row's D elements
+// contiguous in out (rather than prefill_store's 4 bytes of 8 rows a warp
+// instruction, whose stores ncu had draining at a tenth of a 4 x 1024
+// block's time). out must be 16-byte aligned.
+template <int BMR, int WR>
+__device__ __forceinline__ void prefill_store_rows(const unsigned char *sm, kiln_u32 w0, kiln_u32 r0,
+                                                   kiln_u32 nrows, const seq_info &q, kiln_u32 h, kiln_elt *out,
+                                                   kiln_u32 me, kiln_u32 n)
+{
+#pragma unroll 4
+    for (kiln_u32 e = me; e < WR * (D / 8); e += n) {
+        const kiln_u32 row = w0 + e / (D / 8), c = e % (D / 8) * 8;
+        if (r0 + row >= nrows)
+            continue;
+        const kiln_u32 t = q.start + (r0 + row) / G, head = h * G + (r0 + row) % G;
+        kiln_stg16(out + ((kiln_u64)t * NH + head) * D + c, *(const kiln_u32x4 *)(sm + swz_at(row, c, BMR * 128)));
     }
 }
 

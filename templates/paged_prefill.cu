@@ -57,7 +57,8 @@
 #define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
 #define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
-#define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product
+#define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
+#define BAR_OUT 4               // and 4 + w: warpgroup w's output is staged
 
 #if KILN_HEAD_DIM > 128
 #error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
@@ -214,7 +215,15 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
     }
 
-    prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
+    // The output through this warpgroup's rows of the q tile (its last
+    // product that reads them is done), then out 16 bytes a copy.
+    if (((kiln_u64)out & 15u) == 0) {
+        prefill_stage<BM>(o, &rows, sm, ra, lane);
+        asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
+        prefill_store_rows<BM, 64>(sm, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
+    } else {
+        prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
+    }
 #else
     __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there
 #endif

@@ -236,6 +236,7 @@ typedef struct step {
     bad_kind bad;          /* applied to sequence 1 */
     int no_workspace;      /* eager: no workspace binding, and a decode unsplit (split target 1) */
     int fused;             /* eager: q, k and v in one qkv tensor */
+    int misalign;          /* eager: q 2 bytes and out 4 bytes past 16-byte alignment */
     kiln_status (*runner)(void *user, const step_io *io); /* NULL: encode and run eagerly here */
     void *user;
 } step;
@@ -393,12 +394,13 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         }
     }
 
-    kiln_buffer *bq = buffer(f->rt, (size_t)Tb * H * D * 2), *bk = buffer(f->rt, (size_t)Tb * KVH * D * 2),
-                *bv = buffer(f->rt, (size_t)Tb * KVH * D * 2), *bo = buffer(f->rt, (size_t)Tb * H * D * 2);
-    KILN_CHECK(kiln_buffer_upload(bq, 0, q, (size_t)Tb * H * D * 2));
+    const size_t qoff = st->misalign ? 2 : 0, ooff = st->misalign ? 4 : 0;
+    kiln_buffer *bq = buffer(f->rt, (size_t)Tb * H * D * 2 + 16), *bk = buffer(f->rt, (size_t)Tb * KVH * D * 2),
+                *bv = buffer(f->rt, (size_t)Tb * KVH * D * 2), *bo = buffer(f->rt, (size_t)Tb * H * D * 2 + 16);
+    KILN_CHECK(kiln_buffer_upload(bq, qoff, q, (size_t)Tb * H * D * 2));
     KILN_CHECK(kiln_buffer_upload(bk, 0, k, (size_t)Tb * KVH * D * 2));
     KILN_CHECK(kiln_buffer_upload(bv, 0, v, (size_t)Tb * KVH * D * 2));
-    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, (size_t)Tb * H * D * 2)); /* NaN */
+    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, (size_t)Tb * H * D * 2 + 16)); /* NaN */
     kiln_status result;
     if (st->runner) {
         step_io io = {T, S, s->MB, pos, table, lens, spans, q, k, v, bo};
@@ -410,10 +412,10 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         KILN_CHECK(kiln_buffer_upload(bt, 0, table, (size_t)S * s->MB * 4));
         KILN_CHECK(kiln_buffer_upload(bl, 0, lens, (size_t)S * 4));
         KILN_CHECK(kiln_buffer_upload(bs, 0, spans, (size_t)S * 8));
-        kiln_tensor tq = {.buffer = bq, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
+        kiln_tensor tq = {.buffer = bq, .offset = qoff, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
                     tk = {.buffer = bk, .dtype = s->elt, .rank = 3, .dims = {T, KVH, D}},
                     tv = {.buffer = bv, .dtype = s->elt, .rank = 3, .dims = {T, KVH, D}},
-                    to = {.buffer = bo, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
+                    to = {.buffer = bo, .offset = ooff, .dtype = s->elt, .rank = 3, .dims = {T, H, D}},
                     tp = {.buffer = bp, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {T}},
                     tt = {.buffer = bt, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, s->MB}},
                     tl = {.buffer = bl, .dtype = KILN_DTYPE_U32, .rank = 1, .dims = {S}},
@@ -470,7 +472,7 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         kiln_buffer_destroy(bl);
         kiln_buffer_destroy(bs);
     }
-    KILN_CHECK(kiln_buffer_readback(bo, 0, out, (size_t)Tb * H * D * 2));
+    KILN_CHECK(kiln_buffer_readback(bo, ooff, out, (size_t)Tb * H * D * 2));
     KILN_CHECK(kiln_buffer_readback(s->pages, 0, s->back, (size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES));
 
     /* The cache: new slots hold rotated k and v; then adopt them and compare everything. */
@@ -583,6 +585,19 @@ static const layout layouts[] = {
 #define N_LAYOUTS (sizeof layouts / sizeof layouts[0])
 
 /* One sequence, no cached prefix: prefill of n tokens. */
+/* q and out off 16-byte alignment: the kernels' scalar loads and 4-byte stores. */
+static void prefill_misaligned(gpu_fixture *f)
+{
+    for (size_t l = 0; l < 2; l++) {
+        sess s;
+        uint32_t ctx = 0, n = 300;
+        sess_init(&s, f, layouts[l], 1, &ctx, &n, 1e6f);
+        step st = {.count = &n, .misalign = 1};
+        KILN_CHECK(run_step(&s, &st, "prefill 300, q and out misaligned"));
+        sess_free(&s);
+    }
+}
+
 static void prefill_one(gpu_fixture *f, layout L, uint32_t n, float theta)
 {
     sess s;
@@ -602,6 +617,7 @@ static void test_prefill_single_sequence(void **state)
     for (size_t l = 0; l < N_LAYOUTS; l++)
         for (size_t i = 0; i < (quick() ? 3 : 5); i++)
             prefill_one(f, layouts[l], lens[i], l % 2 ? 1e6f : 10000.0f);
+    prefill_misaligned(f);
     if (!quick()) {
         prefill_one(f, layouts[2], 4096, 1e6f); /* group 7, head_dim 128 */
         prefill_one(f, layouts[5], 4096, 1e6f); /* group 7, head_dim 64 */
@@ -627,6 +643,7 @@ static void prefill_forced(gpu_fixture *f, int which)
     for (size_t l = 0; l < N_LAYOUTS; l++)
         for (size_t i = 0; i < (quick() ? 2 : 4); i++)
             prefill_one(f, layouts[l], lens[i], 1e6f);
+    prefill_misaligned(f);
     prefill_packed(f);
     kiln__paged_attention_set_prefill_kernel(0);
 }
