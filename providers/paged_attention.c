@@ -12,6 +12,7 @@
 #include "providers/blas.h"
 #include "providers/catalog.h"
 #include "providers/internal.h"
+#include "providers/tma.h"
 
 #define OP "paged_attention"
 #define KEY_TAG KILN__KEY_TAG(OP, KILN__VERSION_PAGED_ATTENTION)
@@ -468,6 +469,11 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
 }
 
 typedef struct attn_launch {
+    /* The wgmma prefill's view of the arena for TMA (first: CUtensorMap's
+     * alignment; the struct comes from kiln__tma_calloc). */
+    CUtensorMap kvmap;
+    uint32_t kv_tma;  /* whether kvmap is encoded (the kernel's argument) */
+    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kv_tma */
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
     /* The attention's block and shared memory: 384 (wgmma) or 128 (mma.sync)
@@ -524,7 +530,9 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->window, &l->qscale,   l->rope,     &fault};
+                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kv_tma};
+    /* kvmap and kv_tma are the wgmma prefill's last two parameters; the other
+     * attention kernels end at fault, and the driver reads no further. */
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
@@ -657,6 +665,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
      * stays), wgmma on sm_90 and mma.sync elsewhere, where the device gives
      * a block its shared memory; the CUDA-core kernel before. */
     unsigned attention_threads = THREADS, attention_smem = 0;
+    int prefill_wgmma = 0;
     const int forced = atomic_load(&prefill_forced);
     if (!in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && forced != KILN__PREFILL_CUDA_CORE) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
@@ -678,11 +687,12 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             tiles = (uint32_t)(((uint64_t)in.max_query * (uint64_t)(in.heads / in.kv_heads) + bm - 1) / bm);
             attention_threads = wgmma ? PREFILL_THREADS : PREFILL_MMA_THREADS;
             attention_smem = want;
+            prefill_wgmma = wgmma;
         } else if (r != CUDA_ERROR_INVALID_VALUE) {
             return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");
         }
     }
-    attn_launch *l = calloc(1, sizeof *l);
+    attn_launch *l = kiln__tma_calloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
 #define PTR(t) (kiln__buffer_ptr((t)->buffer) + (t)->offset)
@@ -714,6 +724,18 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->q_stride = in.q_stride;
     l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
+    /* The wgmma prefill reads whole pages by TMA where a page's tokens are a
+     * multiple of 8 dividing its 128-key tiles (templates/paged_prefill.cu's
+     * KV_TMA): the arena as rows of head_dim elements, boxes of 64 x the page's tokens. */
+    const uint64_t map_rows = (uint64_t)in.pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in.head_dim));
+    l->wgmma = prefill_wgmma;
+    if (prefill_wgmma && in.page_tokens % 8 == 0 && 128 % in.page_tokens == 0 && map_rows <= UINT32_MAX) {
+        if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)map_rows, in.page_tokens))) {
+            free(l);
+            return kiln__propagate(err, st);
+        }
+        l->kv_tma = 1;
+    }
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;
     l->max_query = in.max_query;

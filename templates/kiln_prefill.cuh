@@ -266,16 +266,22 @@ __device__ __forceinline__ void prefill_rescale(float *o, float scale_a, float s
     }
 }
 
+// Each row's sum over the quad that holds its columns.
+__device__ __forceinline__ void prefill_row_sums(prefill_rows *r)
+{
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
+    r->l_a += kiln_shfl_xor_f32(r->l_a, 2);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 1);
+    r->l_b += kiln_shfl_xor_f32(r->l_b, 2);
+}
+
 // The rows' sums over their quad, then rows r0 + ra and r0 + rb of out (those
 // below nrows).
 __device__ __forceinline__ void prefill_store(const float *o, prefill_rows *r, kiln_u32 r0, kiln_u32 ra,
                                               kiln_u32 nrows, const seq_info &q, kiln_u32 h, kiln_elt *out,
                                               kiln_u32 lane)
 {
-    r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
-    r->l_a += kiln_shfl_xor_f32(r->l_a, 2);
-    r->l_b += kiln_shfl_xor_f32(r->l_b, 1);
-    r->l_b += kiln_shfl_xor_f32(r->l_b, 2);
+    prefill_row_sums(r);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const kiln_u32 row = r0 + ra + 8 * half;
@@ -297,10 +303,7 @@ template <int BMR>
 __device__ __forceinline__ void prefill_stage(const float *o, prefill_rows *r, unsigned char *sm, kiln_u32 ra,
                                               kiln_u32 lane)
 {
-    r->l_a += kiln_shfl_xor_f32(r->l_a, 1);
-    r->l_a += kiln_shfl_xor_f32(r->l_a, 2);
-    r->l_b += kiln_shfl_xor_f32(r->l_b, 1);
-    r->l_b += kiln_shfl_xor_f32(r->l_b, 2);
+    prefill_row_sums(r);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const float inv = 1.0f / (half ? r->l_b : r->l_a);

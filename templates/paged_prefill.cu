@@ -6,9 +6,15 @@
 // G + head within the group, so a GQA group's query heads share every K and
 // V tile. Warp specialized, 288 threads:
 //   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
-//     sequence's pages into shared memory (cp.async, 16 bytes a copy, a
-//     page lookup a key) through STAGES stages, each with a full and an
-//     empty mbarrier, into 128-byte-swizzled panels (templates/kiln_wgmma.cuh);
+//     sequence's pages into shared memory through STAGES stages, each with a
+//     full and an empty mbarrier, into 128-byte-swizzled panels
+//     (templates/kiln_wgmma.cuh): where a tile's keys are whole pages (KV_TMA:
+//     the page's tokens a multiple of 8 dividing 128) and all below the
+//     sequence's end, one thread asks TMA for each page's box of 64 columns
+//     (the map kvmap views the arena as rows of D elements); otherwise, and
+//     for the tile that holds the end, cp.async, 16 bytes a copy, a page
+//     lookup a key, zeros past the end (ncu had the cp.async producer at a
+//     quarter of a 4 x 1024 block's issued samples);
 //   warpgroups 0 and 1, the consumers, 64 rows each:
 //     S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
 //     O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
@@ -27,7 +33,9 @@
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
 // The argument window: a token attends the window keys up to its own
-// (Mistral's sliding_window), 0xffffffff for every key before it.
+// (Mistral's sliding_window), 0xffffffff for every key before it; kvmap, the
+// arena as RPP rows of D elements a page in boxes of 64 x PT, 128-byte
+// swizzle, read where KV_TMA and kv_tma != 0.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
@@ -59,13 +67,15 @@
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
 #define BAR_OUT 4               // and 4 + w: warpgroup w's output is staged
+#define KV_TMA (PT % 8 == 0 && BN % PT == 0) // whole pages a tile, 8-row aligned boxes
+#define RPP (65536 / (2 * D))   // rows of D elements a page (K's, then V's from RPP / 2)
 
 #if KILN_HEAD_DIM > 128
 #error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
 #endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh"
-#include "kiln_tma.cuh"   // saddr, bar_wait
+#include "kiln_tma.cuh"   // saddr, bar_wait, expect, tma, kiln_tmap
 #include "kiln_wgmma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -120,7 +130,8 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
-                   float qscale, rope_freqs freqs, kiln_fault *fault)
+                   float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
+                   kiln_u32 kv_tma)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -149,6 +160,31 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             const kiln_u32 st = n % STAGES;
             if (n >= STAGES)
                 bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
+#if KV_TMA
+            const kiln_u32 c0 = kb + n * BN;
+            if (kv_tma && c0 + BN <= ke) {
+                // The pages were checked against the arena (load_sequence).
+                const kiln_u32 bar = saddr(&full[st]);
+                if (tid == CONSUMERS) {
+                    kiln_u32 row[BN / PT];
+#pragma unroll
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+                        row[pg] = trow[c0 / PT + pg] * RPP + h * PT;
+                    expect(bar, STAGE_BYTES);
+#pragma unroll
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+#pragma unroll
+                        for (kiln_u32 half = 0; half < 2; half++)
+#pragma unroll
+                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
+                                tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
+                                    &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
+                } else {
+                    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+                }
+                continue;
+            }
+#endif
             prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
                                 THREADS - CONSUMERS);
             asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
