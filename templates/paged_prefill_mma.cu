@@ -132,7 +132,15 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
             }
         __syncthreads(); // the stage is consumed before the next tile's loads reuse it
     }
-    prefill_store(o, &rows, r0, warp * 16 + lane / 4, nrows, q, h, out, lane);
+    // The output through this warp's rows of the q tile (read once, into
+    // qf, before the loop), then out 16 bytes a copy.
+    if (((kiln_u64)out & 15u) == 0) {
+        prefill_stage<BM>(o, &rows, sm, warp * 16 + lane / 4, lane);
+        __syncwarp();
+        prefill_store_rows<BM, 16>(sm, warp * 16, r0, nrows, q, h, out, lane, 32);
+    } else {
+        prefill_store(o, &rows, r0, warp * 16 + lane / 4, nrows, q, h, out, lane);
+    }
 #else
     __trap(); // no mma.sync m16n8k16: providers/paged_attention.c takes the CUDA-core kernel before sm_80
 #endif
