@@ -155,22 +155,6 @@ __device__ __forceinline__ kiln_u32 first_key(kiln_u32 c, kiln_u32 window)
     return c >= window ? c - window + 1 : 0u;
 }
 
-// The rows and keys of b's tile once its sequence b->q is read and checked:
-// false when the tile has no row.
-template <int BMR>
-__device__ __forceinline__ bool prefill_block_rows(kiln_u32 window, prefill_block *b)
-{
-    b->nrows = b->q.count * G;
-    b->r0 = b->tile * BMR;
-    if (b->r0 >= b->nrows)
-        return false;
-    b->base = b->q.len - b->q.count;
-    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
-    b->ke = b->base + rlast / G + 1;
-    b->ks = first_key(b->base + b->r0 / G, window);
-    return true;
-}
-
 // The block of BMR rows at (x, y, z) = (row tiles from the last, kv head,
 // sequence): false when it has no row or its sequence is bad (checked and
 // reported by the block of tile 0 and kv head 0; every thread calls this,
@@ -190,42 +174,15 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     if (!load_sequence(b->s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
                        b->tile == 0 && b->h == 0, &b->q))
         return false;
-    return prefill_block_rows<BMR>(window, b);
-}
-
-// The same for the work item (tile, h, s) of a persistent block, with no
-// block-wide barrier (a block's roles are at different items): each warp
-// checks the sequence's pages itself; the thread 0 of the item of tile 0
-// and kv head 0 reports a bad sequence. Every lane of a warp calls it.
-template <int BMR>
-__device__ __forceinline__ bool prefill_item_begin(kiln_u32 tile, kiln_u32 h, kiln_u32 s,
-                                                   const kiln_u32 *__restrict__ table,
-                                                   const kiln_u32 *__restrict__ seq_lens,
-                                                   const kiln_u32 *__restrict__ spans, kiln_u32 n_pages,
-                                                   kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query,
-                                                   kiln_u32 window, kiln_fault *fault, prefill_block *b)
-{
-    b->tile = tile;
-    b->h = h;
-    b->s = s;
-    if ((kiln_u64)tile * BMR >= (kiln_u64)spans[2 * s + 1] * G)
+    b->nrows = b->q.count * G;
+    b->r0 = b->tile * BMR;
+    if (b->r0 >= b->nrows)
         return false;
-    const bool report = tile == 0 && h == 0;
-    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
-        return false;
-    const kiln_u32 *row = table + (kiln_u64)s * max_blocks, blocks = (b->q.len + PT - 1) / PT,
-                   lane = threadIdx.x % 32;
-    kiln_u32 bad = 0xffffffffu;
-    for (kiln_u32 i = lane; i < blocks; i += 32)
-        if (row[i] >= n_pages && i < bad)
-            bad = i;
-    bad = __reduce_min_sync(0xffffffffu, bad);
-    if (bad != 0xffffffffu) {
-        if (report && threadIdx.x == 0)
-            report_bad_page(fault, s, row, bad, n_pages);
-        return false;
-    }
-    return prefill_block_rows<BMR>(window, b);
+    b->base = b->q.len - b->q.count;
+    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
+    b->ke = b->base + rlast / G + 1;
+    b->ks = first_key(b->base + b->r0 / G, window);
+    return true;
 }
 
 // A thread's two rows: the first and last key each attends (and the greater
