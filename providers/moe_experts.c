@@ -269,6 +269,11 @@ static kiln_status tma_shared(kiln_runtime *rt, kiln__errslot *err, tma_launch *
 }
 
 typedef struct experts_launch {
+    /* The wgmma products' maps of the experts' weights (first: CUtensorMap's
+     * alignment; the struct comes from kiln__tma_calloc) and whether they are
+     * encoded: their last two parameters, past the mma.sync kernels' last. */
+    CUtensorMap gu_map, dn_map;
+    uint32_t w_tma;
     kiln_runtime *rt;
     CUfunction group, gate_up, down, combine;
     CUdeviceptr x, ids, weights, gate_up_w, down_w, shared, shared_gate, out;
@@ -282,8 +287,10 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
     void *ga[] = {&l->ids, &l->pairs, &l->rows, &l->n_tiles, &l->offsets, &l->tile_e, &l->tile_r, &l->sorted, &l->inv,
                   &fault};
-    void *ua[] = {&l->x, &l->gate_up_w, &l->h, &l->n_tiles, &l->offsets, &l->tile_e, &l->tile_r, &l->sorted};
-    void *da[] = {&l->h, &l->down_w, &l->y, &l->n_tiles, &l->offsets, &l->tile_e, &l->tile_r, &l->sorted};
+    void *ua[] = {&l->x,      &l->gate_up_w, &l->h,      &l->n_tiles, &l->offsets,
+                  &l->tile_e, &l->tile_r,    &l->sorted, &l->gu_map,  &l->w_tma};
+    void *da[] = {&l->h,      &l->down_w, &l->y,      &l->n_tiles, &l->offsets,
+                  &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma};
     void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
     const unsigned one[3] = {1, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
                    cb[3] = {l->tokens, 1, 1};
@@ -484,7 +491,7 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     kiln_spec spec;
     kiln_kernel *k, *kw = NULL; /* moe_experts, and the wgmma template's products where they are taken */
     const int wg = tl == &WGMMA;
-    experts_launch *l = calloc(1, sizeof *l);
+    experts_launch *l = kiln__tma_calloc(sizeof *l);
     if (!l)
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     l->smem = tl->smem;
@@ -523,6 +530,17 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->gu_cols = (uint32_t)I / tl->cols_gu;
     l->down_cols = (uint32_t)H / tl->cols_down;
     l->gemm_threads = tl->threads;
+    /* The wgmma products read the weights by TMA: rows of the inner
+     * dimension, boxes of 64 x 128 (gate_up's two halves of a column tile)
+     * and 64 x 256 (down's). */
+    if (wg && (uint64_t)E * (uint64_t)(2 * I) <= INT32_MAX && (uint64_t)E * (uint64_t)H <= INT32_MAX) {
+        if ((st = kiln__tma_map(rt, OP, elt, &l->gu_map, l->gate_up_w, H, E * 2 * I, 128)) ||
+            (st = kiln__tma_map(rt, OP, elt, &l->dn_map, l->down_w, I, E * H, 256))) {
+            free(l);
+            return kiln__propagate(err, st);
+        }
+        l->w_tma = 1;
+    }
     const uint64_t params[] = {l->x,   l->ids,  l->weights, l->gate_up_w, l->down_w, l->shared, l->shared_gate,
                                l->out, ws,      l->tokens,  l->rows};
     kiln_region regions[N_BINDINGS + 1];

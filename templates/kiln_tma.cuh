@@ -25,6 +25,13 @@ __device__ __forceinline__ void expect(kiln_u32 bar, kiln_u32 bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// Adds bytes to the barrier's expected transactions without arriving (for a
+// thread whose arrival comes from cp.async.mbarrier.arrive).
+__device__ __forceinline__ void expect_only(kiln_u32 bar, kiln_u32 bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void tma(kiln_u32 dst, const kiln_tmap *m, kiln_u32 c0, kiln_u32 c1, kiln_u32 bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),

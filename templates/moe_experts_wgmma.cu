@@ -9,12 +9,16 @@
 // Warp specialized, 384 threads, as templates/paged_prefill.cu:
 //   warpgroup 2, the producer: each 64-wide k-step's A rows (x gathered by
 //     token through the sorted pairs, or h's rows in order; rows past the
-//     tile's zero) and the 256 weight rows, cp.async into 128-byte-swizzled
-//     stages (kiln_wgmma.cuh's layout), STAGES of them, full and empty
-//     mbarriers;
+//     tile's zero) by cp.async, and the 256 weight rows by TMA (wmap: the
+//     experts' weights as rows of the inner dimension, boxes of 64 x 128 for
+//     gate_up's two halves, 64 x 256 for down; cp.async where w_tma is 0),
+//     into 128-byte-swizzled stages (kiln_wgmma.cuh's layout), STAGES of
+//     them, full and empty mbarriers;
 //   warpgroups 0 and 1, 64 rows each: two wgmma m64n128k16 a 16-wide step
 //     (weight rows 0-127 and 128-255 of the stage), f32 accumulators in
-//     registers, one commit group kept in flight.
+//     registers, one commit group kept in flight; the tile's outputs
+//     staged in shared memory (the stages, free by then) and written 16
+//     bytes a copy.
 // Constants: KILN_BF16, KILN_HIDDEN (H, a multiple of 256 here), KILN_INTER
 // (I, a multiple of 128 here), KILN_EXPERTS, KILN_TOP_K: the moe_experts
 // spec's (providers/moe_experts.c takes this kernel only for such sizes).
@@ -41,6 +45,7 @@
 #define STAGE_BYTES (A_BYTES + BN * 128)
 #define STAGES 4
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define OUT_LD(cols) ((cols) * 2 + 16) // bytes a staged output row: 16 more, no bank conflicts
 #define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 <= 65536
 #define CONSUMER_REGS 224
 
@@ -55,7 +60,8 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
                                               const kiln_u32 *__restrict__ offsets,
                                               const kiln_u32 *__restrict__ tile_e,
                                               const kiln_u32 *__restrict__ tile_r,
-                                              const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw)
+                                              const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw,
+                                              const kiln_tmap *wmap, kiln_u32 w_tma)
 {
     constexpr kiln_u32 KD = GATED ? H : I;   // the inner dimension
     constexpr kiln_u32 NOUT = GATED ? I : H; // output columns of a row
@@ -93,10 +99,24 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
             }
 #pragma unroll
             for (kiln_u32 i = 0; i < BN / 16; i++) {
+                if (w_tma)
+                    break;
                 const kiln_u32 rho = rr + 16 * i;
                 // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
                 const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
                 cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
+            }
+            if (w_tma && p == 0) {
+                // The weight's rows by TMA, counted before this thread's
+                // cp.async arrival (which the phase waits for).
+                const kiln_u32 bar = saddr(&full[st]), wrow = e * (GATED ? 2 * I : H) + n0;
+                expect_only(bar, BN * 128);
+                if (GATED) {
+                    tma(sb, wmap, ks * BK, wrow, bar);
+                    tma(sb + 128 * 128, wmap, ks * BK, wrow + I, bar);
+                } else {
+                    tma(sb, wmap, ks * BK, wrow, bar);
+                }
             }
             asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
         }
@@ -128,46 +148,57 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
     wgmma_wait<0>();
 
     // Registers 4 j + {0, 1}: row ra, columns 8 j + 2 (lane % 4) + {0, 1} of
-    // a half; 4 j + {2, 3}: row ra + 8.
+    // a half; 4 j + {2, 3}: row ra + 8. Each warpgroup stages its 64 rows
+    // in the stages once both warpgroups' products are done (the other may
+    // still read any stage until then), then copies them out 16 bytes a copy.
+    asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+    constexpr kiln_u32 COLS = GATED ? BN / 2 : BN, LD = OUT_LD(COLS);
     const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const kiln_u32 r = ra + 8 * half;
-        if (r >= nrows)
-            continue;
-        kiln_elt *out = dst + (kiln_u64)(r0 + r) * NOUT + n0 + 2 * (lane % 4);
+        unsigned char *row = sm + (ra + 8 * half) * LD + 4 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const float *g = &d0[4 * j + 2 * half], *u = &d1[4 * j + 2 * half];
             if (GATED) {
-                *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
+                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
                                                              g[1] / (1.0f + __expf(-g[1])) * u[1]);
             } else {
-                *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(g[0], g[1]);
-                *(kiln_u32 *)(out + 128 + 8 * j) = kiln_f32_to_e2(u[0], u[1]);
+                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0], g[1]);
+                *(kiln_u32 *)(row + 256 + 16 * j) = kiln_f32_to_e2(u[0], u[1]);
             }
         }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+    constexpr kiln_u32 CH = COLS / 8; // 16-byte chunks a row
+#pragma unroll 4
+    for (kiln_u32 c = tid % 128; c < 64 * CH; c += 128) {
+        const kiln_u32 r = wg * 64 + c / CH, q = c % CH;
+        if (r < nrows)
+            kiln_stg16(dst + (kiln_u64)(r0 + r) * NOUT + n0 + q * 8, *(const kiln_u32x4 *)(sm + r * LD + q * 16));
     }
 }
 #endif
 
 extern __shared__ __align__(1024) unsigned char smem[];
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_gate_up_w(KILN_MOE_GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_moe_gate_up_w(KILN_MOE_GEMM_ARGS, const __grid_constant__ kiln_tmap wmap, kiln_u32 w_tma)
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    grouped_wgmma<true>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem);
+    grouped_wgmma<true>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, w_tma);
 #else
     __trap(); // wgmma needs sm_90a: providers/moe_experts.c takes this kernel only there
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) kiln_moe_down_w(KILN_MOE_GEMM_ARGS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_moe_down_w(KILN_MOE_GEMM_ARGS, const __grid_constant__ kiln_tmap wmap, kiln_u32 w_tma)
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    grouped_wgmma<false>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem);
+    grouped_wgmma<false>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, w_tma);
 #else
     __trap();
 #endif
