@@ -13,9 +13,8 @@
  * SMs: 132 on an H200). --prefill: prefill alone at Llama-3-8B's heads with
  * head_dim 128 and 64: 1 x 512, 1 x 4096, 4 x 1024, 1 x 16384 tokens, 512
  * new tokens after 3584 cached (chunked prefill), each through the kernel
- * kiln picks ("kernel":"picked": wgmma on sm_90), the mma.sync one ("mma"),
- * the CUDA-core one ("cuda_core") and sm_90's wgmma one with 128 and 64 rows
- * a block ("wgmma128", "wgmma64"); bench/peer_torch_sdpa.py times torch's
+ * kiln picks ("kernel":"picked": wgmma on sm_90) and the CUDA-core one
+ * ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
  * scaled_dot_product_attention at the same shapes.
  *
  * --only S,CTX,N: that prefill shape alone (for a profiler). --dtype bf16:
@@ -245,9 +244,8 @@ int main(int argc, char **argv)
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
         static const int64_t dims[] = {128, 64};
-        /* Indexed by the forced kernel (KILN__PREFILL_*). */
-        static const char *const kernels[] = {"picked", "mma", "cuda_core", "wgmma128", "wgmma64"};
-        for (int k = 0; k < 5; k++) {
+        static const char *const kernels[] = {"picked", "mma", "cuda_core"};
+        for (int k = 0; k < 3; k++) {
             g_kernel = kernels[k];
             kiln__paged_attention_set_prefill_kernel(k);
             for (int d = 0; d < 2; d++)

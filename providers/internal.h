@@ -184,10 +184,9 @@ void kiln__paged_attention_set_split_target(uint32_t blocks);
  * where it would take the one-kernel one; process-wide. */
 void kiln__paged_attention_set_two_kernel_decode(int on);
 /* Test hook: a prefill encode takes the mma.sync attention kernel
- * (templates/paged_prefill_mma.cu), the CUDA-core one (templates/paged_attention.cu),
- * or on sm_90 the wgmma one with 128 or 64 rows a block, where it would take
- * another (0: as the device and the shape say); process-wide. */
-enum { KILN__PREFILL_MMA = 1, KILN__PREFILL_CUDA_CORE = 2, KILN__PREFILL_WGMMA_128 = 3, KILN__PREFILL_WGMMA_64 = 4 };
+ * (templates/paged_prefill_mma.cu) or the CUDA-core one (templates/paged_attention.cu)
+ * where it would take another (0: as the device says); process-wide. */
+enum { KILN__PREFILL_MMA = 1, KILN__PREFILL_CUDA_CORE = 2 };
 void kiln__paged_attention_set_prefill_kernel(int which);
 /* Test hook: 3 or 4 makes the one-kernel decode take that many stages
  * whatever its grid (4 where the device allows its shared memory); 0 (or

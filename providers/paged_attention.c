@@ -43,11 +43,10 @@ static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test
 
 /* For the GPU tests and benchmarks: prefill on the kernel another device
  * would take (KILN__PREFILL_MMA: sm_80 on without wgmma; KILN__PREFILL_CUDA_CORE:
- * before sm_80) or another shape would (KILN__PREFILL_WGMMA_128, _64: sm_90's
- * row counts), where the device allows it. Read at encode; process-wide. */
+ * before sm_80), where the device allows it. Read at encode; process-wide. */
 void kiln__paged_attention_set_prefill_kernel(int which)
 {
-    atomic_store(&prefill_forced, which >= KILN__PREFILL_MMA && which <= KILN__PREFILL_WGMMA_64 ? which : 0);
+    atomic_store(&prefill_forced, which == KILN__PREFILL_MMA || which == KILN__PREFILL_CUDA_CORE ? which : 0);
 }
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
@@ -74,14 +73,14 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
 /* The wgmma prefill kernel's threads and shared memory (templates/paged_prefill.cu's
- * THREADS and SMEM_BYTES) for rows 128 or 64 a block: q for the rows; 3
- * stages (4 at head_dim 64) of K and V tiles of 128 keys, or for 64 rows 2
- * (4) of 64 keys; and 1024 bytes of slack to align them. */
-static unsigned prefill_threads(int64_t rows) { return rows == 128 ? 384u : 256u; }
-static unsigned prefill_smem(int64_t head_dim, int64_t rows)
+ * THREADS and SMEM_BYTES): q for 128 rows, 3 stages (4 at head_dim 64) of K
+ * and V tiles of 128 keys, and 1024 bytes of slack to align them. */
+#define PREFILL_THREADS 384
+#define PREFILL_BM 128
+static unsigned prefill_smem(int64_t head_dim)
 {
-    const unsigned stages = head_dim == 64 ? 4u : rows == 128 ? 3u : 2u, bn = rows == 128 ? 128u : 64u;
-    return (unsigned)(rows * head_dim * 2 + stages * 2 * bn * head_dim * 2 + 1024);
+    const unsigned stages = head_dim == 128 ? 3u : 4u;
+    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * 128 * head_dim * 2 + 1024);
 }
 
 /* The mma.sync prefill kernel's (templates/paged_prefill_mma.cu): 128 threads,
@@ -107,14 +106,6 @@ static kiln_status layout_spec(kiln_dtype elt, const char *tmpl, int64_t head_di
         (st = kiln_spec_set(out, "PAGE_TOKENS", pt)))
         return st;
     return KILN_OK;
-}
-
-/* The wgmma prefill's spec: the head layout and its rows a block. */
-static kiln_status wgmma_prefill_spec(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int64_t rows,
-                                      kiln_spec *out)
-{
-    kiln_status st = layout_spec(elt, "paged_prefill", head_dim, heads, kv_heads, out);
-    return st ? st : kiln_spec_set(out, "ROWS", rows);
 }
 
 /* Its dynamic shared memory. */
@@ -254,13 +245,9 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
             return st;
         return KILN_OK;
     }
-    if (sm == 90) { /* both row counts: the shape picks one (prefill_rows) */
-        for (int64_t rows = 128; rows >= 64; rows /= 2)
-            if ((st = wgmma_prefill_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec)))
-                return st;
-    } else if (sm >= 80 && ((st = layout_spec(elt, "paged_prefill_mma", d, h, kvh, &spec)) || (st = sink(user, &spec)))) {
+    if (sm >= 80 && ((st = layout_spec(elt, sm == 90 ? "paged_prefill" : "paged_prefill_mma", d, h, kvh, &spec)) ||
+                     (st = sink(user, &spec))))
         return st;
-    }
     if ((!sm || sm >= 80) &&
         ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 1, &spec)) || (st = sink(user, &spec))))
         return st;
@@ -627,16 +614,6 @@ static kiln_status decode_setup(kiln_runtime *rt, CUfunction fn, int sm, int sms
     return KILN_OK;
 }
 
-/* The wgmma prefill's rows a block for a command's shape: 64 (two blocks an
- * SM, a block's fixed costs overlapping the other's products) where the
- * sequences are short, 128 (two warpgroups taking turns, each K and V tile
- * read once for 128 rows) where they are long. */
-static int64_t prefill_rows(const kiln__paged_attention_info *in, int sms)
-{
-    (void)sms;
-    return in->max_query <= 1024 ? 64 : 128;
-}
-
 kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_attention_desc *desc, kiln_command **cmd)
 {
     kiln_runtime *rt;
@@ -687,34 +664,30 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     /* Prefill from sm_80 on: the attention on the tensor cores (the append
      * stays), wgmma on sm_90 and mma.sync elsewhere, where the device gives
      * a block its shared memory; the CUDA-core kernel before. */
-    unsigned attention_threads = THREADS, attention_smem = 0, prefill_bn = 128;
+    unsigned attention_threads = THREADS, attention_smem = 0;
     int prefill_wgmma = 0;
     const int forced = atomic_load(&prefill_forced);
     if (!in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && forced != KILN__PREFILL_CUDA_CORE) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
-        const int64_t rows = forced == KILN__PREFILL_WGMMA_128 ? 128
-                             : forced == KILN__PREFILL_WGMMA_64 ? 64
-                                                                : prefill_rows(&in, sms);
         kiln_kernel *kp;
         void *fp = NULL;
-        if ((st = wgmma ? wgmma_prefill_spec(elt, in.head_dim, in.heads, in.kv_heads, rows, &spec)
-                        : layout_spec(elt, "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads, &spec)) ||
+        if ((st = layout_spec(elt, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
+                               &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
             (st = kiln__runtime_enter(rt)))
             return kiln__propagate(err, st);
-        const unsigned want = wgmma ? prefill_smem(in.head_dim, rows) : prefill_mma_smem(in.head_dim);
-        const uint64_t bm = wgmma ? (uint64_t)rows : PREFILL_MMA_BM;
+        const unsigned want = wgmma ? prefill_smem(in.head_dim) : prefill_mma_smem(in.head_dim);
+        const uint64_t bm = wgmma ? PREFILL_BM : PREFILL_MMA_BM;
         CUresult r =
             kiln__function_set_attribute(rt, (CUfunction)fp, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)want);
         if (r == CUDA_SUCCESS) {
             k = kp;
             fb = fp;
             tiles = (uint32_t)(((uint64_t)in.max_query * (uint64_t)(in.heads / in.kv_heads) + bm - 1) / bm);
-            attention_threads = wgmma ? prefill_threads(rows) : PREFILL_MMA_THREADS;
+            attention_threads = wgmma ? PREFILL_THREADS : PREFILL_MMA_THREADS;
             attention_smem = want;
             prefill_wgmma = wgmma;
-            prefill_bn = rows == 128 ? 128u : 64u;
         } else if (r != CUDA_ERROR_INVALID_VALUE) {
             return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");
         }
@@ -752,11 +725,11 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
     /* The wgmma prefill reads whole pages by TMA where a page's tokens are a
-     * multiple of 8 dividing its tiles of keys (templates/paged_prefill.cu's
+     * multiple of 8 dividing its 128-key tiles (templates/paged_prefill.cu's
      * KV_TMA): the arena as rows of head_dim elements, boxes of 64 x the page's tokens. */
     const uint64_t map_rows = (uint64_t)in.pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in.head_dim));
     l->wgmma = prefill_wgmma;
-    if (prefill_wgmma && in.page_tokens % 8 == 0 && prefill_bn % in.page_tokens == 0 && map_rows <= UINT32_MAX) {
+    if (prefill_wgmma && in.page_tokens % 8 == 0 && 128 % in.page_tokens == 0 && map_rows <= UINT32_MAX) {
         if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)map_rows, in.page_tokens))) {
             free(l);
             return kiln__propagate(err, st);

@@ -2,11 +2,10 @@
 // attention half of include/kiln/op_attention.h for commands of more than one
 // new token a sequence; kiln_paged_append (templates/paged_attention.cu) runs
 // first and writes the rotated k and v to the pages.
-// A block takes ROWS (128 or 64) query rows of one sequence and kv head, row
-// r = token * G + head within the group, so a GQA group's query heads share
-// every K and V tile. Warp specialized, 384 threads (ROWS 128) or 256 (64):
-//   the last warpgroup, the producer: copy the K and V tiles of BN keys (128,
-//     or 64 where ROWS is 64) from the
+// A block takes 128 query rows of one sequence and kv head, row r = token *
+// G + head within the group, so a GQA group's query heads share every K and
+// V tile. Warp specialized, 288 threads:
+//   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
 //     sequence's pages into shared memory through STAGES stages, each with a
 //     full and an empty mbarrier, into 128-byte-swizzled panels
 //     (templates/kiln_wgmma.cuh): where a tile's keys are whole pages (KV_TMA:
@@ -16,18 +15,14 @@
 //     for the tile that holds the end, cp.async, 16 bytes a copy, a page
 //     lookup a key, zeros past the end (ncu had the cp.async producer at a
 //     quarter of a 4 x 1024 block's issued samples);
-//   warpgroups 0 and 1 (0 alone where ROWS is 64), the consumers, 64 rows each:
-//     S = Q K^T   wgmma m64n{BN}k16, Q and K from shared memory (K-major);
+//   warpgroups 0 and 1, the consumers, 64 rows each:
+//     S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
 //     O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
 //                 into kiln_elt in place: the accumulator's layout is the A
 //                 operand's), V from shared memory (N-major).
-//     Two take turns to issue their products (two named barriers, as
+//     They take turns to issue their products (two named barriers, as
 //     FlashAttention-3's ping-pong): one warpgroup's softmax runs on the
-//     CUDA cores while the other's product runs on the tensor cores. Where
-//     ROWS is 64, a block is small enough (registers, shared memory) for
-//     two an SM, whose warpgroups overlap so, and one block's fixed costs
-//     (the sequence checks, q's load, the first tile, the output) overlap
-//     the other's products: the short sequences' case.
+//     CUDA cores while the other's product runs on the tensor cores.
 // q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to kiln_elt
 // once, in shared memory for the whole block; the softmax runs online in f32
 // with exp2, and P is rounded to kiln_elt for its product, as FlashAttention
@@ -42,8 +37,7 @@
 // arena as RPP rows of D elements a page in boxes of 64 x PT, 128-byte
 // swizzle, read where KV_TMA and kv_tma != 0.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
-// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS, KILN_ROWS (128, 64). Grid: x =
-// row tiles, y = kv head, z = sequence; THREADS
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
 // restates both).
 #include "kiln_reduce.cuh"
@@ -57,31 +51,19 @@
 #define KVH KILN_KV_HEADS
 #define G (NH / KVH)
 #define PT KILN_PAGE_TOKENS
-#if KILN_ROWS == 128
-#define CONSUMERS 256           // two consumer warpgroups
+#define THREADS 384             // two consumer warpgroups and the producer warpgroup
+#define CONSUMERS 256
+#define BM 128                  // query rows a block: 64 a warpgroup
 #define BN 128                  // keys a tile
 #define STAGES (D == 128 ? 3 : 4)
-#define MIN_BLOCKS 1
-#define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
-#define CONSUMER_REGS 232
-#elif KILN_ROWS == 64
-#define CONSUMERS 128           // one consumer warpgroup
-#define BN 64
-#define STAGES (D == 128 ? 2 : 4) // two blocks an SM: 2 x 81 KiB at head_dim 128
-#define MIN_BLOCKS 2
-#define PRODUCER_REGS 40        // 128 x 40 + 128 x 216 = 65536 / 2
-#define CONSUMER_REGS 216
-#else
-#error "KILN_ROWS must be 128 or 64"
-#endif
-#define BM KILN_ROWS            // query rows a block: 64 a warpgroup
-#define THREADS (CONSUMERS + 128) // and the producer warpgroup
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
+#define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
 #define BAR_OUT 4               // and 4 + w: warpgroup w's output is staged
@@ -115,43 +97,16 @@ __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
     fence_proxy_async();
 }
 
-#if BN == 128
-#define WGMMA_SS_FIRST wgmma_ss_n128_first
-#define WGMMA_SS wgmma_ss_n128
-#else
-#define WGMMA_SS_FIRST wgmma_ss_n64_first
-#define WGMMA_SS wgmma_ss_n64
-#endif
-
 // Issues sc = Q K_n^T for warpgroup wg's 64 rows (one commit group).
 __device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
 {
     const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
-    WGMMA_SS_FIRST(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
+    wgmma_ss_n128_first(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
-        WGMMA_SS(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
-                 wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
+        wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+                      wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
     wgmma_commit();
-}
-
-// The turns of two consumer warpgroups (none for one).
-__device__ __forceinline__ void turn_wait(kiln_u32 id)
-{
-#if CONSUMERS == 256
-    named_sync(id);
-#else
-    (void)id;
-#endif
-}
-
-__device__ __forceinline__ void turn_pass(kiln_u32 id)
-{
-#if CONSUMERS == 256
-    named_arrive(id);
-#else
-    (void)id;
-#endif
 }
 
 // Issues o += P V with V at shared address vst (one commit group).
@@ -170,7 +125,7 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
@@ -254,7 +209,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     // warpgroup 1 skips the last hand-over so that no arrival is left over.
     const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
     if (wg == 1)
-        turn_pass(other_turn);
+        named_arrive(other_turn);
 
     // Tile n's scores come while tile n - 1's P V is computed (as
     // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
@@ -263,21 +218,21 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     float sc[BN / 2], scale_a, scale_b;
     kiln_u32 p[BN / 16][4];
     wait_tile(full, 0);
-    turn_wait(my_turn);
+    named_sync(my_turn);
     wgmma_fence();
     scores(sc, sq, skv, wg, 0);
-    turn_pass(other_turn);
+    named_arrive(other_turn);
     wgmma_wait<0>();
     prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
     prefill_pack<BN>(sc, p);
     for (kiln_u32 n = 1; n < ntiles; n++) {
         const kiln_u32 pst = (n - 1) % STAGES;
         wait_tile(full, n);
-        turn_wait(my_turn);
+        named_sync(my_turn);
         wgmma_fence();
         scores(sc, sq, skv, wg, n);
         product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
-        turn_pass(other_turn);
+        named_arrive(other_turn);
         wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
         prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
         wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
@@ -287,11 +242,11 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     }
     {
         const kiln_u32 pst = (ntiles - 1) % STAGES;
-        turn_wait(my_turn);
+        named_sync(my_turn);
         wgmma_fence();
         product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
         if (wg == 0)
-            turn_pass(other_turn);
+            named_arrive(other_turn);
         wgmma_wait<0>();
         asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
     }

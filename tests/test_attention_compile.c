@@ -93,16 +93,12 @@ static kiln_spec fallback_spec(int64_t head_dim, int64_t heads, int64_t kv_heads
 
 /* The tensor-core prefill an architecture takes: wgmma on sm_90, mma.sync
  * elsewhere from sm_80 on. */
-/* The tensor-core prefill's spec: mma.sync (wgmma_rows 0) or sm_90's wgmma
- * kernel with wgmma_rows (128 or 64) rows a block. */
-static kiln_spec tc_prefill_spec_elt(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma_rows)
+static kiln_spec tc_prefill_spec_elt(kiln_dtype elt, int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
 {
     kiln_spec s;
     uint32_t pt;
     KILN_CHECK(kiln_op_paged_attention_page_tokens(head_dim, kv_heads, &pt));
-    KILN_CHECK(kiln_spec_init(&s, wgmma_rows ? "paged_prefill" : "paged_prefill_mma"));
-    if (wgmma_rows)
-        KILN_CHECK(kiln_spec_set(&s, "ROWS", wgmma_rows));
+    KILN_CHECK(kiln_spec_init(&s, wgmma ? "paged_prefill" : "paged_prefill_mma"));
     KILN_CHECK(kiln_spec_set(&s, "BF16", elt == KILN_DTYPE_BF16));
     KILN_CHECK(kiln_spec_set(&s, "HEAD_DIM", head_dim));
     KILN_CHECK(kiln_spec_set(&s, "HEADS", heads));
@@ -111,9 +107,9 @@ static kiln_spec tc_prefill_spec_elt(kiln_dtype elt, int64_t head_dim, int64_t h
     return s;
 }
 
-static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma_rows)
+static kiln_spec tc_prefill_spec(int64_t head_dim, int64_t heads, int64_t kv_heads, int wgmma)
 {
-    return tc_prefill_spec_elt(KILN_DTYPE_F16, head_dim, heads, kv_heads, wgmma_rows);
+    return tc_prefill_spec_elt(KILN_DTYPE_F16, head_dim, heads, kv_heads, wgmma);
 }
 
 /* head_dim 64 and 128; group sizes 1, 4, 7 (the GPU test's), 16 and 32
@@ -142,9 +138,8 @@ static void test_every_path_compiles_for_sm90(void **state)
                 if (st)
                     fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
                 total++;
-                /* And the wgmma prefill, sm_90's: 128 rows every layout, 64 the first four. */
-                for (int rows = 128; !decode && rows >= (i < 4 ? 64 : 128); rows /= 2) {
-                    s = tc_prefill_spec_elt(elt, d, layouts[i].heads, layouts[i].kv_heads, rows);
+                if (!decode) { /* and the wgmma prefill, sm_90's */
+                    s = tc_prefill_spec_elt(elt, d, layouts[i].heads, layouts[i].kv_heads, 1);
                     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                     if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
                         fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
@@ -227,13 +222,11 @@ static void test_fallback_archs_list_the_two_kernel_decode(void **state)
     static const char *const fits[] = {NULL, "bogus", "sm_80", "sm_87", "sm_90", "sm_90a", "sm_100", "sm_103"};
     for (size_t i = 0; i < sizeof fits / sizeof fits[0]; i++) {
         spec_set l = arch_specs(128, 32, 8, fits[i]);
-        const int sm90 = fits[i] && !strncmp(fits[i], "sm_90", 5);
-        const kiln_spec tc = tc_prefill_spec(128, 32, 8, sm90 ? 128 : 0), tc64 = tc_prefill_spec(128, 32, 8, 64);
-        assert_int_equal(l.n, i < 2 ? 2 : sm90 ? 4 : 3); /* sm_90: both row counts of the wgmma prefill */
+        const kiln_spec tc = tc_prefill_spec(128, 32, 8, fits[i] && !strncmp(fits[i], "sm_90", 5));
+        assert_int_equal(l.n, i < 2 ? 2 : 3);
         assert_true(has_spec(l.items, l.n, &prefill));
         assert_true(has_spec(l.items, l.n, &decode));
         assert_true(i < 2 || has_spec(l.items, l.n, &tc));
-        assert_true(!sm90 || has_spec(l.items, l.n, &tc64));
     }
     static const char *const short_smem[] = {"sm_86", "sm_89", "sm_120", "sm_121", "sm_120f"};
     const kiln_spec mma = tc_prefill_spec(128, 32, 8, 0);
@@ -350,10 +343,8 @@ static void test_bf16_specs_listed_and_compiled(void **state)
                     fail_msg("%s, %s %s: %s", archs[a], b.items[k].template_id, text, kiln_errmsg());
             }
             if (!strcmp(archs[a], "sm_90")) {
-                const kiln_spec wg = tc_prefill_spec_elt(KILN_DTYPE_BF16, ls[i].d, ls[i].h, ls[i].kvh, 128),
-                                wg64 = tc_prefill_spec_elt(KILN_DTYPE_BF16, ls[i].d, ls[i].h, ls[i].kvh, 64);
+                const kiln_spec wg = tc_prefill_spec_elt(KILN_DTYPE_BF16, ls[i].d, ls[i].h, ls[i].kvh, 1);
                 assert_true(has_spec(b.items, b.n, &wg));
-                assert_true(has_spec(b.items, b.n, &wg64));
             }
             listed += b.n;
         }

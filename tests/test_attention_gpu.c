@@ -652,17 +652,6 @@ static void test_prefill_mma(void **state) { prefill_forced(*state, KILN__PREFIL
 
 static void test_prefill_cuda_core(void **state) { prefill_forced(*state, KILN__PREFILL_CUDA_CORE); }
 
-/* sm_90's wgmma kernel with each row count whatever the shape picks (the
- * mma.sync kernel elsewhere), f16 and bf16. */
-static void test_prefill_wgmma_rows(void **state)
-{
-    prefill_forced(*state, KILN__PREFILL_WGMMA_64);
-    prefill_forced(*state, KILN__PREFILL_WGMMA_128);
-    next_cfg.elt = KILN_DTYPE_BF16;
-    prefill_forced(*state, KILN__PREFILL_WGMMA_64);
-    next_cfg.elt = KILN_DTYPE_F16;
-}
-
 /* Several sequences packed, each with a cached prefix (chunked prefill). */
 static void test_prefill_packed_with_prefixes(void **state) { prefill_packed(*state); }
 
@@ -1127,22 +1116,20 @@ static void rope_case(gpu_fixture *f, layout L, kiln_dtype elt, int64_t rope_dim
     next_cfg.scaling = scaling;
     next_cfg.rope_dim = rope_dim;
     enum { S = 3 };
-    uint32_t ctx[S], cap[S], count[S][5], one[S] = {1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
         cap[i] = ctx[i] + 2;
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 3; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 40 : 200);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[5] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_WGMMA_128,
-                                   KILN__PREFILL_WGMMA_64};
-    static const char *const names[5] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core",
-                                         "rope prefill wgmma 128", "rope prefill wgmma 64"};
-    for (int k = 0; k < 5; k++) {
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1184,22 +1171,20 @@ static void window_case(gpu_fixture *f, layout L, kiln_dtype elt, uint32_t W)
     next_cfg.elt = elt;
     next_cfg.window = W;
     enum { S = 4 };
-    uint32_t ctx[S], cap[S], count[S][5], one[S] = {1, 1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : i == 1 ? kiln_rng_below(&f->rng, W + 1) : W + kiln_rng_below(&f->rng, quick() ? 300 : 3000);
         cap[i] = ctx[i] + 3;
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 3; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 100 : 2 * W + 300);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[5] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_WGMMA_128,
-                                   KILN__PREFILL_WGMMA_64};
-    static const char *const names[5] = {"window prefill", "window prefill mma", "window prefill cuda-core",
-                                         "window prefill wgmma 128", "window prefill wgmma 64"};
-    for (int k = 0; k < 5; k++) {
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"window prefill", "window prefill mma", "window prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k], count[3][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1459,7 +1444,6 @@ int main(void)
         T(test_prefill_packed_with_prefixes),
         T(test_prefill_mma),
         T(test_prefill_cuda_core),
-        T(test_prefill_wgmma_rows),
         T(test_decode),
         T(test_decode_split_lengths),
         T(test_decode_every_cluster_size),
