@@ -98,6 +98,7 @@
 #define WPM (8 / WM)                // warps per m-block of the state
 #define NPK (DKP / 16)              // pairs of n-tiles across the key dim
 #define NPW ((NPK + WPM - 1) / WPM) // of them a warp
+#define NPK_OK(p) (NPK % WPM == 0 || (p) < NPK) // a warp's pair p = wr + i WPM is within the key dim
 #define QK_EPS 1e-6f
 
 struct chunk_at {
@@ -264,24 +265,36 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_el
 {
     const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
 #if KILN_VEC == 8
-    constexpr int KP = DKP / 8, VP = KILN_ROWS / 8;
-    for (int e = tid; e < 2 * C * KP; e += THREADS) {
-        const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
-        const bool ok = base + r < count && p * 8 < KILN_DK;
-        const kiln_elt *src = which ? q : k;
-        const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_elt *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
-        cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
+    // Loops of a fixed count a thread, unrolled (a thread's e = tid + i
+    // THREADS): the chunk's loads are on its chain, and a loop whose count
+    // the compiler cannot see is a branch and a convergence barrier a copy.
+    constexpr int KP = DKP / 8, VP = KILN_ROWS / 8, NKQ = 2 * C * KP, NV = C * VP;
+#pragma unroll 4 // fully: spills at 64 rows a block
+    for (int i = 0; i < (NKQ + THREADS - 1) / THREADS; i++) {
+        const int e = tid + i * THREADS;
+        if (NKQ % THREADS == 0 || e < NKQ) {
+            const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
+            const bool ok = base + r < count && p * 8 < KILN_DK;
+            const kiln_elt *src = which ? q : k;
+            const kiln_u64 t = (kiln_u64)start + base + r;
+            const kiln_elt *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
+            cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
+        }
     }
-    for (int e = tid; e < C * VP; e += THREADS) {
-        const int r = e / VP, p = e % VP;
-        const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
-        const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
-        cp16(&sm.v[st][r][p * 8], at, ok);
+#pragma unroll
+    for (int i = 0; i < (NV + THREADS - 1) / THREADS; i++) {
+        const int e = tid + i * THREADS;
+        if (NV % THREADS == 0 || e < NV) {
+            const int r = e / VP, p = e % VP;
+            const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
+            const kiln_u64 t = (kiln_u64)start + base + r;
+            const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
+            cp16(&sm.v[st][r][p * 8], at, ok);
+        }
     }
-    for (int e = tid; e < 2 * C; e += THREADS) {
-        const int r = e % C;
+    static_assert(2 * C <= THREADS, "one g or beta a thread");
+    if (tid < 2 * C) {
+        const int e = tid, r = e % C;
         const bool ok = base + r < count;
         const float *src = e < C ? g : beta;
         const float *at = ok ? src + ((kiln_u64)start + base + r) * KILN_VH + h : src;
@@ -455,7 +468,7 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 #pragma unroll
             for (int i = 0; i < NPW; i++) {
                 const int p = wr + i * WPM;
-                if (p < NPK)
+                if (NPK_OK(p))
 #pragma unroll
                     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -515,8 +528,11 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 #else
                 const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
                 float ss = 0.0f;
-                for (int p = hl; p < DKP / 8; p += 16) {
-                    const kiln_u32x4 x = *reinterpret_cast<const kiln_u32x4 *>(row + p * 8);
+                // A fixed count of vectors a lane (DKP / 8 <= 16: at most
+                // one), so that the rows' loads and sums interleave.
+                constexpr int PV = DKP / 8;
+                if (PV == 16 || hl < PV) {
+                    const kiln_u32x4 x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
                     const kiln_u32 words[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
@@ -908,7 +924,7 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 #pragma unroll
                 for (int i = 0; i < NPW; i++) {
                     const int p = wr + i * WPM;
-                    if (p < NPK) {
+                    if (NPK_OK(p)) {
                         kiln_u32 b[4];
                         ldsm4t(&sm.k[st][ks * 16 + tk][p * 16 + tn], b);
 #pragma unroll
