@@ -13,7 +13,10 @@
  * prefill shapes. --dtype picks the element type of q, k, v and out (f16 or
  * bf16; the state, g and beta are f32 either way), named in each line.
  *
- * Usage: bench_recurrent [--iters 20] [--reps 5] [--dtype f16|bf16]
+ * --only S,L: the shapes of S sequences of L tokens alone (for a profiler:
+ * e.g. --only 1,16384, the chunked kernel at one long sequence).
+ *
+ * Usage: bench_recurrent [--iters 20] [--reps 5] [--dtype f16|bf16] [--only S,L]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +70,7 @@ int main(int argc, char **argv)
     long iters = 20, reps = 5;
     kiln_dtype elt = KILN_DTYPE_F16;
     int bad = 0;
+    long only_s = 0, only_l = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = bench_parse_positive(argv[i + 1]);
@@ -76,11 +80,15 @@ int main(int argc, char **argv)
             elt = KILN_DTYPE_F16;
         else if (!strcmp(argv[i], "--dtype") && !strcmp(argv[i + 1], "bf16"))
             elt = KILN_DTYPE_BF16;
-        else
+        else if (!strcmp(argv[i], "--only")) {
+            char tail;
+            if (sscanf(argv[i + 1], "%ld,%ld%c", &only_s, &only_l, &tail) != 2 || only_s <= 0 || only_l <= 0)
+                bad = 1;
+        } else
             bad = 1;
     }
     if (iters <= 0 || reps <= 0 || bad || argc % 2 == 0) {
-        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N] [--dtype f16|bf16]\n");
+        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N] [--dtype f16|bf16] [--only S,L]\n");
         return 2;
     }
     /* q, k, v filled with one byte: about 1.06, 0.9 and 1.06 in f16; 0.75 in bf16. */
@@ -107,6 +115,8 @@ int main(int argc, char **argv)
         fail("setup", KILN_ERR_HOST_OUT_OF_MEMORY);
     for (size_t i = 0; i < sizeof g_shapes / sizeof g_shapes[0]; i++) {
         const shape *sh = &g_shapes[i];
+        if (only_s && (sh->seqs != only_s || sh->span != only_l))
+            continue;
         const int64_t S = sh->seqs, T = S * sh->span;
         size_t state_bytes;
         CHECK("setup", kiln_op_gated_delta_state_bytes(S, VH, DV, DK, &state_bytes));
