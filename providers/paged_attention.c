@@ -473,8 +473,7 @@ typedef struct attn_launch {
      * alignment; the struct comes from kiln__tma_calloc). */
     CUtensorMap kvmap;
     uint32_t kv_tma;  /* whether kvmap is encoded (the kernel's argument) */
-    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kv_tma, tiles, seqs */
-    uint32_t persist; /* and its blocks (persistent: at most the SMs) */
+    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kv_tma */
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
     /* The attention's block and shared memory: 384 (wgmma) or 128 (mma.sync)
@@ -531,13 +530,9 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kv_tma,
-                         &l->attention_tiles, &l->seqs};
-    /* kvmap to seqs are the wgmma prefill's last parameters; the other
+                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kv_tma};
+    /* kvmap and kv_tma are the wgmma prefill's last two parameters; the other
      * attention kernels end at fault, and the driver reads no further. */
-    if (l->wgmma)
-        return launch3(ctx, l->rt, l->attention, l->persist, 1, 1, l->attention_threads, l->attention_smem, attn_args,
-                       "cuLaunchKernel (paged_attention)");
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
@@ -748,19 +743,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->kv_heads = (uint32_t)in.kv_heads;
     l->append_tiles = in.append_tiles;
     l->attention_tiles = tiles;
-    if (l->wgmma) {
-        /* The persistent wgmma prefill: a block an SM (one fits), never more
-         * blocks than work items. */
-        const uint64_t items = (uint64_t)tiles * (uint64_t)in.kv_heads * (uint64_t)in.seqs;
-        const uint64_t most = sms > 0 ? (uint64_t)sms : 1;
-        if (items > UINT32_MAX) {
-            free(l);
-            return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT,
-                              OP ": %u row tiles x %u kv heads x %u sequences exceed the prefill's 2^32 work items",
-                              tiles, (unsigned)in.kv_heads, (unsigned)in.seqs);
-        }
-        l->persist = (uint32_t)(items < most ? (items ? items : 1) : most);
-    }
     l->splits = splits;
     l->window = d->sliding_window ? d->sliding_window : UINT32_MAX;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */

@@ -100,7 +100,7 @@ struct seq_info {
 
 // Reads and checks sequence s's span and length (no synchronization).
 // Returns false when the sequence has no new tokens or is bad; a bad one is
-// reported by the threads that pass report (one a block).
+// reported when report is set.
 __device__ bool sequence_header(kiln_u32 s, const kiln_u32 *__restrict__ seq_lens, const kiln_u32 *__restrict__ spans,
                                 kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault,
                                 bool report, seq_info *out)
@@ -128,7 +128,7 @@ __device__ bool sequence_header(kiln_u32 s, const kiln_u32 *__restrict__ seq_len
         limit = (kiln_u64)max_blocks * PT;
     }
     if (code) {
-        if (report)
+        if (report && threadIdx.x == 0)
             kiln_report_fault(fault, code, s, value, limit);
         return false;
     }
@@ -162,7 +162,7 @@ __device__ bool load_sequence(kiln_u32 s, const kiln_u32 *__restrict__ table, co
                               kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault, bool report, seq_info *out)
 {
     __shared__ kiln_u32 bad_block;
-    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report && threadIdx.x == 0, out))
+    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, out))
         return false;
     // Every page the sequence reads must lie in the arena.
     if (threadIdx.x == 0)

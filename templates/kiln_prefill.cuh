@@ -139,103 +139,6 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
     }
 }
 
-// The persistent wgmma kernel's q in two steps, so that no global load is on
-// its consumers' path between items: rows [r0, r0 + BMR) of the block's, as
-// stored, into the swizzled tile at shared address sq by the producer's
-// threads me of n (cp.async where q and its stride allow 16 bytes, rows past
-// the sequence's zero), and the positions of the tile's tokens into pos; then
-// prefill_rope_q rotates and scales them in place.
-template <int BMR>
-__device__ __forceinline__ void prefill_copy_q(kiln_u32 sq, kiln_u32 *pos, const kiln_elt *__restrict__ qin,
-                                               kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
-                                               const seq_info &q, kiln_u32 h, kiln_u32 r0, kiln_u32 me, kiln_u32 n)
-{
-    const kiln_u32 tok0 = r0 / G, ntok = (r0 + BMR - 1) / G + 1 - tok0;
-    for (kiln_u32 i = me; i < ntok; i += n)
-        pos[i] = tok0 + i < q.count ? positions[q.start + tok0 + i] : 0u;
-    const bool vec = ((kiln_u64)qin & 15u) == 0 && q_stride % 8 == 0;
-#pragma unroll 4
-    for (kiln_u32 e = me; e < BMR * (D / 8); e += n) {
-        const kiln_u32 r = e / (D / 8), c = e % (D / 8) * 8, row = r0 + r, tl = row / G;
-        const bool live = tl < q.count;
-        const kiln_elt *src = qin + (kiln_u64)(q.start + (live ? tl : 0u)) * q_stride + (kiln_u64)(h * G + row % G) * D + c;
-        const kiln_u32 dst = sq + swz_at(r, c, BMR * 128);
-        if (vec) {
-            cp_async16(dst, live ? src : qin, live ? 16u : 0u);
-        } else {
-            kiln_u32 w[4] = {0u, 0u, 0u, 0u};
-            if (live)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    w[j] = (kiln_u32)ld_elt(src + 2 * j) | (kiln_u32)ld_elt(src + 2 * j + 1) << 16;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                         "r"(w[3])
-                         : "memory");
-        }
-    }
-}
-
-// Rows [w0, w0 + WR) of the tile at sm that prefill_copy_q filled, rotated
-// (RoPE in f32 at the positions pos of the tile's tokens), scaled by qscale
-// and rounded to kiln_elt in place, by threads me of n; rows past the
-// sequence's stay zero. The same arithmetic as prefill_load_q, so the same
-// bits.
-template <int BMR, int WR>
-__device__ __forceinline__ void prefill_rope_q(unsigned char *sm, const kiln_u32 *pos, const rope_freqs &freqs,
-                                               float qscale, kiln_u32 count, kiln_u32 r0, kiln_u32 w0, kiln_u32 me,
-                                               kiln_u32 n)
-{
-    const kiln_u32 tile0 = r0 / G, tok0 = (r0 + w0) / G, ntok = (r0 + w0 + WR - 1) / G + 1 - tok0;
-    const bool runs = freqs.half % 8 == 0;
-    for (kiln_u32 idx = me; idx < ntok * (HALF / 8); idx += n) {
-        const kiln_u32 tl = tok0 + idx / (HALF / 8), i0 = idx % (HALF / 8) * 8;
-        if (tl >= count)
-            continue;
-        kiln_u32 lo[8], hi[8];
-        float sn[8], cs[8];
-        const float p = (float)pos[tl - tile0];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            rope_slot(freqs, i0 + j, &lo[j], &hi[j]);
-            rope_sincos(freqs, i0 + j, p, &sn[j], &cs[j]);
-            sn[j] *= qscale;
-            cs[j] *= qscale;
-        }
-#pragma unroll
-        for (kiln_u32 g = 0; g < G; g++) {
-            const kiln_u32 row = tl * G + g - r0;
-            if (row < w0 || row >= w0 + WR)
-                continue;
-            float x0[8], x1[8], y0[8], y1[8];
-            if (runs) {
-                kiln_e8_to_f32(*(const kiln_u32x4 *)(sm + swz_at(row, lo[0], BMR * 128)), x0);
-                kiln_e8_to_f32(*(const kiln_u32x4 *)(sm + swz_at(row, hi[0], BMR * 128)), x1);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    x0[j] = kiln_elt_to_f32(*(const kiln_elt *)(sm + swz_at(row, lo[j] & ~7u, BMR * 128) + (lo[j] % 8) * 2));
-                    x1[j] = kiln_elt_to_f32(*(const kiln_elt *)(sm + swz_at(row, hi[j] & ~7u, BMR * 128) + (hi[j] % 8) * 2));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                y0[j] = x0[j] * cs[j] - x1[j] * sn[j];
-                y1[j] = x1[j] * cs[j] + x0[j] * sn[j];
-            }
-            if (runs) {
-                *(kiln_u32x4 *)(sm + swz_at(row, lo[0], BMR * 128)) = kiln_f32_to_e8(y0);
-                *(kiln_u32x4 *)(sm + swz_at(row, hi[0], BMR * 128)) = kiln_f32_to_e8(y1);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    *(kiln_elt *)(sm + swz_at(row, lo[j] & ~7u, BMR * 128) + (lo[j] % 8) * 2) = kiln_f32_to_elt(y0[j]);
-                    *(kiln_elt *)(sm + swz_at(row, hi[j] & ~7u, BMR * 128) + (hi[j] % 8) * 2) = kiln_f32_to_elt(y1[j]);
-                }
-            }
-        }
-    }
-}
-
 // What a block knows of its sequence and rows.
 struct prefill_block {
     seq_info q;
@@ -250,22 +153,6 @@ struct prefill_block {
 __device__ __forceinline__ kiln_u32 first_key(kiln_u32 c, kiln_u32 window)
 {
     return c >= window ? c - window + 1 : 0u;
-}
-
-// The rows and keys of b's tile once its sequence b->q is read and checked:
-// false when the tile has no row.
-template <int BMR>
-__device__ __forceinline__ bool prefill_block_rows(kiln_u32 window, prefill_block *b)
-{
-    b->nrows = b->q.count * G;
-    b->r0 = b->tile * BMR;
-    if (b->r0 >= b->nrows)
-        return false;
-    b->base = b->q.len - b->q.count;
-    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
-    b->ke = b->base + rlast / G + 1;
-    b->ks = first_key(b->base + b->r0 / G, window);
-    return true;
 }
 
 // The block of BMR rows at (x, y, z) = (row tiles from the last, kv head,
@@ -287,44 +174,15 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     if (!load_sequence(b->s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
                        b->tile == 0 && b->h == 0, &b->q))
         return false;
-    return prefill_block_rows<BMR>(window, b);
-}
-
-// The same for the work item (tile, h, s) of a persistent block, with no
-// block-wide barrier (the producer checks an item while the consumers work
-// on the last): each warp checks the sequence's pages itself; the thread that
-// passes reporter in the item of tile 0 and kv head 0 reports a bad
-// sequence. Every lane of a warp calls it.
-template <int BMR>
-__device__ __forceinline__ bool prefill_item_begin(kiln_u32 tile, kiln_u32 h, kiln_u32 s,
-                                                   const kiln_u32 *__restrict__ table,
-                                                   const kiln_u32 *__restrict__ seq_lens,
-                                                   const kiln_u32 *__restrict__ spans, kiln_u32 n_pages,
-                                                   kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query,
-                                                   kiln_u32 window, kiln_fault *fault, bool reporter,
-                                                   prefill_block *b)
-{
-    b->tile = tile;
-    b->h = h;
-    b->s = s;
-    if ((kiln_u64)tile * BMR >= (kiln_u64)spans[2 * s + 1] * G)
+    b->nrows = b->q.count * G;
+    b->r0 = b->tile * BMR;
+    if (b->r0 >= b->nrows)
         return false;
-    const bool report = tile == 0 && h == 0 && reporter;
-    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
-        return false;
-    const kiln_u32 *row = table + (kiln_u64)s * max_blocks, blocks = (b->q.len + PT - 1) / PT,
-                   lane = threadIdx.x % 32;
-    kiln_u32 bad = 0xffffffffu;
-    for (kiln_u32 i = lane; i < blocks; i += 32)
-        if (row[i] >= n_pages && i < bad)
-            bad = i;
-    bad = __reduce_min_sync(0xffffffffu, bad);
-    if (bad != 0xffffffffu) {
-        if (report)
-            report_bad_page(fault, s, row, bad, n_pages);
-        return false;
-    }
-    return prefill_block_rows<BMR>(window, b);
+    b->base = b->q.len - b->q.count;
+    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
+    b->ke = b->base + rlast / G + 1;
+    b->ks = first_key(b->base + b->r0 / G, window);
+    return true;
 }
 
 // A thread's two rows: the first and last key each attends (and the greater

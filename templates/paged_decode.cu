@@ -190,7 +190,7 @@ kiln_paged_decode(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kil
     // The same outcome for every block of a cluster (it depends on s only):
     // all of them leave here, or none.
     const bool report = blockIdx.x == 0 && blockIdx.y == 0;
-    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report && tid == 0, &q))
+    if (!sequence_header(s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &q))
         return;
     const kiln_u32 r0 = tile * ROWS;
     if (r0 >= G)

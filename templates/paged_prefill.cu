@@ -2,25 +2,20 @@
 // attention half of include/kiln/op_attention.h for commands of more than one
 // new token a sequence; kiln_paged_append (templates/paged_attention.cu) runs
 // first and writes the rotated k and v to the pages.
-// Persistent: a block an SM takes work items in turn, each 128 query rows of
-// one sequence and kv head, row r = token * G + head within the group, so a
-// GQA group's query heads share every K and V tile. Warp specialized, 384
-// threads:
-//   warps 8-11, the producer: for each item, its sequence's checks, then its
-//     q as stored, with its tokens' positions, into q's buffer once the
-//     consumers' last Q K^T of the item before is done, then its K and V tiles
-//     of 128 keys through STAGES stages, each with a full and an empty
-//     mbarrier, into 128-byte-swizzled panels (templates/kiln_wgmma.cuh):
-//     where a tile's keys are whole pages (KV_TMA: the page's tokens a
-//     multiple of 8 dividing 128) and all below the item's last key, one
-//     thread asks TMA for each page's box of 64 columns (the map kvmap views
-//     the arena as rows of D elements); otherwise, and for the tile that
-//     holds the last key, cp.async, 16 bytes a copy, a page lookup a key,
-//     zeros past the end (ncu had the cp.async producer at a quarter of a 4
-//     x 1024 block's issued samples);
-//   warpgroups 0 and 1, the consumers, 64 rows each: an item's q rotated in
-//     its buffer, then the products below, then the output staged through
-//     the last tile's K (q's buffer is the next item's by then);
+// A block takes 128 query rows of one sequence and kv head, row r = token *
+// G + head within the group, so a GQA group's query heads share every K and
+// V tile. Warp specialized, 288 threads:
+//   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
+//     sequence's pages into shared memory through STAGES stages, each with a
+//     full and an empty mbarrier, into 128-byte-swizzled panels
+//     (templates/kiln_wgmma.cuh): where a tile's keys are whole pages (KV_TMA:
+//     the page's tokens a multiple of 8 dividing 128) and all below the
+//     sequence's end, one thread asks TMA for each page's box of 64 columns
+//     (the map kvmap views the arena as rows of D elements); otherwise, and
+//     for the tile that holds the end, cp.async, 16 bytes a copy, a page
+//     lookup a key, zeros past the end (ncu had the cp.async producer at a
+//     quarter of a 4 x 1024 block's issued samples);
+//   warpgroups 0 and 1, the consumers, 64 rows each:
 //     S = Q K^T   wgmma m64n128k16, Q and K from shared memory (K-major);
 //     O += P V    wgmma m64n{D}k16, P from registers (the f32 scores turned
 //                 into kiln_elt in place: the accumulator's layout is the A
@@ -29,16 +24,12 @@
 //     FlashAttention-3's ping-pong): one warpgroup's softmax runs on the
 //     CUDA cores while the other's product runs on the tensor cores.
 // q is rotated (RoPE in f32), scaled by log2(e) / sqrt(D) and rounded to kiln_elt
-// once, in shared memory; the softmax runs online in f32
+// once, in shared memory for the whole block; the softmax runs online in f32
 // with exp2, and P is rounded to kiln_elt for its product, as FlashAttention
 // does. The causal mask is applied only on the tiles that cross a row's last
 // key (and, with a sliding window, the tiles that cross a row's first: a
-// block reads the keys from its first row's first on). Items are dealt
-// round the blocks from the longest row tiles down, back and forth; no
-// global load is on the consumers' path between items (the sequence checks,
-// page lookups, q's load and the first tiles are the producer's, while the
-// consumers finish the last item): one block an item paid them in turn
-// (4 x 1024 in docs/performance.md).
+// block reads the keys from its first row's first on). Blocks take row tiles
+// from the last (the longest) down.
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
 // The argument window: a token attends the window keys up to its own
@@ -46,8 +37,7 @@
 // arena as RPP rows of D elements a page in boxes of 64 x PT, 128-byte
 // swizzle, read where KV_TMA and kv_tma != 0.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
-// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = blocks (at most the
-// items tiles x KVH x seqs, the arguments' row tiles and sequences); THREADS
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
 // restates both).
 #include "kiln_reduce.cuh"
@@ -65,17 +55,18 @@
 #define CONSUMERS 256
 #define BM 128                  // query rows a block: 64 a warpgroup
 #define BN 128                  // keys a tile
-#define STAGES (D == 128 ? 3 : 4)   // 2 at head_dim 128: 1 x 16384 563 -> 359 TFLOP/s (bench_attention --prefill)
+#define STAGES (D == 128 ? 3 : 4)
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define STAGE_BYTES (2 * TILE_BYTES)
 #define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
-#define PRODUCER_REGS 56        // registers a thread after setmaxnreg: 128 x 56 + 256 x 224 <= 65536 (no spills)
-#define CONSUMER_REGS 224
-#define BAR_TURN 2              // named barriers: 2 + w, warpgroup w's turn to issue a product,
-#define BAR_OUT 4               // and 4 + w: warpgroup w's rows of q or of the output are staged
+#define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
+#define CONSUMER_REGS 232
+#define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
+#define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
+#define BAR_OUT 4               // and 4 + w: warpgroup w's output is staged
 #define KV_TMA (PT % 8 == 0 && BN % PT == 0) // whole pages a tile, 8-row aligned boxes
 #define RPP (65536 / (2 * D))   // rows of D elements a page (K's, then V's from RPP / 2)
 
@@ -107,13 +98,8 @@ __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 }
 
 // Issues sc = Q K_n^T for warpgroup wg's 64 rows (one commit group).
-__device__ __forceinline__ void scores(float *sc, kiln_u32 sq0, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
+__device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
 {
-    // q's address opaque to the compiler here, so that its descriptors are
-    // made at each use: hoisted out of the persistent block's loops, they
-    // were kept across them and spilled.
-    kiln_u32 sq;
-    asm volatile("mov.u32 %0, %1;" : "=r"(sq) : "r"(sq0));
     const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
     wgmma_ss_n128_first(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
 #pragma unroll
@@ -139,209 +125,140 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 
 #endif
 
-// What the producer hands the consumers with an item's q: the item and
-// whether there is one (0: the block is done). Two, as the consumers read an
-// item's while the producer writes the next's.
-struct prefill_slot {
-    prefill_block blk;
-    kiln_u32 live;
-};
-
-// Work item k of block b of nb: rounds of nb items from the longest row tiles
-// down, dealt forwards in even rounds and backwards in odd ones, so that a
-// block's items sum to about the same keys.
-__device__ __forceinline__ kiln_u32 item_of(kiln_u32 k, kiln_u32 b, kiln_u32 nb)
-{
-    return k * nb + (k % 2 ? nb - 1 - b : b);
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
-                   kiln_u32 kv_tma, kiln_u32 tiles, kiln_u32 seqs)
+                   kiln_u32 kv_tma)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES], qfull, qempty;
-    __shared__ prefill_slot slot[2];
-    __shared__ kiln_u32 qpos[BM]; // the positions of the item's tokens
+    __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
+    prefill_block blk;
+    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, window, fault,
+                                 &blk))
+        return;
+    const seq_info q = blk.q;
+    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
+    // Tiles of keys kb + n BN, n < ntiles: from the tile of the block's first key.
+    const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
     stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
-    // q's buffer: full after the producer's 128 arrivals once its stores are
-    // made and 128 as its copies land; empty after the consumers' 256 once
-    // their last product that reads it is done.
-    stage_barriers_init<1, 2 * (THREADS - CONSUMERS), CONSUMERS>(&qfull, &qempty);
     __syncthreads(); // the last block-wide barrier: the roles part here
-    const kiln_u32 items = tiles * KVH * seqs;
-    const kiln_u32 rounds = (items + gridDim.x - 1) / gridDim.x;
 
     if (tid >= CONSUMERS) {
-        // The producer: for each item j, its checks, then its q (once the
-        // consumers' last product of item j - 1 that reads q is done), then its tiles,
-        // tile g of the block's stream into stage g % STAGES once its last
-        // use is over; it runs on into the next item while the consumers
-        // finish one. It gives registers to the consumers, which hold two
-        // tiles' P.
+        // The producer: tile n into stage n % STAGES once its last use is over.
+        // It gives registers to the consumers, which hold two tiles' P.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-        const kiln_u32 me = tid - CONSUMERS;
-        kiln_u32 g = 0, j = 0;
-        for (kiln_u32 k = 0; k <= rounds; k++) {
-            const kiln_u32 it = k < rounds ? item_of(k, blockIdx.x, gridDim.x) : items;
-            prefill_block blk;
-            if (it < items) {
-                const kiln_u32 y = it % (KVH * seqs);
-                if (!prefill_item_begin<BM>(tiles - 1 - it / (KVH * seqs), y % KVH, y / KVH, table, seq_lens, spans,
-                                            n_pages, max_blocks, tokens, max_query, window, fault, me == 0, &blk))
-                    continue;
-            }
-            const kiln_u32 b = j % 2;
-            if (j >= 1)
-                bar_wait(saddr(&qempty), (j - 1) & 1);
-            if (me == 0)
-                slot[b].live = it < items;
-            if (it < items) {
-                if (me == 0)
-                    slot[b].blk = blk;
-                prefill_copy_q<BM>(sq, qpos, qin, q_stride, positions, blk.q, blk.h, blk.r0, me,
-                                   THREADS - CONSUMERS);
-            }
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&qfull)) : "memory");
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&qfull)) : "memory");
-            j++;
-            if (it >= items)
-                break;
-            const kiln_u32 h = blk.h, ke = blk.ke, kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
-            const kiln_u32 *trow = table + (kiln_u64)blk.s * max_blocks;
-            for (kiln_u32 n = 0; n < ntiles; n++, g++) {
-                const kiln_u32 st = g % STAGES;
-                if (g >= STAGES)
-                    bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+        const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+        for (kiln_u32 n = 0; n < ntiles; n++) {
+            const kiln_u32 st = n % STAGES;
+            if (n >= STAGES)
+                bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
 #if KV_TMA
-                const kiln_u32 c0 = kb + n * BN;
-                if (kv_tma && c0 + BN <= ke) {
-                    // The pages were checked against the arena (prefill_item_begin).
-                    const kiln_u32 bar = saddr(&full[st]);
-                    if (me == 0) {
-                        kiln_u32 row[BN / PT];
+            const kiln_u32 c0 = kb + n * BN;
+            if (kv_tma && c0 + BN <= ke) {
+                // The pages were checked against the arena (load_sequence).
+                const kiln_u32 bar = saddr(&full[st]);
+                if (tid == CONSUMERS) {
+                    kiln_u32 row[BN / PT];
 #pragma unroll
-                        for (kiln_u32 pg = 0; pg < BN / PT; pg++)
-                            row[pg] = trow[c0 / PT + pg] * RPP + h * PT;
-                        expect(bar, STAGE_BYTES);
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+                        row[pg] = trow[c0 / PT + pg] * RPP + h * PT;
+                    expect(bar, STAGE_BYTES);
 #pragma unroll
-                        for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
 #pragma unroll
-                            for (kiln_u32 half = 0; half < 2; half++)
+                        for (kiln_u32 half = 0; half < 2; half++)
 #pragma unroll
-                                for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                    tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
-                                        &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
-                    } else {
-                        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
-                    }
-                    continue;
+                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
+                                tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
+                                    &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
+                } else {
+                    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
                 }
-#endif
-                prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, me, THREADS - CONSUMERS);
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+                continue;
             }
+#endif
+            prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
+                                THREADS - CONSUMERS);
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+    // The consumers: q in shared memory first.
+    prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
+    fence_proxy_async();
+    named_sync(BAR_Q);
+
+    // This thread's two rows (of its warp's 16).
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, ra = wg * 64 + warp * 16 + lane / 4;
-    const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
-    kiln_u32 g = 0; // the block's tiles consumed so far
-    for (kiln_u32 j = 0;; j++) {
-        // Item j's q, rotated in place: each warpgroup its own 64 rows.
-        const kiln_u32 b = j % 2;
-        bar_wait(saddr(&qfull), j & 1);
-        if (!slot[b].live)
-            break;
-        const prefill_block blk = slot[b].blk;
-        prefill_rope_q<BM, 64>(sm, qpos, freqs, qscale, blk.q.count, blk.r0, wg * 64, tid % 128, 128);
-        fence_proxy_async();
-        asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
-        // Tiles of keys kb + n BN, n < ntiles: from the tile of the item's first key.
-        const kiln_u32 kb = blk.ks / BN * BN, ntiles = (blk.ke - kb + BN - 1) / BN;
-
-        // This thread's two rows (of its warp's 16).
-        prefill_rows rows = prefill_rows_init(blk, ra, window);
-        float o[D / 2];
+    prefill_rows rows = prefill_rows_init(blk, ra, window);
+    float o[D / 2];
 #pragma unroll
-        for (int i = 0; i < D / 2; i++)
-            o[i] = 0.0f;
-        // Turns: warpgroup 0 issues first; each issue hands the turn over, and
-        // warpgroup 1 skips the last hand-over so that no arrival is left over.
-        if (wg == 1)
-            named_arrive(other_turn);
-
-        // Tile n's scores come while tile n - 1's P V is computed (as
-        // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
-        // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
-        // second product is on the tensor cores, and O is rescaled once it is done.
-        float sc[BN / 2], scale_a, scale_b;
-        kiln_u32 p[BN / 16][4];
-        wait_tile(full, g);
-        named_sync(my_turn);
-        wgmma_fence();
-        scores(sc, sq, skv, wg, g);
+    for (int i = 0; i < D / 2; i++)
+        o[i] = 0.0f;
+    // Turns: warpgroup 0 issues first; each issue hands the turn over, and
+    // warpgroup 1 skips the last hand-over so that no arrival is left over.
+    const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
+    if (wg == 1)
         named_arrive(other_turn);
-        wgmma_wait<0>();
-        if (ntiles == 1) // the last product that reads q is done
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&qempty)) : "memory");
-        prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
-        prefill_pack<BN>(sc, p);
-        for (kiln_u32 n = 1; n < ntiles; n++) {
-            const kiln_u32 pst = (g + n - 1) % STAGES;
-            wait_tile(full, g + n);
-            named_sync(my_turn);
-            wgmma_fence();
-            scores(sc, sq, skv, wg, g + n);
-            product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
-            named_arrive(other_turn);
-            wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
-            if (n == ntiles - 1)
-                asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&qempty)) : "memory");
-            prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
-            wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
-            prefill_rescale(o, scale_a, scale_b);
-            prefill_pack<BN>(sc, p);
-        }
-        const kiln_u32 lst = (g + ntiles - 1) % STAGES;
+
+    // Tile n's scores come while tile n - 1's P V is computed (as
+    // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
+    // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
+    // second product is on the tensor cores, and O is rescaled once it is done.
+    float sc[BN / 2], scale_a, scale_b;
+    kiln_u32 p[BN / 16][4];
+    wait_tile(full, 0);
+    named_sync(my_turn);
+    wgmma_fence();
+    scores(sc, sq, skv, wg, 0);
+    named_arrive(other_turn);
+    wgmma_wait<0>();
+    prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
+    prefill_pack<BN>(sc, p);
+    for (kiln_u32 n = 1; n < ntiles; n++) {
+        const kiln_u32 pst = (n - 1) % STAGES;
+        wait_tile(full, n);
         named_sync(my_turn);
         wgmma_fence();
-        product(o, p, skv + lst * STAGE_BYTES + TILE_BYTES);
+        scores(sc, sq, skv, wg, n);
+        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+        named_arrive(other_turn);
+        wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
+        prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
+        wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+        prefill_rescale(o, scale_a, scale_b);
+        prefill_pack<BN>(sc, p);
+    }
+    {
+        const kiln_u32 pst = (ntiles - 1) % STAGES;
+        named_sync(my_turn);
+        wgmma_fence();
+        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
         if (wg == 0)
             named_arrive(other_turn);
         wgmma_wait<0>();
-        g += ntiles;
+        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+    }
 
-        // The output through this warpgroup's rows of the last tile's K (free
-        // once both warpgroups' last Q K^T is done, as q's buffer is: the
-        // producer fills that with the next item's), then out 16 bytes a
-        // copy; then the stage is the producer's again.
-        const prefill_block &cur = slot[b].blk;
-        const seq_info q = cur.q;
-        const kiln_u32 h = cur.h, nrows = cur.nrows, r0 = cur.r0;
-        if (((kiln_u64)out & 15u) == 0) {
-            unsigned char *so = sm + Q_BYTES + lst * STAGE_BYTES;
-            bar_wait(saddr(&qempty), j & 1);
-            prefill_stage<BM>(o, &rows, so, ra, lane);
-            asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
-            prefill_store_rows<BM, 64>(so, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
-            fence_proxy_async(); // before the stage's next copies, by TMA
-        } else {
-            prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
-        }
-        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[lst])) : "memory");
+    // The output through this warpgroup's rows of the q tile (its last
+    // product that reads them is done), then out 16 bytes a copy.
+    if (((kiln_u64)out & 15u) == 0) {
+        prefill_stage<BM>(o, &rows, sm, ra, lane);
+        asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
+        prefill_store_rows<BM, 64>(sm, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
+    } else {
+        prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
     }
 #else
     __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there

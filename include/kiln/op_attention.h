@@ -89,13 +89,10 @@
  * kv head and tile of query rows (a GQA group's heads share a tile, so each
  * K and V tile is read once per kv head), specialized on head_dim, heads,
  * kv_heads and the page's tokens:
- *   sm_90: templates/paged_prefill.cu, tiles of 128 rows on warpgroup MMA
- *     (wgmma, built for sm_90a), persistent (a block an SM takes the tiles
- *     in turn, the longest first): a producer warpgroup checks a tile's
- *     sequence, brings its q and streams its K and V tiles of 128 keys
- *     through three stages (four at head_dim 64; by TMA where a tile is
- *     whole pages) while the two consumer warpgroups, taking turns on the
- *     tensor cores, finish the block's last tile;
+ *   sm_90: templates/paged_prefill.cu, 128 rows a block on warpgroup MMA
+ *     (wgmma, built for sm_90a): a producer warpgroup streams K and V tiles
+ *     of 128 keys through three stages, two consumer warpgroups take turns
+ *     on the tensor cores;
  *   sm_80 on otherwise: templates/paged_prefill_mma.cu, 64 rows a block on
  *     mma.sync m16n8k16 (FlashAttention-2's design);
  *   before sm_80, where a block cannot have the shared memory, and at
