@@ -185,6 +185,48 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     return true;
 }
 
+// The block of BMR rows at (x, y, z) as prefill_block_begin takes it, its
+// sequence's span and length read in one round trip and checked, but not its
+// pages: the caller checks them (prefill_first_bad_page) beside its first
+// loads. False when the block has no row or the sequence is bad (reported by
+// thread 0 of the block of tile 0 and kv head 0). No synchronization.
+template <int BMR>
+__device__ __forceinline__ bool prefill_block_head(const kiln_u32 *__restrict__ seq_lens,
+                                                   const kiln_u32 *__restrict__ spans, kiln_u32 max_blocks,
+                                                   kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
+                                                   kiln_fault *fault, prefill_block *b)
+{
+    b->tile = gridDim.x - 1 - blockIdx.x;
+    b->h = blockIdx.y;
+    b->s = blockIdx.z;
+    const bool report = b->tile == 0 && b->h == 0 && threadIdx.x == 0;
+    if (!sequence_header(b->s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
+        return false;
+    b->nrows = b->q.count * G;
+    b->r0 = b->tile * BMR;
+    if (b->r0 >= b->nrows)
+        return false;
+    b->base = b->q.len - b->q.count;
+    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
+    b->ke = b->base + rlast / G + 1;
+    b->ks = first_key(b->base + b->r0 / G, window);
+    return true;
+}
+
+// The lowest entry of a sequence's table row below its len keys' pages that
+// lies past the arena (0xffffffff: none), found by one warp (every lane
+// calls it and gets the answer).
+__device__ __forceinline__ kiln_u32 prefill_first_bad_page(const kiln_u32 *__restrict__ row, kiln_u32 len,
+                                                           kiln_u32 n_pages)
+{
+    const kiln_u32 blocks = (len + PT - 1) / PT;
+    kiln_u32 bad = 0xffffffffu;
+    for (kiln_u32 i = threadIdx.x % 32; i < blocks; i += 32)
+        if (row[i] >= n_pages && i < bad)
+            bad = i;
+    return __reduce_min_sync(0xffffffffu, bad);
+}
+
 // A thread's two rows: the first and last key each attends (and the greater
 // first, the lesser last), and their running max (log2 domain) and sum.
 struct prefill_rows {

@@ -137,10 +137,13 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
+    __shared__ kiln_u32 bad_pages; // set by the producer: the sequence's pages failed their check
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     prefill_block blk;
-    if (!prefill_block_begin<BM>(table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, window, fault,
-                                 &blk))
+    // The span and length now; the pages by the producer, beside the
+    // consumers' q loads (one round trip fewer before the first product
+    // than checking them first).
+    if (!prefill_block_head<BM>(seq_lens, spans, max_blocks, tokens, max_query, window, fault, &blk))
         return;
     const seq_info q = blk.q;
     const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
@@ -149,6 +152,8 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
     stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
+    if (tid == 0)
+        bad_pages = 0;
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
@@ -156,6 +161,20 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         // It gives registers to the consumers, which hold two tiles' P.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+        // Every page the sequence reads must lie in the arena (each warp
+        // checks, so that none waits on another): if one does not, tile 0's
+        // stage is made full with nothing in it and the flag tells the
+        // consumers to leave.
+        const kiln_u32 bad = prefill_first_bad_page(trow, q.len, n_pages);
+        if (bad != 0xffffffffu) {
+            if (tid == CONSUMERS) {
+                bad_pages = 1;
+                if (blk.tile == 0 && h == 0)
+                    report_bad_page(fault, s, trow, bad, n_pages);
+            }
+            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&full[0])) : "memory");
+            return;
+        }
         for (kiln_u32 n = 0; n < ntiles; n++) {
             const kiln_u32 st = n % STAGES;
             if (n >= STAGES)
@@ -218,6 +237,11 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     float sc[BN / 2], scale_a, scale_b;
     kiln_u32 p[BN / 16][4];
     wait_tile(full, 0);
+    if (bad_pages) {
+        if (wg == 0)
+            named_sync(my_turn); // warpgroup 1's first hand-over: none is left over
+        return;
+    }
     named_sync(my_turn);
     wgmma_fence();
     scores(sc, sq, skv, wg, 0);
