@@ -155,6 +155,22 @@ __device__ __forceinline__ kiln_u32 first_key(kiln_u32 c, kiln_u32 window)
     return c >= window ? c - window + 1 : 0u;
 }
 
+// The rows and keys of b's tile once its sequence b->q is read and checked:
+// false when the tile has no row.
+template <int BMR>
+__device__ __forceinline__ bool prefill_block_rows(kiln_u32 window, prefill_block *b)
+{
+    b->nrows = b->q.count * G;
+    b->r0 = b->tile * BMR;
+    if (b->r0 >= b->nrows)
+        return false;
+    b->base = b->q.len - b->q.count;
+    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
+    b->ke = b->base + rlast / G + 1;
+    b->ks = first_key(b->base + b->r0 / G, window);
+    return true;
+}
+
 // The block of BMR rows at (x, y, z) = (row tiles from the last, kv head,
 // sequence): false when it has no row or its sequence is bad (checked and
 // reported by the block of tile 0 and kv head 0; every thread calls this,
@@ -174,15 +190,7 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     if (!load_sequence(b->s, table, seq_lens, spans, n_pages, max_blocks, tokens, max_query, fault,
                        b->tile == 0 && b->h == 0, &b->q))
         return false;
-    b->nrows = b->q.count * G;
-    b->r0 = b->tile * BMR;
-    if (b->r0 >= b->nrows)
-        return false;
-    b->base = b->q.len - b->q.count;
-    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
-    b->ke = b->base + rlast / G + 1;
-    b->ks = first_key(b->base + b->r0 / G, window);
-    return true;
+    return prefill_block_rows<BMR>(window, b);
 }
 
 // The block of BMR rows at (x, y, z) as prefill_block_begin takes it, its
@@ -202,15 +210,7 @@ __device__ __forceinline__ bool prefill_block_head(const kiln_u32 *__restrict__ 
     const bool report = b->tile == 0 && b->h == 0 && threadIdx.x == 0;
     if (!sequence_header(b->s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
         return false;
-    b->nrows = b->q.count * G;
-    b->r0 = b->tile * BMR;
-    if (b->r0 >= b->nrows)
-        return false;
-    b->base = b->q.len - b->q.count;
-    const kiln_u32 rlast = (b->r0 + BMR < b->nrows ? b->r0 + BMR : b->nrows) - 1;
-    b->ke = b->base + rlast / G + 1;
-    b->ks = first_key(b->base + b->r0 / G, window);
-    return true;
+    return prefill_block_rows<BMR>(window, b);
 }
 
 // The lowest entry of a sequence's table row below its len keys' pages that
