@@ -182,7 +182,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #if KV_TMA
             const kiln_u32 c0 = kb + n * BN;
             if (kv_tma && c0 + BN <= ke) {
-                // The pages were checked against the arena (load_sequence).
+                // The pages were checked against the arena (above).
                 const kiln_u32 bar = saddr(&full[st]);
                 if (tid == CONSUMERS) {
                     kiln_u32 row[BN / PT];
