@@ -19,8 +19,12 @@
  *
  * --only S,CTX,N: that prefill shape alone (for a profiler). --dtype bf16:
  * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
+ * --pages runs: each sequence's pages one run of the arena (a fresh
+ * allocator's), rather than the sequences' pages interleaved (reported as
+ * "pages").
  *
- * Usage: bench_attention [--iters 50] [--dtype f16|bf16] [--sweep | --prefill [--only S,CTX,N]]
+ * Usage: bench_attention [--iters 50] [--dtype f16|bf16] [--pages interleaved|runs]
+ *                        [--sweep | --prefill [--only S,CTX,N]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +63,7 @@ static kiln_buffer *buf(size_t bytes)
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
 static kiln_dtype g_elt = KILN_DTYPE_F16; /* --dtype */
+static int g_runs;                        /* --pages runs */
 
 static void fill_random(kiln_buffer *b, size_t bytes)
 {
@@ -101,7 +106,8 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
         for (uint32_t j = 0; j < count; j++)
             pos[s * count + j] = ctx + j;
         for (uint32_t b = 0; b < blocks; b++)
-            table[(size_t)s * blocks + b] = (uint32_t)(((uint64_t)b * S + s) % pages); /* interleaved */
+            table[(size_t)s * blocks + b] =
+                (uint32_t)((g_runs ? (uint64_t)s * blocks + b : (uint64_t)b * S + s) % pages);
         lens[s] = L;
         spans[2 * s] = s * count;
         spans[2 * s + 1] = count;
@@ -169,6 +175,7 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_bool(&j, "peer", 0);
     bench_json_str(&j, "phase", phase);
     bench_json_str(&j, "dtype", g_elt == KILN_DTYPE_BF16 ? "bf16" : "f16");
+    bench_json_str(&j, "pages", g_runs ? "runs" : "interleaved");
     bench_json_int(&j, "heads", H);
     bench_json_int(&j, "kv_heads", KVH);
     bench_json_int(&j, "head_dim", D);
@@ -220,9 +227,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
                  (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "bf16")))
             g_elt = !strcmp(argv[++i], "bf16") ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+        else if (!strcmp(argv[i], "--pages") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "interleaved") || !strcmp(argv[i + 1], "runs")))
+            g_runs = !strcmp(argv[++i], "runs");
         else {
             fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
-                            "[--dtype f16|bf16] [--sweep | --prefill [--only S,CTX,N]]\n",
+                            "[--dtype f16|bf16] [--pages interleaved|runs] [--sweep | --prefill [--only S,CTX,N]]\n",
                     argv[i]);
             return 2;
         }
