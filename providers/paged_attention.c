@@ -468,32 +468,12 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     return KILN_OK;
 }
 
-/* The arena for the wgmma prefill's tiles whose pages follow one another:
- * (head_dim columns, a page's rows of head_dim elements, pages), boxes of 64
- * columns x the page's tokens x the pages of a 128-key tile, so that one
- * copy a panel brings a tile's K (or V) of one head. */
-static kiln_status arena_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base, int64_t head_dim,
-                              int64_t pages, int64_t page_tokens)
-{
-    const cuuint64_t rows = KILN_PAGED_KV_PAGE_BYTES / (2 * (cuuint64_t)head_dim);
-    const cuuint64_t dims[3] = {(cuuint64_t)head_dim, rows, (cuuint64_t)pages},
-                     strides[2] = {(cuuint64_t)head_dim * 2, KILN_PAGED_KV_PAGE_BYTES};
-    const cuuint32_t box[3] = {64, (cuuint32_t)page_tokens, (cuuint32_t)(128 / page_tokens)}, es[3] = {1, 1, 1};
-    const CUtensorMapDataType type =
-        elt == KILN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    CUresult r = kiln__tensor_map_encode_tiled(rt, m, type, 3, (void *)base, dims, strides, box, es,
-                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuTensorMapEncodeTiled (" OP ", pages)");
-}
-
 typedef struct attn_launch {
     /* The wgmma prefill's view of the arena for TMA (first: CUtensorMap's
      * alignment; the struct comes from kiln__tma_calloc). */
     CUtensorMap kvmap;
-    CUtensorMap kvmap3; /* the same arena as (columns, a page's rows, pages), for runs of pages */
-    uint32_t kv_tma;  /* bit 0: kvmap is encoded, bit 1: kvmap3 (the kernel's argument) */
-    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kvmap3, kv_tma */
+    uint32_t kv_tma;  /* whether kvmap is encoded (the kernel's argument) */
+    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kv_tma */
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
     /* The attention's block and shared memory: 384 (wgmma) or 128 (mma.sync)
@@ -550,9 +530,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kvmap3,
-                         &l->kv_tma};
-    /* kvmap to kv_tma are the wgmma prefill's last parameters; the other
+                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kv_tma};
+    /* kvmap and kv_tma are the wgmma prefill's last two parameters; the other
      * attention kernels end at fault, and the driver reads no further. */
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
@@ -756,11 +735,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             return kiln__propagate(err, st);
         }
         l->kv_tma = 1;
-        if ((st = arena_map3(rt, elt, &l->kvmap3, l->pages, in.head_dim, in.pages, in.page_tokens))) {
-            free(l);
-            return kiln__propagate(err, st);
-        }
-        l->kv_tma |= 2;
     }
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;

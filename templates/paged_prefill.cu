@@ -35,9 +35,7 @@
 // The argument window: a token attends the window keys up to its own
 // (Mistral's sliding_window), 0xffffffff for every key before it; kvmap, the
 // arena as RPP rows of D elements a page in boxes of 64 x PT, 128-byte
-// swizzle, read where KV_TMA and kv_tma bit 0 is set; kvmap3, the arena as
-// (D columns, RPP rows, pages) in boxes of 64 x PT x BN / PT, read for a
-// tile whose pages follow one another where bit 1 is set.
+// swizzle, read where KV_TMA and kv_tma != 0.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
@@ -133,7 +131,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
-                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma)
+                   kiln_u32 kv_tma)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -188,25 +186,10 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                 const kiln_u32 bar = saddr(&full[st]);
                 if (tid == CONSUMERS) {
                     kiln_u32 row[BN / PT];
-                    bool run = (kv_tma & 2u) != 0; // the tile's pages follow one another in the arena
 #pragma unroll
-                    for (kiln_u32 pg = 0; pg < BN / PT; pg++) {
-                        const kiln_u32 page = trow[c0 / PT + pg];
-                        run = run && page == trow[c0 / PT] + pg;
-                        row[pg] = page * RPP + h * PT;
-                    }
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+                        row[pg] = trow[c0 / PT + pg] * RPP + h * PT;
                     expect(bar, STAGE_BYTES);
-                    if (run) {
-                        // One box of the tile's BN / PT pages a panel (kvmap3:
-                        // columns, a page's rows, pages), 4 copies rather than 32.
-#pragma unroll
-                        for (kiln_u32 half = 0; half < 2; half++)
-#pragma unroll
-                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                tma3(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL, &kvmap3,
-                                     panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
-                        continue;
-                    }
 #pragma unroll
                     for (kiln_u32 pg = 0; pg < BN / PT; pg++)
 #pragma unroll

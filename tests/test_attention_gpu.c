@@ -168,29 +168,13 @@ static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint3
     s->img = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
     s->back = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
     assert_true(s->table && s->len && perm && s->img && s->back);
-    /* The arena's pages in runs of 1 to 16 in a random order: a tile's pages
-     * follow one another in the arena in some tiles (one TMA box a panel in
-     * the wgmma prefill) and not in others. */
-    uint32_t *start = malloc((size_t)s->n_pages * 4), *lens = malloc((size_t)s->n_pages * 4), runs = 0;
-    assert_true(start && lens);
-    for (uint32_t p = 0; p < s->n_pages; runs++) {
-        const uint32_t want = 1 + kiln_rng_below(&f->rng, 16), left = s->n_pages - p;
-        start[runs] = p;
-        lens[runs] = want < left ? want : left;
-        p += lens[runs];
+    for (uint32_t i = 0; i < s->n_pages; i++)
+        perm[i] = i;
+    for (uint32_t i = s->n_pages - 1; i > 0; i--) {
+        uint32_t j = kiln_rng_below(&f->rng, i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
     }
-    for (uint32_t n = runs; n > 1; n--) {
-        const uint32_t i = n - 1, j = kiln_rng_below(&f->rng, n), ts = start[i], tl = lens[i];
-        start[i] = start[j];
-        lens[i] = lens[j];
-        start[j] = ts;
-        lens[j] = tl;
-    }
-    for (uint32_t r = 0, i = 0; r < runs; r++)
-        for (uint32_t k = 0; k < lens[r]; k++)
-            perm[i++] = start[r] + k;
-    free(start);
-    free(lens);
     uint32_t next = 0;
     for (uint32_t i = 0; i < S; i++) {
         uint32_t b = (cap[i] + s->pt - 1) / s->pt;
