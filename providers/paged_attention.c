@@ -72,17 +72,15 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
  * block an SM (bench/bench_attention --sweep shows both). At head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
-/* The wgmma prefill kernel's threads, keys a tile and shared memory
- * (templates/paged_prefill.cu's THREADS, BN and SMEM_BYTES): q for 128 rows,
- * 3 stages (4 at head_dim 64, 2 at 256) of K and V tiles of 128 keys (64 at
- * head_dim 256), and 1024 bytes of slack to align them. */
+/* The wgmma prefill kernel's threads and shared memory (templates/paged_prefill.cu's
+ * THREADS and SMEM_BYTES): q for 128 rows, 3 stages (4 at head_dim 64) of K
+ * and V tiles of 128 keys, and 1024 bytes of slack to align them. */
 #define PREFILL_THREADS 384
 #define PREFILL_BM 128
-static unsigned prefill_bn(int64_t head_dim) { return head_dim == 256 ? 64u : 128u; }
 static unsigned prefill_smem(int64_t head_dim)
 {
-    const unsigned stages = head_dim == 256 ? 2u : head_dim == 128 ? 3u : 4u;
-    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * prefill_bn(head_dim) * head_dim * 2 + 1024);
+    const unsigned stages = head_dim == 128 ? 3u : 4u;
+    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * 128 * head_dim * 2 + 1024);
 }
 
 /* The mma.sync prefill kernel's (templates/paged_prefill_mma.cu): 128 threads,
@@ -145,13 +143,8 @@ static int64_t rows_for(int64_t group, int decode, int64_t head_dim)
 }
 
 /* Head dims the tensor-core kernels (paged_decode, paged_prefill,
- * paged_prefill_mma) take; 256 runs on the CUDA-core kernel but for the
- * wgmma prefill (prefill_head_dim). */
+ * paged_prefill_mma) take; 256 runs on the CUDA-core kernel alone. */
 static int tensor_core_head_dim(int64_t head_dim) { return head_dim <= 128; }
-
-/* Whether prefill on sm attends on the tensor cores at head_dim: wgmma (sm_90)
- * takes 64, 128 and 256, mma.sync 64 and 128. */
-static int prefill_head_dim(int sm, int64_t head_dim) { return tensor_core_head_dim(head_dim) || (sm == 90 && head_dim == 256); }
 
 /* The paged_attention template's spec with rows query rows per block (16:
  * prefill; 4, 8 or 16: its decode, taken where the one-kernel decode does not
@@ -246,12 +239,9 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (!tensor_core_head_dim(d)) { /* the CUDA-core kernel, with its decode rows, and sm_90's wgmma prefill */
+    if (!tensor_core_head_dim(d)) { /* the CUDA-core kernel alone, with its decode rows */
         const int64_t rows = rows_for(h / kvh, 1, d);
         if (rows != rows_for(1, 0, d) && ((st = attention_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
-            return st;
-        if (prefill_head_dim(sm, d) &&
-            ((st = layout_spec(elt, "paged_prefill", d, h, kvh, &spec)) || (st = sink(user, &spec))))
             return st;
         return KILN_OK;
     }
@@ -677,8 +667,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     unsigned attention_threads = THREADS, attention_smem = 0;
     int prefill_wgmma = 0;
     const int forced = atomic_load(&prefill_forced);
-    if (!in.decode && sm >= 80 && prefill_head_dim(sm, in.head_dim) && forced != KILN__PREFILL_CUDA_CORE &&
-        (tensor_core_head_dim(in.head_dim) || forced != KILN__PREFILL_MMA)) {
+    if (!in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && forced != KILN__PREFILL_CUDA_CORE) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
@@ -736,12 +725,11 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
     /* The wgmma prefill reads whole pages by TMA where a page's tokens are a
-     * multiple of 8 dividing its tiles of keys (templates/paged_prefill.cu's
+     * multiple of 8 dividing its 128-key tiles (templates/paged_prefill.cu's
      * KV_TMA): the arena as rows of head_dim elements, boxes of 64 x the page's tokens. */
     const uint64_t map_rows = (uint64_t)in.pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in.head_dim));
     l->wgmma = prefill_wgmma;
-    if (prefill_wgmma && in.page_tokens % 8 == 0 && prefill_bn(in.head_dim) % in.page_tokens == 0 &&
-        map_rows <= UINT32_MAX) {
+    if (prefill_wgmma && in.page_tokens % 8 == 0 && 128 % in.page_tokens == 0 && map_rows <= UINT32_MAX) {
         if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)map_rows, in.page_tokens))) {
             free(l);
             return kiln__propagate(err, st);

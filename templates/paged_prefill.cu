@@ -54,8 +54,8 @@
 #define THREADS 384             // two consumer warpgroups and the producer warpgroup
 #define CONSUMERS 256
 #define BM 128                  // query rows a block: 64 a warpgroup
-#define BN (D == 256 ? 64 : 128) // keys a tile (64 at head_dim 256: two stages and q fit)
-#define STAGES (D == 256 ? 2 : D == 128 ? 3 : 4)
+#define BN 128                  // keys a tile
+#define STAGES (D == 128 ? 3 : 4)
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
@@ -70,8 +70,8 @@
 #define KV_TMA (PT % 8 == 0 && BN % PT == 0) // whole pages a tile, 8-row aligned boxes
 #define RPP (65536 / (2 * D))   // rows of D elements a page (K's, then V's from RPP / 2)
 
-#if KILN_HEAD_DIM != 64 && KILN_HEAD_DIM != 128 && KILN_HEAD_DIM != 256
-#error "this kernel takes head_dim 64, 128 or 256"
+#if KILN_HEAD_DIM > 128
+#error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
 #endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh"
@@ -101,20 +101,11 @@ __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 __device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
 {
     const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
-#if BN == 128
-#define SCORES_FIRST wgmma_ss_n128_first
-#define SCORES_NEXT wgmma_ss_n128
-#else
-#define SCORES_FIRST wgmma_ss_n64_first
-#define SCORES_NEXT wgmma_ss_n64
-#endif
-    SCORES_FIRST(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
+    wgmma_ss_n128_first(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
-        SCORES_NEXT(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
-                    wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
-#undef SCORES_FIRST
-#undef SCORES_NEXT
+        wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+                      wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
     wgmma_commit();
 }
 
@@ -123,11 +114,7 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-#if D == 256
-        // Two of N = 128: columns [0, 128) from V's first two panels, then the rest.
-        wgmma_rs_n128(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
-        wgmma_rs_n128(o + 64, p[kk], wgmma_desc(vst + 2 * KV_PANEL + kk * 16 * 128, KV_PANEL, 1024));
-#elif D == 128
+#if D == 128
         wgmma_rs_n128(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
 #else
         wgmma_rs_n64(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
