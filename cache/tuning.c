@@ -514,18 +514,26 @@ static void coverage_of(sqlite3_stmt *q, kiln_coverage_info *info, char *detail,
     if (id)
         memcpy(info->id, id, id_size < 32 ? id_size : 32);
     kiln_coverage_record *r = &info->record;
-    r->model_name = col_text(q, 1, &n);
-    r->config_digest = col_text(q, 2, &n);
-    r->envelope = col_text(q, 3, &n);
-    r->arch = col_text(q, 4, &n);
+    /* The text columns, and the first that holds a NUL byte: the record's
+     * checks read them as C strings, which would stop there. */
+    static const char *const names[] = {"model name", "config digest", "envelope", "architecture", "needs"};
+    static const int cols[] = {1, 2, 3, 4, 7};
+    const char **texts[] = {&r->model_name, &r->config_digest, &r->envelope, &r->arch, &r->needs};
+    const char *nul = NULL;
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        *texts[i] = col_text(q, cols[i], &n);
+        if (*texts[i] && !nul && memchr(*texts[i], 0, n))
+            nul = names[i];
+    }
     int ints = sqlite3_column_type(q, 5) == SQLITE_INTEGER && sqlite3_column_type(q, 6) == SQLITE_INTEGER;
     r->nvrtc_major = sqlite3_column_int(q, 5);
     r->nvrtc_minor = sqlite3_column_int(q, 6);
-    r->needs = col_text(q, 7, &n);
     info->created = sqlite3_column_int64(q, 9);
     detail[0] = 0;
     if (!ints)
         snprintf(detail, cap, "the NVRTC version is not integers");
+    else if (nul)
+        snprintf(detail, cap, "its %s holds a NUL byte", nul);
     else
         info->valid = kiln__coverage_row_check(id, id_size, r, sqlite3_column_blob(q, 8),
                                                (size_t)sqlite3_column_bytes(q, 8), &info->n_needs, detail, cap);
