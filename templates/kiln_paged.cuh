@@ -135,14 +135,15 @@ __device__ bool sequence_header(kiln_u32 s, const kiln_u32 *__restrict__ seq_len
     return true;
 }
 
-// The lowest of the table entries b = threadIdx.x, + THREADS, ... below the
-// sequence's page count that lies past the arena (0xffffffff: none); the
-// block's is the least over its threads.
-__device__ __forceinline__ kiln_u32 first_bad_page(const kiln_u32 *__restrict__ row, kiln_u32 len, kiln_u32 n_pages)
+// The lowest of the table entries b = first, + step, ... (by default
+// threadIdx.x, + THREADS, ...) below the sequence's page count that lies past
+// the arena (0xffffffff: none); the block's is the least over its threads.
+__device__ __forceinline__ kiln_u32 first_bad_page(const kiln_u32 *__restrict__ row, kiln_u32 len, kiln_u32 n_pages,
+                                                   kiln_u32 first = threadIdx.x, kiln_u32 step = THREADS)
 {
     const kiln_u32 blocks = (len + PT - 1) / PT;
     kiln_u32 bad = 0xffffffffu;
-    for (kiln_u32 b = threadIdx.x; b < blocks; b += THREADS)
+    for (kiln_u32 b = first; b < blocks; b += step)
         if (row[b] >= n_pages && b < bad)
             bad = b;
     return bad;

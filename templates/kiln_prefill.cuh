@@ -195,7 +195,7 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
 
 // The block of BMR rows at (x, y, z) as prefill_block_begin takes it, its
 // sequence's span and length read in one round trip and checked, but not its
-// pages: the caller checks them (prefill_first_bad_page) beside its first
+// pages: the caller checks them (first_bad_page) beside its first
 // loads. False when the block has no row or the sequence is bad (reported by
 // thread 0 of the block of tile 0 and kv head 0). No synchronization.
 template <int BMR>
@@ -211,20 +211,6 @@ __device__ __forceinline__ bool prefill_block_head(const kiln_u32 *__restrict__ 
     if (!sequence_header(b->s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
         return false;
     return prefill_block_rows<BMR>(window, b);
-}
-
-// The lowest entry of a sequence's table row below its len keys' pages that
-// lies past the arena (0xffffffff: none), found by one warp (every lane
-// calls it and gets the answer).
-__device__ __forceinline__ kiln_u32 prefill_first_bad_page(const kiln_u32 *__restrict__ row, kiln_u32 len,
-                                                           kiln_u32 n_pages)
-{
-    const kiln_u32 blocks = (len + PT - 1) / PT;
-    kiln_u32 bad = 0xffffffffu;
-    for (kiln_u32 i = threadIdx.x % 32; i < blocks; i += 32)
-        if (row[i] >= n_pages && i < bad)
-            bad = i;
-    return __reduce_min_sync(0xffffffffu, bad);
 }
 
 // A thread's two rows: the first and last key each attends (and the greater

@@ -165,7 +165,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         // checks, so that none waits on another): if one does not, tile 0's
         // stage is made full with nothing in it and the flag tells the
         // consumers to leave.
-        const kiln_u32 bad = prefill_first_bad_page(trow, q.len, n_pages);
+        const kiln_u32 bad = __reduce_min_sync(0xffffffffu, first_bad_page(trow, q.len, n_pages, lane, 32));
         if (bad != 0xffffffffu) {
             if (tid == CONSUMERS) {
                 bad_pages = 1;
