@@ -97,15 +97,14 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
                 const bool ok = row != 0xffffffffu;
                 cp_async16(sa + swz(r, ch), ok ? src + (kiln_u64)row * KD + ks * BK + ch * 8 : src, ok ? 16 : 0);
             }
+            if (!w_tma)
 #pragma unroll
-            for (kiln_u32 i = 0; i < BN / 16; i++) {
-                if (w_tma)
-                    break;
-                const kiln_u32 rho = rr + 16 * i;
-                // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
-                const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
-                cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
-            }
+                for (kiln_u32 i = 0; i < BN / 16; i++) {
+                    const kiln_u32 rho = rr + 16 * i;
+                    // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
+                    const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
+                    cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
+                }
             if (w_tma && p == 0) {
                 // The weight's rows by TMA, counted before this thread's
                 // cp.async arrival (which the phase waits for).
