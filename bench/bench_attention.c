@@ -11,10 +11,10 @@
  * pairs). --sweep: Llama decode at 1, 8 and 32 sequences, context 1024, for
  * several split targets (blocks a split decode aims at; kiln's is the
  * SMs: 132 on an H200). --prefill: prefill alone at Llama-3-8B's heads with
- * head_dim 128 and 64: 1 x 512, 1 x 4096, 4 x 1024, 1 x 16384 tokens, 512
+ * head_dim 128, 64 and 256: 1 x 512, 1 x 4096, 4 x 1024, 1 x 16384 tokens, 512
  * new tokens after 3584 cached (chunked prefill), each through the kernel
- * kiln picks ("kernel":"picked": wgmma on sm_90) and the CUDA-core one
- * ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
+ * kiln picks ("kernel":"picked": wgmma on sm_90), the mma.sync one (head_dim 64
+ * and 128) and the CUDA-core one ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
  * scaled_dot_product_attention at the same shapes.
  *
  * --only S,CTX,N: that prefill shape alone (for a profiler). --dtype bf16:
@@ -253,13 +253,15 @@ int main(int argc, char **argv)
     if (prefill) {
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
-        static const int64_t dims[] = {128, 64};
+        static const int64_t dims[] = {128, 64, 256};
         static const char *const kernels[] = {"picked", "mma", "cuda_core"};
         for (int k = 0; k < 3; k++) {
             g_kernel = kernels[k];
             kiln__paged_attention_set_prefill_kernel(k);
-            for (int d = 0; d < 2; d++)
+            for (int d = 0; d < 3; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                    if (k == 1 && dims[d] == 256) /* mma.sync takes head_dim 64 and 128 */
+                        continue;
                     if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))
                         continue;
                     const double work = (double)shapes[i].S * shapes[i].count * (shapes[i].ctx + shapes[i].count);

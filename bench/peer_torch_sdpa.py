@@ -3,7 +3,7 @@
 torch.nn.functional.scaled_dot_product_attention (is_causal=True,
 enable_gqa=True; f16, or bf16 with --dtype bf16; torch picks its backend:
 flash or cuDNN on an H200) at Llama-3-8B's heads (32 q, 8 kv) with head_dim
-128 and 64, for 1 x 512, 1 x 4096, 4 x 1024 and 1 x 16384 tokens. GPU time
+128, 64 and 256, for 1 x 512, 1 x 4096, 4 x 1024 and 1 x 16384 tokens. GPU time
 with CUDA events around iters back-to-back calls, median of 5 such runs; TFLOP/s counted as
 bench_attention counts them (4 * heads * head_dim * causal pairs). SDPA
 attends contiguous q, k and v: no RoPE, no append, no paged gather, which
@@ -44,7 +44,7 @@ def main():
     H, KVH = 32, 8
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     dev = torch.cuda.get_device_name()
-    for D in (128, 64):
+    for D in (128, 64, 256):
         for S, n in SHAPES:
             q = torch.randn(S, H, n, D, device="cuda", dtype=dtype)
             k = torch.randn(S, KVH, n, D, device="cuda", dtype=dtype)

@@ -72,15 +72,17 @@ void kiln__paged_attention_set_two_kernel_decode(int on)
  * block an SM (bench/bench_attention --sweep shows both). At head_dim 64: 4. */
 static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 128 && !deep ? 3u : 4u; }
 
-/* The wgmma prefill kernel's threads and shared memory (templates/paged_prefill.cu's
- * THREADS and SMEM_BYTES): q for 128 rows, 3 stages (4 at head_dim 64) of K
- * and V tiles of 128 keys, and 1024 bytes of slack to align them. */
+/* The wgmma prefill kernel's threads, keys a tile and shared memory
+ * (templates/paged_prefill.cu's THREADS, BN and SMEM_BYTES): q for 128 rows,
+ * 3 stages (4 at head_dim 64, 2 at 256) of K and V tiles of 128 keys (64 at
+ * head_dim 256), and 1024 bytes of slack to align them. */
 #define PREFILL_THREADS 384
 #define PREFILL_BM 128
+static unsigned prefill_bn(int64_t head_dim) { return head_dim == 256 ? 64u : 128u; }
 static unsigned prefill_smem(int64_t head_dim)
 {
-    const unsigned stages = head_dim == 128 ? 3u : 4u;
-    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * 128 * head_dim * 2 + 1024);
+    const unsigned stages = head_dim == 256 ? 2u : head_dim == 128 ? 3u : 4u;
+    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * prefill_bn(head_dim) * head_dim * 2 + 1024);
 }
 
 /* The mma.sync prefill kernel's (templates/paged_prefill_mma.cu): 128 threads,
@@ -143,8 +145,13 @@ static int64_t rows_for(int64_t group, int decode, int64_t head_dim)
 }
 
 /* Head dims the tensor-core kernels (paged_decode, paged_prefill,
- * paged_prefill_mma) take; 256 runs on the CUDA-core kernel alone. */
+ * paged_prefill_mma) take; 256 runs on the CUDA-core kernel but for the
+ * wgmma prefill (prefill_head_dim). */
 static int tensor_core_head_dim(int64_t head_dim) { return head_dim <= 128; }
+
+/* Whether prefill on sm attends on the tensor cores at head_dim: wgmma (sm_90)
+ * takes 64, 128 and 256, mma.sync 64 and 128. */
+static int prefill_head_dim(int sm, int64_t head_dim) { return tensor_core_head_dim(head_dim) || (sm == 90 && head_dim == 256); }
 
 /* The paged_attention template's spec with rows query rows per block (16:
  * prefill; 4, 8 or 16: its decode, taken where the one-kernel decode does not
@@ -239,9 +246,12 @@ kiln_status kiln__paged_attention_arch_specs(const kiln_model_config *cfg, const
     kiln_status st;
     if ((st = kiln_op_paged_attention_spec(elt, d, h, kvh, 0, &spec)) || (st = sink(user, &spec)))
         return st;
-    if (!tensor_core_head_dim(d)) { /* the CUDA-core kernel alone, with its decode rows */
+    if (!tensor_core_head_dim(d)) { /* the CUDA-core kernel, with its decode rows, and sm_90's wgmma prefill */
         const int64_t rows = rows_for(h / kvh, 1, d);
         if (rows != rows_for(1, 0, d) && ((st = attention_spec(elt, d, h, kvh, rows, &spec)) || (st = sink(user, &spec))))
+            return st;
+        if (prefill_head_dim(sm, d) &&
+            ((st = layout_spec(elt, "paged_prefill", d, h, kvh, &spec)) || (st = sink(user, &spec))))
             return st;
         return KILN_OK;
     }
@@ -468,12 +478,32 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     return KILN_OK;
 }
 
+/* The arena for the wgmma prefill's tiles whose pages follow one another:
+ * (head_dim columns, a page's rows of head_dim elements, pages), boxes of 64
+ * columns x the page's tokens x the pages of a tile (prefill_bn), so that one
+ * copy a panel brings a tile's K (or V) of one head. */
+static kiln_status arena_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base, int64_t head_dim,
+                              int64_t pages, int64_t page_tokens)
+{
+    const cuuint64_t rows = KILN_PAGED_KV_PAGE_BYTES / (2 * (cuuint64_t)head_dim);
+    const cuuint64_t dims[3] = {(cuuint64_t)head_dim, rows, (cuuint64_t)pages},
+                     strides[2] = {(cuuint64_t)head_dim * 2, KILN_PAGED_KV_PAGE_BYTES};
+    const cuuint32_t box[3] = {64, (cuuint32_t)page_tokens, (cuuint32_t)(prefill_bn(head_dim) / page_tokens)}, es[3] = {1, 1, 1};
+    const CUtensorMapDataType type =
+        elt == KILN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    CUresult r = kiln__tensor_map_encode_tiled(rt, m, type, 3, (void *)base, dims, strides, box, es,
+                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuTensorMapEncodeTiled (" OP ", pages)");
+}
+
 typedef struct attn_launch {
     /* The wgmma prefill's view of the arena for TMA (first: CUtensorMap's
      * alignment; the struct comes from kiln__tma_calloc). */
     CUtensorMap kvmap;
-    uint32_t kv_tma;  /* whether kvmap is encoded (the kernel's argument) */
-    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kv_tma */
+    CUtensorMap kvmap3; /* the same arena as (columns, a page's rows, pages), for runs of pages */
+    uint32_t kv_tma;  /* bit 0: kvmap is encoded, bit 1: kvmap3 (the kernel's argument) */
+    int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kvmap3, kv_tma */
     kiln_runtime *rt;
     CUfunction append, attention, decode; /* decode: the one-kernel decode (then the others are NULL) */
     /* The attention's block and shared memory: 384 (wgmma) or 128 (mma.sync)
@@ -530,8 +560,9 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
         return st;
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
-                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kv_tma};
-    /* kvmap and kv_tma are the wgmma prefill's last two parameters; the other
+                         &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kvmap3,
+                         &l->kv_tma};
+    /* kvmap to kv_tma are the wgmma prefill's last parameters; the other
      * attention kernels end at fault, and the driver reads no further. */
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
@@ -667,7 +698,8 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     unsigned attention_threads = THREADS, attention_smem = 0;
     int prefill_wgmma = 0;
     const int forced = atomic_load(&prefill_forced);
-    if (!in.decode && sm >= 80 && tensor_core_head_dim(in.head_dim) && forced != KILN__PREFILL_CUDA_CORE) {
+    if (!in.decode && sm >= 80 && prefill_head_dim(sm, in.head_dim) && forced != KILN__PREFILL_CUDA_CORE &&
+        (tensor_core_head_dim(in.head_dim) || forced != KILN__PREFILL_MMA)) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
         kiln_kernel *kp;
         void *fp = NULL;
@@ -725,16 +757,22 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->kv_stride = in.kv_stride;
     l->n_pages = in.pages;
     /* The wgmma prefill reads whole pages by TMA where a page's tokens are a
-     * multiple of 8 dividing its 128-key tiles (templates/paged_prefill.cu's
+     * multiple of 8 dividing its tiles of keys (templates/paged_prefill.cu's
      * KV_TMA): the arena as rows of head_dim elements, boxes of 64 x the page's tokens. */
     const uint64_t map_rows = (uint64_t)in.pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in.head_dim));
     l->wgmma = prefill_wgmma;
-    if (prefill_wgmma && in.page_tokens % 8 == 0 && 128 % in.page_tokens == 0 && map_rows <= UINT32_MAX) {
+    if (prefill_wgmma && in.page_tokens % 8 == 0 && prefill_bn(in.head_dim) % in.page_tokens == 0 &&
+        map_rows <= UINT32_MAX) {
         if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)map_rows, in.page_tokens))) {
             free(l);
             return kiln__propagate(err, st);
         }
         l->kv_tma = 1;
+        if ((st = arena_map3(rt, elt, &l->kvmap3, l->pages, in.head_dim, in.pages, in.page_tokens))) {
+            free(l);
+            return kiln__propagate(err, st);
+        }
+        l->kv_tma |= 2;
     }
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;

@@ -39,6 +39,14 @@ __device__ __forceinline__ void tma(kiln_u32 dst, const kiln_tmap *m, kiln_u32 c
                  : "memory");
 }
 
+__device__ __forceinline__ void tma3(kiln_u32 dst, const kiln_tmap *m, kiln_u32 c0, kiln_u32 c1, kiln_u32 c2,
+                                     kiln_u32 bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+                 "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
 #endif
 
 // Byte offset of (row r, 16-byte chunk c) in a tile of 128-byte rows whose

@@ -94,6 +94,25 @@ __device__ __forceinline__ void wgmma_ss_n128(float *d, kiln_u64 da, kiln_u64 db
                  : "l"(da), "l"(db), "r"(1u));
 }
 
+// The same two of N = 64 (32 registers).
+__device__ __forceinline__ void wgmma_ss_n64_first(float *d, kiln_u64 da, kiln_u64 db)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS32
+                 "%32, %33, p, 1, 1, 0, 0;\n\t}"
+                 : WGMMA_D32("=f")
+                 : "l"(da), "l"(db), "r"(0u));
+}
+
+__device__ __forceinline__ void wgmma_ss_n64(float *d, kiln_u64 da, kiln_u64 db)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." KILN_ELT_PTX "." KILN_ELT_PTX " " WGMMA_REGS32
+                 "%32, %33, p, 1, 1, 0, 0;\n\t}"
+                 : WGMMA_D32("+f")
+                 : "l"(da), "l"(db), "r"(1u));
+}
+
 // d (64 x 128, f32) += A (64 x 16 kiln_elt: a, as the accumulator's rows lie)
 // . B (16 x 128, N-major in shared memory: B's rows are its K index).
 __device__ __forceinline__ void wgmma_rs_n128(float *d, const kiln_u32 *a, kiln_u64 db)

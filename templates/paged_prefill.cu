@@ -35,7 +35,9 @@
 // The argument window: a token attends the window keys up to its own
 // (Mistral's sliding_window), 0xffffffff for every key before it; kvmap, the
 // arena as RPP rows of D elements a page in boxes of 64 x PT, 128-byte
-// swizzle, read where KV_TMA and kv_tma != 0.
+// swizzle, read where KV_TMA and kv_tma bit 0 is set; kvmap3, the arena as
+// (D columns, RPP rows, pages) in boxes of 64 x PT x BN / PT, read for a
+// tile whose pages follow one another where bit 1 is set.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
 // threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
@@ -54,8 +56,8 @@
 #define THREADS 384             // two consumer warpgroups and the producer warpgroup
 #define CONSUMERS 256
 #define BM 128                  // query rows a block: 64 a warpgroup
-#define BN 128                  // keys a tile
-#define STAGES (D == 128 ? 3 : 4)
+#define BN (D == 256 ? 64 : 128) // keys a tile (64 at head_dim 256: two stages and q fit)
+#define STAGES (D == 256 ? 2 : D == 128 ? 3 : 4)
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
@@ -70,8 +72,8 @@
 #define KV_TMA (PT % 8 == 0 && BN % PT == 0) // whole pages a tile, 8-row aligned boxes
 #define RPP (65536 / (2 * D))   // rows of D elements a page (K's, then V's from RPP / 2)
 
-#if KILN_HEAD_DIM > 128
-#error "this kernel takes head_dim 64 or 128 (256 runs on templates/paged_attention.cu)"
+#if KILN_HEAD_DIM != 64 && KILN_HEAD_DIM != 128 && KILN_HEAD_DIM != 256
+#error "this kernel takes head_dim 64, 128 or 256"
 #endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh"
@@ -101,11 +103,20 @@ __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 __device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
 {
     const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
-    wgmma_ss_n128_first(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
+#if BN == 128
+#define SCORES_FIRST wgmma_ss_n128_first
+#define SCORES_NEXT wgmma_ss_n128
+#else
+#define SCORES_FIRST wgmma_ss_n64_first
+#define SCORES_NEXT wgmma_ss_n64
+#endif
+    SCORES_FIRST(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
-        wgmma_ss_n128(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
-                      wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
+        SCORES_NEXT(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+                    wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
+#undef SCORES_FIRST
+#undef SCORES_NEXT
     wgmma_commit();
 }
 
@@ -114,7 +125,11 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-#if D == 128
+#if D == 256
+        // Two of N = 128: columns [0, 128) from V's first two panels, then the rest.
+        wgmma_rs_n128(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
+        wgmma_rs_n128(o + 64, p[kk], wgmma_desc(vst + 2 * KV_PANEL + kk * 16 * 128, KV_PANEL, 1024));
+#elif D == 128
         wgmma_rs_n128(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
 #else
         wgmma_rs_n64(o, p[kk], wgmma_desc(vst + kk * 16 * 128, KV_PANEL, 1024));
@@ -131,7 +146,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
-                   kiln_u32 kv_tma)
+                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma)
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -186,10 +201,25 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                 const kiln_u32 bar = saddr(&full[st]);
                 if (tid == CONSUMERS) {
                     kiln_u32 row[BN / PT];
+                    bool run = (kv_tma & 2u) != 0; // the tile's pages follow one another in the arena
 #pragma unroll
-                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
-                        row[pg] = trow[c0 / PT + pg] * RPP + h * PT;
+                    for (kiln_u32 pg = 0; pg < BN / PT; pg++) {
+                        const kiln_u32 page = trow[c0 / PT + pg];
+                        run = run && page == trow[c0 / PT] + pg;
+                        row[pg] = page * RPP + h * PT;
+                    }
                     expect(bar, STAGE_BYTES);
+                    if (run) {
+                        // One box of the tile's BN / PT pages a panel (kvmap3:
+                        // columns, a page's rows, pages), 4 copies rather than 32.
+#pragma unroll
+                        for (kiln_u32 half = 0; half < 2; half++)
+#pragma unroll
+                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
+                                tma3(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL, &kvmap3,
+                                     panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
+                        continue;
+                    }
 #pragma unroll
                     for (kiln_u32 pg = 0; pg < BN / PT; pg++)
 #pragma unroll

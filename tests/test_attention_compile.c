@@ -161,9 +161,9 @@ static void test_every_path_compiles_for_sm90(void **state)
 }
 
 /* head_dim 256 (Qwen3-Next's attention layers, Gemma's) runs on the CUDA-core
- * kernel alone, 8 rows a block (its decode: 4 for a group of at most 4):
- * every architecture lists that, and it compiles in f16 and bf16 for sm_90
- * and sm_80. */
+ * kernel, 8 rows a block (its decode: 4 for a group of at most 4), but for
+ * sm_90's prefill, on the wgmma kernel: every architecture lists the first,
+ * sm_90 the second too, and they compile in f16 and bf16 for sm_90. */
 static void test_head_dim_256_lists_and_compiles(void **state)
 {
     fixture *f = *state;
@@ -187,12 +187,21 @@ static void test_head_dim_256_lists_and_compiles(void **state)
                 if (b && a == 1)
                     continue; /* no bf16 before sm_80 */
                 spec_set l = arch_specs_elt(elt, 256, H, KVH, archs[a]);
-                assert_int_equal(l.n, rows == 8 ? 1 : 2);
+                const int sm90 = archs[a] && !strcmp(archs[a], "sm_90");
+                const kiln_spec wgmma = tc_prefill_spec_elt(elt, 256, H, KVH, 1);
+                assert_int_equal(l.n, (rows == 8 ? 1 : 2) + sm90);
                 assert_true(has_spec(l.items, l.n, &prefill));
                 assert_true(has_spec(l.items, l.n, &decode));
+                assert_int_equal(has_spec(l.items, l.n, &wgmma), sm90);
             }
             int compiled = 0;
             KILN_CHECK(kiln_jit_prepare(f->jit, &prefill, &compiled));
+            total++;
+            const kiln_spec wgmma = tc_prefill_spec_elt(elt, 256, H, KVH, 1);
+            kiln_status st = kiln_jit_prepare(f->jit, &wgmma, &compiled);
+            if (st)
+                fail_msg("paged_prefill head_dim 256 %lld/%lld: %s: %s", (long long)H, (long long)KVH,
+                         kiln_status_code(st), kiln_errmsg());
             total++;
             if (rows != 8) {
                 KILN_CHECK(kiln_jit_prepare(f->jit, &decode, &compiled));

@@ -168,13 +168,29 @@ static void sess_init(sess *s, gpu_fixture *f, layout L, uint32_t S, const uint3
     s->img = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
     s->back = malloc((size_t)s->n_pages * KILN_PAGED_KV_PAGE_BYTES);
     assert_true(s->table && s->len && perm && s->img && s->back);
-    for (uint32_t i = 0; i < s->n_pages; i++)
-        perm[i] = i;
-    for (uint32_t i = s->n_pages - 1; i > 0; i--) {
-        uint32_t j = kiln_rng_below(&f->rng, i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
+    /* The arena's pages in runs of 1 to 16 in a random order: a tile's pages
+     * follow one another in the arena in some tiles (one TMA box a panel in
+     * the wgmma prefill) and not in others. */
+    uint32_t *start = malloc((size_t)s->n_pages * 4), *lens = malloc((size_t)s->n_pages * 4), runs = 0;
+    assert_true(start && lens);
+    for (uint32_t p = 0; p < s->n_pages; runs++) {
+        const uint32_t want = 1 + kiln_rng_below(&f->rng, 16), left = s->n_pages - p;
+        start[runs] = p;
+        lens[runs] = want < left ? want : left;
+        p += lens[runs];
     }
+    for (uint32_t n = runs; n > 1; n--) {
+        const uint32_t i = n - 1, j = kiln_rng_below(&f->rng, n), ts = start[i], tl = lens[i];
+        start[i] = start[j];
+        lens[i] = lens[j];
+        start[j] = ts;
+        lens[j] = tl;
+    }
+    for (uint32_t r = 0, i = 0; r < runs; r++)
+        for (uint32_t k = 0; k < lens[r]; k++)
+            perm[i++] = start[r] + k;
+    free(start);
+    free(lens);
     uint32_t next = 0;
     for (uint32_t i = 0; i < S; i++) {
         uint32_t b = (cap[i] + s->pt - 1) / s->pt;
@@ -1215,8 +1231,8 @@ static void test_sliding_window(void **state)
                     window_case(f, ls[l], b ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, windows[w]);
 }
 
-/* head_dim 256 (Qwen3-Next's attention layers: 16 / 2 heads; Gemma's), which
- * runs on the CUDA-core kernel for prefill and decode on every device:
+/* head_dim 256 (Qwen3-Next's attention layers: 16 / 2 heads; Gemma's): the
+ * wgmma prefill on sm_90, the CUDA-core kernel elsewhere and for decode:
  * prefills of one sequence, packed chunked prefill, decode (one and seven
  * sequences, two steps), a sliding window, in f16 and bf16. */
 static void test_head_dim_256(void **state)

@@ -91,14 +91,16 @@
  * kv_heads and the page's tokens:
  *   sm_90: templates/paged_prefill.cu, 128 rows a block on warpgroup MMA
  *     (wgmma, built for sm_90a): a producer warpgroup streams K and V tiles
- *     of 128 keys through three stages, two consumer warpgroups take turns
- *     on the tensor cores;
+ *     of 128 keys (64 at head_dim 256) through three stages (four at
+ *     head_dim 64, two at 256) by TMA, one box a panel where a tile's pages
+ *     follow one another in the arena, and two consumer warpgroups take
+ *     turns on the tensor cores;
  *   sm_80 on otherwise: templates/paged_prefill_mma.cu, 64 rows a block on
- *     mma.sync m16n8k16 (FlashAttention-2's design);
+ *     mma.sync m16n8k16 (FlashAttention-2's design), head_dim 64 and 128;
  *   before sm_80, where a block cannot have the shared memory, and at
- *     head_dim 256 everywhere (prefill and decode): the CUDA-core kernel of
- *     templates/paged_attention.cu (16 rows a block, 8 at head_dim 256, f32
- *     arithmetic; the tensor-core kernels take head_dim 64 and 128).
+ *     head_dim 256 but on sm_90 (and decode at head_dim 256 everywhere):
+ *     the CUDA-core kernel of templates/paged_attention.cu (16 rows a block,
+ *     8 at head_dim 256, f32 arithmetic).
  * On the tensor cores q (rotated, scaled) and the softmax's p are rounded to
  * elt for their products, as FlashAttention does: an output may differ from
  * the f32 result by about 2^-11 (f16; 2^-8 in bf16) of sum p |v| / sum p
