@@ -120,7 +120,7 @@ MODELS = [
          sizes=dict(vocab_size=1536, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, head_dim=64),
          prompts=[(7, 40), (300, 34), (31, 44)]),
-    # head_dim 256 (the CUDA-core attention kernel, prefill and decode).
+    # head_dim 256 (the wgmma prefill on sm_90, the CUDA-core kernel for decode).
     dict(name="llama-hd256", cls=(LlamaConfig, LlamaForCausalLM), tie=False, theta=1000000.0,
          sizes=dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=256),
