@@ -105,7 +105,8 @@ __device__ bool sequence_header(kiln_u32 s, const kiln_u32 *__restrict__ seq_len
                                 kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_fault *fault,
                                 bool report, seq_info *out)
 {
-    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1], len = seq_lens[s];
+    // Through L2: the wgmma prefill reads these before its dependency sync.
+    const kiln_u32 start = __ldcg(spans + 2 * s), count = __ldcg(spans + 2 * s + 1), len = __ldcg(seq_lens + s);
     out->start = start;
     out->count = count;
     out->len = len;

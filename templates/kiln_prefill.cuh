@@ -51,7 +51,8 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
 // aligned runs of 8: with q 16-byte aligned they load as two 16-byte vectors
 // a head, QV heads' loads issued before any is used (one round trip, not a
 // load a dim: ncu had the scalar loads at a fifth of a 4 x 1024 block's
-// time), and store as two; otherwise dim by dim.
+// time), and store as two; otherwise dim by dim. q and the positions are
+// read through L2: the wgmma prefill reads them before its dependency sync.
 template <int BMR>
 __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt *__restrict__ qin, kiln_u32 q_stride,
                                                const kiln_u32 *__restrict__ positions, const rope_freqs &freqs,
@@ -74,12 +75,12 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
         if (vec && live)
 #pragma unroll
             for (kiln_u32 g = 0; g < QV; g++) {
-                xv[g][0] = kiln_ldg16(src0 + g * D + lo[0]);
-                xv[g][1] = kiln_ldg16(src0 + g * D + hi[0]);
+                xv[g][0] = kiln_ldcg16(src0 + g * D + lo[0]);
+                xv[g][1] = kiln_ldcg16(src0 + g * D + hi[0]);
             }
         float sn[8], cs[8];
         if (live) {
-            const float pos = (float)positions[t];
+            const float pos = (float)__ldcg(positions + t);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 rope_sincos(freqs, i0 + j, pos, &sn[j], &cs[j]);
@@ -94,8 +95,8 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
 #pragma unroll
                 for (kiln_u32 gg = 0; gg < QV; gg++)
                     if (g + gg < G) {
-                        xv[gg][0] = kiln_ldg16(src0 + (g + gg) * D + lo[0]);
-                        xv[gg][1] = kiln_ldg16(src0 + (g + gg) * D + hi[0]);
+                        xv[gg][0] = kiln_ldcg16(src0 + (g + gg) * D + lo[0]);
+                        xv[gg][1] = kiln_ldcg16(src0 + (g + gg) * D + hi[0]);
                     }
             if (row < r0 || row >= r0 + BMR)
                 continue;
@@ -109,8 +110,8 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
                     const kiln_elt *src = src0 + g * D;
 #pragma unroll
                     for (int j = 0; j < 8; j++) {
-                        x0[j] = kiln_elt_to_f32(src[lo[j]]);
-                        x1[j] = kiln_elt_to_f32(src[hi[j]]);
+                        x0[j] = kiln_elt_to_f32(__ldcg(src + lo[j]));
+                        x1[j] = kiln_elt_to_f32(__ldcg(src + hi[j]));
                     }
                 }
 #pragma unroll

@@ -70,6 +70,17 @@ __device__ __forceinline__ kiln_u32x4 kiln_ldg16(const void *p)
     return v;
 }
 
+// 16-byte load through L2 (ld.global.cg), for what a kernel reads before its
+// dependency sync (KILN_INPUT_BEFORE_DEPENDENCY_SYNC); p 16-byte aligned.
+__device__ __forceinline__ kiln_u32x4 kiln_ldcg16(const void *p)
+{
+    kiln_u32x4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ void kiln_stg16(void *p, kiln_u32x4 v)
 {
     asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)

@@ -59,7 +59,10 @@ kiln_paged_append(const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v
                   kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, rope_freqs freqs,
                   kiln_fault *fault)
 {
-    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    kiln_grid_dependency_wait_then_launch();
+    // (Wait, then launch: the attention kernel after this one reads its
+    // inputs, which kernels ahead of this one wrote, before its sync
+    // (templates/paged_prefill.cu); it may launch only once they are complete.)
     const kiln_u32 s = blockIdx.z, j0 = blockIdx.x * APPEND_TOKENS;
     if (j0 >= spans[2 * s + 1])
         return; // no new token here (a bad count is checked below)

@@ -148,7 +148,12 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
                    const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma)
 {
-    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    KILN_INPUT_BEFORE_DEPENDENCY_SYNC;
+    // Before the sync, while the append runs: the span, the length, the
+    // positions and q, which kernels ahead of the append wrote (they are
+    // complete: the append lets this kernel launch only after its own wait)
+    // and the append does not write, read through L2. The block table and
+    // the pages follow the sync.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
@@ -158,8 +163,10 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     // The span and length now; the pages by the producer, beside the
     // consumers' q loads (one round trip fewer before the first product
     // than checking them first).
-    if (!prefill_block_head<BM>(seq_lens, spans, max_blocks, tokens, max_query, window, fault, &blk))
+    if (!prefill_block_head<BM>(seq_lens, spans, max_blocks, tokens, max_query, window, fault, &blk)) {
+        kiln_grid_dependency_sync(); // no block leaves before the append is done
         return;
+    }
     const seq_info q = blk.q;
     const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
     // Tiles of keys kb + n BN, n < ntiles: from the tile of the block's first key.
@@ -180,6 +187,10 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         // checks, so that none waits on another): if one does not, tile 0's
         // stage is made full with nothing in it and the flag tells the
         // consumers to leave.
+        // The scan after the sync, through L1: through L2 before it, every
+        // block's scan of a long table cost head_dim 256 at 16384 tokens 7%
+        // (bench_attention --prefill).
+        kiln_grid_dependency_sync();
         const kiln_u32 bad = __reduce_min_sync(0xffffffffu, first_bad_page(trow, q.len, n_pages, lane, 32));
         if (bad != 0xffffffffu) {
             if (tid == CONSUMERS) {
@@ -246,6 +257,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
     fence_proxy_async();
     named_sync(BAR_Q);
+    kiln_grid_dependency_sync(); // costs nothing here: tile 0 comes after the producer's
 
     // This thread's two rows (of its warp's 16).
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, ra = wg * 64 + warp * 16 + lane / 4;
@@ -315,6 +327,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
     }
 #else
+    kiln_grid_dependency_sync();
     __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there
 #endif
 }
