@@ -879,6 +879,23 @@ __device__ bool find_record(const kiln_u32 *spans, kiln_u32 seqs, kiln_u32 token
 }
 
 
+// Whether the launch gave the block at least bytes of dynamic shared memory.
+__device__ __forceinline__ bool smem_holds(kiln_u64 bytes)
+{
+    kiln_u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    return dyn >= bytes;
+}
+
+template <int N> __device__ __forceinline__ void zero_tiles(float (&x)[N][4])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            x[n][e] = 0.0f;
+}
+
 // The chunked loop of a block, single (KEYED false: every step) or keyed
 // (rk, rq, γ, T and P from the workspace ws of `records` records a head).
 template <bool KEYED>
@@ -1018,16 +1035,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
         const int mb = w & 3;
         const bool isq = w >= 4;
         float acc[8][4], xs[NTV][4];
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[n][e] = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NTV; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                xs[n][e] = 0.0f;
+        zero_tiles(acc);
+        zero_tiles(xs);
         products<!KEYED, true>(sm, st, mb, isq, lane, acc, xs);
         if constexpr (!KEYED)
             key_post(sm, st, mb, isq, g4, t4, acc);
@@ -1288,9 +1297,7 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    kiln_u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < sizeof(chunk_smem))
+    if (!smem_holds(sizeof(chunk_smem)))
         return; // a launch with too little shared memory: nothing is touched
     chunk_run<false>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
                      nullptr, 0u);
@@ -1307,9 +1314,7 @@ kiln_gated_delta_chunk_keyed(const kiln_elt *__restrict__ q, const kiln_elt *__r
 {
     kiln_grid_dependency_sync();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    kiln_u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < sizeof(chunk_smem))
+    if (!smem_holds(sizeof(chunk_smem)))
         return;
     chunk_run<true>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
                     ws, records);
@@ -1326,9 +1331,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     kiln_grid_dependency_sync();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     keys_smem &sm = *reinterpret_cast<keys_smem *>(smem_raw);
-    kiln_u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < sizeof(keys_smem))
+    if (!smem_holds(sizeof(keys_smem)))
         return;
     const kiln_u32 r = blockIdx.x, h = blockIdx.y, kh = h / GROUP;
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
@@ -1346,11 +1349,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     const int mb = w & 3;
     const bool isq = w >= 4;
     float acc[8][4], xs[NTV][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[n][e] = 0.0f;
+    zero_tiles(acc);
     products<true, false>(sm, 0, mb, isq, lane, acc, xs);
     key_post(sm, 0, mb, isq, g4, t4, acc);
     __syncthreads();
