@@ -8,7 +8,11 @@
  *   prefill: S sequences of L tokens each, the chunked kernel (the encode's
  *           choice) and the scan (max_span_tokens 1): tokens_per_s.
  * "kernel" names the kernel the encode took ("chunk32"/"chunk64": the chunked
- * kernel with that many rows of the state a block). The peer is
+ * kernel with that many rows of the state a block). Each chunked prefill
+ * shape runs twice: "keyed" false, no workspace (the single chunked
+ * kernel), and true, a workspace bound and $KILN_GATED_DELTA_PREP=1 (the
+ * pre-pass and the keyed kernel, timed together); their ratio at each shape
+ * is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS. The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
  * prefill shapes. --dtype picks the element type of q, k, v and out (f16 or
  * bf16; the state, g and beta are f32 either way), named in each line.
@@ -143,44 +147,62 @@ int main(int argc, char **argv)
         tk.buffer = bk;
         to.buffer = bo;
         tb.buffer = bb;
-        kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span};
-        kiln_command *cmd;
-        CHECK("encode", kiln_op_gated_delta_encode(jit, &b, &cmd));
-        const int rows = kiln__gated_delta_last_rows();
-        for (long k = 0; k < iters; k++)
-            cmds[k] = cmd;
-        kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
-        for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-            kiln_fence *fence;
-            kiln_receipt receipt;
-            CHECK("launch", kiln_stream_submit(s, cmds, (size_t)iters, &so, &fence));
-            CHECK("launch", kiln_fence_wait(fence));
-            CHECK("launch", kiln_fence_receipt(fence, &receipt));
-            kiln_fence_release(fence);
-            if (r >= 0)
-                us[r] = receipt.elapsed_ms * 1e3 / (double)iters;
+        /* The keyed form (a workspace bound) beside the single kernel at the chunked shapes. */
+        const int forms = sh->max_span == 1 ? 1 : 2;
+        kiln_buffer *bw = NULL;
+        size_t ws_bytes = 0;
+        if (forms > 1) {
+            CHECK("setup", kiln_op_gated_delta_workspace(T, S, VH, &ws_bytes));
+            bw = filled(rt, ws_bytes, 0);
         }
-        bench_sort(us, (size_t)reps);
-        const double med = bench_quantile(us, (size_t)reps, 0.5);
-        bench_json j;
-        bench_json_begin(&j, BENCH);
-        bench_json_bool(&j, "peer", 0);
-        bench_json_str(&j, "phase", sh->phase);
-        bench_json_str(&j, "dtype", kiln_dtype_name(elt));
-        bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
-        bench_json_int(&j, "seqs", S);
-        bench_json_int(&j, "span", sh->span);
-        bench_json_int(&j, "dk", DK);
-        bench_json_int(&j, "dv", DV);
-        bench_json_int(&j, "key_heads", KH);
-        bench_json_int(&j, "value_heads", VH);
-        bench_json_int(&j, "iters", iters);
-        bench_json_num(&j, "median_us", med);
-        bench_json_num(&j, "min_us", us[0]);
-        bench_json_num(&j, "state_tbps", 2.0 * (double)state_bytes / (med * 1e-6) / 1e12);
-        bench_json_num(&j, "tokens_per_s", (double)T / (med * 1e-6));
-        bench_json_end(&j);
-        kiln_command_release(cmd);
+        const kiln_region ws = {bw, 0, ws_bytes};
+        for (int keyed = 0; keyed < forms; keyed++) {
+            kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span,
+                                           keyed ? &ws : NULL};
+            kiln_command *cmd;
+            setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
+            const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
+            unsetenv("KILN_GATED_DELTA_PREP");
+            CHECK("encode", est);
+            const int rows = kiln__gated_delta_last_rows(), took_keyed = kiln__gated_delta_last_keyed() == 1;
+            for (long k = 0; k < iters; k++)
+                cmds[k] = cmd;
+            kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
+            for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
+                kiln_fence *fence;
+                kiln_receipt receipt;
+                CHECK("launch", kiln_stream_submit(s, cmds, (size_t)iters, &so, &fence));
+                CHECK("launch", kiln_fence_wait(fence));
+                CHECK("launch", kiln_fence_receipt(fence, &receipt));
+                kiln_fence_release(fence);
+                if (r >= 0)
+                    us[r] = receipt.elapsed_ms * 1e3 / (double)iters;
+            }
+            bench_sort(us, (size_t)reps);
+            const double med = bench_quantile(us, (size_t)reps, 0.5);
+            bench_json j;
+            bench_json_begin(&j, BENCH);
+            bench_json_bool(&j, "peer", 0);
+            bench_json_str(&j, "phase", sh->phase);
+            bench_json_str(&j, "dtype", kiln_dtype_name(elt));
+            bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
+            bench_json_bool(&j, "keyed", took_keyed);
+            bench_json_int(&j, "seqs", S);
+            bench_json_int(&j, "span", sh->span);
+            bench_json_int(&j, "dk", DK);
+            bench_json_int(&j, "dv", DV);
+            bench_json_int(&j, "key_heads", KH);
+            bench_json_int(&j, "value_heads", VH);
+            bench_json_int(&j, "iters", iters);
+            bench_json_num(&j, "median_us", med);
+            bench_json_num(&j, "min_us", us[0]);
+            bench_json_num(&j, "state_tbps", 2.0 * (double)state_bytes / (med * 1e-6) / 1e12);
+            bench_json_num(&j, "tokens_per_s", (double)T / (med * 1e-6));
+            bench_json_int(&j, "workspace_bytes", keyed ? (int64_t)ws_bytes : 0);
+            bench_json_end(&j);
+            kiln_command_release(cmd);
+        }
+        kiln_buffer_destroy(bw);
         kiln_buffer_destroy(bq);
         kiln_buffer_destroy(bk);
         kiln_buffer_destroy(bv);

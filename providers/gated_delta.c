@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "jit/internal.h"
+#include "providers/blas.h" /* kiln__check_workspace */
 #include "providers/internal.h"
 
 #define OP "gated_delta"
@@ -14,6 +15,10 @@
 #define CHUNK_THREADS 256
 #define CHUNK_MAX_DK 128
 #define CHUNK_TOKENS 64
+/* A workspace record of the keyed form (templates/gated_delta_chunk.cu's
+ * REC_FLOATS floats): γ's two floats, rk and rq (64 each), T's and P's 10
+ * blocks of 16 x 16 each, f32. */
+#define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256) * 4)
 
 /* Lanes per row of the state: a power of two giving each lane about 8 columns. */
 static int64_t lanes_for(int64_t dk)
@@ -78,29 +83,51 @@ kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t vh, int64_t dv
     return KILN_OK;
 }
 
-kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes)
+/* The keyed form's records a value head: ceil(tokens / 64) + seqs. */
+static uint64_t records_for(int64_t tokens, int64_t seqs)
 {
-    (void)tokens;
-    (void)seqs;
+    return ((uint64_t)tokens + CHUNK_TOKENS - 1) / CHUNK_TOKENS + (uint64_t)seqs;
+}
+
+kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, int64_t vh, size_t *bytes)
+{
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
-    *bytes = 0;
+    size_t n;
+    if (tokens < 0 || tokens > (int64_t)UINT32_MAX || seqs < 1 || seqs > (int64_t)MAX_GRID || vh < 1 ||
+        vh > KILN_MODEL_MAX_HEADS ||
+        kiln__mul_overflows((size_t)records_for(tokens, seqs), (size_t)vh * RECORD_BYTES, &n))
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
+                          OP ": a workspace for %lld tokens (0..%u), %lld sequences (1..%u) and %lld value heads "
+                          "(1..%d) is out of range",
+                          (long long)tokens, UINT32_MAX, (long long)seqs, MAX_GRID, (long long)vh,
+                          KILN_MODEL_MAX_HEADS);
+    *bytes = n;
     return KILN_OK;
 }
 
-/* The chunked kernel's dynamic shared memory: sizeof(chunk_smem) of
+/* The chunked kernels' dynamic shared memory: sizeof(chunk_smem) of
  * templates/gated_delta_chunk.cu, member by member (every member a multiple
  * of 16 bytes, so there is no padding): k, q, v in two stages, g and beta,
  * the state's hi and lo terms, R (f32), the union of A and T with U and U',
- * T's partial sums, γ (two floats), rk, rq, and the maxima and scales of
- * the columns of U' and R and the rows of S. */
+ * T's partial sums, γ (two floats), rk and rq in two stages, the maxima and
+ * scales of the columns of U' and R and the rows of S, and 16 words of
+ * sums. */
 static unsigned chunk_smem(int64_t dk, int64_t rows)
 {
     const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8, ldf = C + 4;
     const uint64_t at = 2 * C * ldf * 4, u = 4 * C * ldv * 2;
     return (unsigned)(2 * (2 * C * ldk * 2) + 2 * C * ldv * 2 + 2 * 2 * C * 4 + 2 * (uint64_t)rows * ldk * 2 +
-                      C * ((uint64_t)rows + 4) * 4 + (at > u ? at : u) + 3 * 16 * 16 * 4 + 4 * C * 4 +
-                      15 * (uint64_t)rows * 4);
+                      C * ((uint64_t)rows + 4) * 4 + (at > u ? at : u) + 3 * 16 * 16 * 4 + 2 * 4 * C * 4 +
+                      15 * (uint64_t)rows * 4 + 16 * 4);
+}
+
+/* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
+ * T, T's partial sums, one stage of γ, rk and rq, and the sums. */
+static unsigned keys_smem(int64_t dk)
+{
+    const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldf = C + 4;
+    return (unsigned)(2 * C * ldk * 2 + 2 * C * 4 + 2 * C * ldf * 4 + 3 * 16 * 16 * 4 + 4 * C * 4 + 16 * 4);
 }
 
 /* The opt-in shared memory a block may have on sm, in KiB (0: unknown arch). */
@@ -237,6 +264,14 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
         for (int i = 0; i < N_BINDINGS; i++)
             if (i != written[w] && kiln__tensors_overlap(t[written[w]], bytes[written[w]], t[i], bytes[i]))
                 return kiln__fail(err, KILN_ERR_RUNTIME_CONTRACT, OP ": %s overlaps %s", names[written[w]], names[i]);
+    /* The workspace: checked whenever given, whichever kernel the encode takes. */
+    if (local.workspace) {
+        size_t need;
+        if ((st = kiln_op_gated_delta_workspace(T, S, VH, &need)))
+            return kiln__propagate(err, st);
+        if ((st = kiln__check_workspace(err, OP, local.workspace, rt, need, t, bytes, names, N_BINDINGS)))
+            return st;
+    }
     const uint64_t qp = kiln__buffer_ptr(t[B_Q]->buffer) + t[B_Q]->offset,
                    kp = kiln__buffer_ptr(t[B_K]->buffer) + t[B_K]->offset,
                    sp = kiln__buffer_ptr(t[B_STATE]->buffer) + t[B_STATE]->offset;
@@ -246,24 +281,37 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
 
 typedef struct delta_launch {
     kiln_runtime *rt;
-    CUfunction fn;
-    CUdeviceptr ptr[N_BINDINGS];
-    uint32_t tokens, grid;
-    unsigned threads, smem;
+    CUfunction fn, keys; /* keys: the pre-pass, or NULL (the single kernel or the scan) */
+    CUdeviceptr ptr[N_BINDINGS], ws;
+    uint32_t tokens, grid, seqs, records, vh;
+    unsigned threads, smem, keys_smem;
 } delta_launch;
 
 enum { LAST_NONE, LAST_SCAN, LAST_CHUNK32, LAST_CHUNK64 };
-static _Thread_local int last_kernel = LAST_NONE;
+static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1;
 
 int kiln__gated_delta_last_rows(void)
 {
     return last_kernel == LAST_CHUNK64 ? 64 : last_kernel == LAST_CHUNK32 ? 32 : last_kernel == LAST_SCAN ? 0 : -1;
 }
 
+int kiln__gated_delta_last_keyed(void) { return last_keyed; }
+
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     delta_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
+    kiln_status st;
+    if (l->keys) {
+        void *ka[] = {&l->ptr[B_Q], &l->ptr[B_K], &l->ptr[B_G], &l->ptr[B_BETA], &l->ptr[B_SPANS],
+                      &l->ws,       &l->tokens,   &l->seqs};
+        const unsigned grid[3] = {l->records, l->vh, 1};
+        if ((st = kiln__launch_ex(ctx, l->rt, l->keys, grid, CHUNK_THREADS, l->keys_smem, ka, KILN__LAUNCH_PDL)))
+            return st;
+        void *args[] = {&l->ptr[B_Q],   &l->ptr[B_K],   &l->ptr[B_V], &l->ptr[B_G], &l->ptr[B_BETA], &l->ptr[B_STATE],
+                        &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens,  &fault,       &l->ws,          &l->records};
+        return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, l->smem, args);
+    }
     void *args[] = {&l->ptr[B_Q],     &l->ptr[B_K],     &l->ptr[B_V],   &l->ptr[B_G], &l->ptr[B_BETA],
                     &l->ptr[B_STATE], &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens,   &fault};
     return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, l->smem, args);
@@ -308,6 +356,23 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     return 1;
 }
 
+/* Whether the keyed form (the pre-pass into the workspace, then the keyed
+ * chunked kernel) serves a chunked launch: a workspace bound, the
+ * pre-pass's grid within a launch, and $KILN_GATED_DELTA_PREP (0: never; 1:
+ * always), else spans as long as KILN_GATED_DELTA_PREP_MIN_TOKENS (the hint
+ * as chunk_plan's). */
+static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region *ws, uint32_t max_span)
+{
+    const int64_t T = t[B_Q]->dims[0], S = t[B_SPANS]->dims[0];
+    if (!ws || records_for(T, S) > MAX_GRID)
+        return 0;
+    const char *env = getenv("KILN_GATED_DELTA_PREP");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
+        return env[0] == '1';
+    const uint64_t hint = max_span ? max_span : ((uint64_t)T + (uint64_t)S - 1) / (uint64_t)S;
+    return hint >= KILN_GATED_DELTA_PREP_MIN_TOKENS;
+}
+
 /* Raises fn's dynamic shared memory limit to smem; *fits = 0 (and KILN_OK)
  * where the device refuses it. */
 static kiln_status chunk_setup(kiln_runtime *rt, CUfunction fn, unsigned smem, int *fits)
@@ -340,19 +405,31 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     const kiln_dtype elt = t[B_Q]->dtype; /* checked: f16 or bf16, and k, v, out the same */
     kiln_spec spec;
     kiln_kernel *k = NULL;
-    void *fn = NULL;
+    void *fn = NULL, *keys = NULL;
     int rows = 0, cvec = 1, fits = 0;
-    unsigned smem = 0;
+    unsigned smem = 0, ksmem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         smem = chunk_smem(DK, rows);
         if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
-            (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)) ||
+            (st = kiln_jit_acquire(jit, &spec, &k)))
+            return kiln__propagate(err, st);
+        if (keyed_plan(t, local.workspace, local.max_span_tokens)) {
+            int kfits = 0;
+            ksmem = keys_smem(DK);
+            if ((st = kiln_kernel_function(k, "kiln_gated_delta_keys", &keys)) ||
+                (st = chunk_setup(rt, (CUfunction)keys, ksmem, &kfits)))
+                return kiln__propagate(err, st);
+            if (!kfits)
+                keys = NULL;
+        }
+        if ((st = kiln_kernel_function(k, keys ? "kiln_gated_delta_chunk_keyed" : "kiln_gated_delta_chunk", &fn)) ||
             (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
             return kiln__propagate(err, st);
     }
     if (!fits) {
         rows = 0;
         smem = 0;
+        keys = NULL;
         if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);
@@ -362,8 +439,14 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
         return kiln__fail(err, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
     l->rt = rt;
     l->fn = (CUfunction)fn;
+    l->keys = (CUfunction)keys;
     l->tokens = (uint32_t)T;
     l->smem = smem;
+    l->keys_smem = ksmem;
+    l->seqs = (uint32_t)S;
+    l->vh = (uint32_t)VH;
+    l->records = keys ? (uint32_t)records_for(T, S) : 0; /* keyed_plan: within MAX_GRID */
+    l->ws = local.workspace ? kiln__buffer_ptr(local.workspace->buffer) + local.workspace->start : 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
         l->threads = CHUNK_THREADS;
@@ -372,20 +455,29 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
         l->threads = (unsigned)threads_for(DK, DV);
     }
     last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
-    /* The replay key: the kernel and every binding (address, bytes); T and S travel in the bytes too. */
-    uint64_t params[2 * N_BINDINGS + 2];
-    kiln_region regions[N_BINDINGS];
+    last_keyed = keys != NULL;
+    /* The replay key: the kernel and every binding (address, bytes), the
+     * workspace (address, bytes: 0 without one) and whether the keyed form
+     * runs; T and S travel in the bytes too. */
+    uint64_t params[2 * N_BINDINGS + 5];
+    kiln_region regions[N_BINDINGS + 1];
     for (int i = 0; i < N_BINDINGS; i++) {
         l->ptr[i] = kiln__buffer_ptr(t[i]->buffer) + t[i]->offset;
         params[2 * i] = l->ptr[i];
         params[2 * i + 1] = bytes[i];
         regions[i] = (kiln_region){t[i]->buffer, t[i]->offset, t[i]->offset + bytes[i]};
     }
+    size_t n_regions = N_BINDINGS;
+    if (local.workspace)
+        regions[n_regions++] = *local.workspace;
     params[2 * N_BINDINGS] = (uint64_t)T;
     params[2 * N_BINDINGS + 1] = (uint64_t)S;
+    params[2 * N_BINDINGS + 2] = l->ws;
+    params[2 * N_BINDINGS + 3] = local.workspace ? local.workspace->end - local.workspace->start : 0;
+    params[2 * N_BINDINGS + 4] = keys != NULL;
     const kiln__kernel_command_desc d = {.op = OP, .participants = (uint32_t)S, .tokens = (uint32_t)T,
-                                         .regions = regions, .n_regions = N_BINDINGS, .enqueue = enqueue, .user = l,
-                                         .kernel = k, KILN__PARAMS(params)};
+                                         .dispatches = keys ? 2 : 1, .regions = regions, .n_regions = n_regions,
+                                         .enqueue = enqueue, .user = l, .kernel = k, KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &d, cmd);
 }
 

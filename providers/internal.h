@@ -157,6 +157,8 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
 /* Test hook: the rows a block of the chunked kernel the calling thread's last
  * gated delta encode took, 0 for the scan, -1 before any. */
 int kiln__gated_delta_last_rows(void);
+/* Test hook: whether that encode took the keyed form (1) or not (0), -1 before any. */
+int kiln__gated_delta_last_keyed(void);
 
 /* Paged attention: what the host knows of an invocation once it is checked.
  * bytes: each binding's bytes, in the order q, k, v, qkv, positions,

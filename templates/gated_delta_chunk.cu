@@ -13,8 +13,8 @@
 //
 // One block per (sequence, value head, ROWS rows of the state), 8 warps,
 // looping over the span's chunks in order; the block's rows of S stay in
-// registers (mma accumulators, f32) for the whole span, so there is no
-// workspace and a span of any length is one launch. Every exponent is a
+// registers (mma accumulators, f32) for the whole span, so a span of any
+// length is one launch. Every exponent is a
 // difference γ_i − γ_j with i >= j (or γ_i alone), never positive for a
 // decay, and masked entries are selected away, never multiplied: strong
 // gates underflow to 0 and weak ones keep f32 accuracy.
@@ -45,8 +45,39 @@
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
 //
 // Per chunk: the next chunk's k, q, v, g, beta load (cp.async, two stages)
-// while this one computes; norms and γ; K Kᵀ and K Sᵀ (warps 0-3) beside
-// Q Kᵀ and Q Sᵀ (warps 4-7); T; U = T R; out (warps 4-7, their scores kept
+// in registers) and the state's update (all warps).
+//
+// The keyed form. Of a chunk's steps, the norms rk and rq, γ, T and the
+// scores P depend on its k, q, g and beta alone, not on the state: the
+// single kernel (kiln_gated_delta_chunk) finds them on every block of a head
+// alike, on the chain of each chunk. kiln_gated_delta_keys, a pre-pass with
+// a block per (record, value head), finds them by the same functions into a
+// workspace; kiln_gated_delta_chunk_keyed is the loop above without those
+// steps: the next chunk's γ and norms load with its k, q, v and beta (two
+// stages), and the chunk's own T and P at its start into the space of A and
+// T, read at U = T R and at out, after the products with the state, which
+// hide the copy. Its outputs and state are the single kernel's, bit for bit.
+// In bf16 the keyed kernel still rescales each raw k and q row and rewrites
+// it as f16 (the row's maximum, no norm), the same function as the norms'
+// step, rather than reading rewritten rows from the workspace: that would
+// add 32 KiB to each record and a pre-pass store and a load of them, where
+// the rescale is one pass over rows the kernel loads anyway.
+// Workspace (floats; ceil(T / C) + S records a value head, the capacity the
+// keyed kernels take): record (r, h) at (r VH + h) REC_FLOATS; sequence s's
+// chunk c is record base(s) + c, base(s) the chunks of the spans before s
+// in sequence order (spans past the tokens have none). Spans may lie in any
+// order, so the records follow the sequences, not the tokens; each block
+// sums base from spans itself. Spans that share no tokens have at most
+// ceil(T / C) + S chunks (each span at most one partial); a sequence whose
+// records would pass the capacity (spans sharing tokens) is left alone. A
+// record: γ's two floats [C] each, rk [C], rq [C], then T's 10 blocks of
+// 16 x 16 on and below the diagonal, then P's, block (i, j) (j <= i) the
+// (i (i + 1) / 2 + j)-th, each in the mma fragment order: lane 4 g + t holds
+// 8 floats at 8 (4 g + t), float 2 e + b element (16 i + g + 8 (e & 1),
+// 16 j + 8 (e >> 1) + 2 t + b), as afrag_f32 reads an A operand and as the
+// accumulators of n-tiles 2 j, 2 j + 1 hold it. A record is written by the
+// pre-pass of the same command before the keyed kernel reads it.
+//
 // in registers) and the state's update (all warps).
 //
 // A span that ends past `tokens` is never read: the sequence's state and
@@ -59,12 +90,15 @@
 // and beta are f32 either way), KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
-// 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads; dynamic shared memory
-// sizeof(chunk_smem), which the provider computes by the same layout (a
-// launch with less does nothing). Needs sm_80 (mma.sync, cp.async).
-#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32
+// sizeof(chunk_smem) for both chunked kernels, sizeof(keys_smem) for the
+// pre-pass, which the provider computes by the same layouts (a launch with
+// less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
+// pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
+#include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32, kiln_stg16
 
 //! kiln:entry kiln_gated_delta_chunk
+//! kiln:entry kiln_gated_delta_keys
+//! kiln:entry kiln_gated_delta_chunk_keyed
 
 #define KILN_FAULT_GATED_DELTA_SPAN 8u
 
@@ -100,6 +134,10 @@
 #define NPW ((NPK + WPM - 1) / WPM) // of them a warp
 #define NPK_OK(p) (NPK % WPM == 0 || (p) < NPK) // a warp's pair p = wr + i WPM is within the key dim
 #define QK_EPS 1e-6f
+#define BLK 256                       // floats of a 16 x 16 block of T or P
+#define REC_T (4 * C)                 // a record's floats before T's blocks
+#define REC_P (REC_T + 10 * BLK)      // and before P's
+#define REC_FLOATS (REC_P + 10 * BLK) // a record: 5376 floats, 21504 bytes
 
 struct chunk_at {
     float a[C][LDF]; // A, strictly lower (block rows' lower blocks only)
@@ -108,6 +146,10 @@ struct chunk_at {
 struct chunk_u {
     kiln_f16 hi[C][LDV], lo[C][LDV];   // U
     kiln_f16 phi[C][LDV], plo[C][LDV]; // U' = e^(γ_L − γ_j) rk_j U_j
+};
+// What the pre-pass writes first in a record, and a stage of the keyed kernel's.
+struct chunk_keys {
+    float gam[C], gaml[C], rk[C], rq[C]; // γ as two floats: gam + gaml
 };
 struct chunk_smem {
     // Raw inputs, two stages: k and q in the element type as loaded, f16 (of
@@ -118,24 +160,40 @@ struct chunk_smem {
     kiln_f16 shi[KILN_ROWS][LDK], slo[KILN_ROWS][LDK]; // the state's rows at the chunk's start
     float rf[C][LDR];                                  // R
     union {
-        chunk_at at; // A and T live until U is computed
+        chunk_at at; // A and T live until U is computed (keyed: T's and P's blocks as a record holds them)
         chunk_u u;   // then U and U' take their place
     } x;
     float m[3][16][16]; // T's partial sums, a warp's each
-    float gam[C], gaml[C], rk[C], rq[C]; // γ as two floats: gam + gaml
-    float ucmax[4][KILN_ROWS];           // max |U'| of a column over 16 tokens
+    chunk_keys kv[2];   // two stages: the keyed kernel loads the next chunk's
+    float ucmax[4][KILN_ROWS];             // max |U'| of a column over 16 tokens
     float usc[KILN_ROWS], usci[KILN_ROWS]; // a column's power-of-two scale of U', and its inverse
     float rcmax[4][KILN_ROWS];             // max |R| of a column over 16 tokens
     float srmax[4][KILN_ROWS];             // max |S| of a row over a warp's columns
     float srinv[KILN_ROWS];                // the inverse of a row's scale of S
+    kiln_u32 red[16];                      // the block's sums of records
+};
+// The keyed kernel's T and P blocks in sm.x: T's at its start (U's hi and lo
+// take their place), P's at P_AT floats, where U' goes (read before it does).
+#define P_AT (C * LDV) // floats of U's hi and lo (2 C LDV halves)
+static_assert(P_AT * 4 >= 10 * BLK * 4 && (P_AT + 10 * BLK) * 4 <= sizeof(chunk_at), "T's and P's blocks fit in sm.x");
+// The pre-pass's: one stage of the inputs, A and T, T's sums and one stage of
+// the keys (members named as chunk_smem's, for the functions both use).
+struct keys_smem {
+    kiln_f16 k[1][C][LDK], q[1][C][LDK];
+    float g[1][C], beta[1][C];
+    struct {
+        chunk_at at;
+    } x;
+    float m[3][16][16];
+    chunk_keys kv[1];
+    kiln_u32 red[16];
 };
 
-__device__ __forceinline__ kiln_u32 sh_addr(const void *p)
-{
-    kiln_u32 a;
-    asm("{\n\t.reg .u64 g;\n\tcvta.to.shared.u64 g, %1;\n\tcvt.u32.u64 %0, g;\n\t}" : "=r"(a) : "l"(p));
-    return a;
-}
+
+// The builtin rather than cvta in asm: the compiler then keeps shared
+// addresses in 32 bits and folds their offsets (no 64-bit generic address
+// a row of an operand held across the chunk loop).
+__device__ __forceinline__ kiln_u32 sh_addr(const void *p) { return (kiln_u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void ldsm4(const void *p, kiln_u32 *r)
 {
@@ -227,7 +285,16 @@ __device__ __forceinline__ float f16_hi(kiln_u32 x) { return kiln_f16_to_f32((ki
 __device__ __forceinline__ float elt_lo(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x & 0xffffu)); }
 __device__ __forceinline__ float elt_hi(kiln_u32 x) { return kiln_elt_to_f32((kiln_elt)(x >> 16)); }
 
-#if KILN_VEC == 8
+__device__ __forceinline__ kiln_u32 shfl_up_u32(kiln_u32 v, int d)
+{
+    asm volatile("shfl.sync.up.b32 %0, %0, %1, 0, 0xffffffff;" : "+r"(v) : "r"(d));
+    return v;
+}
+
+// a + b, or 2^32 - 1 past it: sums of records that only spans sharing tokens
+// could carry past the capacity.
+__device__ __forceinline__ kiln_u32 sat_add(kiln_u32 a, kiln_u32 b) { return a + b < a ? 0xffffffffu : a + b; }
+
 // 16 bytes global -> shared, or 16 zero bytes when !ok (src is then not read).
 __device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
 {
@@ -235,6 +302,9 @@ __device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
                  : "memory");
 }
 
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+#if KILN_VEC == 8
 __device__ __forceinline__ void cp4(void *dst, const void *src, bool ok)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(sh_addr(dst)), "l"(src), "r"(ok ? 4 : 0)
@@ -256,19 +326,20 @@ __device__ __forceinline__ float ld_f32(const float *p)
     return v;
 }
 
-// Chunk c of the span (tokens start + c·C ...) into stage st: k, q rows
-// [C][DKP] and the block's columns of v [C][ROWS], zeros past the span, the
-// key dim and the value dim; g and beta 0 past the span.
-__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_elt *q, const kiln_elt *k,
-                                           const kiln_elt *v, const float *g, const float *beta, kiln_u32 start,
-                                           kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
+// Chunk c of the span (tokens start + c·C ...) into stage st, in three
+// parts (the caller commits the copies): k, q rows [C][DKP], zeros past the
+// span and the key dim; the block's columns of v [C][ROWS], zeros past the
+// span and the value dim; g (where G) and beta, 0 past the span.
+template <class SM>
+__device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const kiln_elt *k, kiln_u32 start,
+                                        kiln_u32 count, kiln_u32 c, kiln_u32 kh, int tid)
 {
     const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
 #if KILN_VEC == 8
     // Loops of a fixed count a thread, unrolled (a thread's e = tid + i
     // THREADS): the chunk's loads are on its chain, and a loop whose count
     // the compiler cannot see is a branch and a convergence barrier a copy.
-    constexpr int KP = DKP / 8, VP = KILN_ROWS / 8, NKQ = 2 * C * KP, NV = C * VP;
+    constexpr int KP = DKP / 8, NKQ = 2 * C * KP;
 #pragma unroll 4 // fully: spills at 64 rows a block
     for (int i = 0; i < (NKQ + THREADS - 1) / THREADS; i++) {
         const int e = tid + i * THREADS;
@@ -281,6 +352,24 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_el
             cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
         }
     }
+#else
+    for (int e = tid; e < 2 * C * DKP; e += THREADS) {
+        const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
+        const bool ok = base + r < count && col < KILN_DK;
+        const kiln_elt *src = which ? q : k;
+        const kiln_u64 t = (kiln_u64)start + base + r;
+        const kiln_elt x = ok ? ld_elt(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
+        (which ? sm.q[st][r] : sm.k[st][r])[col] = x;
+    }
+#endif
+}
+
+__device__ __forceinline__ void load_v(chunk_smem &sm, int st, const kiln_elt *v, kiln_u32 start, kiln_u32 count,
+                                       kiln_u32 c, kiln_u32 h, int row0, int tid)
+{
+    const kiln_u64 base = (kiln_u64)c * C;
+#if KILN_VEC == 8
+    constexpr int VP = KILN_ROWS / 8, NV = C * VP;
 #pragma unroll
     for (int i = 0; i < (NV + THREADS - 1) / THREADS; i++) {
         const int e = tid + i * THREADS;
@@ -292,37 +381,70 @@ __device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_el
             cp16(&sm.v[st][r][p * 8], at, ok);
         }
     }
-    static_assert(2 * C <= THREADS, "one g or beta a thread");
-    if (tid < 2 * C) {
-        const int e = tid, r = e % C;
-        const bool ok = base + r < count;
-        const float *src = e < C ? g : beta;
-        const float *at = ok ? src + ((kiln_u64)start + base + r) * KILN_VH + h : src;
-        cp4(e < C ? &sm.g[st][r] : &sm.beta[st][r], at, ok);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
 #else
-    for (int e = tid; e < 2 * C * DKP; e += THREADS) {
-        const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
-        const bool ok = base + r < count && col < KILN_DK;
-        const kiln_elt *src = which ? q : k;
-        const kiln_u64 t = (kiln_u64)start + base + r;
-        const kiln_elt x = ok ? ld_elt(src + (t * KILN_KH + kh) * KILN_DK + col) : 0;
-        (which ? sm.q[st][r] : sm.k[st][r])[col] = x;
-    }
     for (int e = tid; e < C * KILN_ROWS; e += THREADS) {
         const int r = e / KILN_ROWS, col = e % KILN_ROWS;
         const bool ok = base + r < count && row0 + col < KILN_DV;
         const kiln_u64 t = (kiln_u64)start + base + r;
         sm.v[st][r][col] = ok ? ld_elt(v + (t * KILN_VH + h) * KILN_DV + row0 + col) : 0;
     }
-    for (int e = tid; e < 2 * C; e += THREADS) {
+#endif
+}
+
+template <bool G, class SM>
+__device__ __forceinline__ void load_gb(SM &sm, int st, const float *g, const float *beta, kiln_u32 start,
+                                        kiln_u32 count, kiln_u32 c, kiln_u32 h, int tid)
+{
+    const kiln_u64 base = (kiln_u64)c * C;
+#if KILN_VEC == 8
+    static_assert(2 * C <= THREADS, "one g or beta a thread");
+    if (tid < 2 * C && (G || tid >= C)) {
+        const int e = tid, r = e % C;
+        const bool ok = base + r < count;
+        const float *src = e < C ? g : beta;
+        const float *at = ok ? src + ((kiln_u64)start + base + r) * KILN_VH + h : src;
+        cp4(e < C ? &sm.g[st][r] : &sm.beta[st][r], at, ok);
+    }
+#else
+    for (int e = G ? tid : C + tid; e < 2 * C; e += THREADS) {
         const int r = e % C;
         const bool ok = base + r < count;
         const float x = ok ? ld_f32((e < C ? g : beta) + ((kiln_u64)start + base + r) * KILN_VH + h) : 0.0f;
         (e < C ? sm.g[st] : sm.beta[st])[r] = x;
     }
 #endif
+}
+
+// The single kernel's inputs of a chunk (G: with g, which the keyed one does not read).
+template <bool G>
+__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_elt *q, const kiln_elt *k,
+                                           const kiln_elt *v, const float *g, const float *beta, kiln_u32 start,
+                                           kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
+{
+    load_kq(sm, st, q, k, start, count, c, kh, tid);
+    load_v(sm, st, v, start, count, c, h, row0, tid);
+    load_gb<G>(sm, st, g, beta, start, count, c, h, tid);
+}
+
+// The keyed kernel's parts of a record rec: its keys into stage st (one
+// chunk ahead), and its T's and P's blocks into the space of A and T (at
+// the chunk's start).
+__device__ __forceinline__ void load_keys(chunk_smem &sm, int st, const float *rec, int tid)
+{
+    if (tid < REC_T / 4)
+        cp16(reinterpret_cast<float *>(&sm.kv[st]) + tid * 4, rec + tid * 4, true);
+}
+
+__device__ __forceinline__ void load_blocks(chunk_smem &sm, const float *rec, int tid)
+{
+    constexpr int NB = 10 * BLK / 4; // 16-byte copies of T's blocks, and as many of P's
+    static_assert(2 * NB % THREADS == 0, "whole copies a thread");
+    float *dst = reinterpret_cast<float *>(&sm.x.at);
+#pragma unroll
+    for (int i = 0; i < 2 * NB / THREADS; i++) {
+        const int e = tid + i * THREADS;
+        cp16(dst + (e < NB ? e * 4 : P_AT + (e - NB) * 4), rec + REC_T + e * 4, true);
+    }
 }
 
 // The power of two sc = 2^(13 - floor(log2 m)) that puts m in [2^13, 2^14),
@@ -373,19 +495,417 @@ __device__ __forceinline__ void bfrag_f32(const float *p, int ld, int g4, int t4
         split2(p[(2 * t4 + 8 * e) * ld + g4], p[(2 * t4 + 8 * e + 1) * ld + g4], hi[e], lo[e]);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
-                       const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
-                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
-                       kiln_u32 tokens, kiln_fault *fault)
+#if KILN_BF16
+// A bf16 row of k or q (this lane's vector hl of the half-warp's row) scaled
+// by 2^s and rewritten in place as f16 (see the header; DKP <= 128: at most
+// one vector a lane): f, this lane's scaled values, and inv = 2^-s.
+__device__ __forceinline__ void rescale_row(kiln_f16 *row, int hl, float (&f)[8], float &inv)
 {
-    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    chunk_smem &sm = *reinterpret_cast<chunk_smem *>(smem_raw);
+    const bool mine = hl < DKP / 8;
+    kiln_u32x4 x = {0u, 0u, 0u, 0u};
+    if (mine)
+        x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
+    float m = 0.0f;
+    kiln_e8_to_f32(x, f);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        m = max_f32(m, abs_f32(f[e]));
+#pragma unroll
+    for (int o = 8; o; o >>= 1)
+        m = max_f32(m, kiln_shfl_xor_f32(m, o));
+    float sc;
+    row_scale(m, sc, inv);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        f[e] *= sc;
+    if (mine)
+        *reinterpret_cast<kiln_u32x4 *>(row + hl * 8) =
+            kiln_u32x4{pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7])};
+}
+
+// The keyed kernel's part of the norms' step: every k and q row of stage st
+// rewritten as the pre-pass's norms rewrote it (a half-warp a row).
+__device__ __forceinline__ void rescale_rows(chunk_smem &sm, int st, int tid)
+{
+    const int hw = tid / 16, hl = tid % 16;
+#pragma unroll
+    for (int i = 0; i < 2 * C / (THREADS / 16); i++) {
+        const int r = hw + i * (THREADS / 16);
+        float f[8], inv;
+        rescale_row(r < C ? sm.k[st][r] : sm.q[st][r - C], hl, f, inv);
+    }
+}
+#endif
+
+// Norms of the raw k and q rows (a half-warp a row) and γ (warp 0) of stage
+// st into the keys kv[st].
+template <class SM> __device__ __forceinline__ void norms_gamma(SM &sm, int st, float scale, int tid, int w, int lane)
+{
+    chunk_keys &kv = sm.kv[st];
+    const int hw = tid / 16, hl = tid % 16;
+#pragma unroll
+    for (int i = 0; i < 2 * C / (THREADS / 16); i++) { // independent rows: their loads overlap
+        const int r = hw + i * (THREADS / 16);
+#if KILN_BF16
+        // The row rewritten as f16, its factor 1 / sqrt(|x|² + eps) / 2^s
+        // from the scaled sum of squares.
+        float f[8], inv, ss = 0.0f;
+        rescale_row(r < C ? sm.k[st][r] : sm.q[st][r - C], hl, f, inv);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            ss += f[e] * f[e];
+#pragma unroll
+        for (int o = 8; o; o >>= 1)
+            ss += kiln_shfl_xor_f32(ss, o);
+        if (hl == 0) {
+            const float n = rsqrt_approx(ss * inv * inv + QK_EPS) * inv;
+            if (r < C)
+                kv.rk[r] = n;
+            else
+                kv.rq[r - C] = n * scale;
+        }
+#else
+        const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
+        float ss = 0.0f;
+        // A fixed count of vectors a lane (DKP / 8 <= 16: at most
+        // one), so that the rows' loads and sums interleave.
+        constexpr int PV = DKP / 8;
+        if (PV == 16 || hl < PV) {
+            const kiln_u32x4 x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
+            const kiln_u32 words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float a = f16_lo(words[e]), b = f16_hi(words[e]);
+                ss += a * a + b * b;
+            }
+        }
+#pragma unroll
+        for (int m = 8; m; m >>= 1)
+            ss += kiln_shfl_xor_f32(ss, m);
+        if (hl == 0) {
+            if (r < C)
+                kv.rk[r] = rsqrt_approx(ss + QK_EPS);
+            else
+                kv.rq[r - C] = rsqrt_approx(ss + QK_EPS) * scale;
+        }
+#endif
+    }
+    // γ summed in f64 and kept as two floats, so that the difference
+    // of two close sums deep into a chunk of strong gates keeps f32's
+    // relative accuracy (one float's sum of -1000 would lose 1e-4).
+    if (w == 0) {
+        const double g0 = sm.g[st][2 * lane], g1 = sm.g[st][2 * lane + 1];
+        double x = g0 + g1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double y = shfl_up_f64(x, o);
+            if (lane >= o)
+                x += y;
+        }
+        const double a0 = x - g1;
+        kv.gam[2 * lane] = (float)a0;
+        kv.gaml[2 * lane] = (float)(a0 - (double)(float)a0);
+        kv.gam[2 * lane + 1] = (float)x;
+        kv.gaml[2 * lane + 1] = (float)(x - (double)(float)x);
+    }
+}
+
+// The chunk's products for rows mb * 16 .. of warp w: KEYS, K Kᵀ (warps
+// 0-3) or Q Kᵀ (warps 4-7, isq) into acc; STATE, K Sᵀ or Q Sᵀ into xs.
+template <bool KEYS, bool STATE, class SM>
+__device__ __forceinline__ void products(SM &sm, int st, int mb, bool isq, int lane, float (&acc)[8][4],
+                                         float (&xs)[NTV][4])
+{
+    const kiln_f16(*src)[LDK] = isq ? sm.q[st] : sm.k[st];
+    const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
+#pragma unroll
+    for (int ks = 0; ks < DKP / 16; ks++) {
+        kiln_u32 a[4], b[4];
+        ldsm4(&src[mb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8], a);
+        if constexpr (KEYS) {
+#pragma unroll
+            for (int np = 0; np < 4; np++)
+                if (np <= mb) {
+                    ldsm4(&sm.k[st][np * 16 + bn][ks * 16 + bk], b);
+                    mma16816(acc[2 * np], a, b[0], b[1]);
+                    mma16816(acc[2 * np + 1], a, b[2], b[3]);
+                }
+        }
+        if constexpr (STATE) {
+#pragma unroll
+            for (int np = 0; np < NTV / 2; np++) {
+                ldsm4(&sm.shi[np * 16 + bn][ks * 16 + bk], b);
+                mma16816(xs[2 * np], a, b[0], b[1]);
+                mma16816(xs[2 * np + 1], a, b[2], b[3]);
+                ldsm4(&sm.slo[np * 16 + bn][ks * 16 + bk], b);
+                mma16816(xs[2 * np], a, b[0], b[1]);
+                mma16816(xs[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The key side of the products: acc scaled by the norms and decayed, A
+// (warps 0-3, into sm.x.at.a) strictly below the diagonal, P (warps 4-7,
+// kept in acc) on and below it.
+template <class SM>
+__device__ __forceinline__ void key_post(SM &sm, int st, int mb, bool isq, int g4, int t4, float (&acc)[8][4])
+{
+    const chunk_keys &kv = sm.kv[st];
+    const int i0 = mb * 16 + g4;
+    const float gi[2] = {kv.gam[i0], kv.gam[i0 + 8]}, gil[2] = {kv.gaml[i0], kv.gaml[i0 + 8]};
+    const float ri[2] = {isq ? kv.rq[i0] : kv.rk[i0], isq ? kv.rq[i0 + 8] : kv.rk[i0 + 8]};
+    const float bi[2] = {sm.beta[st][i0], sm.beta[st][i0 + 8]};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+        if (n / 2 <= mb)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = i0 + (e >> 1) * 8, j = n * 8 + 2 * t4 + (e & 1);
+                const float f = ri[e >> 1] * kv.rk[j] * acc[n][e];
+                const float d = exp_approx((gi[e >> 1] - kv.gam[j]) + (gil[e >> 1] - kv.gaml[j]));
+                // A strictly below the diagonal; P on and below it.
+                acc[n][e] = (isq ? j <= i : j < i) ? (isq ? f : bi[e >> 1] * f) * d : 0.0f;
+            }
+    if (!isq) {
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            if (n / 2 <= mb)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    float *d = &sm.x.at.a[i0 + e2 * 8][n * 8 + 2 * t4];
+                    d[0] = acc[n][2 * e2];
+                    d[1] = acc[n][2 * e2 + 1];
+                }
+    }
+}
+
+// The state side: xs, S's row scale undone, times e^γ_i and the row's norm;
+// for warps 0-3 then R = b (v − that), f32, and each column's maximum over
+// the warp's 16 tokens.
+__device__ __forceinline__ void state_post(chunk_smem &sm, int st, int mb, bool isq, int g4, int t4,
+                                           float (&xs)[NTV][4])
+{
+    const chunk_keys &kv = sm.kv[st];
+    const int i0 = mb * 16 + g4;
+    const float gi[2] = {kv.gam[i0], kv.gam[i0 + 8]};
+    const float ri[2] = {isq ? kv.rq[i0] : kv.rk[i0], isq ? kv.rq[i0 + 8] : kv.rk[i0 + 8]};
+    const float bi[2] = {sm.beta[st][i0], sm.beta[st][i0 + 8]};
+    const float eg[2] = {exp_approx(gi[0]) * ri[0], exp_approx(gi[1]) * ri[1]};
+#pragma unroll
+    for (int n = 0; n < NTV; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            xs[n][e] *= sm.srinv[n * 8 + 2 * t4 + (e & 1)] * eg[e >> 1]; // S's row scale undone
+    if (!isq) {
+#pragma unroll
+        for (int n = 0; n < NTV; n++) {
+            const int col = n * 8 + 2 * t4;
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int i = i0 + e2 * 8;
+                const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
+                xs[n][2 * e2] = bi[e2] * (elt_lo(vv) - xs[n][2 * e2]);
+                xs[n][2 * e2 + 1] = bi[e2] * (elt_hi(vv) - xs[n][2 * e2 + 1]);
+                sm.rf[i][col] = xs[n][2 * e2];
+                sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
+            }
+#pragma unroll
+            for (int e1 = 0; e1 < 2; e1++) {
+                float m = max_f32(abs_f32(xs[n][e1]), abs_f32(xs[n][2 + e1]));
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1)
+                    m = max_f32(m, kiln_shfl_xor_f32(m, o));
+                if (g4 == 0)
+                    sm.rcmax[mb][col + e1] = m;
+            }
+        }
+    }
+}
+
+// T = (I + A)^-1 into sm.x.at.t from A (written before a barrier); ends
+// with a barrier.
+template <class SM> __device__ __forceinline__ void t_inverse(SM &sm, int w, int lane, int g4, int t4)
+{
+    // T's diagonal blocks: lane 16 d + c finds column c of block d, top down.
+    if (w < 2) {
+        const int d = 2 * w + (lane >> 4), cc = lane & 15, o = d * 16;
+        float t[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float x = r == cc ? 1.0f : 0.0f;
+#pragma unroll
+            for (int m = 0; m < r; m++)
+                x -= sm.x.at.a[o + r][o + m] * t[m];
+            t[r] = x;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            sm.x.at.t[o + r][o + cc] = t[r];
+    }
+    __syncthreads();
+    // The blocks below, by distance d: block (j + d, j) is warp j's,
+    // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj as two products on the tensor
+    // cores (hi and lo terms), the sum through the warp's own scratch.
+#pragma unroll 1
+    for (int dist = 1; dist < 4; dist++) {
+        if (w + dist < 4) {
+            const int bj = w, bi = w + dist;
+            float m[2][4], o[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    m[j][e] = o[j][e] = 0.0f;
+            kiln_u32 ah[4], al[4], bh[2], bl[2];
+            for (int bk = bj; bk < bi; bk++) {
+                afrag_f32(&sm.x.at.a[16 * bi][16 * bk], LDF, g4, t4, ah, al);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    bfrag_f32(&sm.x.at.t[16 * bk][16 * bj + 8 * j], LDF, g4, t4, bh, bl);
+                    mma16816(m[j], ah, bh[0], bh[1]);
+                    mma16816(m[j], ah, bl[0], bl[1]);
+                    mma16816(m[j], al, bh[0], bh[1]);
+                }
+            }
+            float *scr = &sm.m[w][0][0]; // 16 x 16
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    scr[(g4 + (e >> 1) * 8) * 16 + 8 * j + 2 * t4 + (e & 1)] = m[j][e];
+            syncwarp();
+            afrag_f32(&sm.x.at.t[16 * bi][16 * bi], LDF, g4, t4, ah, al);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                bfrag_f32(scr + 8 * j, 16, g4, t4, bh, bl);
+                mma16816(o[j], ah, bh[0], bh[1]);
+                mma16816(o[j], ah, bl[0], bl[1]);
+                mma16816(o[j], al, bh[0], bh[1]);
+            }
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sm.x.at.t[16 * bi + g4 + (e >> 1) * 8][16 * bj + 8 * j + 2 * t4 + (e & 1)] = -o[j][e];
+        }
+        __syncthreads();
+    }
+}
+
+// A record's block (i, j), j <= i: its index among the 10.
+__device__ __forceinline__ int blk_index(int i, int j) { return i * (i + 1) / 2 + j; }
+
+// The A fragment of a record's block at p (fragment order) as hi and lo
+// terms: afrag_f32's values, read where the pre-pass wrote them.
+__device__ __forceinline__ void afrag_blk(const float *p, int lane, kiln_u32 *hi, kiln_u32 *lo)
+{
+    const float *x = p + lane * 8;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        split2(x[2 * e], x[2 * e + 1], hi[e], lo[e]);
+}
+
+// The chunks of sequence s's span; none for a span past the tokens.
+__device__ __forceinline__ kiln_u32 span_chunks(const kiln_u32 *spans, kiln_u32 s, kiln_u32 tokens)
+{
+    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1];
+    return (kiln_u64)start + count > tokens ? 0u : count / C + (count % C != 0);
+}
+
+// base(seq): the records of the sequences before seq (saturated), by the
+// whole block.
+__device__ kiln_u32 records_before(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens, kiln_u32 *red, int tid)
+{
+    kiln_u32 n = 0;
+    for (kiln_u32 s = tid; s < seq; s += THREADS)
+        n = sat_add(n, span_chunks(spans, s, tokens));
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        n = sat_add(n, kiln_shfl_xor_u32(n, o));
+    if (tid % 32 == 0)
+        red[tid / 32] = n;
+    __syncthreads();
+    n = 0;
+#pragma unroll
+    for (int i = 0; i < THREADS / 32; i++)
+        n = sat_add(n, red[i]);
+    return n;
+}
+
+// The sequence and chunk whose record is r, by the whole block, a tile of
+// THREADS sequences at a time; false when r is past every sequence's.
+__device__ bool find_record(const kiln_u32 *spans, kiln_u32 seqs, kiln_u32 tokens, kiln_u32 r, kiln_u32 *red,
+                            int tid, kiln_u32 &seq, kiln_u32 &c)
+{
+    const int w = tid / 32, lane = tid % 32;
+    constexpr int NW = THREADS / 32;
+    if (tid == 0)
+        red[NW + 2] = 0u;
+    kiln_u32 base = 0;
+    for (kiln_u32 s0 = 0; s0 < seqs; s0 += THREADS) {
+        const kiln_u32 s = s0 + tid, n = s < seqs ? span_chunks(spans, s, tokens) : 0u;
+        kiln_u32 x = n; // the inclusive sum over the warp's lanes
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const kiln_u32 y = shfl_up_u32(x, o);
+            if (lane >= o)
+                x = sat_add(x, y);
+        }
+        if (lane == 31)
+            red[w] = x;
+        __syncthreads();
+        kiln_u32 before = base, total = base;
+#pragma unroll
+        for (int i = 0; i < NW; i++) {
+            if (i < w)
+                before = sat_add(before, red[i]);
+            total = sat_add(total, red[i]);
+        }
+        const kiln_u32 hi = sat_add(before, x);
+        if (n && hi != 0xffffffffu && hi - n <= r && r < hi) {
+            red[NW] = s;
+            red[NW + 1] = r - (hi - n);
+            red[NW + 2] = 1u;
+        }
+        __syncthreads();
+        if (red[NW + 2] || total > r)
+            break;
+        base = total;
+    }
+    seq = red[NW];
+    c = red[NW + 1];
+    return red[NW + 2] != 0u;
+}
+
+
+// Whether the launch gave the block at least bytes of dynamic shared memory.
+__device__ __forceinline__ bool smem_holds(kiln_u64 bytes)
+{
     kiln_u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < sizeof(chunk_smem))
-        return; // a launch with too little shared memory: nothing is touched
+    return dyn >= bytes;
+}
+
+template <int N> __device__ __forceinline__ void zero_tiles(float (&x)[N][4])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            x[n][e] = 0.0f;
+}
+
+// The chunked loop of a block, single (KEYED false: every step) or keyed
+// (rk, rq, γ, T and P from the workspace ws of `records` records a head).
+template <bool KEYED>
+__device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__restrict__ q,
+                                          const kiln_elt *__restrict__ k, const kiln_elt *__restrict__ v,
+                                          const float *__restrict__ g, const float *__restrict__ beta,
+                                          float *__restrict__ state, const kiln_u32 *__restrict__ spans,
+                                          kiln_elt *__restrict__ out, kiln_u32 tokens, kiln_fault *fault,
+                                          const float *__restrict__ ws, kiln_u32 records)
+{
 
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS; // sh = seq * VH + h
     const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
@@ -402,7 +922,19 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
     if (count == 0)
         return;
     const kiln_u32 chunks = count / C + (count % C != 0);
-    load_chunk(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, row0, tid);
+    // The sequence's records: chunk c's at rec + c · VH · REC_FLOATS.
+    const float *rec = ws;
+    if constexpr (KEYED) {
+        const kiln_u32 base = records_before(spans, seq, tokens, sm.red, tid);
+        if (base > records || chunks > records - base)
+            return; // only spans that share tokens pass the records
+        rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
+    }
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    load_chunk<!KEYED>(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, row0, tid);
+    if constexpr (KEYED)
+        load_keys(sm, 0, rec, tid);
+    cp_commit();
 
     // The block's rows of S: warp w holds rows (w % WM) * 16 .. + 15 and the
     // n-tile pairs p = w / WM + i * WPM of the key dim, in the mma
@@ -449,8 +981,16 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
         }
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
-        if (c + 1 < chunks)
-            load_chunk(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, row0, tid);
+        if constexpr (KEYED) { // this chunk's T and P: the first group of two
+            load_blocks(sm, rec + c * REC_STEP, tid);
+            cp_commit();
+        }
+        if (c + 1 < chunks) {
+            load_chunk<!KEYED>(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, row0, tid);
+            if constexpr (KEYED)
+                load_keys(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
+        }
+        cp_commit();
         // The state's terms (read after the barrier that ends the norms).
         {
             float sc[2];
@@ -482,94 +1022,12 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
             }
         }
 
-        // Norms of the raw k and q rows (a half-warp a row) and γ (warp 0).
-        {
-            const int hw = tid / 16, hl = tid % 16;
-#pragma unroll
-            for (int i = 0; i < 2 * C / (THREADS / 16); i++) { // independent rows: their loads overlap
-                const int r = hw + i * (THREADS / 16);
+        if constexpr (!KEYED)
+            norms_gamma(sm, st, scale, tid, w, lane);
 #if KILN_BF16
-                // The row scaled by 2^s and rewritten as f16 (see the header;
-                // DKP <= 128: at most one vector a lane), its factor
-                // 1 / sqrt(|x|² + eps) / 2^s from the scaled sum of squares.
-                kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
-                const bool mine = hl < DKP / 8;
-                kiln_u32x4 x = {0u, 0u, 0u, 0u};
-                if (mine)
-                    x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
-                float f[8], m = 0.0f;
-                kiln_e8_to_f32(x, f);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    m = max_f32(m, abs_f32(f[e]));
-#pragma unroll
-                for (int o = 8; o; o >>= 1)
-                    m = max_f32(m, kiln_shfl_xor_f32(m, o));
-                float sc, inv, ss = 0.0f;
-                row_scale(m, sc, inv);
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    f[e] *= sc;
-                    ss += f[e] * f[e];
-                }
-                if (mine)
-                    *reinterpret_cast<kiln_u32x4 *>(row + hl * 8) =
-                        kiln_u32x4{pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7])};
-#pragma unroll
-                for (int o = 8; o; o >>= 1)
-                    ss += kiln_shfl_xor_f32(ss, o);
-                if (hl == 0) {
-                    const float n = rsqrt_approx(ss * inv * inv + QK_EPS) * inv;
-                    if (r < C)
-                        sm.rk[r] = n;
-                    else
-                        sm.rq[r - C] = n * scale;
-                }
-#else
-                const kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
-                float ss = 0.0f;
-                // A fixed count of vectors a lane (DKP / 8 <= 16: at most
-                // one), so that the rows' loads and sums interleave.
-                constexpr int PV = DKP / 8;
-                if (PV == 16 || hl < PV) {
-                    const kiln_u32x4 x = *reinterpret_cast<const kiln_u32x4 *>(row + hl * 8);
-                    const kiln_u32 words[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float a = f16_lo(words[e]), b = f16_hi(words[e]);
-                        ss += a * a + b * b;
-                    }
-                }
-#pragma unroll
-                for (int m = 8; m; m >>= 1)
-                    ss += kiln_shfl_xor_f32(ss, m);
-                if (hl == 0) {
-                    if (r < C)
-                        sm.rk[r] = rsqrt_approx(ss + QK_EPS);
-                    else
-                        sm.rq[r - C] = rsqrt_approx(ss + QK_EPS) * scale;
-                }
+        else
+            rescale_rows(sm, st, tid);
 #endif
-            }
-            // γ summed in f64 and kept as two floats, so that the difference
-            // of two close sums deep into a chunk of strong gates keeps f32's
-            // relative accuracy (one float's sum of -1000 would lose 1e-4).
-            if (w == 0) {
-                const double g0 = sm.g[st][2 * lane], g1 = sm.g[st][2 * lane + 1];
-                double x = g0 + g1;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const double y = shfl_up_f64(x, o);
-                    if (lane >= o)
-                        x += y;
-                }
-                const double a0 = x - g1;
-                sm.gam[2 * lane] = (float)a0;
-                sm.gaml[2 * lane] = (float)(a0 - (double)(float)a0);
-                sm.gam[2 * lane + 1] = (float)x;
-                sm.gaml[2 * lane + 1] = (float)(x - (double)(float)x);
-            }
-        }
         __syncthreads();
 
         // Warps 0-3: K Kᵀ -> A and K Sᵀ -> R for rows mb * 16 ..; warps 4-7:
@@ -577,176 +1035,31 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
         const int mb = w & 3;
         const bool isq = w >= 4;
         float acc[8][4], xs[NTV][4];
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[n][e] = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NTV; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                xs[n][e] = 0.0f;
-        {
-            const kiln_f16(*src)[LDK] = isq ? sm.q[st] : sm.k[st];
-            const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
-#pragma unroll
-            for (int ks = 0; ks < DKP / 16; ks++) {
-                kiln_u32 a[4], b[4];
-                ldsm4(&src[mb * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8], a);
-#pragma unroll
-                for (int np = 0; np < 4; np++)
-                    if (np <= mb) {
-                        ldsm4(&sm.k[st][np * 16 + bn][ks * 16 + bk], b);
-                        mma16816(acc[2 * np], a, b[0], b[1]);
-                        mma16816(acc[2 * np + 1], a, b[2], b[3]);
-                    }
-#pragma unroll
-                for (int np = 0; np < NTV / 2; np++) {
-                    ldsm4(&sm.shi[np * 16 + bn][ks * 16 + bk], b);
-                    mma16816(xs[2 * np], a, b[0], b[1]);
-                    mma16816(xs[2 * np + 1], a, b[2], b[3]);
-                    ldsm4(&sm.slo[np * 16 + bn][ks * 16 + bk], b);
-                    mma16816(xs[2 * np], a, b[0], b[1]);
-                    mma16816(xs[2 * np + 1], a, b[2], b[3]);
-                }
-            }
-        }
-        {
-            const int i0 = mb * 16 + g4;
-            const float gi[2] = {sm.gam[i0], sm.gam[i0 + 8]}, gil[2] = {sm.gaml[i0], sm.gaml[i0 + 8]};
-            const float ri[2] = {isq ? sm.rq[i0] : sm.rk[i0], isq ? sm.rq[i0 + 8] : sm.rk[i0 + 8]};
-            const float bi[2] = {sm.beta[st][i0], sm.beta[st][i0 + 8]};
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-                if (n / 2 <= mb)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int i = i0 + (e >> 1) * 8, j = n * 8 + 2 * t4 + (e & 1);
-                        const float f = ri[e >> 1] * sm.rk[j] * acc[n][e];
-                        const float d = exp_approx((gi[e >> 1] - sm.gam[j]) + (gil[e >> 1] - sm.gaml[j]));
-                        // A strictly below the diagonal; P on and below it.
-                        acc[n][e] = (isq ? j <= i : j < i) ? (isq ? f : bi[e >> 1] * f) * d : 0.0f;
-                    }
-            if (!isq) {
-#pragma unroll
-                for (int n = 0; n < 8; n++)
-                    if (n / 2 <= mb)
-#pragma unroll
-                        for (int e2 = 0; e2 < 2; e2++)
-                        {
-                            float *d = &sm.x.at.a[i0 + e2 * 8][n * 8 + 2 * t4];
-                            d[0] = acc[n][2 * e2];
-                            d[1] = acc[n][2 * e2 + 1];
-                        }
-            }
-            const float eg[2] = {exp_approx(gi[0]) * ri[0], exp_approx(gi[1]) * ri[1]};
-#pragma unroll
-            for (int n = 0; n < NTV; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    xs[n][e] *= sm.srinv[n * 8 + 2 * t4 + (e & 1)] * eg[e >> 1]; // S's row scale undone
-            if (!isq) {
-                // R, f32, and each column's maximum over the warp's 16 tokens.
-#pragma unroll
-                for (int n = 0; n < NTV; n++) {
-                    const int col = n * 8 + 2 * t4;
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int i = i0 + e2 * 8;
-                        const kiln_u32 vv = *reinterpret_cast<const kiln_u32 *>(&sm.v[st][i][col]);
-                        xs[n][2 * e2] = bi[e2] * (elt_lo(vv) - xs[n][2 * e2]);
-                        xs[n][2 * e2 + 1] = bi[e2] * (elt_hi(vv) - xs[n][2 * e2 + 1]);
-                        sm.rf[i][col] = xs[n][2 * e2];
-                        sm.rf[i][col + 1] = xs[n][2 * e2 + 1];
-                    }
-#pragma unroll
-                    for (int e1 = 0; e1 < 2; e1++) {
-                        float m = max_f32(abs_f32(xs[n][e1]), abs_f32(xs[n][2 + e1]));
-#pragma unroll
-                        for (int o = 4; o < 32; o <<= 1)
-                            m = max_f32(m, kiln_shfl_xor_f32(m, o));
-                        if (g4 == 0)
-                            sm.rcmax[mb][col + e1] = m;
-                    }
-                }
-            }
-        }
+        zero_tiles(acc);
+        zero_tiles(xs);
+        products<!KEYED, true>(sm, st, mb, isq, lane, acc, xs);
+        if constexpr (!KEYED)
+            key_post(sm, st, mb, isq, g4, t4, acc);
+        state_post(sm, st, mb, isq, g4, t4, xs);
+        if constexpr (KEYED)
+            asm volatile("cp.async.wait_group 1;" ::: "memory"); // T and P
         __syncthreads();
-
-        // T's diagonal blocks: lane 16 d + c finds column c of block d, top down.
-        if (w < 2) {
-            const int d = 2 * w + (lane >> 4), cc = lane & 15, o = d * 16;
-            float t[16];
-#pragma unroll
-            for (int r = 0; r < 16; r++) {
-                float x = r == cc ? 1.0f : 0.0f;
-#pragma unroll
-                for (int m = 0; m < r; m++)
-                    x -= sm.x.at.a[o + r][o + m] * t[m];
-                t[r] = x;
-            }
-#pragma unroll
-            for (int r = 0; r < 16; r++)
-                sm.x.at.t[o + r][o + cc] = t[r];
-        }
-        __syncthreads();
-        // The blocks below, by distance d: block (j + d, j) is warp j's,
-        // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj as two products on the tensor
-        // cores (hi and lo terms), the sum through the warp's own scratch.
-#pragma unroll 1
-        for (int dist = 1; dist < 4; dist++) {
-            if (w + dist < 4) {
-                const int bj = w, bi = w + dist;
-                float m[2][4], o[2][4];
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        m[j][e] = o[j][e] = 0.0f;
-                kiln_u32 ah[4], al[4], bh[2], bl[2];
-                for (int bk = bj; bk < bi; bk++) {
-                    afrag_f32(&sm.x.at.a[16 * bi][16 * bk], LDF, g4, t4, ah, al);
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        bfrag_f32(&sm.x.at.t[16 * bk][16 * bj + 8 * j], LDF, g4, t4, bh, bl);
-                        mma16816(m[j], ah, bh[0], bh[1]);
-                        mma16816(m[j], ah, bl[0], bl[1]);
-                        mma16816(m[j], al, bh[0], bh[1]);
-                    }
-                }
-                float *scr = &sm.m[w][0][0]; // 16 x 16
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        scr[(g4 + (e >> 1) * 8) * 16 + 8 * j + 2 * t4 + (e & 1)] = m[j][e];
-                syncwarp();
-                afrag_f32(&sm.x.at.t[16 * bi][16 * bi], LDF, g4, t4, ah, al);
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    bfrag_f32(scr + 8 * j, 16, g4, t4, bh, bl);
-                    mma16816(o[j], ah, bh[0], bh[1]);
-                    mma16816(o[j], ah, bl[0], bl[1]);
-                    mma16816(o[j], al, bh[0], bh[1]);
-                }
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sm.x.at.t[16 * bi + g4 + (e >> 1) * 8][16 * bj + 8 * j + 2 * t4 + (e & 1)] = -o[j][e];
-            }
-            __syncthreads();
-        }
+        if constexpr (!KEYED)
+            t_inverse(sm, w, lane, g4, t4);
 
         // U = T R: warp w takes rows mb * 16 .. and half nh of the columns.
         {
             const int nh = w >> 2;
             kiln_u32 th[4][4], tl[4][4];
+            const float *tp = reinterpret_cast<const float *>(&sm.x.at);
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
-                if (ks <= mb)
-                    afrag_f32(&sm.x.at.t[mb * 16][ks * 16], LDF, g4, t4, th[ks], tl[ks]);
+                if (ks <= mb) {
+                    if constexpr (KEYED)
+                        afrag_blk(tp + blk_index(mb, ks) * BLK, lane, th[ks], tl[ks]);
+                    else
+                        afrag_f32(&sm.x.at.t[mb * 16][ks * 16], LDF, g4, t4, th[ks], tl[ks]);
+                }
             __syncthreads(); // every read of T before U takes its place
             float u[NTV / 2][4];
 #pragma unroll
@@ -786,12 +1099,12 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
                 for (int e = 0; e < 4; e++)
                     u[n][e] *= uinv[n][e & 1];
             // U' = e^(γ_L − γ_i) rk_i U_i, then each column's maximum over the chunk.
-            const float gl = sm.gam[C - 1], gll = sm.gaml[C - 1];
+            const float gl = sm.kv[st].gam[C - 1], gll = sm.kv[st].gaml[C - 1];
             float up[NTV / 2][4];
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = mb * 16 + g4 + e2 * 8;
-                const float el = exp_approx((gl - sm.gam[i]) + (gll - sm.gaml[i])) * sm.rk[i];
+                const float el = exp_approx((gl - sm.kv[st].gam[i]) + (gll - sm.kv[st].gaml[i])) * sm.kv[st].rk[i];
 #pragma unroll
                 for (int n = 0; n < NTV / 2; n++) {
                     const int col = nh * (NTV / 2) * 8 + n * 8 + 2 * t4;
@@ -814,6 +1127,21 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
                     if (g4 == 0)
                         sm.ucmax[mb][nh * (NTV / 2) * 8 + n * 8 + 2 * t4 + e1] = m;
                 }
+            if constexpr (KEYED) { // P as key_post leaves it in acc, before U' takes its place
+                if (isq) {
+                    const float *pp = reinterpret_cast<const float *>(&sm.x.at) + P_AT;
+#pragma unroll
+                    for (int np = 0; np < 4; np++)
+                        if (np <= mb) {
+                            const float *p = pp + blk_index(mb, np) * BLK + lane * 8;
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                acc[2 * np][e] = p[e];
+                                acc[2 * np + 1][e] = p[4 + e];
+                            }
+                        }
+                }
+            }
             __syncthreads();
             // U' enters the state's update as hi and lo terms of U' 2^s, s per
             // column (a row of S) putting its maximum in [2^13, 2^14): the
@@ -905,7 +1233,7 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
         // S = e^γ_L S + U'ᵀ K (all warps, each on its own rows and columns),
         // in the scaled rows of U': S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K.
         {
-            const float al = exp_approx(sm.gam[C - 1]);
+            const float al = exp_approx(sm.kv[st].gam[C - 1]);
             const int r0 = mbs * 16 + g4;
             const float pre[2] = {al * sm.usc[r0], al * sm.usc[r0 + 8]};
 #pragma unroll
@@ -958,5 +1286,103 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
                           col = p * 16 + j * 8 + 2 * t4 + (e & 1);
                 if (p < NPK && r < KILN_DV && col < KILN_DK)
                     srow[(kiln_u64)r * KILN_DK + col] = s[i][j][e];
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                       const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
+                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
+                       kiln_u32 tokens, kiln_fault *fault)
+{
+    kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    if (!smem_holds(sizeof(chunk_smem)))
+        return; // a launch with too little shared memory: nothing is touched
+    chunk_run<false>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
+                     nullptr, 0u);
+}
+
+// The keyed chunked kernel: kiln_gated_delta_chunk's arguments, then the
+// workspace the pre-pass wrote and its records a value head.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kiln_gated_delta_chunk_keyed(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                             const kiln_elt *__restrict__ v, const float *__restrict__ g,
+                             const float *__restrict__ beta, float *__restrict__ state,
+                             const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out, kiln_u32 tokens,
+                             kiln_fault *fault, const float *__restrict__ ws, kiln_u32 records)
+{
+    kiln_grid_dependency_sync();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    if (!smem_holds(sizeof(chunk_smem)))
+        return;
+    chunk_run<true>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
+                    ws, records);
+}
+
+// The pre-pass: block (r, h) writes record r of value head h (grid x: the
+// records, y: VH; S = seqs), or nothing where r is no sequence's. A span
+// past the tokens has no records (the chunked kernel reports it).
+extern "C" __global__ void __launch_bounds__(THREADS)
+kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const float *__restrict__ g,
+                      const float *__restrict__ beta, const kiln_u32 *__restrict__ spans, float *__restrict__ ws,
+                      kiln_u32 tokens, kiln_u32 seqs)
+{
+    kiln_grid_dependency_sync();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    keys_smem &sm = *reinterpret_cast<keys_smem *>(smem_raw);
+    if (!smem_holds(sizeof(keys_smem)))
+        return;
+    const kiln_u32 r = blockIdx.x, h = blockIdx.y, kh = h / GROUP;
+    const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
+    kiln_u32 seq, c;
+    if (!find_record(spans, seqs, tokens, r, sm.red, tid, seq, c))
+        return;
+    const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
+    load_kq(sm, 0, q, k, start, count, c, kh, tid);
+    load_gb<true>(sm, 0, g, beta, start, count, c, h, tid);
+    cp_commit();
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    norms_gamma(sm, 0, rsqrt_approx((float)KILN_DK), tid, w, lane);
+    __syncthreads();
+    const int mb = w & 3;
+    const bool isq = w >= 4;
+    float acc[8][4], xs[NTV][4];
+    zero_tiles(acc);
+    products<true, false>(sm, 0, mb, isq, lane, acc, xs);
+    key_post(sm, 0, mb, isq, g4, t4, acc);
+    __syncthreads();
+    t_inverse(sm, w, lane, g4, t4);
+
+    float *rec = ws + ((kiln_u64)r * KILN_VH + h) * REC_FLOATS;
+    if (tid < REC_T / 4)
+        kiln_stg16(rec + tid * 4, reinterpret_cast<const kiln_u32x4 *>(&sm.kv[0])[tid]);
+    // T's blocks, a warp's each (fragment order: afrag_f32's reads).
+    for (int b = w; b < 10; b += THREADS / 32) {
+        const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3, bj = b - blk_index(bi, 0);
+        float f[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float *x = &sm.x.at.t[16 * bi + g4 + (e & 1) * 8][16 * bj + (e >> 1) * 8 + 2 * t4];
+            f[2 * e] = x[0];
+            f[2 * e + 1] = x[1];
+        }
+        float *dst = rec + REC_T + b * BLK + lane * 8;
+        kiln_stg16(dst, kiln_u32x4{kiln_f32_bits(f[0]), kiln_f32_bits(f[1]), kiln_f32_bits(f[2]), kiln_f32_bits(f[3])});
+        kiln_stg16(dst + 4,
+                   kiln_u32x4{kiln_f32_bits(f[4]), kiln_f32_bits(f[5]), kiln_f32_bits(f[6]), kiln_f32_bits(f[7])});
+    }
+    // P's blocks from the accumulators of warps 4-7 (n-tiles 2 j, 2 j + 1 of block (mb, j)).
+    if (isq)
+#pragma unroll
+        for (int np = 0; np < 4; np++)
+            if (np <= mb) {
+                float *dst = rec + REC_P + blk_index(mb, np) * BLK + lane * 8;
+                const float *a0 = acc[2 * np], *a1 = acc[2 * np + 1];
+                kiln_stg16(dst, kiln_u32x4{kiln_f32_bits(a0[0]), kiln_f32_bits(a0[1]), kiln_f32_bits(a0[2]),
+                                           kiln_f32_bits(a0[3])});
+                kiln_stg16(dst + 4, kiln_u32x4{kiln_f32_bits(a1[0]), kiln_f32_bits(a1[1]), kiln_f32_bits(a1[2]),
+                                               kiln_f32_bits(a1[3])});
             }
 }

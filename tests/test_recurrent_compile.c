@@ -2,13 +2,14 @@
  * Qwen3-Next config lists (and none for a model without linear attention),
  * per architecture for the chunked kernel and in the config's element type,
  * every code path of both templates compiled offline by NVRTC in f16 and
- * bf16 (the chunked one for sm_80 and sm_90, the scan for sm_90 and, in
- * bf16, sm_80), the spec
+ * bf16 (the chunked one, its three entries, for sm_80 and sm_90, the scan
+ * for sm_90 and, in bf16, sm_80), the spec
  * and size arguments, and the validation of bindings against fake buffers (a
  * fake runtime has no driver table: a check that let a bad call through to
  * the driver would crash here). */
 #include <stdatomic.h>
 
+#include "jit/internal.h"
 #include "providers/internal.h"
 #include "offline_fixture.h"
 #include "fake_runtime.h"
@@ -194,6 +195,41 @@ static void test_chunked_kernel_compiles(void **state)
     }
 }
 
+/* The chunked template's three entries (the single kernel first: the one
+ * kiln_kernel_function(k, NULL) finds), each in the cubin NVRTC makes of it,
+ * in both element types and both vector widths. */
+static void test_chunked_template_has_three_entries(void **state)
+{
+    (void)state;
+    static const char *const want[3] = {"kiln_gated_delta_chunk", "kiln_gated_delta_keys",
+                                        "kiln_gated_delta_chunk_keyed"};
+    const kiln__template *t;
+    KILN_CHECK(kiln__template_find("gated_delta_chunk", &t));
+    assert_int_equal(t->n_entries, 3);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(t->entries[i], want[i]);
+    kiln__nvrtc_options o;
+    KILN_CHECK(kiln__options_normalize(NULL, 0, &o));
+    static const struct { kiln_dtype elt; int vec; } runs[] = {{KILN_DTYPE_F16, 8}, {KILN_DTYPE_BF16, 1}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        kiln_spec s;
+        void *cubin = NULL;
+        size_t size = 0;
+        KILN_CHECK(kiln_op_gated_delta_chunk_spec(runs[r].elt, 128, 128, 16, 32, 64, runs[r].vec, &s));
+        KILN_CHECK(kiln__compile(t, &s, &o, "sm_90", &cubin, &size));
+        for (int i = 0; i < 3; i++) {
+            const size_t n = strlen(want[i]) + 1; /* the name with its NUL: no longer name's prefix */
+            int found = 0;
+            for (size_t at = 0; at + n <= size && !found; at++)
+                found = !memcmp((const char *)cubin + at, want[i], n);
+            if (!found)
+                fail_msg("%s is not in the cubin (%s)", want[i], kiln_dtype_name(runs[r].elt));
+        }
+        free(cubin);
+    }
+    kiln__options_free(&o);
+}
+
 static void test_spec_and_size_arguments(void **state)
 {
     (void)state;
@@ -245,9 +281,23 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "out of range", NULL);
     KILN_EXPECT(kiln_op_gated_delta_state_bytes(1, 1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
+    /* The workspace: (ceil(T / 64) + S) records a value head of 21504 bytes. */
     b = 1;
-    KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, &b));
-    assert_int_equal(b, 0);
+    KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, 32, &b));
+    assert_int_equal(b, (size_t)(64 + 8) * 32 * 21504);
+    KILN_CHECK(kiln_op_gated_delta_workspace(4097, 1, 32, &b));
+    assert_int_equal(b, (size_t)(65 + 1) * 32 * 21504);
+    KILN_CHECK(kiln_op_gated_delta_workspace(0, 3, 1, &b));
+    assert_int_equal(b, (size_t)3 * 21504);
+    KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 0, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "0 sequences", "out of range");
+    KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 8, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "0 value heads", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_workspace(-1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                "-1 tokens", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_workspace((int64_t)UINT32_MAX + 1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "4294967296 tokens", NULL);
+    KILN_EXPECT(kiln_op_gated_delta_workspace(1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
     KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 64, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "BF16=0;DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
@@ -304,7 +354,7 @@ static void test_validation_names_binding_and_values(void **state)
                 st = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, VH, DV, DK),
                 spans = view(buf, 5 * MB, KILN_DTYPE_U32, 2, S, 2, 0, 0),
                 out = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, VH, DV, 0);
-    const kiln_gated_delta_bindings b = {sizeof b, &q, &k, &v, &g, &beta, &st, &spans, &out, 0};
+    const kiln_gated_delta_bindings b = {sizeof b, &q, &k, &v, &g, &beta, &st, &spans, &out, 0, NULL};
     size_t bytes[8];
     int vec = 0;
     KILN_CHECK(kiln__gated_delta_check(rt, &b, bytes, &vec));
@@ -424,13 +474,45 @@ static void test_validation_names_binding_and_values(void **state)
                 "an earlier layout", NULL);
     KILN_EXPECT(kiln__gated_delta_check(rt, NULL, bytes, &vec), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(),
                 "bindings is NULL", NULL);
+    /* The workspace: taken at its bytes (or more) on the runtime, 256-byte
+     * aligned; too small, on another runtime, misaligned or over a binding is
+     * refused naming both sizes or the binding; the first two layouts (no
+     * workspace field) read it as NULL. */
+    size_t need;
+    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, VH, &need));
+    kiln_region ws = {buf, 32 * MB, 32 * MB + need};
+    c = b;
+    c.workspace = &ws;
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    ws.end += 256;
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
+    char msg[160];
+    snprintf(msg, sizeof msg, "has %zu bytes; it must have at least %zu", need - 1, need);
+    ws = (kiln_region){buf, 32 * MB, 32 * MB + need - 1};
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "gated_delta: binding workspace", msg);
+    ws = (kiln_region){buf, 32 * MB + 128, 32 * MB + 128 + need};
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding workspace must start 256-byte aligned", NULL);
+    ws = (kiln_region){buf, 4 * MB + 8192, 4 * MB + 8192 + need}; /* over spans and out */
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding workspace", "overlaps binding spans");
+    ws = (kiln_region){foreign, 0, need};
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding workspace belongs to another runtime", NULL);
+    ws = (kiln_region){NULL, 0, need};
+    KILN_EXPECT(kiln__gated_delta_check(rt, &c, bytes, &vec), KILN_ERR_RUNTIME_CONTRACT, kiln_runtime_errmsg(rt),
+                "binding workspace has no buffer", NULL);
+    ws = (kiln_region){buf, 6 * MB, 6 * MB + need}; /* over out, but not read: an earlier size */
+    c.size = (uint32_t)offsetof(kiln_gated_delta_bindings, workspace);
+    KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
 #undef EXPECT_BAD
     /* All of q, k, v and out in bf16: taken where the device has bf16 (the
      * same bytes), each of them alone in f16 refused by name, g, beta and
      * state f32 still; before sm_80, refused naming the arch. */
     kiln_tensor q8 = q, k8 = k, v8 = v, o8 = out;
     q8.dtype = k8.dtype = v8.dtype = o8.dtype = KILN_DTYPE_BF16;
-    const kiln_gated_delta_bindings b8 = {sizeof b8, &q8, &k8, &v8, &g, &beta, &st, &spans, &o8, 0};
+    const kiln_gated_delta_bindings b8 = {sizeof b8, &q8, &k8, &v8, &g, &beta, &st, &spans, &o8, 0, NULL};
     KILN_CHECK(kiln__gated_delta_check(rt, &b8, bytes, &vec));
     assert_int_equal(vec, 4);
     assert_int_equal(bytes[0], (size_t)T * KH * DK * 2);
@@ -480,7 +562,7 @@ static void test_validation_names_binding_and_values(void **state)
                 b3 = view(buf, 4 * MB, KILN_DTYPE_F32, 2, T, 6, 0, 0),
                 s3 = view(buf, 8 * MB, KILN_DTYPE_F32, 4, S, 6, 96, 66),
                 o3 = view(buf, 6 * MB, KILN_DTYPE_F16, 3, T, 6, 96, 0);
-    c = (kiln_gated_delta_bindings){0, &q3, &k3, &v3, &g3, &b3, &s3, &spans, &o3, 0};
+    c = (kiln_gated_delta_bindings){0, &q3, &k3, &v3, &g3, &b3, &s3, &spans, &o3, 0, NULL};
     KILN_CHECK(kiln__gated_delta_check(rt, &c, bytes, &vec));
     assert_int_equal(vec, 1);
     free(buf);
@@ -496,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_arch_lists_the_chunked_kernel),
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_chunked_kernel_compiles, offline_fixture_setup, offline_fixture_teardown),
+        cmocka_unit_test(test_chunked_template_has_three_entries),
         cmocka_unit_test(test_spec_and_size_arguments),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
                                         offline_fixture_teardown),

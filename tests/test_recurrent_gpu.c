@@ -307,8 +307,6 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     KILN_CHECK(kiln_buffer_upload(bv, 0, p.v, nv * 2));
     KILN_CHECK(kiln_buffer_upload(bg, 0, p.g, ng * 4));
     KILN_CHECK(kiln_buffer_upload(bb, 0, p.beta, ng * 4));
-    KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
-    KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
     kiln_tensor tq = {.buffer = bq, .dtype = elt, .rank = 3, .dims = {p.tokens, c->kh, c->dk}}, tk = tq,
                 tv = {.buffer = bv, .dtype = elt, .rank = 3, .dims = {p.tokens, c->vh, c->dv}},
                 tg = {.buffer = bg, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {p.tokens, c->vh}}, tb = tg,
@@ -318,68 +316,116 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     tk.buffer = bk;
     tb.buffer = bb;
     to.buffer = bo;
-    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, c->max_span};
-    kiln_command *cmd;
-    KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
-    assert_true(kiln_command_replayable(cmd));
-    const int rows = kiln__gated_delta_last_rows();
-    const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
-    if (want_chunk ? rows <= 0 : rows != 0)
-        fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
-                 want_chunk ? "the chunked kernel" : "the scan");
-    for (int k = 0; k < calls; k++) {
-        KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
-        kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
-                                  .phase = k ? "decode" : "prefill"};
-        kiln_fence *fence;
-        KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
-        KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
-        KILN_CHECK(kiln_fence_wait(fence));
-        kiln_attribution a;
-        KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
-        assert_string_equal(a.op_id, "gated_delta");
-        assert_int_equal(a.path, k ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER);
-        assert_int_equal(a.participants, (uint32_t)c->seqs);
-        assert_int_equal(a.tokens, (uint32_t)T);
-        kiln_fence_release(fence);
-        KILN_CHECK(kiln_stream_synchronize(f->s));
+    /* Every chunked case runs twice: the single kernel, then the keyed form
+     * (a workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too), each from
+     * the same initial state and poisoned outputs. */
+    const int paths = c->kernel == CHUNK ? 2 : 1;
+    size_t ws_bytes;
+    KILN_CHECK(kiln_op_gated_delta_workspace(p.tokens, c->seqs, c->vh, &ws_bytes));
+    kiln_buffer *bw = paths > 1 ? buffer(f->rt, ws_bytes) : NULL;
+    const kiln_region ws = {bw, 0, ws_bytes};
+    uint16_t *got_os[2] = {NULL, NULL};
+    float *got_ss[2] = {NULL, NULL};
+    int rows = 0;
+    for (int path = 0; path < paths; path++) {
+        KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
+        KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
+        if (bw)
+            KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
+        setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
+        kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
+                                          &to,         c->max_span, path ? &ws : NULL};
+        kiln_command *cmd;
+        KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
+        unsetenv("KILN_GATED_DELTA_PREP");
+        assert_true(kiln_command_replayable(cmd));
+        rows = kiln__gated_delta_last_rows();
+        const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
+        if (want_chunk ? rows <= 0 : rows != 0)
+            fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
+                     want_chunk ? "the chunked kernel" : "the scan");
+        if (kiln__gated_delta_last_keyed() != (path && want_chunk))
+            fail_msg("%s: the encode took the %s form", c->name, path ? "single" : "keyed");
+        for (int k = 0; k < calls; k++) {
+            KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
+            kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
+                                      .phase = k ? "decode" : "prefill"};
+            kiln_fence *fence;
+            KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
+            KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
+            KILN_CHECK(kiln_fence_wait(fence));
+            kiln_attribution a;
+            KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
+            assert_string_equal(a.op_id, "gated_delta");
+            assert_int_equal(a.path, k ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER);
+            assert_int_equal(a.participants, (uint32_t)c->seqs);
+            assert_int_equal(a.tokens, (uint32_t)T);
+            kiln_fence_release(fence);
+            KILN_CHECK(kiln_stream_synchronize(f->s));
+        }
+        kiln_command_release(cmd);
+        got_os[path] = malloc(nv * 2);
+        got_ss[path] = malloc(ns * 4);
+        assert_true(got_os[path] && got_ss[path]);
+        KILN_CHECK(kiln_buffer_readback(bo, 0, got_os[path], nv * 2));
+        KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_ss[path], ns * 4));
     }
-    kiln_command_release(cmd);
+    /* The keyed form's out and state are the single kernel's, bit for bit. */
+    if (paths > 1) {
+        for (size_t i = 0; i < nv; i++)
+            if (got_os[0][i] != got_os[1][i])
+                fail_msg("%s (%s): keyed out[%zu] = 0x%04x, the single kernel's 0x%04x", c->name,
+                         kiln_dtype_name(elt), i, got_os[1][i], got_os[0][i]);
+        if (memcmp(got_ss[0], got_ss[1], ns * 4))
+            for (size_t i = 0; i < ns; i++)
+                if (memcmp(&got_ss[0][i], &got_ss[1][i], 4))
+                    fail_msg("%s (%s): keyed state[%zu] = %.9g, the single kernel's %.9g", c->name,
+                             kiln_dtype_name(elt), i, got_ss[1][i], got_ss[0][i]);
+    }
 
-    uint16_t *got_o = malloc(nv * 2);
-    float *got_s = malloc(ns * 4);
     double *ref_o = malloc(nv * 8), *ref_s = malloc(ns * 8);
-    assert_true(got_o && got_s && ref_o && ref_s);
-    KILN_CHECK(kiln_buffer_readback(bo, 0, got_o, nv * 2));
-    KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_s, ns * 4));
+    assert_true(ref_o && ref_s);
     reference(&p, (const uint32_t *const *)call_spans, calls, ref_o, ref_s);
-    double worst_o = 0, worst_s = 0;
-    const int bf16 = elt == KILN_DTYPE_BF16;
-    size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o, bf16 ? got_bf16 : got_f16,
-                              got_o, bf16 ? 0 : ldexp(1, -14), bf16 ? TOL_BF16_OUT : TOL, &worst_o);
-    wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32, got_s, 0,
-                        TOL, &worst_s);
-    /* Tokens of no span keep the poison; empty spans keep their state's bits. */
-    size_t touched = 0;
-    for (size_t t = 0; t < T; t++)
-        if (!p.covered[t])
-            for (size_t i = 0; i < (size_t)(c->vh * c->dv); i++)
-                touched += got_o[t * (size_t)(c->vh * c->dv) + i] != POISON;
-    const size_t per_seq = (size_t)(c->vh * c->dv * c->dk);
-    for (int64_t s = 0; s < c->seqs; s++)
-        if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
-            fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
-    fprintf(stderr,
-            "%s (%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g state "
-            "%.3g\n",
-            c->name, kiln_dtype_name(elt), (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh,
-            (long long)c->seqs, (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
-    if (touched)
-        fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
-                 touched);
-    if (wrong)
-        fail_msg("%s (%s): %zu elements off by more than %g (out) or %g (state)", c->name, kiln_dtype_name(elt), wrong,
-                 bf16 ? TOL_BF16_OUT : TOL, TOL);
+    for (int path = 0; path < paths; path++) {
+        const uint16_t *got_o = got_os[path];
+        const float *got_s = got_ss[path];
+        double worst_o = 0, worst_s = 0;
+        const int bf16 = elt == KILN_DTYPE_BF16;
+        /* A row's scale floored at 2^-14 in both types: f16's subnormals
+         * start there, and a row that far below its inputs' scale (a gate
+         * near 0 has decayed the state away) is a sum of terms near that
+         * scale, each rounded to the element type in the chunked form's
+         * products (bf16 rows of 2e-9 were 1.4% off). */
+        size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o,
+                                  bf16 ? got_bf16 : got_f16, got_o, ldexp(1, -14),
+                                  bf16 ? TOL_BF16_OUT : TOL, &worst_o);
+        wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32,
+                            got_s, 0, TOL, &worst_s);
+        /* Tokens of no span keep the poison; empty spans keep their state's bits. */
+        size_t touched = 0;
+        for (size_t t = 0; t < T; t++)
+            if (!p.covered[t])
+                for (size_t i = 0; i < (size_t)(c->vh * c->dv); i++)
+                    touched += got_o[t * (size_t)(c->vh * c->dv) + i] != POISON;
+        const size_t per_seq = (size_t)(c->vh * c->dv * c->dk);
+        for (int64_t s = 0; s < c->seqs; s++)
+            if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
+                fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
+        fprintf(stderr,
+                "%s (%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g "
+                "state %.3g\n",
+                c->name, kiln_dtype_name(elt), path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
+                (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
+                rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
+        if (touched)
+            fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
+                     touched);
+        if (wrong)
+            fail_msg("%s (%s): %zu elements off by more than %g (out) or %g (state)", c->name, kiln_dtype_name(elt),
+                     wrong, bf16 ? TOL_BF16_OUT : TOL, TOL);
+        free(got_os[path]);
+        free(got_ss[path]);
+    }
 
     kiln_buffer_destroy(bq);
     kiln_buffer_destroy(bk);
@@ -389,10 +435,9 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     kiln_buffer_destroy(bs);
     kiln_buffer_destroy(bsp);
     kiln_buffer_destroy(bo);
+    kiln_buffer_destroy(bw);
     for (int k = 0; k < calls; k++)
         free(call_spans[k]);
-    free(got_o);
-    free(got_s);
     free(ref_o);
     free(ref_s);
     free(counts);
@@ -492,8 +537,10 @@ static void odd_shapes(gpu_fixture *f, kiln_dtype elt)
 }
 
 /* A span past the end: a device fault naming the sequence; that sequence's
- * state is untouched; the others are computed. max_span picks the kernel. */
-static void span_past_end(gpu_fixture *f, uint32_t max_span, kiln_dtype elt)
+ * state is untouched; the others are computed. max_span picks the kernel;
+ * keyed, the chunked kernel's keyed form, whose workspace a byte short is
+ * refused first. */
+static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dtype elt)
 {
     const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
     const size_t nqk = (size_t)(T * KH * DK), nv = (size_t)(T * VH * DV), ng = (size_t)(T * VH),
@@ -526,9 +573,23 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, kiln_dtype elt)
     KILN_CHECK(kiln_buffer_upload(b, tb.offset, half, ng * 4));
     const uint32_t spans[6] = {0, 4, 5, 6, 4, 1}; /* sequence 1 ends at 11 > 10 */
     KILN_CHECK(kiln_buffer_upload(b, tsp.offset, spans, sizeof spans));
-    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, max_span};
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, max_span, NULL};
+    size_t need;
+    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, VH, &need));
+    kiln_region ws = {b, 7 * MB, 7 * MB + need - 1};
+    if (keyed) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "has %zu bytes; it must have at least %zu", need - 1, need);
+        bind.workspace = &ws;
+        KILN_EXPECT(kiln_op_gated_delta(f->jit, &bind), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+                    "gated_delta: binding workspace", msg);
+        ws.end += 1;
+        setenv("KILN_GATED_DELTA_PREP", "1", 1);
+    }
     KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    unsetenv("KILN_GATED_DELTA_PREP");
     assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
+    assert_int_equal(kiln__gated_delta_last_keyed(), keyed && chunk_device(f));
     kiln_status s = kiln_runtime_synchronize(f->rt);
     KILN_EXPECT(s, KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt), "sequence 1's span ends at token 11",
                 "past the 10 tokens");
@@ -559,8 +620,9 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, kiln_dtype elt)
 
 static void span_past_end_faults(gpu_fixture *f, kiln_dtype elt)
 {
-    span_past_end(f, 1, elt);  /* the scan */
-    span_past_end(f, 64, elt); /* the chunked kernel */
+    span_past_end(f, 1, 0, elt);  /* the scan */
+    span_past_end(f, 64, 0, elt); /* the chunked kernel */
+    span_past_end(f, 64, 1, elt); /* keyed */
 }
 
 /* Prewarm a Qwen3-Next config offline (in the element type), then encode on
@@ -608,7 +670,7 @@ static void prewarmed_model_compiles_nothing(gpu_fixture *f, kiln_dtype elt)
                 to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
     tk.offset = MB;
     tb.offset = 4 * MB;
-    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0};
+    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0, NULL};
     kiln_command *c;
     KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
     kiln_command_release(c);

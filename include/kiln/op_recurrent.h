@@ -52,8 +52,8 @@
  * count, saturated to 2^32 - 1; limit: T). Spans of different sequences must
  * not share tokens (their outputs would race); that is not checked.
  *
- * Overlaps: state and out overlap nothing (each other included); q, k, v, g,
- * beta and spans are read only and may share bytes.
+ * Overlaps: state, out and the workspace overlap nothing (each other
+ * included); q, k, v, g, beta and spans are read only and may share bytes.
  *
  * Two kernels compute it, chosen at encode; both serve any spans:
  *   the sequential scan (templates/gated_delta.cu), for decode: one block
@@ -75,13 +75,30 @@
  * chunked kernel's rows a block (where the device has the room), which is
  * otherwise chosen by the waves of blocks over the SMs. Both agree with a
  * float64 recurrence to about 1e-3 of each row's scale (tests/
- * test_recurrent_gpu.c). Workspace: none.
+ * test_recurrent_gpu.c).
+ *
+ * Workspace (optional; kiln_op_gated_delta_workspace gives its bytes): with
+ * one bound, the chunked form may run keyed: a pre-pass, parallel over
+ * (chunk, value head), finds what of each chunk depends on its k, q, g and
+ * beta alone (the norms, the decays, the inverse T and the scores q·k) into
+ * the workspace, and the chunked kernel reads them instead of finding them
+ * on its sequential chain. Its out and state are the single kernel's bit
+ * for bit. It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
+ * kernel runs), never where it is 0, and otherwise where the spans (the
+ * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
+ * (NULL) is the single kernel, as before. The workspace is written and read
+ * within the command only (its contents need not survive it); it must be on
+ * the runtime, 256-byte aligned on its device address, at least the bytes
+ * the function gives for (T, S, VH), and overlap no binding. With it, spans
+ * that share tokens (see Spans) may also leave a sequence uncomputed.
  *
  * Validation and errors as in kiln/op_norm.h: KILN_ERR_RUNTIME_CONTRACT names
  * the binding, the expected and the actual value; KILN_ERR_NO_DEVICE offline;
  * errors of acquiring the kernel pass through. The command is replayable (its
- * key: the kernel's fingerprint, every binding's address and bytes, T and S).
- * Attribution: op "gated_delta", packed, participants S, tokens T, 1 dispatch.
+ * key: the kernel's fingerprint, every binding's address and bytes, the
+ * workspace's and the form taken, T and S).
+ * Attribution: op "gated_delta", packed, participants S, tokens T, 1 dispatch
+ * (2 keyed).
  */
 #ifndef KILN_OP_RECURRENT_H
 #define KILN_OP_RECURRENT_H
@@ -104,6 +121,11 @@ struct kiln_tensor;
 
 /* The span length from which the chunked kernel is chosen (see above). */
 #define KILN_GATED_DELTA_CHUNK_MIN_TOKENS 16u
+/* The span length from which the keyed chunked form is chosen where a
+ * workspace is bound (see above): the shortest of bench/bench_recurrent.c's
+ * prefill shapes, at every one of which (16 x 256 to 1 x 16384 tokens) the
+ * keyed form was the faster on an H200. */
+#define KILN_GATED_DELTA_PREP_MIN_TOKENS 256u
 
 /* The bindings, by reference (borrowed for the call). */
 typedef struct kiln_gated_delta_bindings {
@@ -117,6 +139,10 @@ typedef struct kiln_gated_delta_bindings {
      * (every span is computed, whatever it says): 1 for decode, the longest
      * prompt part for prefill. 0: T / S rounded up. */
     uint32_t max_span_tokens;
+    /* Appended (a struct whose size ends at max_span_tokens has none): the
+     * workspace, by reference (borrowed for the call; the command keeps its
+     * address), or NULL. */
+    const kiln_region *workspace;
 } kiln_gated_delta_bindings;
 
 KILN_API kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bindings *b,
@@ -129,8 +155,15 @@ KILN_API kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_b
  * KILN_ERR_INVALID_ARGUMENT for a NULL bytes. */
 KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v_heads, int64_t dv, int64_t dk,
                                                      size_t *bytes);
-/* Workspace: always 0 (kept for the uniform provider interface). */
-KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, size_t *bytes);
+/* Bytes of the workspace (see above) of a command of T = tokens, S = seqs
+ * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 21504
+ * bytes, one per (chunk of a sequence, value head); spans that share no
+ * tokens have at most that many chunks. KILN_ERR_RUNTIME_CONTRACT for
+ * tokens outside [0, 2^32 - 1], seqs outside [1, 2^31 - 1], num_v_heads
+ * outside [1, KILN_MODEL_MAX_HEADS] or an overflow; KILN_ERR_INVALID_ARGUMENT
+ * for a NULL bytes. */
+KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, int64_t num_v_heads,
+                                                   size_t *bytes);
 
 /* The specialization for the element type elt (KILN_DTYPE_F16 or
  * KILN_DTYPE_BF16), these sizes and a vector width (4: dk % 4 == 0; or 1).
