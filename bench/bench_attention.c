@@ -21,10 +21,12 @@
  * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
  * --pages runs: each sequence's pages one run of the arena (a fresh
  * allocator's), rather than the sequences' pages interleaved (reported as
- * "pages").
+ * "pages"). --prefill-blocks N: the wgmma prefill's grid at most N blocks
+ * (default: the SMs, each block taking work items until they run out; a
+ * large N: a block an item; reported as "prefill_blocks" when given).
  *
  * Usage: bench_attention [--iters 50] [--dtype f16|bf16] [--pages interleaved|runs]
- *                        [--sweep | --prefill [--only S,CTX,N]]
+ *                        [--prefill-blocks N] [--sweep | --prefill [--only S,CTX,N]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +87,7 @@ static void fill_random(kiln_buffer *b, size_t bytes)
 }
 
 /* One case: S sequences, each with ctx cached tokens before and count new ones. */
+static long g_prefill_blocks; /* --prefill-blocks; 0: not given */
 static const char *g_kernel; /* prefill: "picked" or "cuda_core"; NULL: not reported */
 
 static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint32_t S, uint32_t ctx, uint32_t count,
@@ -184,6 +187,8 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
     bench_json_int(&j, "new_tokens", count);
     if (g_kernel)
         bench_json_str(&j, "kernel", g_kernel);
+    if (g_prefill_blocks && count > 1)
+        bench_json_int(&j, "prefill_blocks", g_prefill_blocks);
     if (count == 1) {
         bench_json_bool(&j, "split", split);
         bench_json_int(&j, "split_target", split ? target : 1);
@@ -230,9 +235,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--pages") && i + 1 < argc &&
                  (!strcmp(argv[i + 1], "interleaved") || !strcmp(argv[i + 1], "runs")))
             g_runs = !strcmp(argv[++i], "runs");
+        else if (!strcmp(argv[i], "--prefill-blocks") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
+            g_prefill_blocks = bench_parse_positive(argv[++i]);
         else {
             fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
-                            "[--dtype f16|bf16] [--pages interleaved|runs] [--sweep | --prefill [--only S,CTX,N]]\n",
+                            "[--dtype f16|bf16] [--pages interleaved|runs] [--prefill-blocks N] "
+                            "[--sweep | --prefill [--only S,CTX,N]]\n",
                     argv[i]);
             return 2;
         }
@@ -250,6 +258,7 @@ int main(int argc, char **argv)
     kiln_runtime_get_info(g_rt, &g_info);
     kiln_jit_options jo = {.runtime = g_rt};
     ck(kiln_jit_create(&jo, &g_jit), "jit");
+    kiln__paged_attention_set_prefill_blocks(g_prefill_blocks > UINT32_MAX ? UINT32_MAX : (uint32_t)g_prefill_blocks);
     if (prefill) {
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};

@@ -182,6 +182,10 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
  * split): for benchmarks and tests that compare split counts. Read at encode;
  * process-wide. */
 void kiln__paged_attention_set_split_target(uint32_t blocks);
+/* For the GPU tests and benchmarks: the wgmma prefill's grid at most this
+ * many blocks, each taking work items until they run out (0: the device's
+ * SMs; at least the items: a block an item). Read at encode; process-wide. */
+void kiln__paged_attention_set_prefill_blocks(uint32_t blocks);
 /* Test hook: 1 makes encode take the two-kernel decode (templates/paged_attention.cu)
  * where it would take the one-kernel one; process-wide. */
 void kiln__paged_attention_set_two_kernel_decode(int on);

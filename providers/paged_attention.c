@@ -38,6 +38,13 @@ void kiln__paged_attention_set_split_target(uint32_t blocks)
     atomic_store(&split_target, blocks);
 }
 
+static _Atomic uint32_t prefill_blocks; /* 0: the wgmma prefill's grid as encode picks it */
+
+void kiln__paged_attention_set_prefill_blocks(uint32_t blocks)
+{
+    atomic_store(&prefill_blocks, blocks);
+}
+
 static _Atomic int two_kernel_decode; /* 1: decode as where the one-kernel decode does not fit */
 static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test asks for */
 
@@ -512,6 +519,7 @@ typedef struct attn_launch {
     CUdeviceptr q, k, v, pos, table, lens, spans, pages, out;
     uint32_t q_stride, kv_stride, n_pages, max_blocks, tokens, max_query, seqs, kv_heads, append_tiles,
         attention_tiles;
+    uint32_t prefill_blocks; /* the wgmma prefill's grid (its work items or, persistent, one block an SM) */
     uint32_t splits; /* the one-kernel decode's blocks per row tile: one cluster */
     unsigned smem; /* the decode kernel's dynamic shared memory */
     uint32_t stages; /* and its stages (decode_stages) */
@@ -561,9 +569,13 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
                          &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kvmap3,
-                         &l->kv_tma};
-    /* kvmap to kv_tma are the wgmma prefill's last parameters; the other
-     * attention kernels end at fault, and the driver reads no further. */
+                         &l->kv_tma, &l->attention_tiles, &l->seqs};
+    /* kvmap to seqs are the wgmma prefill's last parameters, its grid one
+     * dimension of work items; the other attention kernels end at fault, and
+     * the driver reads no further. */
+    if (l->wgmma)
+        return launch3(ctx, l->rt, l->attention, l->prefill_blocks, 1, 1, l->attention_threads, l->attention_smem,
+                       attn_args, "cuLaunchKernel (paged_attention prefill)");
     return launch3(ctx, l->rt, l->attention, l->attention_tiles, l->kv_heads, l->seqs, l->attention_threads,
                    l->attention_smem, attn_args, "cuLaunchKernel (paged_attention)");
 }
@@ -782,6 +794,14 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     l->append_tiles = in.append_tiles;
     l->attention_tiles = tiles;
     l->splits = splits;
+    /* The wgmma prefill's work items, persistent (one block an SM, each
+     * taking items until they run out, its producer copying the next item's
+     * tiles under the last one's products) where there are more items than
+     * SMs, else a block an item. */
+    const uint64_t items = (uint64_t)tiles * (uint64_t)in.kv_heads * (uint64_t)in.seqs;
+    const uint32_t forced_blocks = atomic_load(&prefill_blocks);
+    const uint64_t most = forced_blocks ? forced_blocks : (uint64_t)(sms > 0 ? sms : 1);
+    l->prefill_blocks = (uint32_t)(items < most ? items : most < GRID_X_MAX ? most : GRID_X_MAX);
     l->window = d->sliding_window ? d->sliding_window : UINT32_MAX;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
@@ -800,7 +820,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
         char tag[sizeof KEY_TAG];
         uint8_t fingerprint[KILN_FINGERPRINT_SIZE];
         uint64_t ptrs[KILN__PA_BINDINGS], bytes[KILN__PA_BINDINGS];
-        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages, window;
+        uint32_t tokens, seqs, max_blocks, max_query, q_stride, kv_stride, splits, stages, window, blocks;
         float theta;
         float rope[128 + 2]; /* the launch's: frequencies, scale and rotated pairs */
     } key;
@@ -830,6 +850,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     key.splits = splits;
     key.stages = stages;
     key.window = l->window;
+    key.blocks = l->prefill_blocks;
     key.theta = d->rope_theta;
     memcpy(key.rope, l->rope, sizeof key.rope);
     const kiln__kernel_command_desc cd = {.op = OP, .participants = in.seqs, .tokens = in.tokens,

@@ -194,20 +194,24 @@ __device__ __forceinline__ bool prefill_block_begin(const kiln_u32 *__restrict__
     return prefill_block_rows<BMR>(window, b);
 }
 
-// The block of BMR rows at (x, y, z) as prefill_block_begin takes it, its
-// sequence's span and length read in one round trip and checked, but not its
-// pages: the caller checks them (first_bad_page) beside its first
-// loads. False when the block has no row or the sequence is bad (reported by
-// thread 0 of the block of tile 0 and kv head 0). No synchronization.
+// Work item i of a persistent prefill grid: rows tile `row_tiles - 1 - i /
+// (KVH seqs)` (the longest tiles first), kv head i % KVH, sequence i / KVH
+// % seqs; its sequence's span and length read in one round trip and
+// checked, but not its pages: the caller checks them (first_bad_page)
+// beside its first loads. False when the item has no row or the sequence is
+// bad (reported by thread 0 of the item of tile 0 and kv head 0). No
+// synchronization.
 template <int BMR>
-__device__ __forceinline__ bool prefill_block_head(const kiln_u32 *__restrict__ seq_lens,
-                                                   const kiln_u32 *__restrict__ spans, kiln_u32 max_blocks,
-                                                   kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
-                                                   kiln_fault *fault, prefill_block *b)
+__device__ __forceinline__ bool prefill_item_head(kiln_u64 i, kiln_u32 row_tiles, kiln_u32 seqs,
+                                                  const kiln_u32 *__restrict__ seq_lens,
+                                                  const kiln_u32 *__restrict__ spans, kiln_u32 max_blocks,
+                                                  kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
+                                                  kiln_fault *fault, prefill_block *b)
 {
-    b->tile = gridDim.x - 1 - blockIdx.x;
-    b->h = blockIdx.y;
-    b->s = blockIdx.z;
+    const kiln_u64 per_rank = (kiln_u64)KVH * seqs;
+    b->tile = row_tiles - 1 - (kiln_u32)(i / per_rank);
+    b->h = (kiln_u32)(i % KVH);
+    b->s = (kiln_u32)(i % per_rank / KVH);
     const bool report = b->tile == 0 && b->h == 0 && threadIdx.x == 0;
     if (!sequence_header(b->s, seq_lens, spans, max_blocks, tokens, max_query, fault, report, &b->q))
         return false;

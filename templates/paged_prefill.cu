@@ -2,9 +2,9 @@
 // attention half of include/kiln/op_attention.h for commands of more than one
 // new token a sequence; kiln_paged_append (templates/paged_attention.cu) runs
 // first and writes the rotated k and v to the pages.
-// A block takes 128 query rows of one sequence and kv head, row r = token *
+// A work item is 128 query rows of one sequence and kv head, row r = token *
 // G + head within the group, so a GQA group's query heads share every K and
-// V tile. Warp specialized, 288 threads:
+// V tile. Warp specialized, 384 threads:
 //   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
 //     sequence's pages into shared memory through STAGES stages, each with a
 //     full and an empty mbarrier, into 128-byte-swizzled panels
@@ -28,8 +28,8 @@
 // with exp2, and P is rounded to kiln_elt for its product, as FlashAttention
 // does. The causal mask is applied only on the tiles that cross a row's last
 // key (and, with a sliding window, the tiles that cross a row's first: a
-// block reads the keys from its first row's first on). Blocks take row tiles
-// from the last (the longest) down.
+// block reads the keys from its first row's first on). Items are taken from
+// the last row tiles (the longest) down.
 // Device data is checked as in templates/kiln_paged.cuh: a bad sequence is
 // skipped and reported through the fault record.
 // The argument window: a token attends the window keys up to its own
@@ -38,10 +38,11 @@
 // swizzle, read where KV_TMA and kv_tma bit 0 is set; kvmap3, the arena as
 // (D columns, RPP rows, pages) in boxes of 64 x PT x BN / PT, read for a
 // tile whose pages follow one another where bit 1 is set.
-// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128),
-// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = row tiles, y = kv head, z = sequence; THREADS
-// threads; dynamic shared memory SMEM_BYTES (providers/paged_attention.c
-// restates both).
+// Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128, 256),
+// KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = blocks, each taking
+// work items of (row tile, kv head, sequence), row_tiles x KVH x seqs of
+// them, until they run out (kiln_paged_prefill); THREADS threads; dynamic
+// shared memory SMEM_BYTES (providers/paged_attention.c restates both).
 #include "kiln_reduce.cuh"
 
 //! kiln:entry kiln_paged_prefill
@@ -91,7 +92,7 @@ __device__ __forceinline__ void named_arrive(kiln_u32 id)
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
 }
 
-// Waits for tile n's stage to be full, then makes the producer's copies
+// Waits for the block's tile n's stage to be full, then makes the producer's copies
 // visible to wgmma's proxy.
 __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 {
@@ -99,10 +100,10 @@ __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
     fence_proxy_async();
 }
 
-// Issues sc = Q K_n^T for warpgroup wg's 64 rows (one commit group).
-__device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kiln_u32 wg, kiln_u32 n)
+// Issues sc = Q K^T for warpgroup wg's 64 rows, K the tile at shared address
+// kst (one commit group).
+__device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 kst, kiln_u32 wg)
 {
-    const kiln_u32 kst = skv + n % STAGES * STAGE_BYTES;
 #if BN == 128
 #define SCORES_FIRST wgmma_ss_n128_first
 #define SCORES_NEXT wgmma_ss_n128
@@ -110,10 +111,14 @@ __device__ __forceinline__ void scores(float *sc, kiln_u32 sq, kiln_u32 skv, kil
 #define SCORES_FIRST wgmma_ss_n64_first
 #define SCORES_NEXT wgmma_ss_n64
 #endif
-    SCORES_FIRST(sc, wgmma_desc(sq + wg * 8192, 16, 1024), wgmma_desc(kst, 16, 1024));
+    // Q's rows opaque here, so that its descriptors are made at each call
+    // rather than hoisted out of the item loop into registers (spilled there).
+    kiln_u32 qa = sq + wg * 8192;
+    asm volatile("" : "+r"(qa));
+    SCORES_FIRST(sc, wgmma_desc(qa, 16, 1024), wgmma_desc(kst, 16, 1024));
 #pragma unroll
     for (int kk = 1; kk < D / 16; kk++)
-        SCORES_NEXT(sc, wgmma_desc(sq + (kk / 4) * Q_PANEL + wg * 8192 + (kk % 4) * 32, 16, 1024),
+        SCORES_NEXT(sc, wgmma_desc(qa + (kk / 4) * Q_PANEL + (kk % 4) * 32, 16, 1024),
                     wgmma_desc(kst + (kk / 4) * KV_PANEL + (kk % 4) * 32, 16, 1024));
 #undef SCORES_FIRST
 #undef SCORES_NEXT
@@ -140,192 +145,257 @@ __device__ __forceinline__ void product(float *o, kiln_u32 (*p)[4], kiln_u32 vst
 
 #endif
 
+// Round k's work item of this block: the items in snake order (block b takes
+// item b of round 0, gridDim.x - 1 - b of round 1, ...), so that the blocks
+// that took the longest items of one round take the shortest of the next.
+__device__ __forceinline__ kiln_u64 work_item(kiln_u32 k)
+{
+    return (kiln_u64)k * gridDim.x + (k & 1u ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Asks L2 for the q rows of item b (the producer, while the consumers are on
+// the item before): the consumers' loads of them then wait on L2, not DRAM.
+__device__ __forceinline__ void prefetch_q(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const prefill_block &b,
+                                           kiln_u32 me, kiln_u32 n)
+{
+    constexpr kiln_u32 LINES = (G * D * 2 + 127) / 128 + 1; // a token's G heads, unaligned
+    const kiln_u32 tok0 = b.r0 / G, rend = b.r0 + BM < b.nrows ? b.r0 + BM : b.nrows;
+    const kiln_u32 ntok = (rend - 1) / G + 1 - tok0;
+    for (kiln_u32 idx = me; idx < ntok * LINES; idx += n) {
+        const kiln_elt *row = qin + (kiln_u64)(b.q.start + tok0 + idx / LINES) * q_stride + (kiln_u64)(b.h * G) * D;
+        const unsigned char *line = (const unsigned char *)row + idx % LINES * 128;
+        if (line < (const unsigned char *)(row + G * D))
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+}
+#endif
+
+// Grid: x = blocks, each taking work items (prefill_item_head) in snake order
+// (work_item) until they run out: one a block where the grid is all of them,
+// or a persistent grid of one block an SM, whose producer copies the next
+// item's first tiles while the consumers finish the last.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const kiln_u32 *__restrict__ positions,
                    const kiln_u32 *__restrict__ table, const kiln_u32 *__restrict__ seq_lens,
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
-                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma)
+                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma, kiln_u32 row_tiles, kiln_u32 seqs)
 {
     KILN_INPUT_BEFORE_DEPENDENCY_SYNC;
-    // Before the sync, while the append runs: the span, the length, the
-    // positions and q, which kernels ahead of the append wrote (they are
-    // complete: the append lets this kernel launch only after its own wait)
-    // and the append does not write, read through L2. The block table and
-    // the pages follow the sync.
+    // Before the sync, while the append runs: the spans, the lengths, the
+    // positions and the first item's q, which kernels ahead of the append
+    // wrote (they are complete: the append lets this kernel launch only after
+    // its own wait) and the append does not write, read through L2. The
+    // block table and the pages follow the sync.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
-    __shared__ kiln_u32 bad_pages; // set by the producer: the sequence's pages failed their check
+    // Set by the producer for the tile slot it fills with nothing when an
+    // item's pages fail their check; the consumers clear it.
+    __shared__ kiln_u32 bad_pages[STAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
-    prefill_block blk;
-    // The span and length now; the pages by the producer, beside the
-    // consumers' q loads (one round trip fewer before the first product
-    // than checking them first).
-    if (!prefill_block_head<BM>(seq_lens, spans, max_blocks, tokens, max_query, window, fault, &blk)) {
-        kiln_grid_dependency_sync(); // no block leaves before the append is done
-        return;
-    }
-    const seq_info q = blk.q;
-    const kiln_u32 h = blk.h, s = blk.s, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
-    // Tiles of keys kb + n BN, n < ntiles: from the tile of the block's first key.
-    const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
+    const kiln_u64 items = (kiln_u64)row_tiles * KVH * seqs;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
     stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
-    if (tid == 0)
-        bad_pages = 0;
+    if (tid < STAGES)
+        bad_pages[tid] = 0;
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
-        // The producer: tile n into stage n % STAGES once its last use is over.
-        // It gives registers to the consumers, which hold two tiles' P.
+        // The producer: the items' tiles, in order, tile g (of all the
+        // block's) into stage g % STAGES once its last use is over. It gives
+        // registers to the consumers, which hold two tiles' P.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-        const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
-        // Every page the sequence reads must lie in the arena (each warp
-        // checks, so that none waits on another): if one does not, tile 0's
-        // stage is made full with nothing in it and the flag tells the
-        // consumers to leave.
         // The scan after the sync, through L1: through L2 before it, every
         // block's scan of a long table cost head_dim 256 at 16384 tokens 7%
         // (bench_attention --prefill).
         kiln_grid_dependency_sync();
-        const kiln_u32 bad = __reduce_min_sync(0xffffffffu, first_bad_page(trow, q.len, n_pages, lane, 32));
-        if (bad != 0xffffffffu) {
-            if (tid == CONSUMERS) {
-                bad_pages = 1;
-                if (blk.tile == 0 && h == 0)
-                    report_bad_page(fault, s, trow, bad, n_pages);
-            }
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&full[0])) : "memory");
-            return;
-        }
-        for (kiln_u32 n = 0; n < ntiles; n++) {
-            const kiln_u32 st = n % STAGES;
-            if (n >= STAGES)
-                bar_wait(saddr(&empty[st]), (n / STAGES - 1) & 1);
-#if KV_TMA
-            const kiln_u32 c0 = kb + n * BN;
-            if (kv_tma && c0 + BN <= ke) {
-                // The pages were checked against the arena (above).
-                const kiln_u32 bar = saddr(&full[st]);
-                if (tid == CONSUMERS) {
-                    kiln_u32 row[BN / PT];
-                    bool run = (kv_tma & 2u) != 0; // the tile's pages follow one another in the arena
-#pragma unroll
-                    for (kiln_u32 pg = 0; pg < BN / PT; pg++) {
-                        const kiln_u32 page = trow[c0 / PT + pg];
-                        run = run && page == trow[c0 / PT] + pg;
-                        row[pg] = page * RPP + h * PT;
-                    }
-                    expect(bar, STAGE_BYTES);
-                    if (run) {
-                        // One box of the tile's BN / PT pages a panel (kvmap3:
-                        // columns, a page's rows, pages), 4 copies rather than 32.
-#pragma unroll
-                        for (kiln_u32 half = 0; half < 2; half++)
-#pragma unroll
-                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                tma3(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL, &kvmap3,
-                                     panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
-                        continue;
-                    }
-#pragma unroll
-                    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
-#pragma unroll
-                        for (kiln_u32 half = 0; half < 2; half++)
-#pragma unroll
-                            for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
-                                    &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
-                } else {
-                    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
-                }
+        kiln_u64 checked = 0; // sequences s < 64 whose pages passed the check
+        kiln_u32 g = 0;
+        for (kiln_u32 k = 0; work_item(k) < items; k++) {
+            const kiln_u64 i = work_item(k);
+            prefill_block blk;
+            if (!prefill_item_head<BM>(i, row_tiles, seqs, seq_lens, spans, max_blocks, tokens, max_query, window,
+                                       fault, &blk))
                 continue;
+            if (k > 0)
+                prefetch_q(qin, q_stride, blk, tid - CONSUMERS, THREADS - CONSUMERS);
+            const kiln_u32 h = blk.h, s = blk.s, ke = blk.ke;
+            const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
+            const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
+            // Every page the sequence reads must lie in the arena (each warp
+            // checks, so that none waits on another): if one does not, the
+            // item's first slot is made full with nothing in it and flagged.
+            if (s >= 64 || !(checked >> s & 1u)) {
+                const kiln_u32 bad = __reduce_min_sync(0xffffffffu, first_bad_page(trow, blk.q.len, n_pages, lane, 32));
+                if (bad != 0xffffffffu) {
+                    const kiln_u32 st = g % STAGES;
+                    if (g >= STAGES)
+                        bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+                    if (tid == CONSUMERS) {
+                        bad_pages[st] = 1;
+                        if (blk.tile == 0 && h == 0)
+                            report_bad_page(fault, s, trow, bad, n_pages);
+                    }
+                    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&full[st])) : "memory");
+                    g++;
+                    continue;
+                }
+                if (s < 64)
+                    checked |= 1ull << s;
             }
+            for (kiln_u32 n = 0; n < ntiles; n++, g++) {
+                const kiln_u32 st = g % STAGES;
+                if (g >= STAGES)
+                    bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+#if KV_TMA
+                const kiln_u32 c0 = kb + n * BN;
+                if (kv_tma && c0 + BN <= ke) {
+                    // The pages were checked against the arena (above).
+                    const kiln_u32 bar = saddr(&full[st]);
+                    if (tid == CONSUMERS) {
+                        kiln_u32 row[BN / PT];
+                        bool run = (kv_tma & 2u) != 0; // the tile's pages follow one another in the arena
+#pragma unroll
+                        for (kiln_u32 pg = 0; pg < BN / PT; pg++) {
+                            const kiln_u32 page = trow[c0 / PT + pg];
+                            run = run && page == trow[c0 / PT] + pg;
+                            row[pg] = page * RPP + h * PT;
+                        }
+                        expect(bar, STAGE_BYTES);
+                        if (run) {
+                            // One box of the tile's BN / PT pages a panel (kvmap3:
+                            // columns, a page's rows, pages), 4 copies rather than 32.
+#pragma unroll
+                            for (kiln_u32 half = 0; half < 2; half++)
+#pragma unroll
+                                for (kiln_u32 panel = 0; panel < D / 64; panel++)
+                                    tma3(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL, &kvmap3,
+                                         panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
+                            continue;
+                        }
+#pragma unroll
+                        for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+#pragma unroll
+                            for (kiln_u32 half = 0; half < 2; half++)
+#pragma unroll
+                                for (kiln_u32 panel = 0; panel < D / 64; panel++)
+                                    tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
+                                        &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
+                    } else {
+                        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+                    }
+                    continue;
+                }
 #endif
-            prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
-                                THREADS - CONSUMERS);
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+                prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
+                                    THREADS - CONSUMERS);
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+            }
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-    // The consumers: q in shared memory first.
-    prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
-    fence_proxy_async();
-    named_sync(BAR_Q);
-    kiln_grid_dependency_sync(); // costs nothing here: tile 0 comes after the producer's
-
     // This thread's two rows (of its warp's 16).
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, ra = wg * 64 + warp * 16 + lane / 4;
-    prefill_rows rows = prefill_rows_init(blk, ra, window);
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++)
-        o[i] = 0.0f;
-    // Turns: warpgroup 0 issues first; each issue hands the turn over, and
-    // warpgroup 1 skips the last hand-over so that no arrival is left over.
     const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
-    if (wg == 1)
-        named_arrive(other_turn);
+    bool synced = false;
+    kiln_u32 g = 0; // the tiles of the block's items so far, as the producer counts them
+    for (kiln_u32 k = 0; work_item(k) < items; k++) {
+        const kiln_u64 i = work_item(k);
+        prefill_block blk;
+        if (!prefill_item_head<BM>(i, row_tiles, seqs, seq_lens, spans, max_blocks, tokens, max_query, window, fault,
+                                   &blk))
+            continue;
+        const seq_info q = blk.q;
+        const kiln_u32 h = blk.h, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
+        // Tiles of keys kb + n BN, n < ntiles: from the tile of the item's first key.
+        const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
+        // q in shared memory first, once the last item's output has left it.
+        named_sync(BAR_Q);
+        prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
+        fence_proxy_async();
+        named_sync(BAR_Q);
+        if (!synced) {
+            kiln_grid_dependency_sync(); // costs nothing here: tile 0 comes after the producer's
+            synced = true;
+        }
+        wait_tile(full, g);
+        if (bad_pages[g % STAGES]) {
+            named_sync(BAR_Q); // every consumer has read the flag
+            if (tid == 0)
+                bad_pages[g % STAGES] = 0;
+            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[g % STAGES])) : "memory");
+            g++;
+            continue;
+        }
 
-    // Tile n's scores come while tile n - 1's P V is computed (as
-    // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
-    // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
-    // second product is on the tensor cores, and O is rescaled once it is done.
-    float sc[BN / 2], scale_a, scale_b;
-    kiln_u32 p[BN / 16][4];
-    wait_tile(full, 0);
-    if (bad_pages) {
-        if (wg == 0)
-            named_sync(my_turn); // warpgroup 1's first hand-over: none is left over
-        return;
-    }
-    named_sync(my_turn);
-    wgmma_fence();
-    scores(sc, sq, skv, wg, 0);
-    named_arrive(other_turn);
-    wgmma_wait<0>();
-    prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
-    prefill_pack<BN>(sc, p);
-    for (kiln_u32 n = 1; n < ntiles; n++) {
-        const kiln_u32 pst = (n - 1) % STAGES;
-        wait_tile(full, n);
-        named_sync(my_turn);
-        wgmma_fence();
-        scores(sc, sq, skv, wg, n);
-        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
-        named_arrive(other_turn);
-        wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
-        prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
-        wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
-        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
-        prefill_rescale(o, scale_a, scale_b);
-        prefill_pack<BN>(sc, p);
-    }
-    {
-        const kiln_u32 pst = (ntiles - 1) % STAGES;
-        named_sync(my_turn);
-        wgmma_fence();
-        product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
-        if (wg == 0)
+        prefill_rows rows = prefill_rows_init(blk, ra, window);
+        float o[D / 2];
+#pragma unroll
+        for (int j = 0; j < D / 2; j++)
+            o[j] = 0.0f;
+        // Turns: warpgroup 0 issues first; each issue hands the turn over, and
+        // warpgroup 1 skips the last hand-over so that no arrival is left over.
+        if (wg == 1)
             named_arrive(other_turn);
-        wgmma_wait<0>();
-        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
-    }
 
-    // The output through this warpgroup's rows of the q tile (its last
-    // product that reads them is done), then out 16 bytes a copy.
-    if (((kiln_u64)out & 15u) == 0) {
-        prefill_stage<BM>(o, &rows, sm, ra, lane);
-        asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
-        prefill_store_rows<BM, 64>(sm, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
-    } else {
-        prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
+        // Tile n's scores come while tile n - 1's P V is computed (as
+        // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
+        // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
+        // second product is on the tensor cores, and O is rescaled once it is done.
+        float sc[BN / 2], scale_a, scale_b;
+        kiln_u32 p[BN / 16][4];
+        named_sync(my_turn);
+        wgmma_fence();
+        scores(sc, sq, skv + g % STAGES * STAGE_BYTES, wg);
+        named_arrive(other_turn);
+        wgmma_wait<0>();
+        prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
+        prefill_pack<BN>(sc, p);
+        for (kiln_u32 n = 1; n < ntiles; n++) {
+            const kiln_u32 pst = (g + n - 1) % STAGES;
+            wait_tile(full, g + n);
+            named_sync(my_turn);
+            wgmma_fence();
+            scores(sc, sq, skv + (g + n) % STAGES * STAGE_BYTES, wg);
+            product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+            named_arrive(other_turn);
+            wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
+            prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
+            wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
+            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+            prefill_rescale(o, scale_a, scale_b);
+            prefill_pack<BN>(sc, p);
+        }
+        {
+            const kiln_u32 pst = (g + ntiles - 1) % STAGES;
+            named_sync(my_turn);
+            wgmma_fence();
+            product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+            if (wg == 0)
+                named_arrive(other_turn);
+            wgmma_wait<0>();
+            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+        }
+        g += ntiles;
+
+        // The output through this warpgroup's rows of the q tile (its last
+        // product that reads them is done), then out 16 bytes a copy.
+        if (((kiln_u64)out & 15u) == 0) {
+            prefill_stage<BM>(o, &rows, sm, ra, lane);
+            asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
+            prefill_store_rows<BM, 64>(sm, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
+        } else {
+            prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
+        }
     }
+    if (!synced)
+        kiln_grid_dependency_sync(); // no block leaves before the append is done
 #else
     kiln_grid_dependency_sync();
     __trap(); // wgmma needs sm_90a: providers/paged_attention.c takes it only there

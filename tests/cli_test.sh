@@ -661,7 +661,7 @@ for op in token_embedding rms_norm rms_norm_residual residual_add head_rms_norm 
     dense_swiglu dense_linear_norm last_token_linear gated_delta paged_attention; do
     grep -q -E "^$op +[0-9]+ [a-z0-9_,]+ +f16,bf16 +packed " "$OUT" || fail "ls-ops: no line for $op"
 done
-grep -q -E '^paged_attention +3 [a-z0-9_,]*paged_kv .* kiln_op_paged_attention_workspace +paged_attention paged_decode paged_prefill paged_prefill_mma$' \
+grep -q -E '^paged_attention +[0-9]+ [a-z0-9_,]*paged_kv .* kiln_op_paged_attention_workspace +paged_attention paged_decode paged_prefill paged_prefill_mma$' \
     "$OUT" || fail "ls-ops: paged_attention's line is not as documented"
 grep -q -E '^token_embedding +1 launch,f16,bf16 +f16,bf16 +packed +- +token_embedding$' "$OUT" ||
     fail "ls-ops: an operation without a workspace estimator does not show '-'"

@@ -669,7 +669,16 @@ static void test_prefill_mma(void **state) { prefill_forced(*state, KILN__PREFIL
 static void test_prefill_cuda_core(void **state) { prefill_forced(*state, KILN__PREFILL_CUDA_CORE); }
 
 /* Several sequences packed, each with a cached prefix (chunked prefill). */
-static void test_prefill_packed_with_prefixes(void **state) { prefill_packed(*state); }
+/* Packed prefill with cached prefixes, then the same on a wgmma prefill grid
+ * of 3 blocks: each block walks many work items of several sequences (and
+ * the idle one), its producer running into the next item's tiles. */
+static void test_prefill_packed_with_prefixes(void **state)
+{
+    prefill_packed(*state);
+    kiln__paged_attention_set_prefill_blocks(3);
+    prefill_packed(*state);
+    kiln__paged_attention_set_prefill_blocks(0);
+}
 
 static void prefill_packed(gpu_fixture *f)
 {
@@ -891,26 +900,32 @@ static void test_bad_device_data_is_reported(void **state)
         {BAD_TABLE_FIRST, 0, "sequence 1's block table entry", "pages of kv_pages"},
         {BAD_LEN, 1, "sequence 1 has seq_len", "longer than its block table holds"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    /* Twice: then prefill on a grid of 2 blocks, so that a block meets the
+     * bad sequence's items between good ones (the wgmma prefill's work
+     * items; the other kernels ignore it). */
+    for (size_t i = 0; i < 2 * (sizeof cases / sizeof cases[0]); i++) {
         enum { S = 4 };
+        const size_t c = i % (sizeof cases / sizeof cases[0]);
+        kiln__paged_attention_set_prefill_blocks(i == c ? 0 : 2);
         uint32_t ctx[S] = {5, 100, 40, 1077}, cap[S], count[S] = {3, 3, 3, 3};
-        if (cases[i].max_query == 1)
+        if (cases[c].max_query == 1)
             count[0] = count[2] = count[3] = 1;
-        if (cases[i].max_query == 1 && cases[i].bad != BAD_OVER_MAX)
+        if (cases[c].max_query == 1 && cases[c].bad != BAD_OVER_MAX)
             count[1] = 1;
         for (uint32_t k = 0; k < S; k++)
             cap[k] = ctx[k] + 2 * count[k]; /* room for the clean step after */
         sess s;
         sess_init(&s, f, layouts[1], S, ctx, cap, 10000.0f);
-        step st = {.count = count, .max_query = cases[i].max_query, .bad = cases[i].bad};
+        step st = {.count = count, .max_query = cases[c].max_query, .bad = cases[c].bad};
         kiln_status got = run_step(&s, &st, "bad data");
-        kiln_test_expect(got, KILN_ERR_DEVICE_CONTRACT, kiln_errmsg(), cases[i].n1, cases[i].n2);
+        kiln_test_expect(got, KILN_ERR_DEVICE_CONTRACT, kiln_errmsg(), cases[c].n1, cases[c].n2);
         fprintf(stderr, "reported: %s\n", kiln_errmsg());
         /* The stream goes on: a clean step afterwards. */
         step ok = {.count = count};
         KILN_CHECK(run_step(&s, &ok, "after bad data"));
         sess_free(&s);
     }
+    kiln__paged_attention_set_prefill_blocks(0);
 }
 
 /* One decode command, encoded once on a binding arena, replayed from a graph
@@ -1441,6 +1456,7 @@ static int teardown_hooks(void **state)
     kiln__paged_attention_set_prefill_kernel(0);
     kiln__paged_attention_set_split_target(0);
     kiln__paged_attention_set_decode_stages(0);
+    kiln__paged_attention_set_prefill_blocks(0);
     next_cfg.elt = KILN_DTYPE_F16;
     next_cfg.inv = NULL;
     next_cfg.scaling = 0.0f;
