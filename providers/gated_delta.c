@@ -317,6 +317,13 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, l->smem, args);
 }
 
+/* The span length the kernel choices go by: max_span, or T / S rounded up. */
+static uint64_t span_hint(const kiln_tensor *const t[N_BINDINGS], uint32_t max_span)
+{
+    const uint64_t T = (uint64_t)t[B_Q]->dims[0], S = (uint64_t)t[B_SPANS]->dims[0];
+    return max_span ? max_span : (T + S - 1) / S;
+}
+
 /* Whether the chunked kernel serves these bindings (see kiln/op_recurrent.h),
  * and then its rows a block and vector width. Rows: the fewer waves of
  * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
@@ -329,10 +336,8 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     if (env && !strcmp(env, "0"))
         return 0;
     const int forced = env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
-    const int64_t T = t[B_Q]->dims[0], DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2],
-                  S = t[B_SPANS]->dims[0];
-    const uint64_t hint = max_span ? max_span : ((uint64_t)T + (uint64_t)S - 1) / (uint64_t)S;
-    if (DK > CHUNK_MAX_DK || hint < KILN_GATED_DELTA_CHUNK_MIN_TOKENS)
+    const int64_t DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
+    if (DK > CHUNK_MAX_DK || span_hint(t, max_span) < KILN_GATED_DELTA_CHUNK_MIN_TOKENS)
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
@@ -359,8 +364,7 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
 /* Whether the keyed form (the pre-pass into the workspace, then the keyed
  * chunked kernel) serves a chunked launch: a workspace bound, the
  * pre-pass's grid within a launch, and $KILN_GATED_DELTA_PREP (0: never; 1:
- * always), else spans as long as KILN_GATED_DELTA_PREP_MIN_TOKENS (the hint
- * as chunk_plan's). */
+ * always), else spans (span_hint) as long as KILN_GATED_DELTA_PREP_MIN_TOKENS. */
 static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region *ws, uint32_t max_span)
 {
     const int64_t T = t[B_Q]->dims[0], S = t[B_SPANS]->dims[0];
@@ -369,8 +373,7 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
     const char *env = getenv("KILN_GATED_DELTA_PREP");
     if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
         return env[0] == '1';
-    const uint64_t hint = max_span ? max_span : ((uint64_t)T + (uint64_t)S - 1) / (uint64_t)S;
-    return hint >= KILN_GATED_DELTA_PREP_MIN_TOKENS;
+    return span_hint(t, max_span) >= KILN_GATED_DELTA_PREP_MIN_TOKENS;
 }
 
 /* Raises fn's dynamic shared memory limit to smem; *fits = 0 (and KILN_OK)

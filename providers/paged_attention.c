@@ -801,7 +801,8 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     const uint64_t items = (uint64_t)tiles * (uint64_t)in.kv_heads * (uint64_t)in.seqs;
     const uint32_t forced_blocks = atomic_load(&prefill_blocks);
     const uint64_t most = forced_blocks ? forced_blocks : (uint64_t)(sms > 0 ? sms : 1);
-    l->prefill_blocks = (uint32_t)(items < most ? items : most < GRID_X_MAX ? most : GRID_X_MAX);
+    const uint64_t blocks = items < most ? items : most;
+    l->prefill_blocks = (uint32_t)(blocks < GRID_X_MAX ? blocks : GRID_X_MAX);
     l->window = d->sliding_window ? d->sliding_window : UINT32_MAX;
     /* Scores in the log2 domain: the kernel's softmax uses exp2. */
     l->qscale = (float)(1.4426950408889634 / sqrt((double)in.head_dim));
