@@ -81,15 +81,15 @@ static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 1
 
 /* The wgmma prefill kernel's threads, keys a tile and shared memory
  * (templates/paged_prefill.cu's THREADS, BN and SMEM_BYTES): q for 128 rows,
- * 3 stages (4 at head_dim 64, 2 at 256) of K and V tiles of 128 keys (64 at
- * head_dim 256), and 1024 bytes of slack to align them. */
+ * K and V tiles of 128 keys (64 at head_dim 256) in 3 K and 3 V slots (4 and
+ * 4 at head_dim 64, 2 and 3 at 256), and 1024 bytes of slack to align them. */
 #define PREFILL_THREADS 384
 #define PREFILL_BM 128
 static unsigned prefill_bn(int64_t head_dim) { return head_dim == 256 ? 64u : 128u; }
 static unsigned prefill_smem(int64_t head_dim)
 {
-    const unsigned stages = head_dim == 256 ? 2u : head_dim == 128 ? 3u : 4u;
-    return (unsigned)(PREFILL_BM * head_dim * 2 + stages * 2 * prefill_bn(head_dim) * head_dim * 2 + 1024);
+    const unsigned slots = head_dim == 256 ? 5u : head_dim == 128 ? 6u : 8u;
+    return (unsigned)(PREFILL_BM * head_dim * 2 + slots * prefill_bn(head_dim) * head_dim * 2 + 1024);
 }
 
 /* The mma.sync prefill kernel's (templates/paged_prefill_mma.cu): 128 threads,

@@ -19,13 +19,14 @@ __device__ __forceinline__ kiln_u32 swz_at(kiln_u32 r, kiln_u32 c, kiln_u32 pane
     return (c / 64) * panel + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4);
 }
 
-// K and V of keys [c0, c0 + NB) into the stage at shared address dst (K,
-// then V NB * D * 2 bytes on), zeros from key end on; thread `me` of `n`
-// copies chunk me % (D / 8) of every n / (D / 8)-th key.
+// K and V of keys [c0, c0 + NB) into the tiles at shared addresses kdst and
+// vdst, zeros from key end on; thread `me` of `n` copies chunk me % (D / 8)
+// of every n / (D / 8)-th key.
 template <int NB>
 __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict__ pages,
                                                 const kiln_u32 *__restrict__ trow, kiln_u32 h, kiln_u32 c0,
-                                                kiln_u32 end, kiln_u32 dst, kiln_u32 me, kiln_u32 n)
+                                                kiln_u32 end, kiln_u32 kdst, kiln_u32 vdst, kiln_u32 me,
+                                                kiln_u32 n)
 {
     const kiln_u32 ch = me % (D / 8);
 #pragma unroll 4
@@ -36,8 +37,8 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
         if (ok)
             src = pages + (kiln_u64)trow[c / PT] * PAGE_BYTES + (((kiln_u64)h * PT + c % PT) * D + ch * 8) * 2;
         const kiln_u32 off = swz_at(key, ch * 8, NB * 128);
-        cp_async16(dst + off, src, ok ? 16 : 0);
-        cp_async16(dst + NB * D * 2 + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
+        cp_async16(kdst + off, src, ok ? 16 : 0);
+        cp_async16(vdst + off, ok ? src + V_OFFSET : src, ok ? 16 : 0);
     }
 }
 

@@ -6,8 +6,12 @@
 // G + head within the group, so a GQA group's query heads share every K and
 // V tile. Warp specialized, 384 threads:
 //   warps 8-11, the producer: copy the K and V tiles of 128 keys from the
-//     sequence's pages into shared memory through STAGES stages, each with a
-//     full and an empty mbarrier, into 128-byte-swizzled panels
+//     sequence's pages into shared memory through KSTAGES stages of K and V
+//     together, each with a full and an empty mbarrier (SPLIT_KV, head_dim
+//     256: K through KSTAGES slots and V through VSTAGES, each slot with its
+//     own pair, so that a K slot is free once its scores are done while V is
+//     read a turn later; stages of both left its two no slot to fill ahead),
+//     into 128-byte-swizzled panels
 //     (templates/kiln_wgmma.cuh): where a tile's keys are whole pages (KV_TMA:
 //     the page's tokens a multiple of 8 dividing 128) and all below the
 //     sequence's end, one thread asks TMA for each page's box of 64 columns
@@ -58,13 +62,22 @@
 #define CONSUMERS 256
 #define BM 128                  // query rows a block: 64 a warpgroup
 #define BN (D == 256 ? 64 : 128) // keys a tile (64 at head_dim 256: two stages and q fit)
-#define STAGES (D == 256 ? 2 : D == 128 ? 3 : 4)
+#define SPLIT_KV (D == 256)     // K and V in rings of their own (bench_attention --prefill)
+#define KSTAGES (D == 256 ? 2 : D == 128 ? 3 : 4) // K slots (or stages of K and V): free after a turn's scores
+#define VSTAGES (D == 256 ? 3 : KSTAGES)          // V slots: free after the next turn's product
+#if SPLIT_KV
+#define SLOT_BYTES TILE_BYTES                // a K slot; the V slots follow the K slots
+#define V_AT(sk, s) ((sk) + (KSTAGES + (s)) * TILE_BYTES)
+#else
+#define SLOT_BYTES (2 * TILE_BYTES)          // a stage, K then V
+#define V_AT(sk, s) ((sk) + (s) * SLOT_BYTES + TILE_BYTES)
+#endif
+#define K_AT(sk, s) ((sk) + (s) * SLOT_BYTES)
 #define Q_PANEL (BM * 128)      // bytes of a 64-column panel of Q
 #define KV_PANEL (BN * 128)     // and of K or V
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
-#define STAGE_BYTES (2 * TILE_BYTES)
-#define SMEM_BYTES (Q_BYTES + STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
+#define SMEM_BYTES (Q_BYTES + (SPLIT_KV ? KSTAGES + VSTAGES : 2 * KSTAGES) * TILE_BYTES + 1024) // and the slack to align to 1024
 #define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
 #define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
@@ -92,13 +105,64 @@ __device__ __forceinline__ void named_arrive(kiln_u32 id)
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
 }
 
-// Waits for the block's tile n's stage to be full, then makes the producer's copies
-// visible to wgmma's proxy.
-__device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
+// Waits for the block's tile n's slot of a ring of S to be full, then makes
+// the producer's copies visible to wgmma's proxy. (Fencing only the tiles
+// that cp.async brought cost head_dim 64 4% at 1 x 16384: bench_attention
+// --prefill.)
+template <kiln_u32 S> __device__ __forceinline__ void wait_tile(kiln_u64 *full, kiln_u32 n)
 {
-    bar_wait(saddr(&full[n % STAGES]), (n / STAGES) & 1);
+    bar_wait(saddr(&full[n % S]), (n / S) & 1);
     fence_proxy_async();
 }
+
+// The producer's wait for tile n's slot of a ring of S to be empty (its last
+// use, tile n - S, over).
+template <kiln_u32 S> __device__ __forceinline__ void wait_empty(kiln_u64 *empty, kiln_u32 n)
+{
+    if (n >= S)
+        bar_wait(saddr(&empty[n % S]), (n / S - 1) & 1);
+}
+
+__device__ __forceinline__ void arrive(kiln_u64 *bar)
+{
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(bar)) : "memory");
+}
+
+#if KV_TMA
+// Whether the pages of the tile of keys [c0, c0 + BN) (table row trow)
+// follow one another in the arena, where kv_tma allows a box of several.
+__device__ __forceinline__ bool tile_run(const kiln_u32 *trow, kiln_u32 c0, kiln_u32 kv_tma)
+{
+    bool run = (kv_tma & 2u) != 0;
+#pragma unroll
+    for (kiln_u32 pg = 1; pg < BN / PT; pg++)
+        run = run && trow[c0 / PT + pg] == trow[c0 / PT] + pg;
+    return run;
+}
+
+// One thread's TMA copies of the K (half 0) or V (half 1) tile of keys
+// [c0, c0 + BN), whole pages of table row trow (run: tile_run's answer),
+// into the tile at dst, completing on bar (whose bytes the caller expects).
+__device__ __forceinline__ void tma_tile(kiln_u32 dst, const kiln_tmap *kvmap, const kiln_tmap *kvmap3,
+                                         const kiln_u32 *trow, kiln_u32 h, kiln_u32 c0, kiln_u32 half, bool run,
+                                         kiln_u32 bar)
+{
+    if (run) {
+        // One box of the tile's BN / PT pages a panel (kvmap3: columns, a
+        // page's rows, pages), 2 copies a tile at head_dim 128 rather than 16.
+#pragma unroll
+        for (kiln_u32 panel = 0; panel < D / 64; panel++)
+            tma3(dst + panel * KV_PANEL, kvmap3, panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
+        return;
+    }
+#pragma unroll
+    for (kiln_u32 pg = 0; pg < BN / PT; pg++)
+#pragma unroll
+        for (kiln_u32 panel = 0; panel < D / 64; panel++)
+            tma(dst + panel * KV_PANEL + pg * PT * 128, kvmap, panel * 64,
+                trow[c0 / PT + pg] * RPP + h * PT + half * (RPP / 2), bar);
+}
+#endif
 
 // Issues sc = Q K^T for warpgroup wg's 64 rows, K the tile at shared address
 // kst (one commit group).
@@ -191,22 +255,33 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     // block table and the pages follow the sync.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
-    // Set by the producer for the tile slot it fills with nothing when an
-    // item's pages fail their check; the consumers clear it.
-    __shared__ kiln_u32 bad_pages[STAGES];
+    __shared__ __align__(8) kiln_u64 kfull[KSTAGES], kempty[KSTAGES];
+#if SPLIT_KV
+    __shared__ __align__(8) kiln_u64 vfull[VSTAGES], vempty[VSTAGES];
+#else
+    kiln_u64 *const vfull = kfull, *const vempty = kempty; // V's stage is K's
+    (void)vfull;
+#endif
+    // Set by the producer for the K slot it fills with nothing (and the V
+    // slot beside it) when an item's pages fail their check; the consumers
+    // clear it.
+    __shared__ kiln_u32 bad_pages[KSTAGES];
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     const kiln_u64 items = (kiln_u64)row_tiles * KVH * seqs;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
-    const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
-    stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
-    if (tid < STAGES)
+    const kiln_u32 sq = saddr(sm), sk = sq + Q_BYTES;
+    stage_barriers_init<KSTAGES, THREADS - CONSUMERS, CONSUMERS>(kfull, kempty);
+#if SPLIT_KV
+    stage_barriers_init<VSTAGES, THREADS - CONSUMERS, CONSUMERS>(vfull, vempty);
+#endif
+    if (tid < KSTAGES)
         bad_pages[tid] = 0;
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
         // The producer: the items' tiles, in order, tile g (of all the
-        // block's) into stage g % STAGES once its last use is over. It gives
+        // block's) into stage g % KSTAGES (SPLIT_KV: K slot g % KSTAGES and
+        // V slot g % VSTAGES) once its last use is over. It gives
         // registers to the consumers, which hold two tiles' P.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         // The scan after the sync, through L1: through L2 before it, every
@@ -232,15 +307,19 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             if (s >= 64 || !(checked >> s & 1u)) {
                 const kiln_u32 bad = __reduce_min_sync(0xffffffffu, first_bad_page(trow, blk.q.len, n_pages, lane, 32));
                 if (bad != 0xffffffffu) {
-                    const kiln_u32 st = g % STAGES;
-                    if (g >= STAGES)
-                        bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+                    wait_empty<KSTAGES>(kempty, g);
+#if SPLIT_KV
+                    wait_empty<VSTAGES>(vempty, g);
+#endif
                     if (tid == CONSUMERS) {
-                        bad_pages[st] = 1;
+                        bad_pages[g % KSTAGES] = 1;
                         if (blk.tile == 0 && h == 0)
                             report_bad_page(fault, s, trow, bad, n_pages);
                     }
-                    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&full[st])) : "memory");
+                    arrive(&kfull[g % KSTAGES]);
+#if SPLIT_KV
+                    arrive(&vfull[g % VSTAGES]);
+#endif
                     g++;
                     continue;
                 }
@@ -248,52 +327,45 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                     checked |= 1ull << s;
             }
             for (kiln_u32 n = 0; n < ntiles; n++, g++) {
-                const kiln_u32 st = g % STAGES;
-                if (g >= STAGES)
-                    bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+                const kiln_u32 c0 = kb + n * BN, kdst = K_AT(sk, g % KSTAGES), vdst = V_AT(sk, g % VSTAGES);
+                const kiln_u32 kbar = saddr(&kfull[g % KSTAGES]);
+                wait_empty<KSTAGES>(kempty, g);
 #if KV_TMA
-                const kiln_u32 c0 = kb + n * BN;
                 if (kv_tma && c0 + BN <= ke) {
-                    // The pages were checked against the arena (above).
-                    const kiln_u32 bar = saddr(&full[st]);
+                    // The pages were checked against the arena (above). K is
+                    // asked for before the wait for V's slot, which frees later.
+                    const bool run = tid == CONSUMERS && tile_run(trow, c0, kv_tma);
                     if (tid == CONSUMERS) {
-                        kiln_u32 row[BN / PT];
-                        bool run = (kv_tma & 2u) != 0; // the tile's pages follow one another in the arena
-#pragma unroll
-                        for (kiln_u32 pg = 0; pg < BN / PT; pg++) {
-                            const kiln_u32 page = trow[c0 / PT + pg];
-                            run = run && page == trow[c0 / PT] + pg;
-                            row[pg] = page * RPP + h * PT;
-                        }
-                        expect(bar, STAGE_BYTES);
-                        if (run) {
-                            // One box of the tile's BN / PT pages a panel (kvmap3:
-                            // columns, a page's rows, pages), 4 copies rather than 32.
-#pragma unroll
-                            for (kiln_u32 half = 0; half < 2; half++)
-#pragma unroll
-                                for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                    tma3(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL, &kvmap3,
-                                         panel * 64, h * PT + half * (RPP / 2), trow[c0 / PT], bar);
-                            continue;
-                        }
-#pragma unroll
-                        for (kiln_u32 pg = 0; pg < BN / PT; pg++)
-#pragma unroll
-                            for (kiln_u32 half = 0; half < 2; half++)
-#pragma unroll
-                                for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                                    tma(skv + st * STAGE_BYTES + half * TILE_BYTES + panel * KV_PANEL + pg * PT * 128,
-                                        &kvmap, panel * 64, row[pg] + half * (RPP / 2), bar);
+                        expect(kbar, SPLIT_KV ? TILE_BYTES : 2 * TILE_BYTES);
+                        tma_tile(kdst, &kvmap, &kvmap3, trow, h, c0, 0, run, kbar);
+#if !SPLIT_KV
+                        tma_tile(vdst, &kvmap, &kvmap3, trow, h, c0, 1, run, kbar);
+#endif
                     } else {
-                        asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+                        arrive(&kfull[g % KSTAGES]);
                     }
+#if SPLIT_KV
+                    wait_empty<VSTAGES>(vempty, g);
+                    if (tid == CONSUMERS) {
+                        expect(saddr(&vfull[g % VSTAGES]), TILE_BYTES);
+                        tma_tile(vdst, &kvmap, &kvmap3, trow, h, c0, 1, run, saddr(&vfull[g % VSTAGES]));
+                    } else {
+                        arrive(&vfull[g % VSTAGES]);
+                    }
+#endif
                     continue;
                 }
 #endif
-                prefill_load_kv<BN>(pages, trow, h, kb + n * BN, ke, skv + st * STAGE_BYTES, tid - CONSUMERS,
-                                    THREADS - CONSUMERS);
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+#if SPLIT_KV
+                wait_empty<VSTAGES>(vempty, g);
+#endif
+                prefill_load_kv<BN>(pages, trow, h, c0, ke, kdst, vdst, tid - CONSUMERS, THREADS - CONSUMERS);
+                // An arrival waits for all of this thread's copies, K's and V's.
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(kbar) : "memory");
+#if SPLIT_KV
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&vfull[g % VSTAGES]))
+                             : "memory");
+#endif
             }
         }
         return;
@@ -324,12 +396,18 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             kiln_grid_dependency_sync(); // costs nothing here: tile 0 comes after the producer's
             synced = true;
         }
-        wait_tile(full, g);
-        if (bad_pages[g % STAGES]) {
+        wait_tile<KSTAGES>(kfull, g);
+        if (bad_pages[g % KSTAGES]) {
+#if SPLIT_KV
+            wait_tile<VSTAGES>(vfull, g);
+#endif
             named_sync(BAR_Q); // every consumer has read the flag
             if (tid == 0)
-                bad_pages[g % STAGES] = 0;
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[g % STAGES])) : "memory");
+                bad_pages[g % KSTAGES] = 0;
+            arrive(&kempty[g % KSTAGES]);
+#if SPLIT_KV
+            arrive(&vempty[g % VSTAGES]);
+#endif
             g++;
             continue;
         }
@@ -348,39 +426,53 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         // FlashAttention-3 overlaps them within a warpgroup): a turn issues S_n =
         // Q K_n^T, then O += P_{n-1} V_{n-1}; the softmax of S_n runs while the
         // second product is on the tensor cores, and O is rescaled once it is done.
+        // A K slot is given back once its scores are done, a V slot once its
+        // product is.
         float sc[BN / 2], scale_a, scale_b;
         kiln_u32 p[BN / 16][4];
         named_sync(my_turn);
         wgmma_fence();
-        scores(sc, sq, skv + g % STAGES * STAGE_BYTES, wg);
+        scores(sc, sq, K_AT(sk, g % KSTAGES), wg);
         named_arrive(other_turn);
         wgmma_wait<0>();
+#if SPLIT_KV
+        arrive(&kempty[g % KSTAGES]);
+#endif
         prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
         prefill_pack<BN>(sc, p);
         for (kiln_u32 n = 1; n < ntiles; n++) {
-            const kiln_u32 pst = (g + n - 1) % STAGES;
-            wait_tile(full, g + n);
+            const kiln_u32 vs = (g + n - 1) % VSTAGES;
+            wait_tile<KSTAGES>(kfull, g + n);
+#if SPLIT_KV
+            wait_tile<VSTAGES>(vfull, g + n - 1);
+#endif
             named_sync(my_turn);
             wgmma_fence();
-            scores(sc, sq, skv + (g + n) % STAGES * STAGE_BYTES, wg);
-            product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+            scores(sc, sq, K_AT(sk, (g + n) % KSTAGES), wg);
+            product(o, p, V_AT(sk, vs));
             named_arrive(other_turn);
             wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
+#if SPLIT_KV
+            arrive(&kempty[(g + n) % KSTAGES]);
+#endif
             prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
-            wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its stage is free, O and P may change
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+            wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its slot is free, O and P may change
+            arrive(&vempty[vs]);
             prefill_rescale(o, scale_a, scale_b);
             prefill_pack<BN>(sc, p);
         }
         {
-            const kiln_u32 pst = (g + ntiles - 1) % STAGES;
+            const kiln_u32 vs = (g + ntiles - 1) % VSTAGES;
+#if SPLIT_KV
+            wait_tile<VSTAGES>(vfull, g + ntiles - 1);
+#endif
             named_sync(my_turn);
             wgmma_fence();
-            product(o, p, skv + pst * STAGE_BYTES + TILE_BYTES);
+            product(o, p, V_AT(sk, vs));
             if (wg == 0)
                 named_arrive(other_turn);
             wgmma_wait<0>();
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[pst])) : "memory");
+            arrive(&vempty[vs]);
         }
         g += ntiles;
 

@@ -71,7 +71,7 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
     const kiln_u32 sq = saddr(sm), skv = sq + Q_BYTES;
 
     // The first tile in flight while the queries are rotated.
-    prefill_load_kv<BN>(pages, trow, h, kb, ke, skv, tid, THREADS);
+    prefill_load_kv<BN>(pages, trow, h, kb, ke, skv, skv + TILE_BYTES, tid, THREADS);
     cp_async_commit();
     prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, THREADS);
     __syncthreads();
@@ -92,8 +92,8 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
         o[i] = 0.0f;
     for (kiln_u32 n = 0; n < ntiles; n++) {
         if (n + 1 < ntiles)
-            prefill_load_kv<BN>(pages, trow, h, kb + (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES, tid,
-                                THREADS);
+            prefill_load_kv<BN>(pages, trow, h, kb + (n + 1) * BN, ke, skv + ((n + 1) & 1) * STAGE_BYTES,
+                                skv + ((n + 1) & 1) * STAGE_BYTES + TILE_BYTES, tid, THREADS);
         cp_async_commit();
         cp_async_wait<1>(); // this thread's copies of tile n have landed
         __syncthreads();                                      // and everyone's
