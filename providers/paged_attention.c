@@ -81,8 +81,9 @@ static unsigned decode_stages(int64_t head_dim, int deep) { return head_dim == 1
 
 /* The wgmma prefill kernel's threads, keys a tile and shared memory
  * (templates/paged_prefill.cu's THREADS, BN and SMEM_BYTES): q for 128 rows,
- * K and V tiles of 128 keys (64 at head_dim 256) in 3 K and 3 V slots (4 and
- * 4 at head_dim 64, 2 and 3 at 256), and 1024 bytes of slack to align them. */
+ * K and V tiles of 128 keys (64 at head_dim 256), 6 of them (8 at head_dim
+ * 64, 5 at 256: its 2 K and 3 V slots; otherwise stages of K and V), and
+ * 1024 bytes of slack to align them. */
 #define PREFILL_THREADS 384
 #define PREFILL_BM 128
 static unsigned prefill_bn(int64_t head_dim) { return head_dim == 256 ? 64u : 128u; }
