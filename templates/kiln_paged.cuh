@@ -49,12 +49,27 @@ __device__ __forceinline__ void rope_slot(const rope_freqs &f, kiln_u32 i, kiln_
     *hi = i < f.half ? i + f.half : i + HALF;
 }
 
+// sin and cos of the angle x on the SFU, x reduced to [-pi, pi] first (a
+// two-term Cody-Waite step: within about an f32 rounding of the remainder
+// for angles below 2^24), where __sinf and __cosf are within 2^-21.4
+// absolute (the CUDA programming guide): far below an f16 q's or k's
+// rounding. sincosf's branches and
+// slow path were a tenth of a 4 x 1024 prefill (bench_attention --prefill).
+__device__ __forceinline__ void rope_angle_sincos(float x, float *s, float *c)
+{
+    const float k = rintf(x * 0.159154943091895336f); // x / (2 pi)
+    float r = fmaf(k, -6.28318548202514648f, x);      // 2 pi rounded to f32, up by 1.7484555e-7
+    r = fmaf(k, 1.74845553e-7f, r);
+    *s = __sinf(r);
+    *c = __cosf(r);
+}
+
 // Slot i's sin and cos at position pos: a rotated pair's, times the scale;
 // (0, 1) exactly for a slot that passes through.
 __device__ __forceinline__ void rope_sincos(const rope_freqs &f, kiln_u32 i, float pos, float *s, float *c)
 {
     if (i < f.half) {
-        sincosf(pos * f.inv[i], s, c);
+        rope_angle_sincos(pos * f.inv[i], s, c);
         *s *= f.scale;
         *c *= f.scale;
     } else {
