@@ -17,7 +17,9 @@
  * and 128) and the CUDA-core one ("kernel":"cuda_core"); bench/peer_torch_sdpa.py times torch's
  * scaled_dot_product_attention at the same shapes.
  *
- * --only S,CTX,N: that prefill shape alone (for a profiler). --dtype bf16:
+ * --only S,CTX,N: that prefill shape alone (for a profiler). --head-dim D:
+ * prefill at that head_dim alone; --kernel picked|mma|cuda_core: that prefill
+ * kernel alone (both to spend less GPU time on an A/B of one kernel). --dtype bf16:
  * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
  * --pages runs: each sequence's pages one run of the arena (a fresh
  * allocator's), rather than the sequences' pages interleaved (reported as
@@ -26,7 +28,8 @@
  * large N: a block an item; reported as "prefill_blocks" when given).
  *
  * Usage: bench_attention [--iters 50] [--dtype f16|bf16] [--pages interleaved|runs]
- *                        [--prefill-blocks N] [--sweep | --prefill [--only S,CTX,N]]
+ *                        [--prefill-blocks N]
+ *                        [--sweep | --prefill [--only S,CTX,N] [--head-dim D] [--kernel K]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +222,9 @@ int main(int argc, char **argv)
     long iters = 50;
     int sweep = 0, prefill = 0;
     unsigned only[3] = {0, 0, 0};
+    long only_dim = 0;
+    int only_kernel = -1;
+    static const char *const kernels[] = {"picked", "mma", "cuda_core"};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep"))
             sweep = 1;
@@ -237,10 +243,19 @@ int main(int argc, char **argv)
             g_runs = !strcmp(argv[++i], "runs");
         else if (!strcmp(argv[i], "--prefill-blocks") && i + 1 < argc && bench_parse_positive(argv[i + 1]))
             g_prefill_blocks = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc &&
+                 (bench_parse_positive(argv[i + 1]) == 64 || bench_parse_positive(argv[i + 1]) == 128 ||
+                  bench_parse_positive(argv[i + 1]) == 256))
+            only_dim = bench_parse_positive(argv[++i]);
+        else if (!strcmp(argv[i], "--kernel") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], kernels[0]) || !strcmp(argv[i + 1], kernels[1]) ||
+                  !strcmp(argv[i + 1], kernels[2])))
+            only_kernel = !strcmp(argv[++i], kernels[0]) ? 0 : !strcmp(argv[i], kernels[1]) ? 1 : 2;
         else {
             fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
                             "[--dtype f16|bf16] [--pages interleaved|runs] [--prefill-blocks N] "
-                            "[--sweep | --prefill [--only S,CTX,N]]\n",
+                            "[--sweep | --prefill [--only S,CTX,N] [--head-dim 64|128|256] "
+                            "[--kernel picked|mma|cuda_core]]\n",
                     argv[i]);
             return 2;
         }
@@ -263,13 +278,15 @@ int main(int argc, char **argv)
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
         static const int64_t dims[] = {128, 64, 256};
-        static const char *const kernels[] = {"picked", "mma", "cuda_core"};
         for (int k = 0; k < 3; k++) {
+            if (only_kernel >= 0 && k != only_kernel)
+                continue;
             g_kernel = kernels[k];
             kiln__paged_attention_set_prefill_kernel(k);
             for (int d = 0; d < 3; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-                    if (k == 1 && dims[d] == 256) /* mma.sync takes head_dim 64 and 128 */
+                    if ((k == 1 && dims[d] == 256) /* mma.sync takes head_dim 64 and 128 */ ||
+                        (only_dim && dims[d] != only_dim))
                         continue;
                     if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))
                         continue;
