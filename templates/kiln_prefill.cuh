@@ -89,49 +89,53 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
                 cs[j] *= qscale;
             }
         }
-        // The vector path unrolled over the heads; the fallback (q not
-        // 16-byte aligned, or a rotary half not a multiple of 8) a loop, so
-        // that the code stays small (ncu had a sixth of the wgmma prefill's q
-        // section waiting for instructions to be fetched).
-        if (vec) {
 #pragma unroll
-            for (kiln_u32 g = 0; g < G; g++) {
-                const kiln_u32 row = tl * G + g;
-                if (live && g % QV == 0 && g > 0)
-#pragma unroll
-                    for (kiln_u32 gg = 0; gg < QV; gg++)
-                        if (g + gg < G) {
-                            xv[gg][0] = kiln_ldcg16(src0 + (g + gg) * D + lo[0]);
-                            xv[gg][1] = kiln_ldcg16(src0 + (g + gg) * D + hi[0]);
-                        }
-                if (row < r0 || row >= r0 + BMR)
-                    continue;
-                float x0[8], x1[8], y0[8], y1[8];
-                kiln_e8_to_f32(xv[g % QV][0], x0);
-                kiln_e8_to_f32(xv[g % QV][1], x1);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    y0[j] = live ? x0[j] * cs[j] - x1[j] * sn[j] : 0.0f;
-                    y1[j] = live ? x1[j] * cs[j] + x0[j] * sn[j] : 0.0f;
-                }
-                *(kiln_u32x4 *)(sm + swz_at(row - r0, lo[0], BMR * 128)) = kiln_f32_to_e8(y0);
-                *(kiln_u32x4 *)(sm + swz_at(row - r0, hi[0], BMR * 128)) = kiln_f32_to_e8(y1);
-            }
-            continue;
-        }
-#pragma unroll 1
         for (kiln_u32 g = 0; g < G; g++) {
             const kiln_u32 row = tl * G + g;
+            if (vec && live && g % QV == 0 && g > 0)
+#pragma unroll
+                for (kiln_u32 gg = 0; gg < QV; gg++)
+                    if (g + gg < G) {
+                        xv[gg][0] = kiln_ldcg16(src0 + (g + gg) * D + lo[0]);
+                        xv[gg][1] = kiln_ldcg16(src0 + (g + gg) * D + hi[0]);
+                    }
             if (row < r0 || row >= r0 + BMR)
                 continue;
-            const kiln_elt *src = src0 + g * D;
+            float y0[8], y1[8];
+            if (live) {
+                float x0[8], x1[8];
+                if (vec) {
+                    kiln_e8_to_f32(xv[g % QV][0], x0);
+                    kiln_e8_to_f32(xv[g % QV][1], x1);
+                } else {
+                    const kiln_elt *src = src0 + g * D;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float x0 = live ? kiln_elt_to_f32(__ldcg(src + lo[j])) : 0.0f;
-                const float x1 = live ? kiln_elt_to_f32(__ldcg(src + hi[j])) : 0.0f;
-                const float y0 = live ? x0 * cs[j] - x1 * sn[j] : 0.0f, y1 = live ? x1 * cs[j] + x0 * sn[j] : 0.0f;
-                *(kiln_elt *)(sm + swz_at(row - r0, lo[j] & ~7u, BMR * 128) + (lo[j] % 8) * 2) = kiln_f32_to_elt(y0);
-                *(kiln_elt *)(sm + swz_at(row - r0, hi[j] & ~7u, BMR * 128) + (hi[j] % 8) * 2) = kiln_f32_to_elt(y1);
+                    for (int j = 0; j < 8; j++) {
+                        x0[j] = kiln_elt_to_f32(__ldcg(src + lo[j]));
+                        x1[j] = kiln_elt_to_f32(__ldcg(src + hi[j]));
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    y0[j] = x0[j] * cs[j] - x1[j] * sn[j];
+                    y1[j] = x1[j] * cs[j] + x0[j] * sn[j];
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    y0[j] = y1[j] = 0.0f;
+            }
+            if (runs) {
+                *(kiln_u32x4 *)(sm + swz_at(row - r0, lo[0], BMR * 128)) = kiln_f32_to_e8(y0);
+                *(kiln_u32x4 *)(sm + swz_at(row - r0, hi[0], BMR * 128)) = kiln_f32_to_e8(y1);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    *(kiln_elt *)(sm + swz_at(row - r0, lo[j] & ~7u, BMR * 128) + (lo[j] % 8) * 2) =
+                        kiln_f32_to_elt(y0[j]);
+                    *(kiln_elt *)(sm + swz_at(row - r0, hi[j] & ~7u, BMR * 128) + (hi[j] % 8) * 2) =
+                        kiln_f32_to_elt(y1[j]);
+                }
             }
         }
     }
