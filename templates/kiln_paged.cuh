@@ -53,8 +53,8 @@ __device__ __forceinline__ void rope_slot(const rope_freqs &f, kiln_u32 i, kiln_
 // two-term Cody-Waite step: within about an f32 rounding of the remainder
 // for angles below 2^24), where __sinf and __cosf are within 2^-21.4
 // absolute (the CUDA programming guide): far below an f16 q's or k's
-// rounding. sincosf's branches and
-// slow path were a tenth of a 4 x 1024 prefill (bench_attention --prefill).
+// rounding. sincosf's branches and slow path were a tenth of a 4 x 1024
+// prefill (bench_attention --prefill).
 __device__ __forceinline__ void rope_angle_sincos(float x, float *s, float *c)
 {
     const float k = rintf(x * 0.159154943091895336f); // x / (2 pi)

@@ -25,6 +25,19 @@ __device__ __forceinline__ void expect(kiln_u32 bar, kiln_u32 bytes)
     asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// One arrival on the barrier.
+__device__ __forceinline__ void bar_arrive(kiln_u32 bar)
+{
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// This thread's arrival once its cp.async copies so far have landed, one of
+// the arrivals the barrier was initialized to expect (.noinc).
+__device__ __forceinline__ void bar_arrive_cp_async(kiln_u32 bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // Adds bytes to the barrier's expected transactions without arriving (for a
 // thread whose arrival comes from cp.async.mbarrier.arrive).
 __device__ __forceinline__ void expect_only(kiln_u32 bar, kiln_u32 bytes)

@@ -181,7 +181,7 @@ kiln_moe_gate_up_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant
             }
             __syncwarp();
             if (lane == 0)
-                asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+                bar_arrive(saddr(&empty[s]));
         }
         if (c0 >= I)
             continue; // the rows past the expert's last group
@@ -268,7 +268,7 @@ kiln_moe_down_t(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
             }
             __syncwarp();
             if (lane == 0)
-                asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+                bar_arrive(saddr(&empty[s]));
         }
         if (c0 >= H)
             continue;

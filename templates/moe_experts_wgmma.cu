@@ -117,7 +117,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
                     tma(sb, wmap, ks * BK, wrow, bar);
                 }
             }
-            asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&full[st])) : "memory");
+            bar_arrive_cp_async(saddr(&full[st]));
         }
         return;
     }
@@ -142,7 +142,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
         wgmma_commit();
         wgmma_wait<1>(); // step ks - 1's products are done: its stage is free
         if (ks > 0)
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[(ks - 1) % STAGES])) : "memory");
+            bar_arrive(saddr(&empty[(ks - 1) % STAGES]));
     }
     wgmma_wait<0>();
 

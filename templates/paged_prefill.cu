@@ -123,11 +123,6 @@ template <kiln_u32 S> __device__ __forceinline__ void wait_empty(kiln_u64 *empty
         bar_wait(saddr(&empty[n % S]), (n / S - 1) & 1);
 }
 
-__device__ __forceinline__ void arrive(kiln_u64 *bar)
-{
-    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(bar)) : "memory");
-}
-
 #if KV_TMA
 // Whether the pages of the tile of keys [c0, c0 + BN) (table row trow)
 // follow one another in the arena, where kv_tma allows a box of several.
@@ -316,9 +311,9 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                         if (blk.tile == 0 && h == 0)
                             report_bad_page(fault, s, trow, bad, n_pages);
                     }
-                    arrive(&kfull[g % KSTAGES]);
+                    bar_arrive(saddr(&kfull[g % KSTAGES]));
 #if SPLIT_KV
-                    arrive(&vfull[g % VSTAGES]);
+                    bar_arrive(saddr(&vfull[g % VSTAGES]));
 #endif
                     g++;
                     continue;
@@ -342,7 +337,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                         tma_tile(vdst, &kvmap, &kvmap3, trow, h, c0, 1, run, kbar);
 #endif
                     } else {
-                        arrive(&kfull[g % KSTAGES]);
+                        bar_arrive(kbar);
                     }
 #if SPLIT_KV
                     wait_empty<VSTAGES>(vempty, g);
@@ -350,7 +345,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                         expect(saddr(&vfull[g % VSTAGES]), TILE_BYTES);
                         tma_tile(vdst, &kvmap, &kvmap3, trow, h, c0, 1, run, saddr(&vfull[g % VSTAGES]));
                     } else {
-                        arrive(&vfull[g % VSTAGES]);
+                        bar_arrive(saddr(&vfull[g % VSTAGES]));
                     }
 #endif
                     continue;
@@ -361,10 +356,9 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #endif
                 prefill_load_kv<BN>(pages, trow, h, c0, ke, kdst, vdst, tid - CONSUMERS, THREADS - CONSUMERS);
                 // An arrival waits for all of this thread's copies, K's and V's.
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(kbar) : "memory");
+                bar_arrive_cp_async(kbar);
 #if SPLIT_KV
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(saddr(&vfull[g % VSTAGES]))
-                             : "memory");
+                bar_arrive_cp_async(saddr(&vfull[g % VSTAGES]));
 #endif
             }
         }
@@ -404,9 +398,9 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             named_sync(BAR_Q); // every consumer has read the flag
             if (tid == 0)
                 bad_pages[g % KSTAGES] = 0;
-            arrive(&kempty[g % KSTAGES]);
+            bar_arrive(saddr(&kempty[g % KSTAGES]));
 #if SPLIT_KV
-            arrive(&vempty[g % VSTAGES]);
+            bar_arrive(saddr(&vempty[g % VSTAGES]));
 #endif
             g++;
             continue;
@@ -436,7 +430,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         named_arrive(other_turn);
         wgmma_wait<0>();
 #if SPLIT_KV
-        arrive(&kempty[g % KSTAGES]);
+        bar_arrive(saddr(&kempty[g % KSTAGES]));
 #endif
         prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
         prefill_pack<BN>(sc, p);
@@ -453,11 +447,11 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             named_arrive(other_turn);
             wgmma_wait<1>(); // S_n is done; P_{n-1} V_{n-1} may still run
 #if SPLIT_KV
-            arrive(&kempty[(g + n) % KSTAGES]);
+            bar_arrive(saddr(&kempty[(g + n) % KSTAGES]));
 #endif
             prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
             wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its slot is free, O and P may change
-            arrive(&vempty[vs]);
+            bar_arrive(saddr(&vempty[vs]));
             prefill_rescale(o, scale_a, scale_b);
             prefill_pack<BN>(sc, p);
         }
@@ -472,7 +466,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             if (wg == 0)
                 named_arrive(other_turn);
             wgmma_wait<0>();
-            arrive(&vempty[vs]);
+            bar_arrive(saddr(&vempty[vs]));
         }
         g += ntiles;
 

@@ -110,7 +110,7 @@ kiln_tma_linear_parts(const __grid_constant__ kiln_tmap wmap, const __grid_const
         }
         __syncwarp();
         if (lane == 0)
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+            bar_arrive(saddr(&empty[s]));
     }
     // acc[j][i]: row 16 w + g (i < 2) or + 8, token 8 j + 2 (lane % 4) + (i & 1).
     const kiln_u32 g = lane / 4;

@@ -115,7 +115,7 @@ kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
         }
         __syncwarp();
         if (lane == 0)
-            asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(saddr(&empty[s])) : "memory");
+            bar_arrive(saddr(&empty[s]));
     }
     // acc[j][i]: row g of the A tile (i < 2: gate of output 8 w + g) or g + 8
     // (its up), token 8 j + 2 (lane % 4) + (i & 1).
