@@ -54,11 +54,14 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
 // load a dim: ncu had the scalar loads at a fifth of a 4 x 1024 block's
 // time), and store as two; otherwise dim by dim. q and the positions are
 // read through L2: the wgmma prefill reads them before its dependency sync.
+// inv: freqs.inv copied to shared memory (prefill_inv_to_shared), or null to
+// read the parameter itself, whose loads, an address a lane, serialize (ncu
+// had them at 3% of a 4 x 1024 wgmma prefill's samples).
 template <int BMR>
 __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt *__restrict__ qin, kiln_u32 q_stride,
                                                const kiln_u32 *__restrict__ positions, const rope_freqs &freqs,
-                                               float qscale, const seq_info &q, kiln_u32 h, kiln_u32 r0,
-                                               kiln_u32 me, kiln_u32 n)
+                                               const float *inv, float qscale, const seq_info &q, kiln_u32 h,
+                                               kiln_u32 r0, kiln_u32 me, kiln_u32 n)
 {
     constexpr kiln_u32 QV = G < 4 ? G : 4; // heads whose vectors are in flight together
     const kiln_u32 tok0 = r0 / G, ntok = (r0 + BMR - 1) / G + 1 - tok0;
@@ -81,12 +84,20 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
             }
         float sn[8], cs[8];
         if (live) {
-            const float pos = (float)__ldcg(positions + t);
+            // rope_sincos without a branch a slot: a slot past half takes
+            // angle 0, whose (sin, cos) is (0, 1), times qscale alone.
+            const float pos = (float)__ldcg(positions + t), rs = freqs.scale * qscale;
+            float iv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                iv[j] = inv ? inv[i0 + j] : freqs.inv[i0 + j];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                rope_sincos(freqs, i0 + j, pos, &sn[j], &cs[j]);
-                sn[j] *= qscale;
-                cs[j] *= qscale;
+                const bool rot = i0 + j < freqs.half;
+                rope_angle_sincos(pos * (rot ? iv[j] : 0.0f), &sn[j], &cs[j]);
+                const float m = rot ? rs : qscale;
+                sn[j] *= m;
+                cs[j] *= m;
             }
         }
 #pragma unroll
@@ -99,8 +110,8 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
                         xv[gg][0] = kiln_ldcg16(src0 + (g + gg) * D + lo[0]);
                         xv[gg][1] = kiln_ldcg16(src0 + (g + gg) * D + hi[0]);
                     }
-            if (row < r0 || row >= r0 + BMR)
-                continue;
+            if (BMR % G != 0 && (row < r0 || row >= r0 + BMR))
+                continue; // a token's heads straddle the tile's edge
             float y0[8], y1[8];
             if (live) {
                 float x0[8], x1[8];
@@ -139,6 +150,14 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
             }
         }
     }
+}
+
+// freqs.inv into inv (HALF floats of shared memory) by threads me of n, for
+// prefill_load_q; a block-wide barrier must follow before it is read.
+__device__ __forceinline__ void prefill_inv_to_shared(float *inv, const rope_freqs &freqs, kiln_u32 me, kiln_u32 n)
+{
+    for (kiln_u32 i = me; i < HALF; i += n)
+        inv[i] = freqs.inv[i];
 }
 
 // What a block knows of its sequence and rows.

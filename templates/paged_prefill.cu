@@ -261,6 +261,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     // slot beside it) when an item's pages fail their check; the consumers
     // clear it.
     __shared__ kiln_u32 bad_pages[KSTAGES];
+    __shared__ float inv[HALF]; // RoPE's inverse frequencies (prefill_load_q)
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     const kiln_u64 items = (kiln_u64)row_tiles * KVH * seqs;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
@@ -271,6 +272,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #endif
     if (tid < KSTAGES)
         bad_pages[tid] = 0;
+    prefill_inv_to_shared(inv, freqs, tid, THREADS);
     __syncthreads(); // the last block-wide barrier: the roles part here
 
     if (tid >= CONSUMERS) {
@@ -383,7 +385,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
         // q in shared memory first, once the last item's output has left it.
         named_sync(BAR_Q);
-        prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, CONSUMERS);
+        prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, inv, qscale, q, h, r0, tid, CONSUMERS);
         fence_proxy_async();
         named_sync(BAR_Q);
         if (!synced) {

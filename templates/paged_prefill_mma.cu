@@ -73,7 +73,7 @@ kiln_paged_prefill_mma(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, cons
     // The first tile in flight while the queries are rotated.
     prefill_load_kv<BN>(pages, trow, h, kb, ke, skv, skv + TILE_BYTES, tid, THREADS);
     cp_async_commit();
-    prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, qscale, q, h, r0, tid, THREADS);
+    prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, nullptr, qscale, q, h, r0, tid, THREADS);
     __syncthreads();
 
     // This warp's q fragments (rows 16 warp .. + 15), kept for the whole block:
