@@ -18,8 +18,9 @@
  * scaled_dot_product_attention at the same shapes.
  *
  * --only S,CTX,N: that prefill shape alone (for a profiler). --head-dim D:
- * prefill at that head_dim alone; --kernel picked|mma|cuda_core: that prefill
- * kernel alone (both to spend less GPU time on an A/B of one kernel). --dtype bf16:
+ * prefill at that head_dim alone; --kernel picked|mma|cuda_core|q_tma: that
+ * prefill kernel alone (both to spend less GPU time on an A/B of one kernel;
+ * q_tma, the wgmma kernel's variant with q by TMA, runs only when named). --dtype bf16:
  * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
  * --pages runs: each sequence's pages one run of the arena (a fresh
  * allocator's), rather than the sequences' pages interleaved (reported as
@@ -217,6 +218,14 @@ static void run_case(const char *phase, int64_t H, int64_t KVH, int64_t D, uint3
         kiln_buffer_destroy(all[i]);
 }
 
+static int kernel_index(const char *const *names, int n, const char *s)
+{
+    for (int k = 0; k < n; k++)
+        if (!strcmp(names[k], s))
+            return k;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     long iters = 50;
@@ -224,7 +233,9 @@ int main(int argc, char **argv)
     unsigned only[3] = {0, 0, 0};
     long only_dim = 0;
     int only_kernel = -1;
-    static const char *const kernels[] = {"picked", "mma", "cuda_core"};
+    /* In the order of KILN__PREFILL_*: q_tma is the wgmma kernel's variant with q by TMA. */
+    static const char *const kernels[] = {"picked", "mma", "cuda_core", "q_tma"};
+    enum { N_KERNELS = sizeof kernels / sizeof kernels[0] };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep"))
             sweep = 1;
@@ -247,15 +258,13 @@ int main(int argc, char **argv)
                  (bench_parse_positive(argv[i + 1]) == 64 || bench_parse_positive(argv[i + 1]) == 128 ||
                   bench_parse_positive(argv[i + 1]) == 256))
             only_dim = bench_parse_positive(argv[++i]);
-        else if (!strcmp(argv[i], "--kernel") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], kernels[0]) || !strcmp(argv[i + 1], kernels[1]) ||
-                  !strcmp(argv[i + 1], kernels[2])))
-            only_kernel = !strcmp(argv[++i], kernels[0]) ? 0 : !strcmp(argv[i], kernels[1]) ? 1 : 2;
+        else if (!strcmp(argv[i], "--kernel") && i + 1 < argc && kernel_index(kernels, N_KERNELS, argv[i + 1]) >= 0)
+            only_kernel = kernel_index(kernels, N_KERNELS, argv[++i]);
         else {
             fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
                             "[--dtype f16|bf16] [--pages interleaved|runs] [--prefill-blocks N] "
                             "[--sweep | --prefill [--only S,CTX,N] [--head-dim 64|128|256] "
-                            "[--kernel picked|mma|cuda_core]]\n",
+                            "[--kernel picked|mma|cuda_core|q_tma]]\n",
                     argv[i]);
             return 2;
         }
@@ -278,14 +287,16 @@ int main(int argc, char **argv)
         static const struct { uint32_t S, ctx, count; } shapes[] = {
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
         static const int64_t dims[] = {128, 64, 256};
-        for (int k = 0; k < 3; k++) {
-            if (only_kernel >= 0 && k != only_kernel)
+        for (int k = 0; k < N_KERNELS; k++) {
+            /* q_tma only when asked for: it is picked's variant, not another device's kernel */
+            if ((only_kernel >= 0 && k != only_kernel) || (only_kernel < 0 && k == KILN__PREFILL_Q_TMA))
                 continue;
             g_kernel = kernels[k];
             kiln__paged_attention_set_prefill_kernel(k);
             for (int d = 0; d < 3; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-                    if ((k == 1 && dims[d] == 256) /* mma.sync takes head_dim 64 and 128 */ ||
+                    /* mma.sync and q_tma take head_dim 64 and 128 */
+                    if (((k == KILN__PREFILL_MMA || k == KILN__PREFILL_Q_TMA) && dims[d] == 256) ||
                         (only_dim && dims[d] != only_dim))
                         continue;
                     if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))

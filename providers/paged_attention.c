@@ -50,10 +50,15 @@ static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test
 
 /* For the GPU tests and benchmarks: prefill on the kernel another device
  * would take (KILN__PREFILL_MMA: sm_80 on without wgmma; KILN__PREFILL_CUDA_CORE:
- * before sm_80), where the device allows it. Read at encode; process-wide. */
+ * before sm_80), where the device allows it, or on the wgmma kernel's
+ * variant with q by TMA (KILN__PREFILL_Q_TMA, where q_tma_fits). Read at
+ * encode; process-wide. */
 void kiln__paged_attention_set_prefill_kernel(int which)
 {
-    atomic_store(&prefill_forced, which == KILN__PREFILL_MMA || which == KILN__PREFILL_CUDA_CORE ? which : 0);
+    atomic_store(&prefill_forced, which == KILN__PREFILL_MMA || which == KILN__PREFILL_CUDA_CORE ||
+                                          which == KILN__PREFILL_Q_TMA
+                                      ? which
+                                      : 0);
 }
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
@@ -486,6 +491,20 @@ kiln_status kiln__paged_attention_check(kiln_runtime *rt, const kiln_paged_atten
     return KILN_OK;
 }
 
+/* A 3-D f16 or bf16 view for the wgmma prefill's TMA copies, 128-byte
+ * swizzle, elements past the dimensions read as zeros; what: for the error. */
+static kiln_status map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, CUdeviceptr base, const cuuint64_t dims[3],
+                        const cuuint64_t strides[2], const cuuint32_t box[3], const char *what)
+{
+    static const cuuint32_t es[3] = {1, 1, 1};
+    const CUtensorMapDataType type =
+        elt == KILN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    CUresult r = kiln__tensor_map_encode_tiled(rt, m, type, 3, (void *)base, dims, strides, box, es,
+                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, what);
+}
+
 /* The arena for the wgmma prefill's tiles whose pages follow one another:
  * (head_dim columns, a page's rows of head_dim elements, pages), boxes of 64
  * columns x the page's tokens x the pages of a tile (prefill_bn), so that one
@@ -496,13 +515,36 @@ static kiln_status arena_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, 
     const cuuint64_t rows = KILN_PAGED_KV_PAGE_BYTES / (2 * (cuuint64_t)head_dim);
     const cuuint64_t dims[3] = {(cuuint64_t)head_dim, rows, (cuuint64_t)pages},
                      strides[2] = {(cuuint64_t)head_dim * 2, KILN_PAGED_KV_PAGE_BYTES};
-    const cuuint32_t box[3] = {64, (cuuint32_t)page_tokens, (cuuint32_t)(prefill_bn(head_dim) / page_tokens)}, es[3] = {1, 1, 1};
-    const CUtensorMapDataType type =
-        elt == KILN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    CUresult r = kiln__tensor_map_encode_tiled(rt, m, type, 3, (void *)base, dims, strides, box, es,
-                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? KILN_OK : kiln__runtime_cu_fail(rt, r, "cuTensorMapEncodeTiled (" OP ", pages)");
+    const cuuint32_t box[3] = {64, (cuuint32_t)page_tokens, (cuuint32_t)(prefill_bn(head_dim) / page_tokens)};
+    return map3(rt, elt, m, base, dims, strides, box, "cuTensorMapEncodeTiled (" OP ", pages)");
+}
+
+/* Whether the wgmma prefill's variant with q by TMA (KILN_Q_TMA) takes the
+ * command: head_dim 64 or 128, K and V tiles by TMA (whole pages a tile, the
+ * template's KV_TMA, and the arena's rows within a map's: its one warp of
+ * cp.async would be slow), a group dividing its 128 rows, q (at device
+ * address q) and its row stride 16-byte aligned, token coordinates within
+ * TMA's int32. */
+static int q_tma_fits(const kiln__paged_attention_info *in, uint64_t q)
+{
+    const int64_t group = in->heads / in->kv_heads;
+    const uint64_t map_rows = (uint64_t)in->pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in->head_dim));
+    return in->head_dim <= 128 && in->page_tokens % 8 == 0 && prefill_bn(in->head_dim) % in->page_tokens == 0 &&
+           map_rows <= UINT32_MAX && PREFILL_BM % group == 0 && q % 16 == 0 &&
+           (uint64_t)in->q_stride * 2 % 16 == 0 && in->tokens <= INT32_MAX;
+}
+
+/* q for that variant: (head_dim columns, heads, tokens of q_stride
+ * elements), boxes of 64 columns x a group's heads x the tokens of 128 rows,
+ * as the kernel's q tile lays its rows (token x group + head); tokens past
+ * the command's read as zeros. */
+static kiln_status q_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, CUdeviceptr q, const kiln__paged_attention_info *in)
+{
+    const int64_t group = in->heads / in->kv_heads;
+    const cuuint64_t dims[3] = {(cuuint64_t)in->head_dim, (cuuint64_t)in->heads, in->tokens},
+                     strides[2] = {(cuuint64_t)in->head_dim * 2, (cuuint64_t)in->q_stride * 2};
+    const cuuint32_t box[3] = {64, (cuuint32_t)group, (cuuint32_t)(PREFILL_BM / group)};
+    return map3(rt, elt, m, q, dims, strides, box, "cuTensorMapEncodeTiled (" OP ", q)");
 }
 
 typedef struct attn_launch {
@@ -510,6 +552,7 @@ typedef struct attn_launch {
      * alignment; the struct comes from kiln__tma_calloc). */
     CUtensorMap kvmap;
     CUtensorMap kvmap3; /* the same arena as (columns, a page's rows, pages), for runs of pages */
+    CUtensorMap qmap;   /* q, for the variant with q by TMA (q_map3; its kernel's last parameter) */
     uint32_t kv_tma;  /* bit 0: kvmap is encoded, bit 1: kvmap3 (the kernel's argument) */
     int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kvmap3, kv_tma */
     kiln_runtime *rt;
@@ -570,10 +613,11 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
                          &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kvmap3,
-                         &l->kv_tma, &l->attention_tiles, &l->seqs};
-    /* kvmap to seqs are the wgmma prefill's last parameters, its grid one
-     * dimension of work items; the other attention kernels end at fault, and
-     * the driver reads no further. */
+                         &l->kv_tma, &l->attention_tiles, &l->seqs, &l->qmap};
+    /* kvmap to seqs are the wgmma prefill's last parameters (and qmap its
+     * variant's with q by TMA), its grid one dimension of work items; the
+     * other attention kernels end at fault, and the driver reads no
+     * further. */
     if (l->wgmma)
         return launch3(ctx, l->rt, l->attention, l->prefill_blocks, 1, 1, l->attention_threads, l->attention_smem,
                        attn_args, "cuLaunchKernel (paged_attention prefill)");
@@ -709,15 +753,19 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
      * stays), wgmma on sm_90 and mma.sync elsewhere, where the device gives
      * a block its shared memory; the CUDA-core kernel before. */
     unsigned attention_threads = THREADS, attention_smem = 0;
-    int prefill_wgmma = 0;
+    int prefill_wgmma = 0, prefill_q_tma = 0;
     const int forced = atomic_load(&prefill_forced);
     if (!in.decode && sm >= 80 && prefill_head_dim(sm, in.head_dim) && forced != KILN__PREFILL_CUDA_CORE &&
         (tensor_core_head_dim(in.head_dim) || forced != KILN__PREFILL_MMA)) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
+        const kiln_tensor *qt = in.fused ? d->qkv : d->q;
+        const int q_tma = wgmma && forced == KILN__PREFILL_Q_TMA &&
+                          q_tma_fits(&in, kiln__buffer_ptr(qt->buffer) + qt->offset);
         kiln_kernel *kp;
         void *fp = NULL;
         if ((st = layout_spec(elt, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
                                &spec)) ||
+            (q_tma && (st = kiln_spec_set(&spec, "Q_TMA", 1))) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
             (st = kiln__runtime_enter(rt)))
@@ -733,6 +781,7 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             attention_threads = wgmma ? PREFILL_THREADS : PREFILL_MMA_THREADS;
             attention_smem = want;
             prefill_wgmma = wgmma;
+            prefill_q_tma = q_tma;
         } else if (r != CUDA_ERROR_INVALID_VALUE) {
             return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");
         }
@@ -786,6 +835,10 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             return kiln__propagate(err, st);
         }
         l->kv_tma |= 2;
+    }
+    if (prefill_q_tma && (st = q_map3(rt, elt, &l->qmap, l->q, &in))) {
+        free(l);
+        return kiln__propagate(err, st);
     }
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;

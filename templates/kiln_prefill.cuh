@@ -42,6 +42,29 @@ __device__ __forceinline__ void prefill_load_kv(const unsigned char *__restrict_
     }
 }
 
+// The sin and cos of RoPE slots [i0, i0 + N) at position pos, times qscale
+// (and the rotation's scale): rope_sincos without a branch a slot, a slot
+// past half taking angle 0, whose (sin, cos) is (0, 1). inv: as for
+// prefill_load_q.
+template <int N>
+__device__ __forceinline__ void prefill_q_sincos(const rope_freqs &freqs, const float *inv, kiln_u32 i0, float pos,
+                                                 float qscale, float *sn, float *cs)
+{
+    const float rs = freqs.scale * qscale;
+    float iv[N];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        iv[j] = inv ? inv[i0 + j] : freqs.inv[i0 + j];
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const bool rot = i0 + j < freqs.half;
+        rope_angle_sincos(pos * (rot ? iv[j] : 0.0f), &sn[j], &cs[j]);
+        const float m = rot ? rs : qscale;
+        sn[j] *= m;
+        cs[j] *= m;
+    }
+}
+
 // Rows [r0, r0 + BMR) of the block's (row = token * G + head in the group),
 // rotated, scaled by qscale and rounded to kiln_elt, into the swizzled tile at
 // sm (panels BMR * 128 bytes apart), by threads me of n. Eight RoPE slots
@@ -83,23 +106,8 @@ __device__ __forceinline__ void prefill_load_q(unsigned char *sm, const kiln_elt
                 xv[g][1] = kiln_ldcg16(src0 + g * D + hi[0]);
             }
         float sn[8], cs[8];
-        if (live) {
-            // rope_sincos without a branch a slot: a slot past half takes
-            // angle 0, whose (sin, cos) is (0, 1), times qscale alone.
-            const float pos = (float)__ldcg(positions + t), rs = freqs.scale * qscale;
-            float iv[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                iv[j] = inv ? inv[i0 + j] : freqs.inv[i0 + j];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const bool rot = i0 + j < freqs.half;
-                rope_angle_sincos(pos * (rot ? iv[j] : 0.0f), &sn[j], &cs[j]);
-                const float m = rot ? rs : qscale;
-                sn[j] *= m;
-                cs[j] *= m;
-            }
-        }
+        if (live)
+            prefill_q_sincos<8>(freqs, inv, i0, (float)__ldcg(positions + t), qscale, sn, cs);
 #pragma unroll
         for (kiln_u32 g = 0; g < G; g++) {
             const kiln_u32 row = tl * G + g;

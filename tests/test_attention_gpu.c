@@ -252,7 +252,7 @@ typedef struct step {
     bad_kind bad;          /* applied to sequence 1 */
     int no_workspace;      /* eager: no workspace binding, and a decode unsplit (split target 1) */
     int fused;             /* eager: q, k and v in one qkv tensor */
-    int misalign;          /* eager: q 2 bytes and out 4 bytes past 16-byte alignment */
+    int misalign;          /* eager: 1, q 2 bytes and out 4 bytes past 16-byte alignment; 2, out alone */
     kiln_status (*runner)(void *user, const step_io *io); /* NULL: encode and run eagerly here */
     void *user;
 } step;
@@ -410,7 +410,7 @@ static kiln_status run_step(sess *s, const step *st, const char *label)
         }
     }
 
-    const size_t qoff = st->misalign ? 2 : 0, ooff = st->misalign ? 4 : 0;
+    const size_t qoff = st->misalign == 1 ? 2 : 0, ooff = st->misalign ? 4 : 0;
     kiln_buffer *bq = buffer(f->rt, (size_t)Tb * H * D * 2 + 16), *bk = buffer(f->rt, (size_t)Tb * KVH * D * 2),
                 *bv = buffer(f->rt, (size_t)Tb * KVH * D * 2), *bo = buffer(f->rt, (size_t)Tb * H * D * 2 + 16);
     KILN_CHECK(kiln_buffer_upload(bq, qoff, q, (size_t)Tb * H * D * 2));
@@ -603,17 +603,19 @@ static const layout layouts[] = {
 #define N_LAYOUTS (sizeof layouts / sizeof layouts[0])
 
 /* One sequence, no cached prefix: prefill of n tokens. */
-/* q and out off 16-byte alignment: the kernels' scalar loads and 4-byte stores. */
+/* q and out off 16-byte alignment (the kernels' scalar loads and 4-byte
+ * stores), then out alone (q by TMA where it is forced). */
 static void prefill_misaligned(gpu_fixture *f)
 {
-    for (size_t l = 0; l < 2; l++) {
-        sess s;
-        uint32_t ctx = 0, n = 300;
-        sess_init(&s, f, layouts[l], 1, &ctx, &n, 1e6f);
-        step st = {.count = &n, .misalign = 1};
-        KILN_CHECK(run_step(&s, &st, "prefill 300, q and out misaligned"));
-        sess_free(&s);
-    }
+    for (size_t l = 0; l < 2; l++)
+        for (int m = 1; m <= 2; m++) {
+            sess s;
+            uint32_t ctx = 0, n = 300;
+            sess_init(&s, f, layouts[l], 1, &ctx, &n, 1e6f);
+            step st = {.count = &n, .misalign = m};
+            KILN_CHECK(run_step(&s, &st, m == 1 ? "prefill 300, q and out misaligned" : "prefill 300, out misaligned"));
+            sess_free(&s);
+        }
 }
 
 static void prefill_one(gpu_fixture *f, layout L, uint32_t n, float theta)
@@ -669,6 +671,23 @@ static void prefill_forced(gpu_fixture *f, int which)
 static void test_prefill_mma(void **state) { prefill_forced(*state, KILN__PREFILL_MMA); }
 
 static void test_prefill_cuda_core(void **state) { prefill_forced(*state, KILN__PREFILL_CUDA_CORE); }
+
+static void test_fused_qkv(void **state);
+
+/* The wgmma prefill's variant with q by TMA (sm_90; elsewhere the kernel the
+ * device takes): the forced set, then packed on a grid of 3 blocks (each
+ * block's q warps bring many items' q, across sequences and the idle one)
+ * and q read from the fused qkv rows (q_stride past heads x head_dim). */
+static void test_prefill_q_tma(void **state)
+{
+    prefill_forced(*state, KILN__PREFILL_Q_TMA);
+    kiln__paged_attention_set_prefill_kernel(KILN__PREFILL_Q_TMA);
+    kiln__paged_attention_set_prefill_blocks(3);
+    prefill_packed(*state);
+    kiln__paged_attention_set_prefill_blocks(0);
+    test_fused_qkv(state);
+    kiln__paged_attention_set_prefill_kernel(0);
+}
 
 /* Several sequences packed, each with a cached prefix (chunked prefill). */
 /* Packed prefill with cached prefixes, then the same on a wgmma prefill grid
@@ -1105,6 +1124,12 @@ static void test_bf16_prefill_mma(void **state)
     prefill_forced(*state, KILN__PREFILL_MMA);
 }
 
+static void test_bf16_prefill_q_tma(void **state)
+{
+    next_cfg.elt = KILN_DTYPE_BF16;
+    test_prefill_q_tma(state);
+}
+
 static void test_bf16_prefill_cuda_core(void **state)
 {
     next_cfg.elt = KILN_DTYPE_BF16;
@@ -1149,20 +1174,21 @@ static void rope_case(gpu_fixture *f, layout L, kiln_dtype elt, int64_t rope_dim
     next_cfg.scaling = scaling;
     next_cfg.rope_dim = rope_dim;
     enum { S = 3 };
-    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][4], one[S] = {1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
         cap[i] = ctx[i] + 2;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 40 : 200);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
-    static const char *const names[3] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core"};
-    for (int k = 0; k < 3; k++) {
+    static const int kernels[4] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_Q_TMA};
+    static const char *const names[4] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core",
+                                         "rope prefill q by TMA"};
+    for (int k = 0; k < 4; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1204,20 +1230,21 @@ static void window_case(gpu_fixture *f, layout L, kiln_dtype elt, uint32_t W)
     next_cfg.elt = elt;
     next_cfg.window = W;
     enum { S = 4 };
-    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][4], one[S] = {1, 1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : i == 1 ? kiln_rng_below(&f->rng, W + 1) : W + kiln_rng_below(&f->rng, quick() ? 300 : 3000);
         cap[i] = ctx[i] + 3;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 100 : 2 * W + 300);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
-    static const char *const names[3] = {"window prefill", "window prefill mma", "window prefill cuda-core"};
-    for (int k = 0; k < 3; k++) {
+    static const int kernels[4] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_Q_TMA};
+    static const char *const names[4] = {"window prefill", "window prefill mma", "window prefill cuda-core",
+                                         "window prefill q by TMA"};
+    for (int k = 0; k < 4; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k], count[3][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1478,6 +1505,7 @@ int main(void)
         T(test_prefill_packed_with_prefixes),
         T(test_prefill_mma),
         T(test_prefill_cuda_core),
+        T(test_prefill_q_tma),
         T(test_decode),
         T(test_decode_split_lengths),
         T(test_decode_every_cluster_size),
@@ -1489,6 +1517,7 @@ int main(void)
         T(test_bf16_prefill),
         T(test_bf16_prefill_mma),
         T(test_bf16_prefill_cuda_core),
+        T(test_bf16_prefill_q_tma),
         T(test_bf16_decode),
         T(test_scaled_partial_rope),
         T(test_sliding_window),
