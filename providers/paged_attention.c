@@ -55,10 +55,7 @@ static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test
  * encode; process-wide. */
 void kiln__paged_attention_set_prefill_kernel(int which)
 {
-    atomic_store(&prefill_forced, which == KILN__PREFILL_MMA || which == KILN__PREFILL_CUDA_CORE ||
-                                          which == KILN__PREFILL_Q_TMA
-                                      ? which
-                                      : 0);
+    atomic_store(&prefill_forced, which >= KILN__PREFILL_MMA && which <= KILN__PREFILL_Q_TMA ? which : 0);
 }
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
@@ -519,18 +516,30 @@ static kiln_status arena_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, 
     return map3(rt, elt, m, base, dims, strides, box, "cuTensorMapEncodeTiled (" OP ", pages)");
 }
 
+/* The arena as rows of head_dim elements (the map kvmap's rows). */
+static uint64_t arena_rows(const kiln__paged_attention_info *in)
+{
+    return (uint64_t)in->pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in->head_dim));
+}
+
+/* Whether the wgmma prefill may bring K and V tiles by TMA (the template's
+ * KV_TMA: whole pages a tile, 8-row aligned boxes) with the arena's rows
+ * within a map's. */
+static int kv_tma_fits(const kiln__paged_attention_info *in)
+{
+    return in->page_tokens % 8 == 0 && prefill_bn(in->head_dim) % in->page_tokens == 0 &&
+           arena_rows(in) <= UINT32_MAX;
+}
+
 /* Whether the wgmma prefill's variant with q by TMA (KILN_Q_TMA) takes the
- * command: head_dim 64 or 128, K and V tiles by TMA (whole pages a tile, the
- * template's KV_TMA, and the arena's rows within a map's: its one warp of
- * cp.async would be slow), a group dividing its 128 rows, q (at device
- * address q) and its row stride 16-byte aligned, token coordinates within
- * TMA's int32. */
+ * command: head_dim 64 or 128, K and V tiles by TMA (kv_tma_fits: its one
+ * warp of cp.async would be slow), a group dividing its 128 rows, q (at
+ * device address q) and its row stride 16-byte aligned, token coordinates
+ * within TMA's int32. */
 static int q_tma_fits(const kiln__paged_attention_info *in, uint64_t q)
 {
     const int64_t group = in->heads / in->kv_heads;
-    const uint64_t map_rows = (uint64_t)in->pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in->head_dim));
-    return in->head_dim <= 128 && in->page_tokens % 8 == 0 && prefill_bn(in->head_dim) % in->page_tokens == 0 &&
-           map_rows <= UINT32_MAX && PREFILL_BM % group == 0 && q % 16 == 0 &&
+    return in->head_dim <= 128 && kv_tma_fits(in) && PREFILL_BM % group == 0 && q % 16 == 0 &&
            (uint64_t)in->q_stride * 2 % 16 == 0 && in->tokens <= INT32_MAX;
 }
 
@@ -821,11 +830,10 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
     /* The wgmma prefill reads whole pages by TMA where a page's tokens are a
      * multiple of 8 dividing its tiles of keys (templates/paged_prefill.cu's
      * KV_TMA): the arena as rows of head_dim elements, boxes of 64 x the page's tokens. */
-    const uint64_t map_rows = (uint64_t)in.pages * (KILN_PAGED_KV_PAGE_BYTES / (2 * (uint64_t)in.head_dim));
     l->wgmma = prefill_wgmma;
-    if (prefill_wgmma && in.page_tokens % 8 == 0 && prefill_bn(in.head_dim) % in.page_tokens == 0 &&
-        map_rows <= UINT32_MAX) {
-        if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)map_rows, in.page_tokens))) {
+    if (prefill_wgmma && kv_tma_fits(&in)) {
+        if ((st = kiln__tma_map(rt, OP, elt, &l->kvmap, l->pages, in.head_dim, (int64_t)arena_rows(&in),
+                                in.page_tokens))) {
             free(l);
             return kiln__propagate(err, st);
         }
