@@ -18,9 +18,8 @@
  * scaled_dot_product_attention at the same shapes.
  *
  * --only S,CTX,N: that prefill shape alone (for a profiler). --head-dim D:
- * prefill at that head_dim alone; --kernel picked|mma|cuda_core|q_tma: that
- * prefill kernel alone (both to spend less GPU time on an A/B of one kernel;
- * q_tma, the wgmma kernel's variant with q by TMA, runs only when named). --dtype bf16:
+ * prefill at that head_dim alone; --kernel picked|mma|cuda_core: that prefill
+ * kernel alone (both to spend less GPU time on an A/B of one kernel). --dtype bf16:
  * q, k, v, the KV pages and out in bf16 (default f16; reported as "dtype").
  * --pages runs: each sequence's pages one run of the arena (a fresh
  * allocator's), rather than the sequences' pages interleaved (reported as
@@ -233,8 +232,8 @@ int main(int argc, char **argv)
     unsigned only[3] = {0, 0, 0};
     long only_dim = 0;
     int only_kernel = -1;
-    /* In the order of KILN__PREFILL_*: q_tma is the wgmma kernel's variant with q by TMA. */
-    static const char *const kernels[] = {"picked", "mma", "cuda_core", "q_tma"};
+    /* In the order of KILN__PREFILL_* (0: picked). */
+    static const char *const kernels[] = {"picked", "mma", "cuda_core"};
     enum { N_KERNELS = sizeof kernels / sizeof kernels[0] };
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sweep"))
@@ -264,7 +263,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_attention: unknown argument %s\nusage: bench_attention [--iters N] "
                             "[--dtype f16|bf16] [--pages interleaved|runs] [--prefill-blocks N] "
                             "[--sweep | --prefill [--only S,CTX,N] [--head-dim 64|128|256] "
-                            "[--kernel picked|mma|cuda_core|q_tma]]\n",
+                            "[--kernel picked|mma|cuda_core]]\n",
                     argv[i]);
             return 2;
         }
@@ -288,15 +287,13 @@ int main(int argc, char **argv)
             {1, 0, 512}, {1, 0, 4096}, {4, 0, 1024}, {1, 0, 16384}, {1, 3584, 512}};
         static const int64_t dims[] = {128, 64, 256};
         for (int k = 0; k < N_KERNELS; k++) {
-            /* q_tma only when asked for: it is picked's variant, not another device's kernel */
-            if ((only_kernel >= 0 && k != only_kernel) || (only_kernel < 0 && k == KILN__PREFILL_Q_TMA))
+            if (only_kernel >= 0 && k != only_kernel)
                 continue;
             g_kernel = kernels[k];
             kiln__paged_attention_set_prefill_kernel(k);
             for (int d = 0; d < 3; d++)
                 for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-                    /* mma.sync and q_tma take head_dim 64 and 128 */
-                    if (((k == KILN__PREFILL_MMA || k == KILN__PREFILL_Q_TMA) && dims[d] == 256) ||
+                    if ((k == KILN__PREFILL_MMA && dims[d] == 256) /* mma.sync takes head_dim 64 and 128 */ ||
                         (only_dim && dims[d] != only_dim))
                         continue;
                     if (only[0] && (only[0] != shapes[i].S || only[1] != shapes[i].ctx || only[2] != shapes[i].count))

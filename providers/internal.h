@@ -191,10 +191,8 @@ void kiln__paged_attention_set_prefill_blocks(uint32_t blocks);
 void kiln__paged_attention_set_two_kernel_decode(int on);
 /* Test hook: a prefill encode takes the mma.sync attention kernel
  * (templates/paged_prefill_mma.cu) or the CUDA-core one (templates/paged_attention.cu)
- * where it would take another, or on sm_90 the wgmma kernel with q by TMA
- * (templates/paged_prefill.cu's KILN_Q_TMA) where its shapes and q's
- * alignment allow it (0: as the device says); process-wide. */
-enum { KILN__PREFILL_MMA = 1, KILN__PREFILL_CUDA_CORE = 2, KILN__PREFILL_Q_TMA = 3 };
+ * where it would take another (0: as the device says); process-wide. */
+enum { KILN__PREFILL_MMA = 1, KILN__PREFILL_CUDA_CORE = 2 };
 void kiln__paged_attention_set_prefill_kernel(int which);
 /* Test hook: 3 or 4 makes the one-kernel decode take that many stages
  * whatever its grid (4 where the device allows its shared memory); 0 (or

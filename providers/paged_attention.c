@@ -50,12 +50,10 @@ static _Atomic int prefill_forced; /* KILN__PREFILL_*: the prefill kernel a test
 
 /* For the GPU tests and benchmarks: prefill on the kernel another device
  * would take (KILN__PREFILL_MMA: sm_80 on without wgmma; KILN__PREFILL_CUDA_CORE:
- * before sm_80), where the device allows it, or on the wgmma kernel's
- * variant with q by TMA (KILN__PREFILL_Q_TMA, where q_tma_fits). Read at
- * encode; process-wide. */
+ * before sm_80), where the device allows it. Read at encode; process-wide. */
 void kiln__paged_attention_set_prefill_kernel(int which)
 {
-    atomic_store(&prefill_forced, which >= KILN__PREFILL_MMA && which <= KILN__PREFILL_Q_TMA ? which : 0);
+    atomic_store(&prefill_forced, which >= KILN__PREFILL_MMA && which <= KILN__PREFILL_CUDA_CORE ? which : 0);
 }
 static _Atomic int decode_stages_forced; /* 3 or 4: the one-kernel decode's stages; 0: chosen */
 
@@ -531,37 +529,11 @@ static int kv_tma_fits(const kiln__paged_attention_info *in)
            arena_rows(in) <= UINT32_MAX;
 }
 
-/* Whether the wgmma prefill's variant with q by TMA (KILN_Q_TMA) takes the
- * command: head_dim 64 or 128, K and V tiles by TMA (kv_tma_fits: its one
- * warp of cp.async would be slow), a group dividing its 128 rows, q (at
- * device address q) and its row stride 16-byte aligned, token coordinates
- * within TMA's int32. */
-static int q_tma_fits(const kiln__paged_attention_info *in, uint64_t q)
-{
-    const int64_t group = in->heads / in->kv_heads;
-    return in->head_dim <= 128 && kv_tma_fits(in) && PREFILL_BM % group == 0 && q % 16 == 0 &&
-           (uint64_t)in->q_stride * 2 % 16 == 0 && in->tokens <= INT32_MAX;
-}
-
-/* q for that variant: (head_dim columns, heads, tokens of q_stride
- * elements), boxes of 64 columns x a group's heads x the tokens of 128 rows,
- * as the kernel's q tile lays its rows (token x group + head); tokens past
- * the command's read as zeros. */
-static kiln_status q_map3(kiln_runtime *rt, kiln_dtype elt, CUtensorMap *m, CUdeviceptr q, const kiln__paged_attention_info *in)
-{
-    const int64_t group = in->heads / in->kv_heads;
-    const cuuint64_t dims[3] = {(cuuint64_t)in->head_dim, (cuuint64_t)in->heads, in->tokens},
-                     strides[2] = {(cuuint64_t)in->head_dim * 2, (cuuint64_t)in->q_stride * 2};
-    const cuuint32_t box[3] = {64, (cuuint32_t)group, (cuuint32_t)(PREFILL_BM / group)};
-    return map3(rt, elt, m, q, dims, strides, box, "cuTensorMapEncodeTiled (" OP ", q)");
-}
-
 typedef struct attn_launch {
     /* The wgmma prefill's view of the arena for TMA (first: CUtensorMap's
      * alignment; the struct comes from kiln__tma_calloc). */
     CUtensorMap kvmap;
     CUtensorMap kvmap3; /* the same arena as (columns, a page's rows, pages), for runs of pages */
-    CUtensorMap qmap;   /* q, for the variant with q by TMA (q_map3; its kernel's last parameter) */
     uint32_t kv_tma;  /* bit 0: kvmap is encoded, bit 1: kvmap3 (the kernel's argument) */
     int wgmma;        /* the attention kernel is the wgmma prefill: it takes kvmap, kvmap3, kv_tma */
     kiln_runtime *rt;
@@ -622,11 +594,10 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *attn_args[] = {&l->q,      &l->q_stride, &l->pos,     &l->table,      &l->lens,   &l->spans,
                          &l->pages,  &l->out,      &l->n_pages, &l->max_blocks, &l->tokens, &l->max_query,
                          &l->window, &l->qscale,   l->rope,     &fault,         &l->kvmap,  &l->kvmap3,
-                         &l->kv_tma, &l->attention_tiles, &l->seqs, &l->qmap};
-    /* kvmap to seqs are the wgmma prefill's last parameters (and qmap its
-     * variant's with q by TMA), its grid one dimension of work items; the
-     * other attention kernels end at fault, and the driver reads no
-     * further. */
+                         &l->kv_tma, &l->attention_tiles, &l->seqs};
+    /* kvmap to seqs are the wgmma prefill's last parameters, its grid one
+     * dimension of work items; the other attention kernels end at fault, and
+     * the driver reads no further. */
     if (l->wgmma)
         return launch3(ctx, l->rt, l->attention, l->prefill_blocks, 1, 1, l->attention_threads, l->attention_smem,
                        attn_args, "cuLaunchKernel (paged_attention prefill)");
@@ -762,19 +733,15 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
      * stays), wgmma on sm_90 and mma.sync elsewhere, where the device gives
      * a block its shared memory; the CUDA-core kernel before. */
     unsigned attention_threads = THREADS, attention_smem = 0;
-    int prefill_wgmma = 0, prefill_q_tma = 0;
+    int prefill_wgmma = 0;
     const int forced = atomic_load(&prefill_forced);
     if (!in.decode && sm >= 80 && prefill_head_dim(sm, in.head_dim) && forced != KILN__PREFILL_CUDA_CORE &&
         (tensor_core_head_dim(in.head_dim) || forced != KILN__PREFILL_MMA)) {
         const int wgmma = sm == 90 && forced != KILN__PREFILL_MMA;
-        const kiln_tensor *qt = in.fused ? d->qkv : d->q;
-        const int q_tma = wgmma && forced == KILN__PREFILL_Q_TMA &&
-                          q_tma_fits(&in, kiln__buffer_ptr(qt->buffer) + qt->offset);
         kiln_kernel *kp;
         void *fp = NULL;
         if ((st = layout_spec(elt, wgmma ? "paged_prefill" : "paged_prefill_mma", in.head_dim, in.heads, in.kv_heads,
                                &spec)) ||
-            (q_tma && (st = kiln_spec_set(&spec, "Q_TMA", 1))) ||
             (st = kiln_jit_acquire(jit, &spec, &kp)) ||
             (st = kiln_kernel_function(kp, wgmma ? "kiln_paged_prefill" : "kiln_paged_prefill_mma", &fp)) ||
             (st = kiln__runtime_enter(rt)))
@@ -790,7 +757,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             attention_threads = wgmma ? PREFILL_THREADS : PREFILL_MMA_THREADS;
             attention_smem = want;
             prefill_wgmma = wgmma;
-            prefill_q_tma = q_tma;
         } else if (r != CUDA_ERROR_INVALID_VALUE) {
             return kiln__runtime_cu_fail(rt, r, "cuFuncSetAttribute (paged_attention prefill shared memory)");
         }
@@ -843,10 +809,6 @@ kiln_status kiln_op_paged_attention_encode(kiln_jit *jit, const kiln_paged_atten
             return kiln__propagate(err, st);
         }
         l->kv_tma |= 2;
-    }
-    if (prefill_q_tma && (st = q_map3(rt, elt, &l->qmap, l->q, &in))) {
-        free(l);
-        return kiln__propagate(err, st);
     }
     l->max_blocks = in.max_blocks;
     l->tokens = in.tokens;

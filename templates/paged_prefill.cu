@@ -42,19 +42,6 @@
 // swizzle, read where KV_TMA and kv_tma bit 0 is set; kvmap3, the arena as
 // (D columns, RPP rows, pages) in boxes of 64 x PT x BN / PT, read for a
 // tile whose pages follow one another where bit 1 is set.
-// KILN_Q_TMA (optional, 0 by default; head_dim 64 and 128, KV_TMA, G dividing
-// 128): q by TMA rather than by the consumers. Warp 8 alone copies K and V;
-// warps 9-11 (the q warps) ask TMA for an item's raw q tile (the map qmap:
-// q as (D columns, NH heads, tokens), boxes of 64 x G x BM / G, 128-byte
-// swizzle) as soon as the item before's scores are done in both warpgroups,
-// and rotate and scale it in place, rows past the sequence's zeroed; the
-// consumers stage their output through the K half of their last tile's
-// stage, so that the next q comes in under the last product and the
-// output, where the consumers' own load and rotation of q waited for both
-// (ncu had that at a quarter of the consumers' samples at 4 x 1024). Tiles
-// below the sequence's end come by TMA even past the item's last key
-// (masked). Not yet measured against the default; bench_attention
-// --prefill --kernel q_tma runs it.
 // Constants: KILN_BF16 (the element type), KILN_HEAD_DIM (64, 128, 256),
 // KILN_HEADS, KILN_KV_HEADS, KILN_PAGE_TOKENS. Grid: x = blocks, each taking
 // work items of (row tile, kv head, sequence), row_tiles x KVH x seqs of
@@ -97,19 +84,10 @@
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
 #define BAR_OUT 4               // and 4 + w: warpgroup w's output is staged
 #define KV_TMA (PT % 8 == 0 && BN % PT == 0) // whole pages a tile, 8-row aligned boxes
-#ifndef KILN_Q_TMA
-#define KILN_Q_TMA 0
-#endif
-#define Q_TMA KILN_Q_TMA
-#define KV_THREADS (Q_TMA ? 32 : THREADS - CONSUMERS) // the producer's threads that copy K and V
-#define Q_THREADS (THREADS - CONSUMERS - KV_THREADS)  // and those that bring q (Q_TMA)
 #define RPP (65536 / (2 * D))   // rows of D elements a page (K's, then V's from RPP / 2)
 
 #if KILN_HEAD_DIM != 64 && KILN_HEAD_DIM != 128 && KILN_HEAD_DIM != 256
 #error "this kernel takes head_dim 64, 128 or 256"
-#endif
-#if Q_TMA && !(KV_TMA && D <= 128 && BM % G == 0)
-#error "KILN_Q_TMA takes head_dim 64 or 128, whole-page K and V tiles (KV_TMA) and a group dividing 128 rows"
 #endif
 #include "kiln_paged.cuh" // the page layout, fault codes, RoPE, load_sequence
 #include "kiln_prefill.cuh"
@@ -250,76 +228,6 @@ __device__ __forceinline__ void prefetch_q(const kiln_elt *__restrict__ qin, kil
             asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
     }
 }
-
-#if Q_TMA
-// The block's q rows [r0, r0 + BM) (row = token * G + head, G dividing BM),
-// raw in the swizzled tile at sm as TMA left them, rotated, scaled by qscale
-// and rounded in place as prefill_load_q does, by threads me of n: four RoPE
-// slots of one token a step, their angles shared by the token's heads, as
-// 8-byte vectors where freqs.half is a multiple of 4 (the four slots' dims
-// are then two aligned runs of 4), dim by dim otherwise. Rows past the
-// sequence's are zeroed: TMA brought the next sequence's q or anything
-// below `tokens` there. inv: freqs.inv in shared memory.
-__device__ __forceinline__ void rotate_q(unsigned char *sm, const kiln_u32 *__restrict__ positions,
-                                         const rope_freqs &freqs, const float *inv, float qscale, const seq_info &q,
-                                         kiln_u32 r0, kiln_u32 me, kiln_u32 n)
-{
-    const kiln_u32 tok0 = r0 / G;
-    const bool runs = freqs.half % 4 == 0;
-    for (kiln_u32 idx = me; idx < BM / G * (HALF / 4); idx += n) {
-        const kiln_u32 tl = idx / (HALF / 4), i0 = idx % (HALF / 4) * 4;
-        const bool live = tok0 + tl < q.count;
-        float sn[4], cs[4];
-        kiln_u32 lo[4], hi[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            rope_slot(freqs, i0 + j, &lo[j], &hi[j]);
-        if (live)
-            prefill_q_sincos<4>(freqs, inv, i0, (float)__ldcg(positions + q.start + tok0 + tl), qscale, sn, cs);
-#pragma unroll
-        for (kiln_u32 g = 0; g < G; g++) {
-            const kiln_u32 row = tl * G + g;
-            if (runs) {
-                unsigned char *plo = sm + swz_at(row, lo[0] & ~7u, BM * 128) + (lo[0] % 8) * 2;
-                unsigned char *phi = sm + swz_at(row, hi[0] & ~7u, BM * 128) + (hi[0] % 8) * 2;
-                uint2 ylo = make_uint2(0u, 0u), yhi = make_uint2(0u, 0u);
-                if (live) {
-                    const uint2 xlo = *(const uint2 *)plo, xhi = *(const uint2 *)phi;
-                    float x0[4], x1[4];
-                    kiln_e2_to_f32(xlo.x, &x0[0], &x0[1]);
-                    kiln_e2_to_f32(xlo.y, &x0[2], &x0[3]);
-                    kiln_e2_to_f32(xhi.x, &x1[0], &x1[1]);
-                    kiln_e2_to_f32(xhi.y, &x1[2], &x1[3]);
-                    float y0[4], y1[4];
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        y0[j] = x0[j] * cs[j] - x1[j] * sn[j];
-                        y1[j] = x1[j] * cs[j] + x0[j] * sn[j];
-                    }
-                    ylo = make_uint2(kiln_f32_to_e2(y0[0], y0[1]), kiln_f32_to_e2(y0[2], y0[3]));
-                    yhi = make_uint2(kiln_f32_to_e2(y1[0], y1[1]), kiln_f32_to_e2(y1[2], y1[3]));
-                }
-                *(uint2 *)plo = ylo;
-                *(uint2 *)phi = yhi;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    kiln_elt *plo = (kiln_elt *)(sm + swz_at(row, lo[j] & ~7u, BM * 128) + (lo[j] % 8) * 2);
-                    kiln_elt *phi = (kiln_elt *)(sm + swz_at(row, hi[j] & ~7u, BM * 128) + (hi[j] % 8) * 2);
-                    float y0 = 0.0f, y1 = 0.0f;
-                    if (live) {
-                        const float x0 = kiln_elt_to_f32(*plo), x1 = kiln_elt_to_f32(*phi);
-                        y0 = x0 * cs[j] - x1 * sn[j];
-                        y1 = x1 * cs[j] + x0 * sn[j];
-                    }
-                    *plo = kiln_f32_to_elt(y0);
-                    *phi = kiln_f32_to_elt(y1);
-                }
-            }
-        }
-    }
-}
-#endif
 #endif
 
 // Grid: x = blocks, each taking work items (prefill_item_head) in snake order
@@ -332,12 +240,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                    const kiln_u32 *__restrict__ spans, const unsigned char *__restrict__ pages, kiln_elt *out,
                    kiln_u32 n_pages, kiln_u32 max_blocks, kiln_u32 tokens, kiln_u32 max_query, kiln_u32 window,
                    float qscale, rope_freqs freqs, kiln_fault *fault, const __grid_constant__ kiln_tmap kvmap,
-                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma, kiln_u32 row_tiles, kiln_u32 seqs
-#if Q_TMA
-                   ,
-                   const __grid_constant__ kiln_tmap qmap
-#endif
-)
+                   const __grid_constant__ kiln_tmap kvmap3, kiln_u32 kv_tma, kiln_u32 row_tiles, kiln_u32 seqs)
 {
     KILN_INPUT_BEFORE_DEPENDENCY_SYNC;
     // Before the sync, while the append runs: the spans, the lengths, the
@@ -358,28 +261,14 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     // slot beside it) when an item's pages fail their check; the consumers
     // clear it.
     __shared__ kiln_u32 bad_pages[KSTAGES];
-    __shared__ float inv[HALF]; // RoPE's inverse frequencies (prefill_load_q, rotate_q)
-#if Q_TMA
-    // The q tile's: TMA's bytes are in (one arrival, the TMA's), the q warps
-    // have rotated it (Q_THREADS), the consumers' scores are done with it
-    // (CONSUMERS). Each completes once an item.
-    __shared__ __align__(8) kiln_u64 qfull, qready, qempty;
-#endif
+    __shared__ float inv[HALF]; // RoPE's inverse frequencies (prefill_load_q)
     const kiln_u32 tid = threadIdx.x, lane = tid % 32;
     const kiln_u64 items = (kiln_u64)row_tiles * KVH * seqs;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 sq = saddr(sm), sk = sq + Q_BYTES;
-    stage_barriers_init<KSTAGES, KV_THREADS, CONSUMERS>(kfull, kempty);
+    stage_barriers_init<KSTAGES, THREADS - CONSUMERS, CONSUMERS>(kfull, kempty);
 #if SPLIT_KV
-    stage_barriers_init<VSTAGES, KV_THREADS, CONSUMERS>(vfull, vempty);
-#endif
-#if Q_TMA
-    if (tid == 0) {
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&qfull)));
-        asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&qready)), "n"(Q_THREADS));
-        asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&qempty)), "n"(CONSUMERS));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    stage_barriers_init<VSTAGES, THREADS - CONSUMERS, CONSUMERS>(vfull, vempty);
 #endif
     if (tid < KSTAGES)
         bad_pages[tid] = 0;
@@ -392,40 +281,6 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         // V slot g % VSTAGES) once its last use is over. It gives
         // registers to the consumers, which hold two tiles' P.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-#if Q_TMA
-        if (tid >= CONSUMERS + KV_THREADS) {
-            // The q warps: item by item, the q tile once the consumers'
-            // scores of the item before are done with it (q and the
-            // positions are not the append's: no dependency sync first),
-            // the next item's rows asked of L2 meanwhile.
-            const kiln_u32 me = tid - CONSUMERS - KV_THREADS;
-            kiln_u32 nq = 0; // the items whose q this block has brought
-            for (kiln_u32 k = 0; work_item(k) < items; k++) {
-                prefill_block blk;
-                if (!prefill_item_head<BM>(work_item(k), row_tiles, seqs, seq_lens, spans, max_blocks, tokens,
-                                           max_query, window, fault, &blk))
-                    continue;
-                if (nq > 0) {
-                    prefetch_q(qin, q_stride, blk, me, Q_THREADS);
-                    bar_wait(saddr(&qempty), (nq - 1) & 1);
-                }
-                if (me == 0) {
-                    expect(saddr(&qfull), Q_BYTES);
-#pragma unroll
-                    for (kiln_u32 panel = 0; panel < D / 64; panel++)
-                        tma3(sq + panel * Q_PANEL, &qmap, panel * 64, blk.h * G, blk.q.start + blk.r0 / G,
-                             saddr(&qfull));
-                }
-                bar_wait(saddr(&qfull), nq & 1);
-                rotate_q(sm, positions, freqs, inv, qscale, blk.q, blk.r0, me, Q_THREADS);
-                fence_proxy_async(); // the rotated rows, for the consumers' wgmma
-                bar_arrive(saddr(&qready));
-                nq++;
-            }
-            kiln_grid_dependency_sync(); // no thread leaves before the append is done
-            return;
-        }
-#endif
         // The scan after the sync, through L1: through L2 before it, every
         // block's scan of a long table cost head_dim 256 at 16384 tokens 7%
         // (bench_attention --prefill).
@@ -438,10 +293,8 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             if (!prefill_item_head<BM>(i, row_tiles, seqs, seq_lens, spans, max_blocks, tokens, max_query, window,
                                        fault, &blk))
                 continue;
-#if !Q_TMA
             if (k > 0)
                 prefetch_q(qin, q_stride, blk, tid - CONSUMERS, THREADS - CONSUMERS);
-#endif
             const kiln_u32 h = blk.h, s = blk.s, ke = blk.ke;
             const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
             const kiln_u32 *trow = table + (kiln_u64)s * max_blocks;
@@ -475,7 +328,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
                 const kiln_u32 kbar = saddr(&kfull[g % KSTAGES]);
                 wait_empty<KSTAGES>(kempty, g);
 #if KV_TMA
-                if (kv_tma && c0 + BN <= (Q_TMA ? blk.q.len : ke)) {
+                if (kv_tma && c0 + BN <= ke) {
                     // The pages were checked against the arena (above). K is
                     // asked for before the wait for V's slot, which frees later.
                     const bool run = tid == CONSUMERS && tile_run(trow, c0, kv_tma);
@@ -503,7 +356,7 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #if SPLIT_KV
                 wait_empty<VSTAGES>(vempty, g);
 #endif
-                prefill_load_kv<BN>(pages, trow, h, c0, ke, kdst, vdst, tid - CONSUMERS, KV_THREADS);
+                prefill_load_kv<BN>(pages, trow, h, c0, ke, kdst, vdst, tid - CONSUMERS, THREADS - CONSUMERS);
                 // An arrival waits for all of this thread's copies, K's and V's.
                 bar_arrive_cp_async(kbar);
 #if SPLIT_KV
@@ -520,9 +373,6 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
     const kiln_u32 my_turn = BAR_TURN + wg, other_turn = BAR_TURN + (wg ^ 1u);
     bool synced = false;
     kiln_u32 g = 0; // the tiles of the block's items so far, as the producer counts them
-#if Q_TMA
-    kiln_u32 nq = 0; // the block's items so far, as the q warps count them
-#endif
     for (kiln_u32 k = 0; work_item(k) < items; k++) {
         const kiln_u64 i = work_item(k);
         prefill_block blk;
@@ -533,15 +383,11 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         const kiln_u32 h = blk.h, nrows = blk.nrows, r0 = blk.r0, ke = blk.ke;
         // Tiles of keys kb + n BN, n < ntiles: from the tile of the item's first key.
         const kiln_u32 kb = blk.ks / BN * BN, ntiles = (ke - kb + BN - 1) / BN;
-#if Q_TMA
-        bar_wait(saddr(&qready), nq & 1); // the q warps have brought and rotated this item's q
-#else
         // q in shared memory first, once the last item's output has left it.
         named_sync(BAR_Q);
         prefill_load_q<BM>(sm, qin, q_stride, positions, freqs, inv, qscale, q, h, r0, tid, CONSUMERS);
         fence_proxy_async();
         named_sync(BAR_Q);
-#endif
         if (!synced) {
             kiln_grid_dependency_sync(); // costs nothing here: tile 0 comes after the producer's
             synced = true;
@@ -557,10 +403,6 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
             bar_arrive(saddr(&kempty[g % KSTAGES]));
 #if SPLIT_KV
             bar_arrive(saddr(&vempty[g % VSTAGES]));
-#endif
-#if Q_TMA
-            bar_arrive(saddr(&qempty));
-            nq++;
 #endif
             g++;
             continue;
@@ -592,10 +434,6 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #if SPLIT_KV
         bar_arrive(saddr(&kempty[g % KSTAGES]));
 #endif
-#if Q_TMA
-        if (ntiles == 1)
-            bar_arrive(saddr(&qempty)); // this warpgroup's last scores: q may be replaced
-#endif
         prefill_softmax<BN>(sc, kb, lane, &rows, &scale_a, &scale_b);
         prefill_pack<BN>(sc, p);
         for (kiln_u32 n = 1; n < ntiles; n++) {
@@ -613,52 +451,27 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
 #if SPLIT_KV
             bar_arrive(saddr(&kempty[(g + n) % KSTAGES]));
 #endif
-#if Q_TMA
-            if (n == ntiles - 1)
-                bar_arrive(saddr(&qempty));
-#endif
             prefill_softmax<BN>(sc, kb + n * BN, lane, &rows, &scale_a, &scale_b);
             wgmma_wait<0>(); // P_{n-1} V_{n-1} is done: its slot is free, O and P may change
             bar_arrive(saddr(&vempty[vs]));
             prefill_rescale(o, scale_a, scale_b);
             prefill_pack<BN>(sc, p);
         }
-        const kiln_u32 vlast = (g + ntiles - 1) % VSTAGES;
         {
+            const kiln_u32 vs = (g + ntiles - 1) % VSTAGES;
 #if SPLIT_KV
             wait_tile<VSTAGES>(vfull, g + ntiles - 1);
 #endif
             named_sync(my_turn);
             wgmma_fence();
-            product(o, p, V_AT(sk, vlast));
+            product(o, p, V_AT(sk, vs));
             if (wg == 0)
                 named_arrive(other_turn);
             wgmma_wait<0>();
-#if !Q_TMA
-            bar_arrive(saddr(&vempty[vlast]));
-#endif
+            bar_arrive(saddr(&vempty[vs]));
         }
         g += ntiles;
 
-#if Q_TMA
-        // The output through this warpgroup's rows of the K half of the last
-        // tile's stage, whose scores are done in both warpgroups once qempty
-        // completes (the q tile may already hold the next item's q), then out
-        // 16 bytes a copy; the stage is given back after (the producer's next
-        // copies into it come through the async proxy: fenced).
-        if (((kiln_u64)out & 15u) == 0) {
-            unsigned char *const stage = sm + Q_BYTES + vlast * SLOT_BYTES;
-            bar_wait(saddr(&qempty), nq & 1);
-            prefill_stage<BM>(o, &rows, stage, ra, lane);
-            asm volatile("bar.sync %0, 128;" ::"r"(BAR_OUT + wg) : "memory");
-            prefill_store_rows<BM, 64>(stage, wg * 64, r0, nrows, q, h, out, tid % 128, 128);
-            fence_proxy_async();
-        } else {
-            prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
-        }
-        bar_arrive(saddr(&vempty[vlast]));
-        nq++;
-#else
         // The output through this warpgroup's rows of the q tile (its last
         // product that reads them is done), then out 16 bytes a copy.
         if (((kiln_u64)out & 15u) == 0) {
@@ -668,7 +481,6 @@ kiln_paged_prefill(const kiln_elt *__restrict__ qin, kiln_u32 q_stride, const ki
         } else {
             prefill_store(o, &rows, r0, ra, nrows, q, h, out, lane);
         }
-#endif
     }
     if (!synced)
         kiln_grid_dependency_sync(); // no block leaves before the append is done

@@ -144,18 +144,6 @@ static void test_every_path_compiles_for_sm90(void **state)
                     if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
                         fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
                     total++;
-                    /* its variant with q by TMA, where whole pages make a
-                     * tile and the group divides its 128 rows */
-                    uint32_t pt;
-                    KILN_CHECK(kiln_op_paged_attention_page_tokens(d, layouts[i].kv_heads, &pt));
-                    const int64_t grp = layouts[i].heads / layouts[i].kv_heads;
-                    if (pt % 8 == 0 && 128 % pt == 0 && 128 % grp == 0) {
-                        KILN_CHECK(kiln_spec_set(&s, "Q_TMA", 1));
-                        KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
-                        if ((st = kiln_jit_prepare(f->jit, &s, &compiled)))
-                            fail_msg("%s %s: %s: %s", s.template_id, text, kiln_status_code(st), kiln_errmsg());
-                        total++;
-                    }
                 }
                 const int64_t g = layouts[i].heads / layouts[i].kv_heads, rows = g <= 4 ? 4 : g <= 8 ? 8 : 16;
                 if (decode && rows != 16) {

@@ -604,7 +604,7 @@ static const layout layouts[] = {
 
 /* One sequence, no cached prefix: prefill of n tokens. */
 /* q and out off 16-byte alignment (the kernels' scalar loads and 4-byte
- * stores), then out alone (q by TMA where it is forced). */
+ * stores), then out alone (q's 16-byte loads beside out's 4-byte stores). */
 static void prefill_misaligned(gpu_fixture *f)
 {
     for (size_t l = 0; l < 2; l++)
@@ -671,23 +671,6 @@ static void prefill_forced(gpu_fixture *f, int which)
 static void test_prefill_mma(void **state) { prefill_forced(*state, KILN__PREFILL_MMA); }
 
 static void test_prefill_cuda_core(void **state) { prefill_forced(*state, KILN__PREFILL_CUDA_CORE); }
-
-static void test_fused_qkv(void **state);
-
-/* The wgmma prefill's variant with q by TMA (sm_90; elsewhere the kernel the
- * device takes): the forced set, then packed on a grid of 3 blocks (each
- * block's q warps bring many items' q, across sequences and the idle one)
- * and q read from the fused qkv rows (q_stride past heads x head_dim). */
-static void test_prefill_q_tma(void **state)
-{
-    prefill_forced(*state, KILN__PREFILL_Q_TMA);
-    kiln__paged_attention_set_prefill_kernel(KILN__PREFILL_Q_TMA);
-    kiln__paged_attention_set_prefill_blocks(3);
-    prefill_packed(*state);
-    kiln__paged_attention_set_prefill_blocks(0);
-    test_fused_qkv(state);
-    kiln__paged_attention_set_prefill_kernel(0);
-}
 
 /* Several sequences packed, each with a cached prefix (chunked prefill). */
 /* Packed prefill with cached prefixes, then the same on a wgmma prefill grid
@@ -1124,12 +1107,6 @@ static void test_bf16_prefill_mma(void **state)
     prefill_forced(*state, KILN__PREFILL_MMA);
 }
 
-static void test_bf16_prefill_q_tma(void **state)
-{
-    next_cfg.elt = KILN_DTYPE_BF16;
-    test_prefill_q_tma(state);
-}
-
 static void test_bf16_prefill_cuda_core(void **state)
 {
     next_cfg.elt = KILN_DTYPE_BF16;
@@ -1174,21 +1151,20 @@ static void rope_case(gpu_fixture *f, layout L, kiln_dtype elt, int64_t rope_dim
     next_cfg.scaling = scaling;
     next_cfg.rope_dim = rope_dim;
     enum { S = 3 };
-    uint32_t ctx[S], cap[S], count[S][4], one[S] = {1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : kiln_rng_below(&f->rng, quick() ? 200 : 1500);
         cap[i] = ctx[i] + 2;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 3; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 40 : 200);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[4] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_Q_TMA};
-    static const char *const names[4] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core",
-                                         "rope prefill q by TMA"};
-    for (int k = 0; k < 4; k++) {
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"rope prefill", "rope prefill mma", "rope prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1230,21 +1206,20 @@ static void window_case(gpu_fixture *f, layout L, kiln_dtype elt, uint32_t W)
     next_cfg.elt = elt;
     next_cfg.window = W;
     enum { S = 4 };
-    uint32_t ctx[S], cap[S], count[S][4], one[S] = {1, 1, 1, 1};
+    uint32_t ctx[S], cap[S], count[S][3], one[S] = {1, 1, 1, 1};
     for (uint32_t i = 0; i < S; i++) {
         ctx[i] = i == 0 ? 0 : i == 1 ? kiln_rng_below(&f->rng, W + 1) : W + kiln_rng_below(&f->rng, quick() ? 300 : 3000);
         cap[i] = ctx[i] + 3;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 3; k++) {
             count[i][k] = 1 + kiln_rng_below(&f->rng, quick() ? 100 : 2 * W + 300);
             cap[i] += count[i][k];
         }
     }
     sess s;
     sess_init(&s, f, L, S, ctx, cap, 10000.0f);
-    static const int kernels[4] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE, KILN__PREFILL_Q_TMA};
-    static const char *const names[4] = {"window prefill", "window prefill mma", "window prefill cuda-core",
-                                         "window prefill q by TMA"};
-    for (int k = 0; k < 4; k++) {
+    static const int kernels[3] = {0, KILN__PREFILL_MMA, KILN__PREFILL_CUDA_CORE};
+    static const char *const names[3] = {"window prefill", "window prefill mma", "window prefill cuda-core"};
+    for (int k = 0; k < 3; k++) {
         uint32_t c[S] = {count[0][k], count[1][k], count[2][k], count[3][k]};
         kiln__paged_attention_set_prefill_kernel(kernels[k]);
         step st = {.count = c};
@@ -1505,7 +1480,6 @@ int main(void)
         T(test_prefill_packed_with_prefixes),
         T(test_prefill_mma),
         T(test_prefill_cuda_core),
-        T(test_prefill_q_tma),
         T(test_decode),
         T(test_decode_split_lengths),
         T(test_decode_every_cluster_size),
@@ -1517,7 +1491,6 @@ int main(void)
         T(test_bf16_prefill),
         T(test_bf16_prefill_mma),
         T(test_bf16_prefill_cuda_core),
-        T(test_bf16_prefill_q_tma),
         T(test_bf16_decode),
         T(test_scaled_partial_rope),
         T(test_sliding_window),
