@@ -1,5 +1,6 @@
-// What kiln's TMA kernels share (templates/tma_swiglu.cu, tma_linear.cu): the
-// tensor map parameter, mbarrier waits, 2-D TMA loads into shared memory with
+// What kiln's TMA kernels share (templates/tma_swiglu.cu, tma_linear.cu,
+// moe_experts_tma.cu): the tensor map parameter, the stages' mbarriers and
+// their waits, 2-D TMA loads into shared memory with
 // the 128-byte swizzle (ldmatrix and mma.sync come from kiln_mma.cuh). Needs
 // sm_90 for the TMA and mbarrier parts (guarded).
 #pragma once
@@ -13,6 +14,21 @@ struct __align__(64) kiln_tmap {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Thread 0 initializes the stages' mbarriers, full[s] for the producer's one
+// arrival (with its TMA bytes), empty[s] for one arrival of each of warps
+// consumer warps; the block's barrier publishes them.
+__device__ __forceinline__ void init_stages(kiln_u64 *full, kiln_u64 *empty, kiln_u32 stages, kiln_u32 warps)
+{
+    if (threadIdx.x == 0) {
+        for (kiln_u32 s = 0; s < stages; s++) {
+            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&full[s])));
+            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[s])), "r"(warps));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ void bar_wait(kiln_u32 bar, kiln_u32 parity)
 {
     asm volatile("{\n\t.reg .pred p;\n\tWAIT_%=:\n\tmbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n\t@!p bra WAIT_%=;\n\t}" ::"r"(bar),

@@ -33,7 +33,7 @@
 // B (x [tokens, H]; h [64 x 8, I], boxes of 8 rows), the output, ids, pairs,
 // stages, and for gate_up inv and the fault record. Block: 32 (W + 1)
 // threads; dynamic shared memory stages x (2W + 1) KiB + 1024.
-#include "kiln_tma.cuh" // saddr, swz, bar_wait, expect, tma, ldsm_x4, mma
+#include "kiln_tma.cuh" // saddr, swz, init_stages, bar_wait, expect, tma, ldsm_x4, mma
 
 //! kiln:entry kiln_moe_gate_up_t
 //! kiln:entry kiln_moe_down_t
@@ -90,18 +90,6 @@ __device__ __forceinline__ kiln_u32 make_plan(plan *pl, const kiln_u32 *__restri
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void init_stages(kiln_u64 *full, kiln_u64 *empty, kiln_u32 stages, kiln_u32 warps)
-{
-    if (threadIdx.x == 0) {
-        for (kiln_u32 s = 0; s < stages; s++) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&full[s])));
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[s])), "r"(warps));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-}
-
 // B (8 token rows of a 64-wide k-step, a box at b) for mma k-steps 2j and
 // 2j + 1: lane l reads row l % 8, chunk 4 j + l / 8.
 __device__ __forceinline__ void load_b(kiln_u32 b, kiln_u32 j, kiln_u32 *r)

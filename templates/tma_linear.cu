@@ -53,14 +53,7 @@ kiln_tma_linear_parts(const __grid_constant__ kiln_tmap wmap, const __grid_const
     const kiln_u32 r0 = 16 * u0, mine = 16 * (u1 - u0), k0 = p * (K / P); // rows [r0, r0 + mine)
     const kiln_u32 tile = boxr * 128, stage_bytes = tile + 32 * 128;
     const kiln_u32 S = stages < MAX_STAGES ? stages : MAX_STAGES;
-    if (threadIdx.x == 0) {
-        for (kiln_u32 s = 0; s < S; s++) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&full[s])));
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[s])), "r"(warps));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    init_stages(full, empty, S, warps);
     const bool producer = warp == warps && lane == 0;
     const kiln_u32 early = pre < S ? (pre < NK ? pre : NK) : (S < NK ? S : NK);
     if (producer)

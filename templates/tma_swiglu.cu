@@ -56,14 +56,7 @@ kiln_tma_swiglu(const __grid_constant__ kiln_tmap wmap, const __grid_constant__ 
     const kiln_u32 r0 = 8 * u0, mine = 8 * (u1 - u0); // outputs [r0, r0 + mine)
     const kiln_u32 tile = boxg * 128, stage_bytes = 2 * tile + 32 * 128;
     const kiln_u32 S = stages < MAX_STAGES ? stages : MAX_STAGES;
-    if (threadIdx.x == 0) {
-        for (kiln_u32 s = 0; s < S; s++) {
-            asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(saddr(&full[s])));
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(saddr(&empty[s])), "r"(warps));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    init_stages(full, empty, S, warps);
     const bool producer = warp == warps && lane == 0;
     const kiln_u32 early = pre < S ? (pre < NK ? pre : NK) : (S < NK ? S : NK);
     if (producer)
