@@ -17,6 +17,8 @@
 #     BENCHES="bench_graph peer_torch_graph ..."   only these benchmark steps
 #     DECODE_MOE=1   adds bench_decode_moe (the mixture of experts' decode step, kiln and torch)
 #     PROFILE_MOE=1  adds moe-ncu.log: ncu's time of each kernel of a one-token MoE layer
+#     PROFILE_DELTA=1  adds delta-ncu.log: ncu's warp states, scheduler and source counters of
+#                    the keyed gated delta kernel at one sequence of 16384 tokens (its chain of chunks)
 # Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
 # default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
 # of it to the benchmarks): a step that would start past the budget is
@@ -197,6 +199,13 @@ fi
 if [ "${PROFILE_MOE:-0}" = 1 ] && command -v ncu >/dev/null; then
     step profile_moe 150 0 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:kiln -c 30 \
         "$BUILD/bench/bench_moe" --tokens 1 --iters 1 --reps 1 --sets 1 >"$OUT/moe-ncu.log" 2>&1
+fi
+# Where the keyed gated delta kernel's chain of chunks waits (ncu, one launch, clocks not locked):
+# only with PROFILE_DELTA=1.
+if [ "${PROFILE_DELTA:-0}" = 1 ] && command -v ncu >/dev/null && [ -x "$BUILD/bench/bench_recurrent" ]; then
+    step profile_delta 240 0 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
+        --section SourceCounters --section LaunchStats --section Occupancy -k regex:gated_delta_chunk_keyed -c 1 \
+        "$BUILD/bench/bench_recurrent" --only 1,16384 --iters 1 --reps 1 >"$OUT/delta-ncu.log" 2>&1
 fi
 
 # Decode-step latency beside torch + CUDA graph, and the token-for-token check against transformers.
