@@ -9,10 +9,12 @@
  *           choice) and the scan (max_span_tokens 1): tokens_per_s.
  * "kernel" names the kernel the encode took ("chunk32"/"chunk64": the chunked
  * kernel with that many rows of the state a block). Each chunked prefill
- * shape runs twice: "keyed" false, no workspace (the single chunked
- * kernel), and true, a workspace bound and $KILN_GATED_DELTA_PREP=1 (the
- * pre-pass and the keyed kernel, timed together); their ratio at each shape
- * is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS. The peer is
+ * shape runs three times ("form"): "single", no workspace (the single
+ * chunked kernel); "keyed", a workspace bound and $KILN_GATED_DELTA_PREP=1
+ * (the pre-pass and the keyed kernel, timed together); "rows", the same with
+ * $KILN_GATED_DELTA_ROWS=1 (the pre-pass and the rows kernel). The single
+ * form against the keyed ones at each shape is what sets
+ * KILN_GATED_DELTA_PREP_MIN_TOKENS. The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
  * prefill shapes. --dtype picks the element type of q, k, v and out (f16 or
  * bf16; the state, g and beta are f32 either way), named in each line.
@@ -148,7 +150,7 @@ int main(int argc, char **argv)
         to.buffer = bo;
         tb.buffer = bb;
         /* The keyed form (a workspace bound) beside the single kernel at the chunked shapes. */
-        const int forms = sh->max_span == 1 ? 1 : 2;
+        const int forms = sh->max_span == 1 ? 1 : 3;
         kiln_buffer *bw = NULL;
         size_t ws_bytes = 0;
         if (forms > 1) {
@@ -156,15 +158,19 @@ int main(int argc, char **argv)
             bw = filled(rt, ws_bytes, 0);
         }
         const kiln_region ws = {bw, 0, ws_bytes};
-        for (int keyed = 0; keyed < forms; keyed++) {
+        for (int form = 0; form < forms; form++) {
+            const int keyed = form > 0;
             kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span,
                                            keyed ? &ws : NULL};
             kiln_command *cmd;
             setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
+            if (form == 2)
+                setenv("KILN_GATED_DELTA_ROWS", "1", 1);
             const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
             unsetenv("KILN_GATED_DELTA_PREP");
+            unsetenv("KILN_GATED_DELTA_ROWS");
             CHECK("encode", est);
-            const int rows = kiln__gated_delta_last_rows(), took_keyed = kiln__gated_delta_last_keyed() == 1;
+            const int rows = kiln__gated_delta_last_rows(), took = kiln__gated_delta_last_keyed();
             for (long k = 0; k < iters; k++)
                 cmds[k] = cmd;
             kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
@@ -186,7 +192,8 @@ int main(int argc, char **argv)
             bench_json_str(&j, "phase", sh->phase);
             bench_json_str(&j, "dtype", kiln_dtype_name(elt));
             bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
-            bench_json_bool(&j, "keyed", took_keyed);
+            bench_json_bool(&j, "keyed", took > 0);
+            bench_json_str(&j, "form", took == 2 ? "rows" : took == 1 ? "keyed" : "single");
             bench_json_int(&j, "seqs", S);
             bench_json_int(&j, "span", sh->span);
             bench_json_int(&j, "dk", DK);

@@ -122,6 +122,15 @@ static unsigned chunk_smem(int64_t dk, int64_t rows)
                       15 * (uint64_t)rows * 4 + 16 * 4);
 }
 
+/* The rows kernel's: sizeof(rows_smem), two stages of k, q, v, g, beta and a
+ * record, then each warp's output tile (64 x 24 elements) and 16 words. */
+static unsigned rows_smem(int64_t dk, int64_t rows)
+{
+    const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8;
+    return (unsigned)(2 * (2 * C * ldk * 2 + C * ldv * 2 + 2 * C * 4 + RECORD_BYTES) +
+                      (uint64_t)rows / 16 * C * 24 * 2 + 16 * 4);
+}
+
 /* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
  * T, T's partial sums, one stage of γ, rk and rq, and the sums. */
 static unsigned keys_smem(int64_t dk)
@@ -288,6 +297,7 @@ typedef struct delta_launch {
 } delta_launch;
 
 enum { LAST_NONE, LAST_SCAN, LAST_CHUNK32, LAST_CHUNK64 };
+/* last_keyed: 0 the single kernel, 1 the keyed kernel, 2 the rows kernel (both after the pre-pass). */
 static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1;
 
 int kiln__gated_delta_last_rows(void)
@@ -376,6 +386,25 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
     return span_hint(t, max_span) >= KILN_GATED_DELTA_PREP_MIN_TOKENS;
 }
 
+/* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
+ * barrier within a chunk) rather than the keyed kernel, and its rows a
+ * block: only where $KILN_GATED_DELTA_ROWS is 1 (it has not yet run on a
+ * GPU: tests/test_recurrent_gpu.c runs it so), the vector width is 8, out is
+ * 16-byte aligned and the device has the shared memory; 64 rows (four
+ * warps, one a scheduler) where the value dim passes 32. */
+static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int *rows)
+{
+    const char *env = getenv("KILN_GATED_DELTA_ROWS");
+    if (!env || strcmp(env, "1") || vec != 8 ||
+        (kiln__buffer_ptr(t[B_OUT]->buffer) + t[B_OUT]->offset) % 16)
+        return 0;
+    const int64_t DK = t[B_Q]->dims[2], DV = t[B_V]->dims[2];
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    *rows = DV > 32 ? 64 : 32;
+    return rows_smem(DK, *rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
+}
+
 /* Raises fn's dynamic shared memory limit to smem; *fits = 0 (and KILN_OK)
  * where the device refuses it. */
 static kiln_status chunk_setup(kiln_runtime *rt, CUfunction fn, unsigned smem, int *fits)
@@ -409,14 +438,19 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     kiln_spec spec;
     kiln_kernel *k = NULL;
     void *fn = NULL, *keys = NULL;
-    int rows = 0, cvec = 1, fits = 0;
+    int rows = 0, cvec = 1, fits = 0, by_rows = 0;
     unsigned smem = 0, ksmem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
-        smem = chunk_smem(DK, rows);
+        const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens);
+        int rrows = 0;
+        by_rows = keyed && rows_plan(rt, t, cvec, &rrows);
+        if (by_rows)
+            rows = rrows;
+        smem = by_rows ? rows_smem(DK, rows) : chunk_smem(DK, rows);
         if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)))
             return kiln__propagate(err, st);
-        if (keyed_plan(t, local.workspace, local.max_span_tokens)) {
+        if (keyed) {
             int kfits = 0;
             ksmem = keys_smem(DK);
             if ((st = kiln_kernel_function(k, "kiln_gated_delta_keys", &keys)) ||
@@ -425,8 +459,14 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
             if (!kfits)
                 keys = NULL;
         }
-        if ((st = kiln_kernel_function(k, keys ? "kiln_gated_delta_chunk_keyed" : "kiln_gated_delta_chunk", &fn)) ||
-            (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
+        if (by_rows && !keys) { /* no pre-pass: the single kernel, at the rows chosen */
+            by_rows = 0;
+            smem = chunk_smem(DK, rows);
+        }
+        const char *entry = by_rows ? "kiln_gated_delta_rows"
+                            : keys  ? "kiln_gated_delta_chunk_keyed"
+                                    : "kiln_gated_delta_chunk";
+        if ((st = kiln_kernel_function(k, entry, &fn)) || (st = chunk_setup(rt, (CUfunction)fn, smem, &fits)))
             return kiln__propagate(err, st);
     }
     if (!fits) {
@@ -452,13 +492,13 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->ws = local.workspace ? kiln__buffer_ptr(local.workspace->buffer) + local.workspace->start : 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
-        l->threads = CHUNK_THREADS;
+        l->threads = by_rows ? (unsigned)rows * 2 : CHUNK_THREADS; /* the rows kernel: a warp a 16 rows */
     } else {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
         l->threads = (unsigned)threads_for(DK, DV);
     }
     last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
-    last_keyed = keys != NULL;
+    last_keyed = by_rows ? 2 : keys != NULL;
     /* The replay key: the kernel and every binding (address, bytes), the
      * workspace (address, bytes: 0 without one) and whether the keyed form
      * runs; T and S travel in the bytes too. */

@@ -157,7 +157,8 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
 /* Test hook: the rows a block of the chunked kernel the calling thread's last
  * gated delta encode took, 0 for the scan, -1 before any. */
 int kiln__gated_delta_last_rows(void);
-/* Test hook: whether that encode took the keyed form (1) or not (0), -1 before any. */
+/* Test hook: whether that encode took the keyed form, by the keyed kernel (1) or the
+ * rows kernel (2), or not (0); -1 before any. */
 int kiln__gated_delta_last_keyed(void);
 
 /* Paged attention: what the host knows of an invocation once it is checked.

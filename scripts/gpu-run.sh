@@ -204,7 +204,7 @@ fi
 # only with PROFILE_DELTA=1.
 if [ "${PROFILE_DELTA:-0}" = 1 ] && command -v ncu >/dev/null && [ -x "$BUILD/bench/bench_recurrent" ]; then
     step profile_delta 240 0 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
-        --section SourceCounters --section LaunchStats --section Occupancy -k regex:gated_delta_chunk_keyed -c 1 \
+        --section SourceCounters --section LaunchStats --section Occupancy -k regex:"gated_delta_(chunk_keyed|rows)" -c 1 \
         "$BUILD/bench/bench_recurrent" --only 1,16384 --iters 1 --reps 1 >"$OUT/delta-ncu.log" 2>&1
 fi
 

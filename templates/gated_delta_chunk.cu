@@ -99,6 +99,7 @@
 //! kiln:entry kiln_gated_delta_chunk
 //! kiln:entry kiln_gated_delta_keys
 //! kiln:entry kiln_gated_delta_chunk_keyed
+//! kiln:entry kiln_gated_delta_rows
 
 #define KILN_FAULT_GATED_DELTA_SPAN 8u
 
@@ -330,7 +331,7 @@ __device__ __forceinline__ float ld_f32(const float *p)
 // parts (the caller commits the copies): k, q rows [C][DKP], zeros past the
 // span and the key dim; the block's columns of v [C][ROWS], zeros past the
 // span and the value dim; g (where G) and beta, 0 past the span.
-template <class SM>
+template <class SM, int NT = THREADS>
 __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const kiln_elt *k, kiln_u32 start,
                                         kiln_u32 count, kiln_u32 c, kiln_u32 kh, int tid)
 {
@@ -341,9 +342,9 @@ __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const
     // the compiler cannot see is a branch and a convergence barrier a copy.
     constexpr int KP = DKP / 8, NKQ = 2 * C * KP;
 #pragma unroll 4 // fully: spills at 64 rows a block
-    for (int i = 0; i < (NKQ + THREADS - 1) / THREADS; i++) {
-        const int e = tid + i * THREADS;
-        if (NKQ % THREADS == 0 || e < NKQ) {
+    for (int i = 0; i < (NKQ + NT - 1) / NT; i++) {
+        const int e = tid + i * NT;
+        if (NKQ % NT == 0 || e < NKQ) {
             const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
             const bool ok = base + r < count && p * 8 < KILN_DK;
             const kiln_elt *src = which ? q : k;
@@ -353,7 +354,7 @@ __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const
         }
     }
 #else
-    for (int e = tid; e < 2 * C * DKP; e += THREADS) {
+    for (int e = tid; e < 2 * C * DKP; e += NT) {
         const int which = e / (C * DKP), r = (e / DKP) % C, col = e % DKP;
         const bool ok = base + r < count && col < KILN_DK;
         const kiln_elt *src = which ? q : k;
@@ -364,16 +365,17 @@ __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const
 #endif
 }
 
-__device__ __forceinline__ void load_v(chunk_smem &sm, int st, const kiln_elt *v, kiln_u32 start, kiln_u32 count,
+template <class SM, int NT = THREADS>
+__device__ __forceinline__ void load_v(SM &sm, int st, const kiln_elt *v, kiln_u32 start, kiln_u32 count,
                                        kiln_u32 c, kiln_u32 h, int row0, int tid)
 {
     const kiln_u64 base = (kiln_u64)c * C;
 #if KILN_VEC == 8
     constexpr int VP = KILN_ROWS / 8, NV = C * VP;
 #pragma unroll
-    for (int i = 0; i < (NV + THREADS - 1) / THREADS; i++) {
-        const int e = tid + i * THREADS;
-        if (NV % THREADS == 0 || e < NV) {
+    for (int i = 0; i < (NV + NT - 1) / NT; i++) {
+        const int e = tid + i * NT;
+        if (NV % NT == 0 || e < NV) {
             const int r = e / VP, p = e % VP;
             const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
             const kiln_u64 t = (kiln_u64)start + base + r;
@@ -382,7 +384,7 @@ __device__ __forceinline__ void load_v(chunk_smem &sm, int st, const kiln_elt *v
         }
     }
 #else
-    for (int e = tid; e < C * KILN_ROWS; e += THREADS) {
+    for (int e = tid; e < C * KILN_ROWS; e += NT) {
         const int r = e / KILN_ROWS, col = e % KILN_ROWS;
         const bool ok = base + r < count && row0 + col < KILN_DV;
         const kiln_u64 t = (kiln_u64)start + base + r;
@@ -391,22 +393,22 @@ __device__ __forceinline__ void load_v(chunk_smem &sm, int st, const kiln_elt *v
 #endif
 }
 
-template <bool G, class SM>
+template <bool G, class SM, int NT = THREADS>
 __device__ __forceinline__ void load_gb(SM &sm, int st, const float *g, const float *beta, kiln_u32 start,
                                         kiln_u32 count, kiln_u32 c, kiln_u32 h, int tid)
 {
     const kiln_u64 base = (kiln_u64)c * C;
 #if KILN_VEC == 8
-    static_assert(2 * C <= THREADS, "one g or beta a thread");
-    if (tid < 2 * C && (G || tid >= C)) {
-        const int e = tid, r = e % C;
+    static_assert(G ? 2 * C <= NT : C <= NT, "one g or beta a thread");
+    if (G ? tid < 2 * C : tid < C) {
+        const int e = G ? tid : C + tid, r = e % C;
         const bool ok = base + r < count;
         const float *src = e < C ? g : beta;
         const float *at = ok ? src + ((kiln_u64)start + base + r) * KILN_VH + h : src;
         cp4(e < C ? &sm.g[st][r] : &sm.beta[st][r], at, ok);
     }
 #else
-    for (int e = G ? tid : C + tid; e < 2 * C; e += THREADS) {
+    for (int e = G ? tid : C + tid; e < 2 * C; e += NT) {
         const int r = e % C;
         const bool ok = base + r < count;
         const float x = ok ? ld_f32((e < C ? g : beta) + ((kiln_u64)start + base + r) * KILN_VH + h) : 0.0f;
@@ -525,12 +527,12 @@ __device__ __forceinline__ void rescale_row(kiln_f16 *row, int hl, float (&f)[8]
 
 // The keyed kernel's part of the norms' step: every k and q row of stage st
 // rewritten as the pre-pass's norms rewrote it (a half-warp a row).
-__device__ __forceinline__ void rescale_rows(chunk_smem &sm, int st, int tid)
+template <class SM, int NT = THREADS> __device__ __forceinline__ void rescale_rows(SM &sm, int st, int tid)
 {
     const int hw = tid / 16, hl = tid % 16;
 #pragma unroll
-    for (int i = 0; i < 2 * C / (THREADS / 16); i++) {
-        const int r = hw + i * (THREADS / 16);
+    for (int i = 0; i < 2 * C / (NT / 16); i++) {
+        const int r = hw + i * (NT / 16);
         float f[8], inv;
         rescale_row(r < C ? sm.k[st][r] : sm.q[st][r - C], hl, f, inv);
     }
@@ -815,10 +817,11 @@ __device__ __forceinline__ kiln_u32 span_chunks(const kiln_u32 *spans, kiln_u32 
 
 // base(seq): the records of the sequences before seq (saturated), by the
 // whole block.
+template <int NT = THREADS>
 __device__ kiln_u32 records_before(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens, kiln_u32 *red, int tid)
 {
     kiln_u32 n = 0;
-    for (kiln_u32 s = tid; s < seq; s += THREADS)
+    for (kiln_u32 s = tid; s < seq; s += NT)
         n = sat_add(n, span_chunks(spans, s, tokens));
 #pragma unroll
     for (int o = 16; o; o >>= 1)
@@ -828,7 +831,7 @@ __device__ kiln_u32 records_before(const kiln_u32 *spans, kiln_u32 seq, kiln_u32
     __syncthreads();
     n = 0;
 #pragma unroll
-    for (int i = 0; i < THREADS / 32; i++)
+    for (int i = 0; i < NT / 32; i++)
         n = sat_add(n, red[i]);
     return n;
 }
@@ -1385,4 +1388,380 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                 kiln_stg16(dst + 4, kiln_u32x4{kiln_f32_bits(a1[0]), kiln_f32_bits(a1[1]), kiln_f32_bits(a1[2]),
                                                kiln_f32_bits(a1[3])});
             }
+}
+
+// The rows kernel: the keyed form with each warp owning 16 rows of the state
+// for the whole span, so that a chunk needs no barrier but the one that
+// hands its inputs over. Every product is the transpose of the keyed
+// kernel's (rows of S down the m dimension, tokens across n):
+//   Xᵀ = S Kᵀ, Yᵀ = S Qᵀ, Rᵀ = b (vᵀ − e^γ rk Xᵀ), Uᵀ = Rᵀ Tᵀ,
+//   outᵀ = e^γ rq Yᵀ + Uᵀ Pᵀ,  S ← e^γ_L S + U'ᵀ K,
+// so that one product's accumulators are the next one's A fragments and
+// each row's scale (of S, R, U') is the warp's own: the scales, the hi and
+// lo terms and the records are the keyed kernel's (T's and P's blocks,
+// stored as A fragments, hold Tᵀ's and Pᵀ's B fragments), and P's rows
+// (outᵀ's columns) take the keyed kernel's scale too. A block is the
+// KILN_ROWS / 16 warps of a (sequence, value head, KILN_ROWS rows), one
+// warp a scheduler: a chunk is then the warp's own dependent products
+// rather than the keyed kernel's phases between eight barriers
+// (bench_recurrent's 1 x 16384). Its results match the keyed kernel's
+// within rounding, not bit for bit (the sums run in another order).
+#define RWARPS (KILN_ROWS / 16)
+#define RTHREADS (RWARPS * 32)
+#define LDO 24 // elements a row of a warp's output tile (16 columns, +8)
+#define NKT (DKP / 8)   // n-tiles of the state's columns (the key dim)
+#define RKS (DKP / 16)  // k-steps of the key dim
+struct rows_smem {
+    kiln_f16 k[2][C][LDK], q[2][C][LDK]; // raw (bf16: rewritten as f16, as the keyed kernel does)
+    kiln_elt v[2][C][LDV];
+    float g[2][C], beta[2][C]; // g: load_gb's layout, never loaded here
+    float rec[2][REC_FLOATS];  // the chunk's record: keys, T's blocks, P's blocks
+    kiln_elt o[RWARPS][C][LDO]; // a warp's outputs, tokens by its 16 columns, for 16-byte stores
+    kiln_u32 red[16];
+};
+
+__device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
+{
+    constexpr int N = REC_FLOATS / 4;
+#pragma unroll
+    for (int i = 0; i < (N + RTHREADS - 1) / RTHREADS; i++) {
+        const int e = tid + i * RTHREADS;
+        if (N % RTHREADS == 0 || e < N)
+            cp16(&sm.rec[st][e * 4], rec + e * 4, true);
+    }
+}
+
+// The A fragment of a 16 x 16 block whose two n-tiles of accumulators are
+// x0 and x1, row g4 scaled by sc[0] and row g4 + 8 by sc[1], as hi and lo terms.
+__device__ __forceinline__ void afrag_acc(const float *x0, const float *x1, const float *sc, kiln_u32 *hi,
+                                          kiln_u32 *lo)
+{
+    split2(x0[0] * sc[0], x0[1] * sc[0], hi[0], lo[0]);
+    split2(x0[2] * sc[1], x0[3] * sc[1], hi[1], lo[1]);
+    split2(x1[0] * sc[0], x1[1] * sc[0], hi[2], lo[2]);
+    split2(x1[2] * sc[1], x1[3] * sc[1], hi[3], lo[3]);
+}
+
+// The power-of-two scales of a lane's two rows (g4, g4 + 8) of n accumulator
+// tiles, from their largest |x| over the row's four lanes.
+template <int N> __device__ __forceinline__ void row_scales(const float (&x)[N][4], float *sc, float *inv)
+{
+    float m[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            m[e >> 1] = max_f32(m[e >> 1], abs_f32(x[n][e]));
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 1));
+        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 2));
+        pow2_scale(m[e2], sc[e2], inv[e2]);
+    }
+}
+
+// acc[2 (I − I0) + j] (n-tiles 2 I + j, I0 <= I < I1) += A Mᵀ over the
+// record's blocks (I, J), J <= I, of a lower block-triangular 64 x 64
+// matrix M, each stored as an A fragment (which holds Mᵀ's B fragments);
+// A's k-step J from afrag(J); M's row 16 I + 8 j + g4 scaled by
+// msc[2 (I − I0) + j].
+// Products in hi and lo terms: A hi · M hi, A hi · M lo, A lo · M hi.
+template <int I0, int I1, int N, class AF>
+__device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *blk, int lane, const float *msc,
+                                             AF afrag)
+{
+    static_assert(N == 2 * (I1 - I0), "two n-tiles a block row");
+#pragma unroll
+    for (int J = 0; J < I1; J++) {
+        kiln_u32 ah[4], al[4];
+        afrag(J, ah, al);
+#pragma unroll
+        for (int I = J < I0 ? I0 : J; I < I1; I++) {
+            const float *f = blk + blk_index(I, J) * BLK + lane * 8;
+            const float4 f0 = *reinterpret_cast<const float4 *>(f), f1 = *reinterpret_cast<const float4 *>(f + 4);
+            kiln_u32 bh[4], bl[4];
+            const float m0 = msc[2 * (I - I0)], m1 = msc[2 * (I - I0) + 1];
+            split2(f0.x * m0, f0.y * m0, bh[0], bl[0]); // n-tile 2 I: (g4, 2 t4), (g4, 8 + 2 t4)
+            split2(f1.x * m0, f1.y * m0, bh[1], bl[1]);
+            split2(f0.z * m1, f0.w * m1, bh[2], bl[2]); // n-tile 2 I + 1: row g4 + 8
+            split2(f1.z * m1, f1.w * m1, bh[3], bl[3]);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float *a = acc[2 * (I - I0) + j];
+                mma16816(a, ah, bh[2 * j], bh[2 * j + 1]);
+                mma16816(a, ah, bl[2 * j], bl[2 * j + 1]);
+                mma16816(a, al, bh[2 * j], bh[2 * j + 1]);
+            }
+        }
+    }
+}
+
+// acc = S Mᵀ for rows 16 NP0 .. of M (k or q, f16 [C][LDK]), N n-tiles of
+// them: S's rows (n-tiles s, the accumulator layout) times sc as hi and lo
+// terms against exact M.
+template <int NP0, int N>
+__device__ __forceinline__ void state_products(float (&acc)[N][4], const float (&s)[NKT][4], const float *sc,
+                                               const kiln_f16 (*M)[LDK], int bn, int bk)
+{
+    zero_tiles(acc);
+#pragma unroll
+    for (int ks = 0; ks < RKS; ks++) {
+        kiln_u32 ah[4], al[4];
+        afrag_acc(s[2 * ks], s[2 * ks + 1], sc, ah, al);
+#pragma unroll
+        for (int np = 0; np < N / 2; np++) {
+            kiln_u32 b[4];
+            ldsm4(&M[(NP0 + np) * 16 + bn][ks * 16 + bk], b);
+            mma16816(acc[2 * np], ah, b[0], b[1]);
+            mma16816(acc[2 * np], al, b[0], b[1]);
+            mma16816(acc[2 * np + 1], ah, b[2], b[3]);
+            mma16816(acc[2 * np + 1], al, b[2], b[3]);
+        }
+    }
+}
+
+// outᵀ's tokens 32 H .. 32 H + 31 for the warp's rows, into its tile O.
+template <int H>
+__device__ __forceinline__ void out_half(kiln_elt (*O)[LDO], const float (&s)[NKT][4], const float (&u)[8][4],
+                                         const float *ssc, const float *sinv, const kiln_f16 (*K)[LDK],
+                                         const kiln_f16 (*Q)[LDK], const float *R, const chunk_keys &kv, int lane,
+                                         int bn, int bk)
+{
+    const int g4 = lane / 4, t4 = lane % 4;
+    const float *P = R + REC_P;
+    float pm[4];
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+        pm[n] = 0.0f;
+#pragma unroll
+    for (int I = 2 * H; I < 2 * H + 2; I++)
+#pragma unroll
+        for (int J = 0; J <= I; J++) {
+            const float *f = P + blk_index(I, J) * BLK + lane * 8;
+            const float4 f0 = *reinterpret_cast<const float4 *>(f), f1 = *reinterpret_cast<const float4 *>(f + 4);
+            float &m0 = pm[2 * (I - 2 * H)], &m1 = pm[2 * (I - 2 * H) + 1];
+            m0 = max_f32(m0, max_f32(max_f32(abs_f32(f0.x), abs_f32(f0.y)), max_f32(abs_f32(f1.x), abs_f32(f1.y))));
+            m1 = max_f32(m1, max_f32(max_f32(abs_f32(f0.z), abs_f32(f0.w)), max_f32(abs_f32(f1.z), abs_f32(f1.w))));
+        }
+    float y[4][4];
+    state_products<2 * H>(y, s, ssc, Q, bn, bk);
+    // The state part, e^γ rq Yᵀ with S's scale undone, in the columns'
+    // scales (psc: row 32 H + 8 n + g4 of P; psci: outᵀ's column 32 H + 8 n
+    // + 2 t4 + b's inverse).
+    float psc[4], psci[4][2];
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        float m = max_f32(pm[n], kiln_shfl_xor_f32(pm[n], 1)), inv;
+        m = max_f32(m, kiln_shfl_xor_f32(m, 2));
+        pow2_scale(m, psc[n], inv);
+#pragma unroll
+        for (int b1 = 0; b1 < 2; b1++) {
+            const int i = 32 * H + n * 8 + 2 * t4 + b1, from = (2 * t4 + b1) * 4; // a lane whose g4 is i's row of P
+            const float sc = __shfl_sync(0xffffffffu, psc[n], from) * exp_approx(kv.gam[i]) * kv.rq[i];
+            psci[n][b1] = __shfl_sync(0xffffffffu, inv, from);
+            y[n][b1] *= sc * sinv[0];
+            y[n][2 + b1] *= sc * sinv[1];
+        }
+    }
+    const float one[2] = {1.0f, 1.0f};
+    tri_products<2 * H, 2 * H + 2>(y, P, lane, psc, [&](int J, kiln_u32 *ah, kiln_u32 *al) {
+        afrag_acc(u[2 * J], u[2 * J + 1], one, ah, al);
+    });
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            O[32 * H + n * 8 + 2 * t4 + (e & 1)][g4 + 8 * (e >> 1)] = kiln_f32_to_elt(y[n][e] * psci[n][e & 1]);
+}
+
+// kiln_gated_delta_chunk_keyed's arguments; grid S VH ROW_BLOCKS, RTHREADS
+// threads, sizeof(rows_smem) of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(RTHREADS, 1)
+kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                      const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
+                      float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
+                      kiln_u32 tokens, kiln_fault *fault, const float *__restrict__ ws, kiln_u32 records)
+{
+    kiln_grid_dependency_sync();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    if (!smem_holds(sizeof(rows_smem)))
+        return;
+    rows_smem &sm = *reinterpret_cast<rows_smem *>(smem_raw);
+    const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS;
+    const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
+    const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
+    const int brow = rb * KILN_ROWS, wrow = w * 16; // the block's first row, the warp's within it
+    const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
+    const kiln_u64 end = (kiln_u64)start + count;
+    if (end > tokens) {
+        if (h == 0 && rb == 0 && tid == 0)
+            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SPAN, seq,
+                              end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end, tokens);
+        return;
+    }
+    if (count == 0)
+        return;
+    const kiln_u32 chunks = count / C + (count % C != 0);
+    const kiln_u32 base = records_before<RTHREADS>(spans, seq, tokens, sm.red, tid);
+    if (base > records || chunks > records - base)
+        return;
+    const float *rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
+    load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
+    load_gb<false, rows_smem, RTHREADS>(sm, 0, g, beta, start, count, 0, h, tid);
+    load_rec(sm, 0, rec, tid);
+    cp_commit();
+
+    // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
+    // columns 8 n + 2 t4, + 1, in the accumulator layout.
+    float s[NKT][4];
+    float *srow = state + (kiln_u64)sh * KILN_DV * KILN_DK;
+#pragma unroll
+    for (int n = 0; n < NKT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = brow + wrow + g4 + (e >> 1) * 8, col = n * 8 + 2 * t4 + (e & 1);
+            s[n][e] = r < KILN_DV && col < KILN_DK ? srow[(kiln_u64)r * KILN_DK + col] : 0.0f;
+        }
+    const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
+    const int tk = ((lane >> 3) & 1) * 8 + (lane & 7), tn = (lane >> 4) * 8;    // trans B: k row, n offset
+
+#pragma unroll 1
+    for (kiln_u32 c = 0; c < chunks; c++) {
+        const int st = c & 1;
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads(); // stage st is in; every warp is done with the other
+#if KILN_BF16
+        rescale_rows<rows_smem, RTHREADS>(sm, st, tid);
+#endif
+        if (c + 1 < chunks) {
+            load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
+            load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
+            load_gb<false, rows_smem, RTHREADS>(sm, st ^ 1, g, beta, start, count, c + 1, h, tid);
+            load_rec(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
+        }
+        cp_commit();
+#if KILN_BF16
+        __syncthreads(); // the rows rewritten
+#endif
+        const kiln_f16(*K)[LDK] = sm.k[st];
+        const kiln_f16(*Q)[LDK] = sm.q[st];
+        const float *R = sm.rec[st];
+        const chunk_keys &kv = *reinterpret_cast<const chunk_keys *>(R);
+
+        // Xᵀ = S Kᵀ (then Yᵀ = S Qᵀ, once U is found: fewer live
+        // registers), S's rows scaled into [2^13, 2^14) and split into hi
+        // and lo terms against exact k and q.
+        float ssc[2], sinv[2];
+        row_scales(s, ssc, sinv);
+        float x[8][4];
+        state_products<0>(x, s, ssc, K, bn, bk);
+        // Rᵀ = b (vᵀ − e^γ rk Xᵀ), S's scale undone.
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int b1 = 0; b1 < 2; b1++) {
+                const int i = n * 8 + 2 * t4 + b1;
+                const float fk = exp_approx(kv.gam[i]) * kv.rk[i], bt = sm.beta[st][i];
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const float vv = kiln_elt_to_f32(sm.v[st][i][wrow + g4 + 8 * e2]);
+                    x[n][2 * e2 + b1] = bt * (vv - fk * (x[n][2 * e2 + b1] * sinv[e2]));
+                }
+            }
+        // Uᵀ = Rᵀ Tᵀ, R's rows scaled as S's.
+        float u[8][4];
+        {
+            float rsc[2], rinv[2];
+            row_scales(x, rsc, rinv);
+            zero_tiles(u);
+            const float one[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+            tri_products<0, 4>(u, R + REC_T, lane, one,
+                         [&](int J, kiln_u32 *ah, kiln_u32 *al) { afrag_acc(x[2 * J], x[2 * J + 1], rsc, ah, al); });
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    u[n][e] *= rinv[e >> 1];
+        }
+        // outᵀ = e^γ rq Yᵀ + Uᵀ Pᵀ, P's row i (outᵀ's column i) scaled by a
+        // power of two putting its largest |P_ij| in [2^13, 2^14); tokens
+        // 32 H .. 32 H + 31 at a time (fewer live registers).
+        kiln_elt(*O)[LDO] = sm.o[w];
+        out_half<0>(O, s, u, ssc, sinv, K, Q, R, kv, lane, bn, bk);
+        out_half<1>(O, s, u, ssc, sinv, K, Q, R, kv, lane, bn, bk);
+        syncwarp();
+        {
+            const kiln_u64 tok0 = (kiln_u64)start + (kiln_u64)c * C;
+            kiln_elt *obase = out + tok0 * (KILN_VH * KILN_DV) + h * KILN_DV + brow + wrow;
+#if KILN_VEC == 8
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const int id = lane + 32 * m, i = id >> 1, part = id & 1;
+                if ((kiln_u64)c * C + i < count && brow + wrow + part * 8 < KILN_DV)
+                    kiln_stg16(obase + (kiln_u64)i * (KILN_VH * KILN_DV) + part * 8,
+                               *reinterpret_cast<const kiln_u32x4 *>(&O[i][part * 8]));
+            }
+#else
+#pragma unroll 4
+            for (int m = 0; m < 32; m++) {
+                const int id = lane + 32 * m, i = id >> 4, col = id & 15;
+                if ((kiln_u64)c * C + i < count && brow + wrow + col < KILN_DV)
+                    obase[(kiln_u64)i * (KILN_VH * KILN_DV) + col] = O[i][col];
+            }
+#endif
+            syncwarp(); // the tile's reads before the next chunk's writes
+        }
+        // S = e^γ_L S + U'ᵀ K, U' = e^(γ_L − γ_j) rk_j U_j with each row scaled
+        // as S's: S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K.
+        {
+            const float gl = kv.gam[C - 1], gll = kv.gaml[C - 1];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int b1 = 0; b1 < 2; b1++) {
+                    const int j = n * 8 + 2 * t4 + b1;
+                    const float d = exp_approx((gl - kv.gam[j]) + (gll - kv.gaml[j])) * kv.rk[j];
+                    u[n][b1] *= d;
+                    u[n][2 + b1] *= d;
+                }
+            float usc[2], usci[2];
+            row_scales(u, usc, usci);
+            const float al = exp_approx(gl);
+#pragma unroll
+            for (int n = 0; n < NKT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[n][e] *= al * usc[e >> 1];
+#pragma unroll
+            for (int J = 0; J < 4; J++) {
+                kiln_u32 ah[4], alo[4];
+                afrag_acc(u[2 * J], u[2 * J + 1], usc, ah, alo);
+#pragma unroll
+                for (int np = 0; np < RKS; np++) {
+                    kiln_u32 b[4];
+                    ldsm4t(&K[J * 16 + tk][np * 16 + tn], b);
+                    mma16816(s[2 * np], ah, b[0], b[1]);
+                    mma16816(s[2 * np], alo, b[0], b[1]);
+                    mma16816(s[2 * np + 1], ah, b[2], b[3]);
+                    mma16816(s[2 * np + 1], alo, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NKT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[n][e] *= usci[e >> 1];
+        }
+    }
+
+#pragma unroll
+    for (int n = 0; n < NKT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = brow + wrow + g4 + (e >> 1) * 8, col = n * 8 + 2 * t4 + (e & 1);
+            if (r < KILN_DV && col < KILN_DK)
+                srow[(kiln_u64)r * KILN_DK + col] = s[n][e];
+        }
 }

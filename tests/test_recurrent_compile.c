@@ -2,7 +2,7 @@
  * Qwen3-Next config lists (and none for a model without linear attention),
  * per architecture for the chunked kernel and in the config's element type,
  * every code path of both templates compiled offline by NVRTC in f16 and
- * bf16 (the chunked one, its three entries, for sm_80 and sm_90, the scan
+ * bf16 (the chunked one, its four entries, for sm_80 and sm_90, the scan
  * for sm_90 and, in bf16, sm_80), the spec
  * and size arguments, and the validation of bindings against fake buffers (a
  * fake runtime has no driver table: a check that let a bad call through to
@@ -195,18 +195,18 @@ static void test_chunked_kernel_compiles(void **state)
     }
 }
 
-/* The chunked template's three entries (the single kernel first: the one
+/* The chunked template's four entries (the single kernel first: the one
  * kiln_kernel_function(k, NULL) finds), each in the cubin NVRTC makes of it,
  * in both element types and both vector widths. */
-static void test_chunked_template_has_three_entries(void **state)
+static void test_chunked_template_has_four_entries(void **state)
 {
     (void)state;
-    static const char *const want[3] = {"kiln_gated_delta_chunk", "kiln_gated_delta_keys",
-                                        "kiln_gated_delta_chunk_keyed"};
+    static const char *const want[4] = {"kiln_gated_delta_chunk", "kiln_gated_delta_keys",
+                                        "kiln_gated_delta_chunk_keyed", "kiln_gated_delta_rows"};
     const kiln__template *t;
     KILN_CHECK(kiln__template_find("gated_delta_chunk", &t));
-    assert_int_equal(t->n_entries, 3);
-    for (int i = 0; i < 3; i++)
+    assert_int_equal(t->n_entries, 4);
+    for (int i = 0; i < 4; i++)
         assert_string_equal(t->entries[i], want[i]);
     kiln__nvrtc_options o;
     KILN_CHECK(kiln__options_normalize(NULL, 0, &o));
@@ -217,7 +217,7 @@ static void test_chunked_template_has_three_entries(void **state)
         size_t size = 0;
         KILN_CHECK(kiln_op_gated_delta_chunk_spec(runs[r].elt, 128, 128, 16, 32, 64, runs[r].vec, &s));
         KILN_CHECK(kiln__compile(t, &s, &o, "sm_90", &cubin, &size));
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             const size_t n = strlen(want[i]) + 1; /* the name with its NUL: no longer name's prefix */
             int found = 0;
             for (size_t at = 0; at + n <= size && !found; at++)
@@ -578,7 +578,7 @@ int main(void)
         cmocka_unit_test(test_arch_lists_the_chunked_kernel),
         cmocka_unit_test_setup_teardown(test_every_code_path_compiles, offline_fixture_setup, offline_fixture_teardown),
         cmocka_unit_test_setup_teardown(test_chunked_kernel_compiles, offline_fixture_setup, offline_fixture_teardown),
-        cmocka_unit_test(test_chunked_template_has_three_entries),
+        cmocka_unit_test(test_chunked_template_has_four_entries),
         cmocka_unit_test(test_spec_and_size_arguments),
         cmocka_unit_test_setup_teardown(test_offline_encode_needs_a_device, offline_fixture_setup,
                                         offline_fixture_teardown),

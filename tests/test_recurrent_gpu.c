@@ -316,16 +316,19 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     tk.buffer = bk;
     tb.buffer = bb;
     to.buffer = bo;
-    /* Every chunked case runs twice: the single kernel, then the keyed form
-     * (a workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too), each from
-     * the same initial state and poisoned outputs. */
-    const int paths = c->kernel == CHUNK ? 2 : 1;
+    /* Every chunked case runs three times: the single kernel, then the keyed
+     * form (a workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too) by the
+     * keyed kernel, then by the rows kernel ($KILN_GATED_DELTA_ROWS=1) where
+     * it serves (vectors of 8: dk and dv multiples of 8, the state 8-byte
+     * aligned), each from the same initial state and poisoned outputs. */
+    const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
+    const int paths = c->kernel == CHUNK ? 2 + rows_kernel : 1;
     size_t ws_bytes;
     KILN_CHECK(kiln_op_gated_delta_workspace(p.tokens, c->seqs, c->vh, &ws_bytes));
     kiln_buffer *bw = paths > 1 ? buffer(f->rt, ws_bytes) : NULL;
     const kiln_region ws = {bw, 0, ws_bytes};
-    uint16_t *got_os[2] = {NULL, NULL};
-    float *got_ss[2] = {NULL, NULL};
+    uint16_t *got_os[3] = {NULL, NULL, NULL};
+    float *got_ss[3] = {NULL, NULL, NULL};
     int rows = 0;
     for (int path = 0; path < paths; path++) {
         KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
@@ -333,19 +336,24 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         if (bw)
             KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
         setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
+        if (path == 2)
+            setenv("KILN_GATED_DELTA_ROWS", "1", 1);
         kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
                                           &to,         c->max_span, path ? &ws : NULL};
         kiln_command *cmd;
         KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
         unsetenv("KILN_GATED_DELTA_PREP");
+        unsetenv("KILN_GATED_DELTA_ROWS");
         assert_true(kiln_command_replayable(cmd));
         rows = kiln__gated_delta_last_rows();
         const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
         if (want_chunk ? rows <= 0 : rows != 0)
             fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
                      want_chunk ? "the chunked kernel" : "the scan");
-        if (kiln__gated_delta_last_keyed() != (path && want_chunk))
-            fail_msg("%s: the encode took the %s form", c->name, path ? "single" : "keyed");
+        const int want_keyed = want_chunk ? path : 0;
+        if (kiln__gated_delta_last_keyed() != want_keyed)
+            fail_msg("%s: the encode took form %d, want %d (0 single, 1 keyed, 2 rows)", c->name,
+                     kiln__gated_delta_last_keyed(), want_keyed);
         for (int k = 0; k < calls; k++) {
             KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
             kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
@@ -370,7 +378,8 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         KILN_CHECK(kiln_buffer_readback(bo, 0, got_os[path], nv * 2));
         KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_ss[path], ns * 4));
     }
-    /* The keyed form's out and state are the single kernel's, bit for bit. */
+    /* The keyed kernel's out and state are the single kernel's, bit for bit
+     * (the rows kernel's sums run in another order: checked below). */
     if (paths > 1) {
         for (size_t i = 0; i < nv; i++)
             if (got_os[0][i] != got_os[1][i])
@@ -414,7 +423,7 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         fprintf(stderr,
                 "%s (%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g "
                 "state %.3g\n",
-                c->name, kiln_dtype_name(elt), path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
+                c->name, kiln_dtype_name(elt), path == 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
                 (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
                 rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
         if (touched)
@@ -538,8 +547,8 @@ static void odd_shapes(gpu_fixture *f, kiln_dtype elt)
 
 /* A span past the end: a device fault naming the sequence; that sequence's
  * state is untouched; the others are computed. max_span picks the kernel;
- * keyed, the chunked kernel's keyed form, whose workspace a byte short is
- * refused first. */
+ * keyed, the chunked kernel's keyed form (1 by the keyed kernel, 2 by the
+ * rows kernel), whose workspace a byte short is refused first. */
 static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dtype elt)
 {
     const int64_t DK = 64, DV = 96, KH = 3, VH = 6, S = 3, T = 10;
@@ -585,11 +594,14 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dty
                     "gated_delta: binding workspace", msg);
         ws.end += 1;
         setenv("KILN_GATED_DELTA_PREP", "1", 1);
+        if (keyed == 2)
+            setenv("KILN_GATED_DELTA_ROWS", "1", 1);
     }
     KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
     unsetenv("KILN_GATED_DELTA_PREP");
+    unsetenv("KILN_GATED_DELTA_ROWS");
     assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
-    assert_int_equal(kiln__gated_delta_last_keyed(), keyed && chunk_device(f));
+    assert_int_equal(kiln__gated_delta_last_keyed(), chunk_device(f) ? keyed : 0);
     kiln_status s = kiln_runtime_synchronize(f->rt);
     KILN_EXPECT(s, KILN_ERR_DEVICE_CONTRACT, kiln_runtime_errmsg(f->rt), "sequence 1's span ends at token 11",
                 "past the 10 tokens");
@@ -622,7 +634,8 @@ static void span_past_end_faults(gpu_fixture *f, kiln_dtype elt)
 {
     span_past_end(f, 1, 0, elt);  /* the scan */
     span_past_end(f, 64, 0, elt); /* the chunked kernel */
-    span_past_end(f, 64, 1, elt); /* keyed */
+    span_past_end(f, 64, 1, elt); /* keyed, the keyed kernel */
+    span_past_end(f, 64, 2, elt); /* keyed, the rows kernel */
 }
 
 /* Prewarm a Qwen3-Next config offline (in the element type), then encode on
