@@ -1756,6 +1756,9 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         }
     }
 
+    // srow through an empty asm: its addresses are found here, not kept
+    // from the loads above across the loop (ptxas spilled them).
+    asm("" : "+l"(srow));
 #pragma unroll
     for (int n = 0; n < NKT; n++)
 #pragma unroll
