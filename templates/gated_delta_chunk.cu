@@ -1446,12 +1446,21 @@ __device__ __forceinline__ void afrag_acc(const float *x0, const float *x1, cons
 // tiles, from their largest |x| over the row's four lanes.
 template <int N> __device__ __forceinline__ void row_scales(const float (&x)[N][4], float *sc, float *inv)
 {
-    float m[2] = {0.0f, 0.0f};
+    // A tree of maxima, not a chain: the step is on the warp's dependent path.
+    float t[2][N];
 #pragma unroll
     for (int n = 0; n < N; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            m[e >> 1] = max_f32(m[e >> 1], abs_f32(x[n][e]));
+        for (int e2 = 0; e2 < 2; e2++)
+            t[e2][n] = max_f32(abs_f32(x[n][2 * e2]), abs_f32(x[n][2 * e2 + 1]));
+#pragma unroll
+    for (int w = 1; w < N; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < N; n += 2 * w)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++)
+                t[e2][n] = max_f32(t[e2][n], t[e2][n + w]);
+    float m[2] = {t[0][0], t[1][0]};
 #pragma unroll
     for (int e2 = 0; e2 < 2; e2++) {
         m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 1));
