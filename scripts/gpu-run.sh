@@ -18,7 +18,8 @@
 #     DECODE_MOE=1   adds bench_decode_moe (the mixture of experts' decode step, kiln and torch)
 #     PROFILE_MOE=1  adds moe-ncu.log: ncu's time of each kernel of a one-token MoE layer
 #     PROFILE_DELTA=1  adds delta-ncu.log: ncu's warp states, scheduler and source counters of
-#                    the keyed gated delta kernel at one sequence of 16384 tokens (its chain of chunks)
+#                    the keyed gated delta kernel and the rows kernel at one sequence of 16384 tokens
+#                    (their chains of chunks; each launched twice: the warm-up and the timed run)
 # Each step has a time limit and the whole run a budget (GPU_RUN_BUDGET_S,
 # default 480 s; the tests and memcheck leave BENCH_RESERVE_S, default 180 s,
 # of it to the benchmarks): a step that would start past the budget is
@@ -204,7 +205,7 @@ fi
 # only with PROFILE_DELTA=1.
 if [ "${PROFILE_DELTA:-0}" = 1 ] && command -v ncu >/dev/null && [ -x "$BUILD/bench/bench_recurrent" ]; then
     step profile_delta 240 0 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
-        --section SourceCounters --section LaunchStats --section Occupancy -k regex:"gated_delta_(chunk_keyed|rows)" -c 1 \
+        --section SourceCounters --section LaunchStats --section Occupancy -k regex:"gated_delta_(chunk_keyed|rows)" -c 4 \
         "$BUILD/bench/bench_recurrent" --only 1,16384 --iters 1 --reps 1 >"$OUT/delta-ncu.log" 2>&1
 fi
 
