@@ -17,8 +17,9 @@
 #define CHUNK_TOKENS 64
 /* A workspace record of the keyed form (templates/gated_delta_chunk.cu's
  * REC_FLOATS floats): γ's two floats, rk and rq (64 each), T's and P's 10
- * blocks of 16 x 16 each, f32. */
-#define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256) * 4)
+ * blocks of 16 x 16 each (f32, or their hi and lo f16 terms for the rows
+ * kernel), P's 64 row scales and their inverses. */
+#define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256 + 2 * CHUNK_TOKENS) * 4)
 
 /* Lanes per row of the state: a power of two giving each lane about 8 columns. */
 static int64_t lanes_for(int64_t dk)
@@ -292,7 +293,7 @@ typedef struct delta_launch {
     kiln_runtime *rt;
     CUfunction fn, keys; /* keys: the pre-pass, or NULL (the single kernel or the scan) */
     CUdeviceptr ptr[N_BINDINGS], ws;
-    uint32_t tokens, grid, seqs, records, vh;
+    uint32_t tokens, grid, seqs, records, vh, split; /* split: the pre-pass writes the rows kernel's records */
     unsigned threads, smem, keys_smem;
 } delta_launch;
 
@@ -314,7 +315,7 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     kiln_status st;
     if (l->keys) {
         void *ka[] = {&l->ptr[B_Q], &l->ptr[B_K], &l->ptr[B_G], &l->ptr[B_BETA], &l->ptr[B_SPANS],
-                      &l->ws,       &l->tokens,   &l->seqs};
+                      &l->ws,       &l->tokens,   &l->seqs,   &l->split};
         const unsigned grid[3] = {l->records, l->vh, 1};
         if ((st = kiln__launch_ex(ctx, l->rt, l->keys, grid, CHUNK_THREADS, l->keys_smem, ka, KILN__LAUNCH_PDL)))
             return st;
@@ -489,6 +490,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->seqs = (uint32_t)S;
     l->vh = (uint32_t)VH;
     l->records = keys ? (uint32_t)records_for(T, S) : 0; /* keyed_plan: within MAX_GRID */
+    l->split = (uint32_t)by_rows;
     l->ws = local.workspace ? kiln__buffer_ptr(local.workspace->buffer) + local.workspace->start : 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));

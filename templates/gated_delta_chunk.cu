@@ -75,8 +75,15 @@
 // (i (i + 1) / 2 + j)-th, each in the mma fragment order: lane 4 g + t holds
 // 8 floats at 8 (4 g + t), float 2 e + b element (16 i + g + 8 (e & 1),
 // 16 j + 8 (e >> 1) + 2 t + b), as afrag_f32 reads an A operand and as the
-// accumulators of n-tiles 2 j, 2 j + 1 hold it. A record is written by the
-// pre-pass of the same command before the keyed kernel reads it.
+// accumulators of n-tiles 2 j, 2 j + 1 hold it; then 2 C floats that only a
+// split record fills. A split record (the pre-pass's argument split, for the
+// rows kernel) holds each lane's 8 words of a block as the A fragment's four
+// hi then four lo f16x2 terms (split2, in store_frag's order) rather than
+// the floats: T's as they are, P's with each row i scaled by psc_i, the power of two putting the
+// row's largest |P_ij| into [2^13, 2^14) (as the keyed kernel scales P's
+// rows for its out), and psc [C], then its inverse [C], after P's blocks.
+// A record is written by the pre-pass of the same command before the keyed
+// kernel (or the rows kernel) reads it.
 //
 // in registers) and the state's update (all warps).
 //
@@ -138,7 +145,8 @@
 #define BLK 256                       // floats of a 16 x 16 block of T or P
 #define REC_T (4 * C)                 // a record's floats before T's blocks
 #define REC_P (REC_T + 10 * BLK)      // and before P's
-#define REC_FLOATS (REC_P + 10 * BLK) // a record: 5376 floats, 21504 bytes
+#define REC_S (REC_P + 10 * BLK)      // and before P's row scales (split records)
+#define REC_FLOATS (REC_S + 2 * C)    // a record: 5504 floats, 22016 bytes
 
 struct chunk_at {
     float a[C][LDF]; // A, strictly lower (block rows' lower blocks only)
@@ -1323,13 +1331,37 @@ kiln_gated_delta_chunk_keyed(const kiln_elt *__restrict__ q, const kiln_elt *__r
                     ws, records);
 }
 
+// A lane's 8 floats of a record's block at dst, in fragment order (float
+// 2 e + b: row g4 + 8 (e & 1)): as they are, or (split) as the A fragment's
+// hi terms of the floats times sc0 (row g4) or sc1 (row g4 + 8), registers
+// 0, 2, 1, 3 (the B fragments of the transpose's n-tiles 2 i and 2 i + 1,
+// each a register pair), then its lo terms in that order.
+__device__ __forceinline__ void store_frag(float *dst, const float *f, float sc0, float sc1, kiln_u32 split)
+{
+    kiln_u32 x[8];
+    if (split) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float sc = e & 1 ? sc1 : sc0;
+            const int at = (e & 1) * 2 + (e >> 1); // 0, 2, 1, 3
+            split2(f[2 * e] * sc, f[2 * e + 1] * sc, x[at], x[4 + at]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = kiln_f32_bits(f[i]);
+    }
+    kiln_stg16(dst, kiln_u32x4{x[0], x[1], x[2], x[3]});
+    kiln_stg16(dst + 4, kiln_u32x4{x[4], x[5], x[6], x[7]});
+}
+
 // The pre-pass: block (r, h) writes record r of value head h (grid x: the
 // records, y: VH; S = seqs), or nothing where r is no sequence's. A span
 // past the tokens has no records (the chunked kernel reports it).
 extern "C" __global__ void __launch_bounds__(THREADS)
 kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const float *__restrict__ g,
                       const float *__restrict__ beta, const kiln_u32 *__restrict__ spans, float *__restrict__ ws,
-                      kiln_u32 tokens, kiln_u32 seqs)
+                      kiln_u32 tokens, kiln_u32 seqs, kiln_u32 split)
 {
     kiln_grid_dependency_sync();
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1361,7 +1393,8 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     float *rec = ws + ((kiln_u64)r * KILN_VH + h) * REC_FLOATS;
     if (tid < REC_T / 4)
         kiln_stg16(rec + tid * 4, reinterpret_cast<const kiln_u32x4 *>(&sm.kv[0])[tid]);
-    // T's blocks, a warp's each (fragment order: afrag_f32's reads).
+    // T's blocks, a warp's each (fragment order: afrag_f32's reads); split:
+    // the A fragment's hi and lo terms instead, afrag_blk's results.
     for (int b = w; b < 10; b += THREADS / 32) {
         const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3, bj = b - blk_index(bi, 0);
         float f[8];
@@ -1371,23 +1404,37 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             f[2 * e] = x[0];
             f[2 * e + 1] = x[1];
         }
-        float *dst = rec + REC_T + b * BLK + lane * 8;
-        kiln_stg16(dst, kiln_u32x4{kiln_f32_bits(f[0]), kiln_f32_bits(f[1]), kiln_f32_bits(f[2]), kiln_f32_bits(f[3])});
-        kiln_stg16(dst + 4,
-                   kiln_u32x4{kiln_f32_bits(f[4]), kiln_f32_bits(f[5]), kiln_f32_bits(f[6]), kiln_f32_bits(f[7])});
+        store_frag(rec + REC_T + b * BLK + lane * 8, f, 1.0f, 1.0f, split);
     }
-    // P's blocks from the accumulators of warps 4-7 (n-tiles 2 j, 2 j + 1 of block (mb, j)).
-    if (isq)
+    // P's blocks from the accumulators of warps 4-7 (n-tiles 2 j, 2 j + 1 of
+    // block (mb, j)); split: each row scaled as the keyed kernel's out scales
+    // it (its largest |P_ij| into [2^13, 2^14)) before its hi and lo terms,
+    // and the row's scale and inverse at REC_S.
+    if (isq) {
+        float psc[2] = {1.0f, 1.0f};
+        if (split)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                float m = 0.0f, inv;
+#pragma unroll
+                for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
+                    m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
+                m = max_f32(m, kiln_shfl_xor_f32(m, 1));
+                m = max_f32(m, kiln_shfl_xor_f32(m, 2));
+                pow2_scale(m, psc[e2], inv);
+                if (t4 == 0) {
+                    rec[REC_S + mb * 16 + g4 + 8 * e2] = psc[e2];
+                    rec[REC_S + C + mb * 16 + g4 + 8 * e2] = inv;
+                }
+            }
 #pragma unroll
         for (int np = 0; np < 4; np++)
             if (np <= mb) {
-                float *dst = rec + REC_P + blk_index(mb, np) * BLK + lane * 8;
                 const float *a0 = acc[2 * np], *a1 = acc[2 * np + 1];
-                kiln_stg16(dst, kiln_u32x4{kiln_f32_bits(a0[0]), kiln_f32_bits(a0[1]), kiln_f32_bits(a0[2]),
-                                           kiln_f32_bits(a0[3])});
-                kiln_stg16(dst + 4, kiln_u32x4{kiln_f32_bits(a1[0]), kiln_f32_bits(a1[1]), kiln_f32_bits(a1[2]),
-                                               kiln_f32_bits(a1[3])});
+                const float f[8] = {a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]};
+                store_frag(rec + REC_P + blk_index(mb, np) * BLK + lane * 8, f, psc[0], psc[1], split);
             }
+    }
 }
 
 // The rows kernel: the keyed form with each warp owning 16 rows of the state
@@ -1397,10 +1444,12 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 //   Xᵀ = S Kᵀ, Yᵀ = S Qᵀ, Rᵀ = b (vᵀ − e^γ rk Xᵀ), Uᵀ = Rᵀ Tᵀ,
 //   outᵀ = e^γ rq Yᵀ + Uᵀ Pᵀ,  S ← e^γ_L S + U'ᵀ K,
 // so that one product's accumulators are the next one's A fragments and
-// each row's scale (of S, R, U') is the warp's own: the scales, the hi and
-// lo terms and the records are the keyed kernel's (T's and P's blocks,
-// stored as A fragments, hold Tᵀ's and Pᵀ's B fragments), and P's rows
-// (outᵀ's columns) take the keyed kernel's scale too. A block is the
+// each row's scale (of S, R, U') is the warp's own: the scales and the hi
+// and lo terms are the keyed kernel's. It reads split records (see the
+// workspace above): T's and P's blocks already in hi and lo terms, whose A
+// fragments hold Tᵀ's and Pᵀ's B fragments, P's rows (outᵀ's columns)
+// scaled as the keyed kernel scales them, so that no warp splits or scales
+// them again. A block is the
 // KILN_ROWS / 16 warps of a (sequence, value head, KILN_ROWS rows), one
 // warp a scheduler: a chunk is then the warp's own dependent products
 // rather than the keyed kernel's phases between eight barriers
@@ -1469,15 +1518,14 @@ template <int N> __device__ __forceinline__ void row_scales(const float (&x)[N][
     }
 }
 
-// acc[2 (I − I0) + j] (n-tiles 2 I + j, I0 <= I < I1) += A Mᵀ over the
-// record's blocks (I, J), J <= I, of a lower block-triangular 64 x 64
-// matrix M, each stored as an A fragment (which holds Mᵀ's B fragments);
-// A's k-step J from afrag(J); M's row 16 I + 8 j + g4 scaled by
-// msc[2 (I − I0) + j].
-// Products in hi and lo terms: A hi · M hi, A hi · M lo, A lo · M hi.
+// acc[2 (I − I0) + j] (n-tiles 2 I + j, I0 <= I < I1) += A Mᵀ over a split
+// record's blocks (I, J), J <= I, of a lower block-triangular 64 x 64 matrix
+// M (T or P), each its A fragment's hi and lo terms, which hold Mᵀ's B
+// fragments (store_frag's order: n-tile 2 I's pair, then 2 I + 1's). A's
+// k-step J from afrag(J). Products in hi and lo terms: A hi · M hi, A hi ·
+// M lo, A lo · M hi.
 template <int I0, int I1, int N, class AF>
-__device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *blk, int lane, const float *msc,
-                                             AF afrag)
+__device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *blk, int lane, AF afrag)
 {
     static_assert(N == 2 * (I1 - I0), "two n-tiles a block row");
 #pragma unroll
@@ -1487,20 +1535,15 @@ __device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *bl
 #pragma unroll
         for (int I = J < I0 ? I0 : J; I < I1; I++) {
             const float *f = blk + blk_index(I, J) * BLK + lane * 8;
-            const float4 f0 = *reinterpret_cast<const float4 *>(f), f1 = *reinterpret_cast<const float4 *>(f + 4);
-            kiln_u32 bh[4], bl[4];
-            const float m0 = msc[2 * (I - I0)], m1 = msc[2 * (I - I0) + 1];
-            split2(f0.x * m0, f0.y * m0, bh[0], bl[0]); // n-tile 2 I: (g4, 2 t4), (g4, 8 + 2 t4)
-            split2(f1.x * m0, f1.y * m0, bh[1], bl[1]);
-            split2(f0.z * m1, f0.w * m1, bh[2], bl[2]); // n-tile 2 I + 1: row g4 + 8
-            split2(f1.z * m1, f1.w * m1, bh[3], bl[3]);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                float *a = acc[2 * (I - I0) + j];
-                mma16816(a, ah, bh[2 * j], bh[2 * j + 1]);
-                mma16816(a, ah, bl[2 * j], bl[2 * j + 1]);
-                mma16816(a, al, bh[2 * j], bh[2 * j + 1]);
-            }
+            const kiln_u32x4 bh = *reinterpret_cast<const kiln_u32x4 *>(f),
+                             bl = *reinterpret_cast<const kiln_u32x4 *>(f + 4);
+            float *a0 = acc[2 * (I - I0)], *a1 = acc[2 * (I - I0) + 1];
+            mma16816(a0, ah, bh.x, bh.y);
+            mma16816(a0, ah, bl.x, bl.y);
+            mma16816(a0, al, bh.x, bh.y);
+            mma16816(a1, ah, bh.z, bh.w);
+            mma16816(a1, ah, bl.z, bl.w);
+            mma16816(a1, al, bh.z, bh.w);
         }
     }
 }
@@ -1537,50 +1580,30 @@ __device__ __forceinline__ void out_half(kiln_elt (*O)[LDO], const float (&s)[NK
                                          int bn, int bk)
 {
     const int g4 = lane / 4, t4 = lane % 4;
-    const float *P = R + REC_P;
-    float pm[4];
-#pragma unroll
-    for (int n = 0; n < 4; n++)
-        pm[n] = 0.0f;
-#pragma unroll
-    for (int I = 2 * H; I < 2 * H + 2; I++)
-#pragma unroll
-        for (int J = 0; J <= I; J++) {
-            const float *f = P + blk_index(I, J) * BLK + lane * 8;
-            const float4 f0 = *reinterpret_cast<const float4 *>(f), f1 = *reinterpret_cast<const float4 *>(f + 4);
-            float &m0 = pm[2 * (I - 2 * H)], &m1 = pm[2 * (I - 2 * H) + 1];
-            m0 = max_f32(m0, max_f32(max_f32(abs_f32(f0.x), abs_f32(f0.y)), max_f32(abs_f32(f1.x), abs_f32(f1.y))));
-            m1 = max_f32(m1, max_f32(max_f32(abs_f32(f0.z), abs_f32(f0.w)), max_f32(abs_f32(f1.z), abs_f32(f1.w))));
-        }
     float y[4][4];
     state_products<2 * H>(y, s, ssc, Q, bn, bk);
-    // The state part, e^γ rq Yᵀ with S's scale undone, in the columns'
-    // scales (psc: row 32 H + 8 n + g4 of P; psci: outᵀ's column 32 H + 8 n
-    // + 2 t4 + b's inverse).
-    float psc[4], psci[4][2];
+    // The state part, e^γ rq Yᵀ with S's scale undone, in outᵀ's column
+    // scales (column i: P's row i's psc_i, as the record's P blocks hold it).
 #pragma unroll
-    for (int n = 0; n < 4; n++) {
-        float m = max_f32(pm[n], kiln_shfl_xor_f32(pm[n], 1)), inv;
-        m = max_f32(m, kiln_shfl_xor_f32(m, 2));
-        pow2_scale(m, psc[n], inv);
+    for (int n = 0; n < 4; n++)
 #pragma unroll
         for (int b1 = 0; b1 < 2; b1++) {
-            const int i = 32 * H + n * 8 + 2 * t4 + b1, from = (2 * t4 + b1) * 4; // a lane whose g4 is i's row of P
-            const float sc = __shfl_sync(0xffffffffu, psc[n], from) * exp_approx(kv.gam[i]) * kv.rq[i];
-            psci[n][b1] = __shfl_sync(0xffffffffu, inv, from);
+            const int i = 32 * H + n * 8 + 2 * t4 + b1;
+            const float sc = R[REC_S + i] * exp_approx(kv.gam[i]) * kv.rq[i];
             y[n][b1] *= sc * sinv[0];
             y[n][2 + b1] *= sc * sinv[1];
         }
-    }
     const float one[2] = {1.0f, 1.0f};
-    tri_products<2 * H, 2 * H + 2>(y, P, lane, psc, [&](int J, kiln_u32 *ah, kiln_u32 *al) {
+    tri_products<2 * H, 2 * H + 2>(y, R + REC_P, lane, [&](int J, kiln_u32 *ah, kiln_u32 *al) {
         afrag_acc(u[2 * J], u[2 * J + 1], one, ah, al);
     });
 #pragma unroll
     for (int n = 0; n < 4; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            O[32 * H + n * 8 + 2 * t4 + (e & 1)][g4 + 8 * (e >> 1)] = kiln_f32_to_elt(y[n][e] * psci[n][e & 1]);
+        for (int e = 0; e < 4; e++) {
+            const int i = 32 * H + n * 8 + 2 * t4 + (e & 1);
+            O[i][g4 + 8 * (e >> 1)] = kiln_f32_to_elt(y[n][e] * R[REC_S + C + i]);
+        }
 }
 
 // kiln_gated_delta_chunk_keyed's arguments; grid S VH ROW_BLOCKS, RTHREADS
@@ -1685,8 +1708,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             float rsc[2], rinv[2];
             row_scales(x, rsc, rinv);
             zero_tiles(u);
-            const float one[8] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
-            tri_products<0, 4>(u, R + REC_T, lane, one,
+            tri_products<0, 4>(u, R + REC_T, lane,
                          [&](int J, kiln_u32 *ah, kiln_u32 *al) { afrag_acc(x[2 * J], x[2 * J + 1], rsc, ah, al); });
 #pragma unroll
             for (int n = 0; n < 8; n++)

@@ -160,7 +160,7 @@ KILN_API kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_b
 KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v_heads, int64_t dv, int64_t dk,
                                                      size_t *bytes);
 /* Bytes of the workspace (see above) of a command of T = tokens, S = seqs
- * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 21504
+ * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 22016
  * bytes, one per (chunk of a sequence, value head); spans that share no
  * tokens have at most that many chunks. KILN_ERR_RUNTIME_CONTRACT for
  * tokens outside [0, 2^32 - 1], seqs outside [1, 2^31 - 1], num_v_heads
