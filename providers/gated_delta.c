@@ -502,8 +502,9 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
     last_keyed = by_rows ? 2 : keys != NULL;
     /* The replay key: the kernel and every binding (address, bytes), the
-     * workspace (address, bytes: 0 without one) and whether the keyed form
-     * runs; T and S travel in the bytes too. */
+     * workspace (address, bytes: 0 without one) and the form that runs
+     * (single, keyed or rows: one cubin holds them all); T and S travel in
+     * the bytes too. */
     uint64_t params[2 * N_BINDINGS + 5];
     kiln_region regions[N_BINDINGS + 1];
     for (int i = 0; i < N_BINDINGS; i++) {
@@ -519,7 +520,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     params[2 * N_BINDINGS + 1] = (uint64_t)S;
     params[2 * N_BINDINGS + 2] = l->ws;
     params[2 * N_BINDINGS + 3] = local.workspace ? local.workspace->end - local.workspace->start : 0;
-    params[2 * N_BINDINGS + 4] = keys != NULL;
+    params[2 * N_BINDINGS + 4] = (uint64_t)last_keyed;
     const kiln__kernel_command_desc d = {.op = OP, .participants = (uint32_t)S, .tokens = (uint32_t)T,
                                          .dispatches = keys ? 2 : 1, .regions = regions, .n_regions = n_regions,
                                          .enqueue = enqueue, .user = l, .kernel = k, KILN__PARAMS(params)};
