@@ -316,19 +316,21 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     tk.buffer = bk;
     tb.buffer = bb;
     to.buffer = bo;
-    /* Every chunked case runs three times: the single kernel, then the keyed
-     * form (a workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too) by the
-     * keyed kernel, then by the rows kernel ($KILN_GATED_DELTA_ROWS=1) where
-     * it serves (vectors of 8: dk and dv multiples of 8, the state 8-byte
-     * aligned), each from the same initial state and poisoned outputs. */
+    /* Every chunked case runs the single kernel, then the keyed form (a
+     * workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too) by the keyed
+     * kernel, then, where the rows kernel serves (vectors of 8: dk and dv
+     * multiples of 8, the state 8-byte aligned), by it
+     * ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (pairs of warps) and at
+     * 64 ($KILN_GATED_DELTA_CHUNK), each from the same initial state and
+     * poisoned outputs. */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
-    const int paths = c->kernel == CHUNK ? 2 + rows_kernel : 1;
+    const int paths = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1;
     size_t ws_bytes;
     KILN_CHECK(kiln_op_gated_delta_workspace(p.tokens, c->seqs, c->vh, &ws_bytes));
     kiln_buffer *bw = paths > 1 ? buffer(f->rt, ws_bytes) : NULL;
     const kiln_region ws = {bw, 0, ws_bytes};
-    uint16_t *got_os[3] = {NULL, NULL, NULL};
-    float *got_ss[3] = {NULL, NULL, NULL};
+    uint16_t *got_os[4] = {NULL, NULL, NULL, NULL};
+    float *got_ss[4] = {NULL, NULL, NULL, NULL};
     int rows = 0;
     for (int path = 0; path < paths; path++) {
         KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
@@ -336,21 +338,26 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         if (bw)
             KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
         setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
-        if (path == 2)
+        if (path >= 2) {
             setenv("KILN_GATED_DELTA_ROWS", "1", 1);
+            setenv("KILN_GATED_DELTA_CHUNK", path == 2 ? "32" : "64", 1);
+        }
         kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
                                           &to,         c->max_span, path ? &ws : NULL};
         kiln_command *cmd;
         KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
         unsetenv("KILN_GATED_DELTA_PREP");
         unsetenv("KILN_GATED_DELTA_ROWS");
+        unsetenv("KILN_GATED_DELTA_CHUNK");
         assert_true(kiln_command_replayable(cmd));
         rows = kiln__gated_delta_last_rows();
         const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
         if (want_chunk ? rows <= 0 : rows != 0)
             fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
                      want_chunk ? "the chunked kernel" : "the scan");
-        const int want_keyed = want_chunk ? path : 0;
+        const int want_keyed = want_chunk ? (path < 2 ? path : 2) : 0;
+        if (want_chunk && path >= 2 && rows != (path == 2 ? 32 : 64))
+            fail_msg("%s: the rows kernel took %d rows a block, want %d", c->name, rows, path == 2 ? 32 : 64);
         if (kiln__gated_delta_last_keyed() != want_keyed)
             fail_msg("%s: the encode took form %d, want %d (0 single, 1 keyed, 2 rows)", c->name,
                      kiln__gated_delta_last_keyed(), want_keyed);
@@ -423,7 +430,7 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         fprintf(stderr,
                 "%s (%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g "
                 "state %.3g\n",
-                c->name, kiln_dtype_name(elt), path == 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
+                c->name, kiln_dtype_name(elt), path >= 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
                 (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
                 rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
         if (touched)
