@@ -84,9 +84,10 @@
  * the workspace, and the chunked kernel reads them instead of finding them
  * on its sequential chain. Its out and state are the single kernel's bit
  * for bit. ($KILN_GATED_DELTA_ROWS=1 runs the rows kernel in its place, a
- * warp to 16 rows of S and no barrier within a chunk, where the vector width
- * is 8 and out is 16-byte aligned: experimental, not yet run on a GPU; its
- * results agree with the others within rounding, not bit for bit.)
+ * warp, or at 32 rows a block a pair of warps, to 16 rows of S and no block
+ * barrier within a chunk, where the vector width is 8 and out is 16-byte
+ * aligned: experimental, not yet run on a GPU; its results agree with the
+ * others within rounding, not bit for bit.)
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
