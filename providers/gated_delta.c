@@ -461,7 +461,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     int rows = 0, cvec = 1, fits = 0, by_rows = 0;
     unsigned smem = 0, ksmem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
-        const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens);
+        const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens), chunk_rows = rows;
         int rrows = 0;
         by_rows = keyed && rows_plan(rt, t, cvec, &rrows);
         if (by_rows)
@@ -479,7 +479,13 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
             if (!kfits)
                 keys = NULL;
         }
-        if (by_rows && !keys) { /* no pre-pass: the single kernel, at the rows chosen */
+        if (by_rows && !keys && rows != chunk_rows) { /* no pre-pass: the single kernel at its own rows */
+            rows = chunk_rows;
+            if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
+                (st = kiln_jit_acquire(jit, &spec, &k)))
+                return kiln__propagate(err, st);
+        }
+        if (by_rows && !keys) {
             by_rows = 0;
             smem = chunk_smem(DK, rows);
         }

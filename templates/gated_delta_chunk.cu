@@ -45,6 +45,8 @@
 // them by distance (T_ij = −T_ii Σ_k A_ik T_kj, products in hi and lo terms).
 //
 // Per chunk: the next chunk's k, q, v, g, beta load (cp.async, two stages)
+// while this one computes; norms and γ; K Kᵀ and K Sᵀ (warps 0-3) beside
+// Q Kᵀ and Q Sᵀ (warps 4-7); T; U = T R; out (warps 4-7, their scores kept
 // in registers) and the state's update (all warps).
 //
 // The keyed form. Of a chunk's steps, the norms rk and rq, γ, T and the
@@ -78,14 +80,12 @@
 // accumulators of n-tiles 2 j, 2 j + 1 hold it; then 2 C floats that only a
 // split record fills. A split record (the pre-pass's argument split, for the
 // rows kernel) holds each lane's 8 words of a block as the A fragment's four
-// hi then four lo f16x2 terms (split2, in store_frag's order) rather than
-// the floats: T's as they are, P's with each row i scaled by psc_i, the power of two putting the
+// hi and four lo f16x2 terms (split2, in store_frag's order and places)
+// rather than the floats: T's as they are, P's with each row i scaled by psc_i, the power of two putting the
 // row's largest |P_ij| into [2^13, 2^14) (as the keyed kernel scales P's
 // rows for its out), and psc [C], then its inverse [C], after P's blocks.
 // A record is written by the pre-pass of the same command before the keyed
 // kernel (or the rows kernel) reads it.
-//
-// in registers) and the state's update (all warps).
 //
 // A span that ends past `tokens` is never read: the sequence's state and
 // outputs are left alone and the fault record names the lowest such sequence
@@ -97,7 +97,9 @@
 // and beta are f32 either way), KILN_DK (1..128), KILN_DV, KILN_KH, KILN_VH
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
-// sizeof(chunk_smem) for both chunked kernels, sizeof(keys_smem) for the
+// 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
+// (the rows kernel: 128) and dynamic shared memory sizeof(chunk_smem) for
+// both chunked kernels (sizeof(rows_smem) for the rows kernel), sizeof(keys_smem) for the
 // pre-pass, which the provider computes by the same layouts (a launch with
 // less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
 // pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
@@ -1331,12 +1333,14 @@ kiln_gated_delta_chunk_keyed(const kiln_elt *__restrict__ q, const kiln_elt *__r
                     ws, records);
 }
 
-// A lane's 8 floats of a record's block at dst, in fragment order (float
-// 2 e + b: row g4 + 8 (e & 1)): as they are, or (split) as the A fragment's
-// hi terms of the floats times sc0 (row g4) or sc1 (row g4 + 8), registers
-// 0, 2, 1, 3 (the B fragments of the transpose's n-tiles 2 i and 2 i + 1,
-// each a register pair), then its lo terms in that order.
-__device__ __forceinline__ void store_frag(float *dst, const float *f, float sc0, float sc1, kiln_u32 split)
+// A lane's 8 floats of a record's block blk, in fragment order (float 2 e +
+// b: row g4 + 8 (e & 1)): as they are, at 8 lane; or (split) as the A
+// fragment's hi terms of the floats times sc0 (row g4) or sc1 (row g4 + 8),
+// registers 0, 2, 1, 3 (the B fragments of the transpose's n-tiles 2 i and
+// 2 i + 1, each a register pair), at 4 lane, and its lo terms in that order
+// at 128 + 4 lane (a warp's 16-byte loads of either then take one pass).
+__device__ __forceinline__ void store_frag(float *blk, int lane, const float *f, float sc0, float sc1,
+                                           kiln_u32 split)
 {
     kiln_u32 x[8];
     if (split) {
@@ -1346,13 +1350,15 @@ __device__ __forceinline__ void store_frag(float *dst, const float *f, float sc0
             const int at = (e & 1) * 2 + (e >> 1); // 0, 2, 1, 3
             split2(f[2 * e] * sc, f[2 * e + 1] * sc, x[at], x[4 + at]);
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            x[i] = kiln_f32_bits(f[i]);
+        kiln_stg16(blk + 4 * lane, kiln_u32x4{x[0], x[1], x[2], x[3]});
+        kiln_stg16(blk + 128 + 4 * lane, kiln_u32x4{x[4], x[5], x[6], x[7]});
+        return;
     }
-    kiln_stg16(dst, kiln_u32x4{x[0], x[1], x[2], x[3]});
-    kiln_stg16(dst + 4, kiln_u32x4{x[4], x[5], x[6], x[7]});
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        x[i] = kiln_f32_bits(f[i]);
+    kiln_stg16(blk + 8 * lane, kiln_u32x4{x[0], x[1], x[2], x[3]});
+    kiln_stg16(blk + 8 * lane + 4, kiln_u32x4{x[4], x[5], x[6], x[7]});
 }
 
 // The pre-pass: block (r, h) writes record r of value head h (grid x: the
@@ -1404,7 +1410,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             f[2 * e] = x[0];
             f[2 * e + 1] = x[1];
         }
-        store_frag(rec + REC_T + b * BLK + lane * 8, f, 1.0f, 1.0f, split);
+        store_frag(rec + REC_T + b * BLK, lane, f, 1.0f, 1.0f, split);
     }
     // P's blocks from the accumulators of warps 4-7 (n-tiles 2 j, 2 j + 1 of
     // block (mb, j)); split: each row scaled as the keyed kernel's out scales
@@ -1432,7 +1438,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             if (np <= mb) {
                 const float *a0 = acc[2 * np], *a1 = acc[2 * np + 1];
                 const float f[8] = {a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]};
-                store_frag(rec + REC_P + blk_index(mb, np) * BLK + lane * 8, f, psc[0], psc[1], split);
+                store_frag(rec + REC_P + blk_index(mb, np) * BLK, lane, f, psc[0], psc[1], split);
             }
     }
 }
@@ -1488,8 +1494,15 @@ __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec
     }
 }
 
-// The pair of warps of 16 rows p (RPAIR): named barrier 1 + p, 64 threads.
-__device__ __forceinline__ void pair_sync(int p) { asm volatile("bar.sync %0, 64;" ::"r"(1 + p) : "memory"); }
+// The pair of warps of 16 rows p (RPAIR): named barrier 1 + p, 64 threads
+// (ids as immediates: a register id reserves all 16 barriers).
+__device__ __forceinline__ void pair_sync(int p)
+{
+    if (p)
+        asm volatile("bar.sync 2, 64;" ::: "memory");
+    else
+        asm volatile("bar.sync 1, 64;" ::: "memory");
+}
 
 // The A fragment of a 16 x 16 block whose two n-tiles of accumulators are
 // x0 and x1, row g4 scaled by sc[0] and row g4 + 8 by sc[1], as hi and lo terms.
@@ -1545,9 +1558,9 @@ __device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *bl
         afrag(J, ah, al);
 #pragma unroll
         for (int I = J < I0 ? I0 : J; I < I1; I++) {
-            const float *f = blk + blk_index(I, J) * BLK + lane * 8;
+            const float *f = blk + blk_index(I, J) * BLK + lane * 4;
             const kiln_u32x4 bh = *reinterpret_cast<const kiln_u32x4 *>(f),
-                             bl = *reinterpret_cast<const kiln_u32x4 *>(f + 4);
+                             bl = *reinterpret_cast<const kiln_u32x4 *>(f + 128);
             float *a0 = acc[2 * (I - I0)], *a1 = acc[2 * (I - I0) + 1];
             mma16816(a0, ah, bh.x, bh.y);
             mma16816(a0, ah, bl.x, bl.y);
@@ -1577,7 +1590,7 @@ __device__ __forceinline__ void state_products(float (&acc)[N][4], float (*acc2)
                 acc2[n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KSW; ks++) {
-        if (RPAIR && ks0 + ks >= RKS)
+        if (RPAIR && ks0 != 0 && ks >= RKS - KSW) // ks0 is 0 or KSW: a form the compiler keeps in registers
             break;
         kiln_u32 ah[4], al[4];
         afrag_acc(s[2 * ks], s[2 * ks + 1], sc, ah, al);
@@ -1882,7 +1895,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                 afrag_acc(u[2 * J], u[2 * J + 1], usc, ah, alo);
 #pragma unroll
                 for (int np = 0; np < KSW; np++) {
-                    if (RPAIR && ks0 + np >= RKS)
+                    if (RPAIR && ks0 != 0 && np >= RKS - KSW)
                         break;
                     kiln_u32 b[4];
                     ldsm4t(&K[J * 16 + tk][(ks0 + np) * 16 + tn], b);
