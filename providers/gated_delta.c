@@ -343,13 +343,28 @@ static uint64_t span_hint(const kiln_tensor *const t[N_BINDINGS], uint32_t max_s
  * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
  * (the products with k and q and T do not shrink with the rows); 32 where
  * the value dim fits in 32 or the device has no room for 64. */
+/* The rows a block $KILN_GATED_DELTA_CHUNK forces (32 or 64), else 0. */
+static int forced_rows(void)
+{
+    const char *env = getenv("KILN_GATED_DELTA_CHUNK");
+    return env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
+}
+
+/* The waves over the device's SMs of a chunked launch of heads (sequence,
+ * value head) pairs at rows of the value dim dv a block. */
+static uint64_t waves(const kiln_runtime_info *info, uint64_t heads, int64_t dv, int rows)
+{
+    const uint64_t sms = info->multiprocessors > 0 ? (uint64_t)info->multiprocessors : 1;
+    return (heads * (uint64_t)((dv + rows - 1) / rows) + sms - 1) / sms;
+}
+
 static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], uint32_t max_span, int *rows,
                       int *vec)
 {
     const char *env = getenv("KILN_GATED_DELTA_CHUNK");
     if (env && !strcmp(env, "0"))
         return 0;
-    const int forced = env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
+    const int forced = forced_rows();
     const int64_t DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
     if (DK > CHUNK_MAX_DK || span_hint(t, max_span) < KILN_GATED_DELTA_CHUNK_MIN_TOKENS)
         return 0;
@@ -358,10 +373,8 @@ static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], 
     const int sm = kiln__arch_number(info.arch);
     if (sm < 80)
         return 0;
-    const uint64_t heads = (uint64_t)S * (uint64_t)VH,
-                   sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;
-    const uint64_t waves64 = (heads * (uint64_t)((DV + 63) / 64) + sms - 1) / sms,
-                   waves32 = (heads * (uint64_t)((DV + 31) / 32) + sms - 1) / sms;
+    const uint64_t heads = (uint64_t)S * (uint64_t)VH, waves64 = waves(&info, heads, DV, 64),
+                   waves32 = waves(&info, heads, DV, 32);
     *rows = DV > 32 && chunk_smem(DK, 64) <= optin_kib(sm) * 1024u && waves64 * 7 <= waves32 * 5 ? 64 : 32;
     if (forced)
         *rows = forced;
@@ -411,15 +424,10 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
     const unsigned room = optin_kib(kiln__arch_number(info.arch)) * 1024u;
-    const uint64_t heads = (uint64_t)S * (uint64_t)VH,
-                   sms = info.multiprocessors > 0 ? (uint64_t)info.multiprocessors : 1;
-    const uint64_t waves64 = (heads * (uint64_t)((DV + 63) / 64) + sms - 1) / sms,
-                   waves32 = (heads * (uint64_t)((DV + 31) / 32) + sms - 1) / sms;
-    const char *force = getenv("KILN_GATED_DELTA_CHUNK");
-    *rows = force && !strcmp(force, "32")   ? 32
-            : force && !strcmp(force, "64") ? 64
-            : DV <= 32 || waves32 * 3 < waves64 * 5 ? 32
-                                                    : 64;
+    const uint64_t heads = (uint64_t)S * (uint64_t)VH;
+    const int forced = forced_rows();
+    const int pairs = DV <= 32 || waves(&info, heads, DV, 32) * 3 < waves(&info, heads, DV, 64) * 5;
+    *rows = forced ? forced : pairs ? 32 : 64;
     if (*rows == 32 && rows_smem(DK, 32) > room)
         *rows = 64;
     return rows_smem(DK, *rows) <= room && heads * (uint64_t)((DV + *rows - 1) / *rows) <= MAX_GRID;
@@ -479,14 +487,14 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
             if (!kfits)
                 keys = NULL;
         }
-        if (by_rows && !keys && rows != chunk_rows) { /* no pre-pass: the single kernel at its own rows */
-            rows = chunk_rows;
-            if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
-                (st = kiln_jit_acquire(jit, &spec, &k)))
-                return kiln__propagate(err, st);
-        }
-        if (by_rows && !keys) {
+        if (by_rows && !keys) { /* no pre-pass: the single kernel, at its own rows */
             by_rows = 0;
+            if (rows != chunk_rows) {
+                rows = chunk_rows;
+                if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
+                    (st = kiln_jit_acquire(jit, &spec, &k)))
+                    return kiln__propagate(err, st);
+            }
             smem = chunk_smem(DK, rows);
         }
         const char *entry = by_rows ? "kiln_gated_delta_rows"

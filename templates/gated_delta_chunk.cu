@@ -427,15 +427,15 @@ __device__ __forceinline__ void load_gb(SM &sm, int st, const float *g, const fl
 #endif
 }
 
-// The single kernel's inputs of a chunk (G: with g, which the keyed one does not read).
-template <bool G>
-__device__ __forceinline__ void load_chunk(chunk_smem &sm, int st, const kiln_elt *q, const kiln_elt *k,
+// A chunk's inputs (G: with g, which the keyed and rows kernels do not read).
+template <bool G, class SM = chunk_smem, int NT = THREADS>
+__device__ __forceinline__ void load_chunk(SM &sm, int st, const kiln_elt *q, const kiln_elt *k,
                                            const kiln_elt *v, const float *g, const float *beta, kiln_u32 start,
                                            kiln_u32 count, kiln_u32 c, kiln_u32 h, kiln_u32 kh, int row0, int tid)
 {
-    load_kq(sm, st, q, k, start, count, c, kh, tid);
-    load_v(sm, st, v, start, count, c, h, row0, tid);
-    load_gb<G>(sm, st, g, beta, start, count, c, h, tid);
+    load_kq<SM, NT>(sm, st, q, k, start, count, c, kh, tid);
+    load_v<SM, NT>(sm, st, v, start, count, c, h, row0, tid);
+    load_gb<G, SM, NT>(sm, st, g, beta, start, count, c, h, tid);
 }
 
 // The keyed kernel's parts of a record rec: its keys into stage st (one
@@ -467,6 +467,33 @@ __device__ __forceinline__ void pow2_scale(float m, float &sc, float &inv)
     f = f < 63 ? 63 : f > 191 ? 191 : f;
     sc = bits_f32((kiln_u32)f << 23);
     inv = bits_f32((kiln_u32)(254 - f) << 23);
+}
+
+// The power-of-two scales of a lane's two rows (g4, g4 + 8) of n accumulator
+// tiles, from their largest |x| over the row's four lanes.
+template <int N> __device__ __forceinline__ void row_scales(const float (&x)[N][4], float *sc, float *inv)
+{
+    // A tree of maxima, not a chain: the step is on a warp's dependent path.
+    float t[2][N];
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++)
+            t[e2][n] = max_f32(abs_f32(x[n][2 * e2]), abs_f32(x[n][2 * e2 + 1]));
+#pragma unroll
+    for (int w = 1; w < N; w *= 2)
+#pragma unroll
+        for (int n = 0; n + w < N; n += 2 * w)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++)
+                t[e2][n] = max_f32(t[e2][n], t[e2][n + w]);
+    float m[2] = {t[0][0], t[1][0]};
+#pragma unroll
+    for (int e2 = 0; e2 < 2; e2++) {
+        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 1));
+        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 2));
+        pow2_scale(m[e2], sc[e2], inv[e2]);
+    }
 }
 
 #if KILN_BF16
@@ -846,6 +873,38 @@ __device__ kiln_u32 records_before(const kiln_u32 *spans, kiln_u32 seq, kiln_u32
     return n;
 }
 
+// The block's span of sequence seq (start, count and its chunks), or false
+// where the block has nothing to do: a span past `tokens` (reported by the
+// sequence's first block, first) or an empty one.
+__device__ __forceinline__ bool span_begin(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens, bool first,
+                                           kiln_fault *fault, kiln_u32 &start, kiln_u32 &count, kiln_u32 &chunks)
+{
+    start = spans[2 * seq];
+    count = spans[2 * seq + 1];
+    const kiln_u64 end = (kiln_u64)start + count;
+    if (end > tokens) {
+        if (first)
+            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SPAN, seq,
+                              end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end, tokens);
+        return false;
+    }
+    chunks = count / C + (count % C != 0);
+    return count != 0;
+}
+
+// The sequence's first record of value head h in ws (its chunk c's at
+// c · VH · REC_FLOATS past it) into rec, by the whole block of NT threads;
+// false where its records would pass the `records` capacity (only spans
+// that share tokens do).
+template <int NT = THREADS>
+__device__ bool seq_records(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens, kiln_u32 chunks, kiln_u32 h,
+                            const float *ws, kiln_u32 records, kiln_u32 *red, int tid, const float *&rec)
+{
+    const kiln_u32 base = records_before<NT>(spans, seq, tokens, red, tid);
+    rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
+    return base <= records && chunks <= records - base;
+}
+
 // The sequence and chunk whose record is r, by the whole block, a tile of
 // THREADS sequences at a time; false when r is past every sequence's.
 __device__ bool find_record(const kiln_u32 *spans, kiln_u32 seqs, kiln_u32 tokens, kiln_u32 r, kiln_u32 *red,
@@ -924,24 +983,14 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
     const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
     const int row0 = rb * KILN_ROWS;
-    const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
-    const kiln_u64 end = (kiln_u64)start + count;
-    if (end > tokens) {
-        if (h == 0 && rb == 0 && tid == 0)
-            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SPAN, seq,
-                              end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end, tokens);
+    kiln_u32 start, count, chunks;
+    if (!span_begin(spans, seq, tokens, h == 0 && rb == 0 && tid == 0, fault, start, count, chunks))
         return;
-    }
-    if (count == 0)
-        return;
-    const kiln_u32 chunks = count / C + (count % C != 0);
     // The sequence's records: chunk c's at rec + c · VH · REC_FLOATS.
     const float *rec = ws;
     if constexpr (KEYED) {
-        const kiln_u32 base = records_before(spans, seq, tokens, sm.red, tid);
-        if (base > records || chunks > records - base)
-            return; // only spans that share tokens pass the records
-        rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
+        if (!seq_records(spans, seq, tokens, chunks, h, ws, records, sm.red, tid, rec))
+            return;
     }
     constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
     load_chunk<!KEYED>(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, row0, tid);
@@ -1191,15 +1240,9 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
         // = (state part) 2^s + (P 2^s) U.
         if (isq) {
             float psc[2], psci[2];
+            row_scales(acc, psc, psci); // tiles past the diagonal hold zeros
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
-                float m = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
-                    m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
-                m = max_f32(m, kiln_shfl_xor_f32(m, 1));
-                m = max_f32(m, kiln_shfl_xor_f32(m, 2));
-                pow2_scale(m, psc[e2], psci[e2]);
 #pragma unroll
                 for (int n = 0; n < NTV; n++) {
                     xs[n][2 * e2] *= psc[e2];
@@ -1417,22 +1460,16 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     // it (its largest |P_ij| into [2^13, 2^14)) before its hi and lo terms,
     // and the row's scale and inverse at REC_S.
     if (isq) {
-        float psc[2] = {1.0f, 1.0f};
-        if (split)
+        float psc[2] = {1.0f, 1.0f}, psci[2];
+        if (split) {
+            row_scales(acc, psc, psci); // tiles past the diagonal hold zeros
+            if (t4 == 0)
 #pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                float m = 0.0f, inv;
-#pragma unroll
-                for (int n = 0; n < 8; n++) // tiles past the diagonal hold zeros
-                    m = max_f32(m, max_f32(abs_f32(acc[n][2 * e2]), abs_f32(acc[n][2 * e2 + 1])));
-                m = max_f32(m, kiln_shfl_xor_f32(m, 1));
-                m = max_f32(m, kiln_shfl_xor_f32(m, 2));
-                pow2_scale(m, psc[e2], inv);
-                if (t4 == 0) {
+                for (int e2 = 0; e2 < 2; e2++) {
                     rec[REC_S + mb * 16 + g4 + 8 * e2] = psc[e2];
-                    rec[REC_S + C + mb * 16 + g4 + 8 * e2] = inv;
+                    rec[REC_S + C + mb * 16 + g4 + 8 * e2] = psci[e2];
                 }
-            }
+        }
 #pragma unroll
         for (int np = 0; np < 4; np++)
             if (np <= mb) {
@@ -1513,33 +1550,6 @@ __device__ __forceinline__ void afrag_acc(const float *x0, const float *x1, cons
     split2(x0[2] * sc[1], x0[3] * sc[1], hi[1], lo[1]);
     split2(x1[0] * sc[0], x1[1] * sc[0], hi[2], lo[2]);
     split2(x1[2] * sc[1], x1[3] * sc[1], hi[3], lo[3]);
-}
-
-// The power-of-two scales of a lane's two rows (g4, g4 + 8) of n accumulator
-// tiles, from their largest |x| over the row's four lanes.
-template <int N> __device__ __forceinline__ void row_scales(const float (&x)[N][4], float *sc, float *inv)
-{
-    // A tree of maxima, not a chain: the step is on the warp's dependent path.
-    float t[2][N];
-#pragma unroll
-    for (int n = 0; n < N; n++)
-#pragma unroll
-        for (int e2 = 0; e2 < 2; e2++)
-            t[e2][n] = max_f32(abs_f32(x[n][2 * e2]), abs_f32(x[n][2 * e2 + 1]));
-#pragma unroll
-    for (int w = 1; w < N; w *= 2)
-#pragma unroll
-        for (int n = 0; n + w < N; n += 2 * w)
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++)
-                t[e2][n] = max_f32(t[e2][n], t[e2][n + w]);
-    float m[2] = {t[0][0], t[1][0]};
-#pragma unroll
-    for (int e2 = 0; e2 < 2; e2++) {
-        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 1));
-        m[e2] = max_f32(m[e2], kiln_shfl_xor_f32(m[e2], 2));
-        pow2_scale(m[e2], sc[e2], inv[e2]);
-    }
 }
 
 // acc[2 (I − I0) + j] (n-tiles 2 I + j, I0 <= I < I1) += A Mᵀ over a split
@@ -1731,25 +1741,14 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     // The block's first row, the warp's 16 rows within it, its half of the
     // pair (RPAIR) and its first k-step.
     const int brow = rb * KILN_ROWS, wrow = (RPAIR ? w >> 1 : w) * 16, hf = RPAIR ? w & 1 : 0, ks0 = hf * KSW;
-    const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
-    const kiln_u64 end = (kiln_u64)start + count;
-    if (end > tokens) {
-        if (h == 0 && rb == 0 && tid == 0)
-            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SPAN, seq,
-                              end > 0xffffffffull ? 0xffffffffu : (kiln_u32)end, tokens);
+    kiln_u32 start, count, chunks;
+    if (!span_begin(spans, seq, tokens, h == 0 && rb == 0 && tid == 0, fault, start, count, chunks))
         return;
-    }
-    if (count == 0)
+    const float *rec;
+    if (!seq_records<RTHREADS>(spans, seq, tokens, chunks, h, ws, records, sm.red, tid, rec))
         return;
-    const kiln_u32 chunks = count / C + (count % C != 0);
-    const kiln_u32 base = records_before<RTHREADS>(spans, seq, tokens, sm.red, tid);
-    if (base > records || chunks > records - base)
-        return;
-    const float *rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
     constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
-    load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
-    load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
-    load_gb<false, rows_smem, RTHREADS>(sm, 0, g, beta, start, count, 0, h, tid);
+    load_chunk<false, rows_smem, RTHREADS>(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, brow, tid);
     load_rec(sm, 0, rec, tid);
     cp_commit();
 
@@ -1777,9 +1776,8 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         rescale_rows<rows_smem, RTHREADS>(sm, st, tid);
 #endif
         if (c + 1 < chunks) {
-            load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
-            load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
-            load_gb<false, rows_smem, RTHREADS>(sm, st ^ 1, g, beta, start, count, c + 1, h, tid);
+            load_chunk<false, rows_smem, RTHREADS>(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, brow,
+                                                   tid);
             load_rec(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
         }
         cp_commit();
