@@ -9,14 +9,13 @@
  *           choice) and the scan (max_span_tokens 1): tokens_per_s.
  * "kernel" names the kernel the encode took ("chunk32"/"chunk64": the chunked
  * kernel with that many rows of the state a block). Each chunked prefill
- * shape runs four times ("form"): "single", no workspace (the single
- * chunked kernel); "keyed", a workspace bound and $KILN_GATED_DELTA_PREP=1
- * (the pre-pass and the keyed kernel, timed together); "rows" twice, the
- * same with $KILN_GATED_DELTA_ROWS=1 (the pre-pass and the rows kernel) at
- * 32 rows a block (pairs of warps, "kernel" chunk32) and at 64 (chunk64).
- * The single form against the keyed ones at each shape is what sets
- * KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel's two against the
- * keyed one, which form and rows the encode takes. The peer is
+ * shape runs three times ("form"): "single", no workspace (the single
+ * chunked kernel); "keyed", a workspace bound, $KILN_GATED_DELTA_PREP=1
+ * and $KILN_GATED_DELTA_ROWS=0 (the pre-pass and the keyed kernel, timed
+ * together); "rows", the same with $KILN_GATED_DELTA_ROWS=1 (the pre-pass
+ * and the rows kernel). The single form against the keyed ones at each
+ * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
+ * against the keyed one, where the encode takes the rows kernel. The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
  * prefill shapes. --dtype picks the element type of q, k, v and out (f16 or
  * bf16; the state, g and beta are f32 either way), named in each line.
@@ -152,7 +151,7 @@ int main(int argc, char **argv)
         to.buffer = bo;
         tb.buffer = bb;
         /* The keyed form (a workspace bound) beside the single kernel at the chunked shapes. */
-        const int forms = sh->max_span == 1 ? 1 : 4;
+        const int forms = sh->max_span == 1 ? 1 : 3;
         kiln_buffer *bw = NULL;
         size_t ws_bytes = 0;
         if (forms > 1) {
@@ -166,14 +165,10 @@ int main(int argc, char **argv)
                                            keyed ? &ws : NULL};
             kiln_command *cmd;
             setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
-            if (form >= 2) {
-                setenv("KILN_GATED_DELTA_ROWS", "1", 1);
-                setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
-            }
+            setenv("KILN_GATED_DELTA_ROWS", form == 2 ? "1" : "0", 1);
             const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
             unsetenv("KILN_GATED_DELTA_PREP");
             unsetenv("KILN_GATED_DELTA_ROWS");
-            unsetenv("KILN_GATED_DELTA_CHUNK");
             CHECK("encode", est);
             const int rows = kiln__gated_delta_last_rows(), took = kiln__gated_delta_last_keyed();
             for (long k = 0; k < iters; k++)

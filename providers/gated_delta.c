@@ -13,7 +13,6 @@
 #define MAX_GRID 0x7fffffffu
 #define CHUNK "gated_delta_chunk"
 #define CHUNK_THREADS 256
-#define ROWS_THREADS 128 /* the rows kernel's four warps */
 #define CHUNK_MAX_DK 128
 #define CHUNK_TOKENS 64
 /* A workspace record of the keyed form (templates/gated_delta_chunk.cu's
@@ -125,14 +124,13 @@ static unsigned chunk_smem(int64_t dk, int64_t rows)
 }
 
 /* The rows kernel's: sizeof(rows_smem), two stages of k, q, v, g, beta and a
- * record, then its four warps' output tiles (64 x 24 elements), the pairs'
- * exchange (32 rows: 12 tiles of 32 lanes' 16 bytes a warp; else one row)
+ * record, then its warps' output tiles (a warp to 16 rows, 64 x 24 elements)
  * and 16 words. */
 static unsigned rows_smem(int64_t dk, int64_t rows)
 {
     const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8;
-    return (unsigned)(2 * (2 * C * ldk * 2 + C * ldv * 2 + 2 * C * 4 + RECORD_BYTES) + 4 * C * 24 * 2 +
-                      (rows == 32 ? 4 * 12 : 1) * 32 * 16 + 16 * 4);
+    return (unsigned)(2 * (2 * C * ldk * 2 + C * ldv * 2 + 2 * C * 4 + RECORD_BYTES) + rows / 16 * C * 24 * 2 +
+                      16 * 4);
 }
 
 /* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
@@ -403,34 +401,31 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
     return span_hint(t, max_span) >= KILN_GATED_DELTA_PREP_MIN_TOKENS;
 }
 
-/* Whether a keyed launch takes the rows kernel (four warps, 16 rows of S a
- * warp or a pair of warps, no barrier of the block within a chunk) rather
- * than the keyed kernel, and its rows a block: only where
- * $KILN_GATED_DELTA_ROWS is 1 (it has not yet run on a GPU:
- * tests/test_recurrent_gpu.c runs it so), the vector width is 8, out is
- * 16-byte aligned and the device has the shared memory. 32 rows (a pair of
- * warps to 16 rows, each with half the key dim: twice the blocks, each
- * chunk's products about halved a warp) where the blocks of 64 rows leave
- * SMs idle (fewer waves of 32-row blocks than 5 / 3 of the 64-row ones:
- * a guess until bench_recurrent times both); $KILN_GATED_DELTA_CHUNK=32 or
- * 64 forces it; 64 where the device has no room for 32. */
-static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int *rows)
+/* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
+ * barrier of the block within a chunk) rather than the keyed kernel, and its
+ * rows a block (64, or 32 where the value dim fits in 32). It needs vectors
+ * of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
+ * never takes it, 1 always; by default it serves where the keyed kernel's
+ * blocks at its own rows (chunk_rows) need more than one wave over the
+ * SMs: a warp a scheduler leaves the rows kernel latency-bound, ahead of
+ * the keyed kernel's second wave but behind its one (bench_recurrent: 4 x
+ * 1024 and 16 x 256 against 1 x 4096 and 1 x 16384).
+ * $KILN_GATED_DELTA_CHUNK=32 or 64 forces its rows. */
+static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int chunk_rows, int *rows)
 {
     const char *env = getenv("KILN_GATED_DELTA_ROWS");
-    if (!env || strcmp(env, "1") || vec != 8 ||
-        (kiln__buffer_ptr(t[B_OUT]->buffer) + t[B_OUT]->offset) % 16)
+    if ((env && !strcmp(env, "0")) || vec != 8 || (kiln__buffer_ptr(t[B_OUT]->buffer) + t[B_OUT]->offset) % 16)
         return 0;
     const int64_t DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    const unsigned room = optin_kib(kiln__arch_number(info.arch)) * 1024u;
     const uint64_t heads = (uint64_t)S * (uint64_t)VH;
+    if (!(env && !strcmp(env, "1")) && waves(&info, heads, DV, chunk_rows) <= 1)
+        return 0;
     const int forced = forced_rows();
-    const int pairs = DV <= 32 || waves(&info, heads, DV, 32) * 3 < waves(&info, heads, DV, 64) * 5;
-    *rows = forced ? forced : pairs ? 32 : 64;
-    if (*rows == 32 && rows_smem(DK, 32) > room)
-        *rows = 64;
-    return rows_smem(DK, *rows) <= room && heads * (uint64_t)((DV + *rows - 1) / *rows) <= MAX_GRID;
+    *rows = forced ? forced : DV <= 32 ? 32 : 64;
+    return rows_smem(DK, *rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u &&
+           heads * (uint64_t)((DV + *rows - 1) / *rows) <= MAX_GRID;
 }
 
 /* Raises fn's dynamic shared memory limit to smem; *fits = 0 (and KILN_OK)
@@ -471,7 +466,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens), chunk_rows = rows;
         int rrows = 0;
-        by_rows = keyed && rows_plan(rt, t, cvec, &rrows);
+        by_rows = keyed && rows_plan(rt, t, cvec, chunk_rows, &rrows);
         if (by_rows)
             rows = rrows;
         smem = by_rows ? rows_smem(DK, rows) : chunk_smem(DK, rows);
@@ -527,7 +522,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->ws = local.workspace ? kiln__buffer_ptr(local.workspace->buffer) + local.workspace->start : 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
-        l->threads = by_rows ? ROWS_THREADS : CHUNK_THREADS;
+        l->threads = by_rows ? (unsigned)rows * 2u : CHUNK_THREADS; /* the rows kernel: a warp to 16 rows */
     } else {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
         l->threads = (unsigned)threads_for(DK, DV);

@@ -98,9 +98,9 @@
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
-// (the rows kernel: 128) and dynamic shared memory sizeof(chunk_smem) for
-// both chunked kernels (sizeof(rows_smem) for the rows kernel), sizeof(keys_smem) for the
-// pre-pass, which the provider computes by the same layouts (a launch with
+// (the rows kernel: 2 KILN_ROWS) and dynamic shared memory sizeof(chunk_smem)
+// for both chunked kernels (sizeof(rows_smem) for the rows kernel),
+// sizeof(keys_smem) for the pre-pass, which the provider computes by the same layouts (a launch with
 // less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
 // pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
 #include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32, kiln_stg16
@@ -347,10 +347,30 @@ __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const
 {
     const kiln_u64 base = (kiln_u64)c * C; // 64-bit: a span may end near 2^32
 #if KILN_VEC == 8
+    constexpr int KP = DKP / 8, NKQ = 2 * C * KP;
+    if constexpr (NT % KP == 0 && C * KP % NT == 0) {
+        // A thread's 16-byte column p is the same in every row it copies,
+        // rows r0, r0 + NT / KP, ...: one address a chunk, the rest
+        // immediate offsets, and one compare a copy (the bare form below
+        // spent about a quarter of the rows kernel's instructions on its
+        // divisions and 64-bit products: ncu of bench_recurrent --only 4,1024).
+        constexpr int RS = NT / KP;
+        const int p = tid % KP, r0 = tid / KP;
+        const int rem = base < count ? (int)min((kiln_u64)count - base, (kiln_u64)C) - r0 : 0;
+        const bool pok = p * 8 < KILN_DK;
+        const kiln_u64 o = (((kiln_u64)start + base + r0) * KILN_KH + kh) * KILN_DK + p * 8;
+        const kiln_elt *kp = k + o, *qp = q + o;
+#pragma unroll
+        for (int i = 0; i < C / RS; i++) {
+            const bool ok = pok && i * RS < rem; // src is not read where !ok
+            cp16(&sm.k[st][r0 + i * RS][p * 8], kp + (kiln_u64)i * RS * KILN_KH * KILN_DK, ok);
+            cp16(&sm.q[st][r0 + i * RS][p * 8], qp + (kiln_u64)i * RS * KILN_KH * KILN_DK, ok);
+        }
+        return;
+    }
     // Loops of a fixed count a thread, unrolled (a thread's e = tid + i
     // THREADS): the chunk's loads are on its chain, and a loop whose count
     // the compiler cannot see is a branch and a convergence barrier a copy.
-    constexpr int KP = DKP / 8, NKQ = 2 * C * KP;
 #pragma unroll 4 // fully: spills at 64 rows a block
     for (int i = 0; i < (NKQ + NT - 1) / NT; i++) {
         const int e = tid + i * NT;
@@ -382,6 +402,17 @@ __device__ __forceinline__ void load_v(SM &sm, int st, const kiln_elt *v, kiln_u
     const kiln_u64 base = (kiln_u64)c * C;
 #if KILN_VEC == 8
     constexpr int VP = KILN_ROWS / 8, NV = C * VP;
+    if constexpr (NT % VP == 0 && NV % NT == 0) { // as load_kq's
+        constexpr int RS = NT / VP;
+        const int p = tid % VP, r0 = tid / VP;
+        const int rem = base < count ? (int)min((kiln_u64)count - base, (kiln_u64)C) - r0 : 0;
+        const bool pok = row0 + p * 8 < KILN_DV;
+        const kiln_elt *vp = v + (((kiln_u64)start + base + r0) * KILN_VH + h) * KILN_DV + row0 + p * 8;
+#pragma unroll
+        for (int i = 0; i < C / RS; i++)
+            cp16(&sm.v[st][r0 + i * RS][p * 8], vp + (kiln_u64)i * RS * KILN_VH * KILN_DV, pok && i * RS < rem);
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < (NV + NT - 1) / NT; i++) {
         const int e = tid + i * NT;
@@ -1492,31 +1523,25 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // workspace above): T's and P's blocks already in hi and lo terms, whose A
 // fragments hold Tᵀ's and Pᵀ's B fragments, P's rows (outᵀ's columns)
 // scaled as the keyed kernel scales them, so that no warp splits or scales
-// them again. A block is four warps, one a scheduler, for a (sequence,
-// value head, KILN_ROWS rows): at 64 rows a warp to 16 rows; at 32 rows
-// (RPAIR, for few sequences: twice the blocks, so one sequence's heads
-// cover the SMs) two warps to 16 rows, each with half the key dim's
-// k-steps of S: each finds Xᵀ and Yᵀ over its half, the two add their
-// halves through shared memory (one barrier of the pair a chunk, the sum
-// the same bits in both), both find R and U, each finds out for half the
-// tokens and updates its half of S. A chunk is then a warp's own dependent
-// products rather than the keyed kernel's phases between eight barriers
-// (bench_recurrent's 1 x 16384). Its results match the keyed kernel's
-// within rounding, not bit for bit (the sums run in another order).
-#define RPAIR (KILN_ROWS == 32)
-#define RWARPS 4
+// them again. A block is a warp to 16 rows (four at 64 rows, two at 32) for
+// a (sequence, value head, KILN_ROWS rows). A chunk is then a warp's own
+// dependent products rather than the keyed kernel's phases between eight
+// barriers. Its results match the keyed kernel's within rounding, not bit
+// for bit (the sums run in another order). With a warp a scheduler it is
+// latency-bound (a quarter of the issue slots); it beats the keyed kernel
+// where that one needs more than a wave of blocks (bench_recurrent's 4 x
+// 1024 and 16 x 256), not on one sequence (1 x 4096, 1 x 16384), where a
+// pair of warps to 16 rows, each with half the key dim, was slower still.
+#define RWARPS (KILN_ROWS / 16)
 #define RTHREADS (RWARPS * 32)
 #define LDO 24 // elements a row of a warp's output tile (16 columns, +8)
-#define RKS (DKP / 16)                     // k-steps of the key dim
-#define KSW (RPAIR ? (RKS + 1) / 2 : RKS) // of them a warp
-#define XT 12 // tiles a warp hands its partner: Xᵀ's 8, Yᵀ's 4 of the partner's tokens
+#define KSW (DKP / 16) // k-steps of the key dim
 struct rows_smem {
     kiln_f16 k[2][C][LDK], q[2][C][LDK]; // raw (bf16: rewritten as f16, as the keyed kernel does)
     kiln_elt v[2][C][LDV];
     float g[2][C], beta[2][C]; // g: load_gb's layout, never loaded here
     float rec[2][REC_FLOATS];  // the chunk's record: keys, T's blocks, P's blocks, P's row scales
     kiln_elt o[RWARPS][C][LDO]; // a warp's outputs, tokens by its 16 columns, for 16-byte stores
-    float4 xch[RPAIR ? RWARPS * XT : 1][32]; // RPAIR: each warp's partial tiles, lane by lane
     kiln_u32 red[16];
 };
 
@@ -1529,16 +1554,6 @@ __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec
         if (N % RTHREADS == 0 || e < N)
             cp16(&sm.rec[st][e * 4], rec + e * 4, true);
     }
-}
-
-// The pair of warps of 16 rows p (RPAIR): named barrier 1 + p, 64 threads
-// (ids as immediates: a register id reserves all 16 barriers).
-__device__ __forceinline__ void pair_sync(int p)
-{
-    if (p)
-        asm volatile("bar.sync 2, 64;" ::: "memory");
-    else
-        asm volatile("bar.sync 1, 64;" ::: "memory");
 }
 
 // The A fragment of a 16 x 16 block whose two n-tiles of accumulators are
@@ -1582,43 +1597,26 @@ __device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *bl
     }
 }
 
-// acc = S Mᵀ (and acc2 = S M2ᵀ where M2) for rows 16 NP0 .. of M and M2 (k
-// or q, f16 [C][LDK]), N n-tiles of them, over the warp's k-steps ks0 ..
-// ks0 + KSW − 1 (those within the key dim): S's rows (its n-tiles s, the
-// accumulator layout) times sc as hi and lo terms against exact M.
+// acc = S Mᵀ for rows 16 NP0 .. of M (k or q, f16 [C][LDK]), N n-tiles of
+// them: S's rows (its n-tiles s, the accumulator layout) times sc as hi and
+// lo terms against exact M.
 template <int NP0, int N>
-__device__ __forceinline__ void state_products(float (&acc)[N][4], float (*acc2)[4], const float (&s)[2 * KSW][4],
-                                               const float *sc, const kiln_f16 (*M)[LDK],
-                                               const kiln_f16 (*M2)[LDK], int ks0, int bn, int bk)
+__device__ __forceinline__ void state_products(float (&acc)[N][4], const float (&s)[2 * KSW][4], const float *sc,
+                                               const kiln_f16 (*M)[LDK], int bn, int bk)
 {
     zero_tiles(acc);
-    if (M2)
-#pragma unroll
-        for (int n = 0; n < N; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc2[n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KSW; ks++) {
-        if (RPAIR && ks0 != 0 && ks >= RKS - KSW) // ks0 is 0 or KSW: a form the compiler keeps in registers
-            break;
         kiln_u32 ah[4], al[4];
         afrag_acc(s[2 * ks], s[2 * ks + 1], sc, ah, al);
 #pragma unroll
         for (int np = 0; np < N / 2; np++) {
             kiln_u32 b[4];
-            ldsm4(&M[(NP0 + np) * 16 + bn][(ks0 + ks) * 16 + bk], b);
+            ldsm4(&M[(NP0 + np) * 16 + bn][ks * 16 + bk], b);
             mma16816(acc[2 * np], ah, b[0], b[1]);
             mma16816(acc[2 * np], al, b[0], b[1]);
             mma16816(acc[2 * np + 1], ah, b[2], b[3]);
             mma16816(acc[2 * np + 1], al, b[2], b[3]);
-            if (M2) {
-                ldsm4(&M2[(NP0 + np) * 16 + bn][(ks0 + ks) * 16 + bk], b);
-                mma16816(acc2[2 * np], ah, b[0], b[1]);
-                mma16816(acc2[2 * np], al, b[0], b[1]);
-                mma16816(acc2[2 * np + 1], ah, b[2], b[3]);
-                mma16816(acc2[2 * np + 1], al, b[2], b[3]);
-            }
         }
     }
 }
@@ -1654,69 +1652,24 @@ __device__ __forceinline__ void out_finish(kiln_elt (*O)[LDO], float (&y)[4][4],
         }
 }
 
-// RPAIR: this warp's partial tiles x (all tokens) and y (the partner's 32 H'
-// .. tokens, H' = 1 − H) to shared memory, the pair's barrier, the
-// partner's added: x the whole Xᵀ, y's tiles 4 H .. the whole Yᵀ of this
-// warp's tokens. Both are unscaled first (their scales are each warp's own).
-template <int H>
-__device__ __forceinline__ void pair_exchange(rows_smem &sm, float (&x)[8][4], float (&y)[8][4], const float *sinv,
-                                              int w, int lane)
+// A warp's tile O to out at obase, the tokens within the span (c: the
+// chunk) and the columns within the value dim (col0: the tile's first).
+__device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, kiln_u32 c, kiln_u32 count, int col0,
+                                           int lane)
 {
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            x[n][e] *= sinv[e >> 1];
-            y[n][e] *= sinv[e >> 1];
-        }
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-        sm.xch[w * XT + n][lane] = float4{x[n][0], x[n][1], x[n][2], x[n][3]};
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-        const float *t = y[4 * (1 - H) + n];
-        sm.xch[w * XT + 8 + n][lane] = float4{t[0], t[1], t[2], t[3]};
-    }
-    pair_sync(w >> 1);
-    const int pw = w ^ 1;
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-        const float4 t = sm.xch[pw * XT + n][lane];
-        x[n][0] += t.x;
-        x[n][1] += t.y;
-        x[n][2] += t.z;
-        x[n][3] += t.w;
-    }
-#pragma unroll
-    for (int n = 0; n < 4; n++) {
-        const float4 t = sm.xch[pw * XT + 8 + n][lane];
-        float *d = y[4 * H + n];
-        d[0] += t.x;
-        d[1] += t.y;
-        d[2] += t.z;
-        d[3] += t.w;
-    }
-}
-
-// Tokens 32 H .. of a warp's tile O (H < 0: all 64) to out at obase, those
-// within the span (c: the chunk) and the value dim (col0: the tile's first).
-__device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, int H, kiln_u32 c, kiln_u32 count,
-                                           int col0, int lane)
-{
-    const int i0 = H < 0 ? 0 : 32 * H, ni = H < 0 ? 64 : 32;
 #if KILN_VEC == 8
 #pragma unroll
     for (int m = 0; m < 4; m++) {
-        const int id = lane + 32 * m, i = i0 + (id >> 1), part = id & 1;
-        if (id < 2 * ni && (kiln_u64)c * C + i < count && col0 + part * 8 < KILN_DV)
+        const int id = lane + 32 * m, i = id >> 1, part = id & 1;
+        if ((kiln_u64)c * C + i < count && col0 + part * 8 < KILN_DV)
             kiln_stg16(obase + (kiln_u64)i * (KILN_VH * KILN_DV) + part * 8,
                        *reinterpret_cast<const kiln_u32x4 *>(&O[i][part * 8]));
     }
 #else
 #pragma unroll 4
     for (int m = 0; m < 32; m++) {
-        const int id = lane + 32 * m, i = i0 + (id >> 4), col = id & 15;
-        if (id < 16 * ni && (kiln_u64)c * C + i < count && col0 + col < KILN_DV)
+        const int id = lane + 32 * m, i = id >> 4, col = id & 15;
+        if ((kiln_u64)c * C + i < count && col0 + col < KILN_DV)
             obase[(kiln_u64)i * (KILN_VH * KILN_DV) + col] = O[i][col];
     }
 #endif
@@ -1738,9 +1691,8 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS;
     const kiln_u32 h = sh % KILN_VH, seq = sh / KILN_VH, kh = h / GROUP;
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
-    // The block's first row, the warp's 16 rows within it, its half of the
-    // pair (RPAIR) and its first k-step.
-    const int brow = rb * KILN_ROWS, wrow = (RPAIR ? w >> 1 : w) * 16, hf = RPAIR ? w & 1 : 0, ks0 = hf * KSW;
+    // The block's first row and the warp's 16 rows within it.
+    const int brow = rb * KILN_ROWS, wrow = w * 16;
     kiln_u32 start, count, chunks;
     if (!span_begin(spans, seq, tokens, h == 0 && rb == 0 && tid == 0, fault, start, count, chunks))
         return;
@@ -1752,8 +1704,8 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     load_rec(sm, 0, rec, tid);
     cp_commit();
 
-    // The warp's rows of S (rows brow + wrow + g4, + 8) over its k-steps,
-    // n-tile n the columns 16 ks0 + 8 n + 2 t4, + 1, in the accumulator
+    // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
+    // columns 8 n + 2 t4, + 1, in the accumulator
     // layout (zeros past the key dim).
     float s[2 * KSW][4];
     float *srow = state + (kiln_u64)sh * KILN_DV * KILN_DK;
@@ -1761,7 +1713,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     for (int n = 0; n < 2 * KSW; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = brow + wrow + g4 + (e >> 1) * 8, col = ks0 * 16 + n * 8 + 2 * t4 + (e & 1);
+            const int r = brow + wrow + g4 + (e >> 1) * 8, col = n * 8 + 2 * t4 + (e & 1);
             s[n][e] = r < KILN_DV && col < KILN_DK ? srow[(kiln_u64)r * KILN_DK + col] : 0.0f;
         }
     const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
@@ -1790,24 +1742,13 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         const chunk_keys &kv = *reinterpret_cast<const chunk_keys *>(R);
         kiln_elt(*O)[LDO] = sm.o[w];
 
-        // Xᵀ = S Kᵀ (at 64 rows Yᵀ = S Qᵀ comes once U is found: fewer live
-        // registers), S's rows scaled into [2^13, 2^14) and split into hi
-        // and lo terms against exact k and q. RPAIR: both over the warp's
-        // half of the key dim, then the pair's halves added (unscaled).
+        // Xᵀ = S Kᵀ (Yᵀ = S Qᵀ comes once U is found: fewer live registers),
+        // S's rows scaled into [2^13, 2^14) and split into hi and lo terms
+        // against exact k and q.
         float ssc[2], sinv[2];
         row_scales(s, ssc, sinv);
         float x[8][4];
-#if RPAIR
-        float y[8][4];
-        state_products<0>(x, y, s, ssc, K, Q, ks0, bn, bk);
-        if (hf == 0)
-            pair_exchange<0>(sm, x, y, sinv, w, lane);
-        else
-            pair_exchange<1>(sm, x, y, sinv, w, lane);
-        sinv[0] = sinv[1] = 1.0f;
-#else
-        state_products<0>(x, nullptr, s, ssc, K, nullptr, ks0, bn, bk);
-#endif
+        state_products<0>(x, s, ssc, K, bn, bk);
         // Rᵀ = b (vᵀ − e^γ rk Xᵀ), S's scale undone.
 #pragma unroll
         for (int n = 0; n < 8; n++)
@@ -1837,37 +1778,20 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         }
         // outᵀ = e^γ rq Yᵀ + Uᵀ Pᵀ, P's row i (outᵀ's column i) scaled by a
         // power of two putting its largest |P_ij| in [2^13, 2^14), 32 tokens
-        // at a time: at 64 rows all 64 by each warp, RPAIR 32 by each of the pair.
+        // at a time.
         kiln_elt *obase = out + ((kiln_u64)start + (kiln_u64)c * C) * (KILN_VH * KILN_DV) + h * KILN_DV + brow + wrow;
-#if RPAIR
         {
             float y4[4][4];
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    y4[n][e] = hf ? y[4 + n][e] : y[n][e];
-            if (hf == 0)
-                out_finish<0>(O, y4, sinv, u, R, kv, lane);
-            else
-                out_finish<1>(O, y4, sinv, u, R, kv, lane);
-            syncwarp();
-            store_tile(O, obase, hf, c, count, brow + wrow, lane);
-        }
-#else
-        {
-            float y4[4][4];
-            state_products<0>(y4, nullptr, s, ssc, Q, nullptr, ks0, bn, bk);
+            state_products<0>(y4, s, ssc, Q, bn, bk);
             out_finish<0>(O, y4, sinv, u, R, kv, lane);
-            state_products<2>(y4, nullptr, s, ssc, Q, nullptr, ks0, bn, bk);
+            state_products<2>(y4, s, ssc, Q, bn, bk);
             out_finish<1>(O, y4, sinv, u, R, kv, lane);
             syncwarp();
-            store_tile(O, obase, -1, c, count, brow + wrow, lane);
+            store_tile(O, obase, c, count, brow + wrow, lane);
         }
-#endif
         syncwarp(); // the tile's reads before the next chunk's writes
         // S = e^γ_L S + U'ᵀ K, U' = e^(γ_L − γ_j) rk_j U_j with each row scaled
-        // as S's: S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K (over the warp's k-steps).
+        // as S's: S 2^s = e^γ_L S 2^s + (U' 2^s)ᵀ K.
         {
             const float gl = kv.gam[C - 1], gll = kv.gaml[C - 1];
 #pragma unroll
@@ -1893,10 +1817,8 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                 afrag_acc(u[2 * J], u[2 * J + 1], usc, ah, alo);
 #pragma unroll
                 for (int np = 0; np < KSW; np++) {
-                    if (RPAIR && ks0 != 0 && np >= RKS - KSW)
-                        break;
                     kiln_u32 b[4];
-                    ldsm4t(&K[J * 16 + tk][(ks0 + np) * 16 + tn], b);
+                    ldsm4t(&K[J * 16 + tk][np * 16 + tn], b);
                     mma16816(s[2 * np], ah, b[0], b[1]);
                     mma16816(s[2 * np], alo, b[0], b[1]);
                     mma16816(s[2 * np + 1], ah, b[2], b[3]);
@@ -1918,7 +1840,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     for (int n = 0; n < 2 * KSW; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = brow + wrow + g4 + (e >> 1) * 8, col = ks0 * 16 + n * 8 + 2 * t4 + (e & 1);
+            const int r = brow + wrow + g4 + (e >> 1) * 8, col = n * 8 + 2 * t4 + (e & 1);
             if (r < KILN_DV && col < KILN_DK)
                 srow[(kiln_u64)r * KILN_DK + col] = s[n][e];
         }

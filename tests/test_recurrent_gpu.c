@@ -318,10 +318,10 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     to.buffer = bo;
     /* Every chunked case runs the single kernel, then the keyed form (a
      * workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too) by the keyed
-     * kernel, then, where the rows kernel serves (vectors of 8: dk and dv
-     * multiples of 8, the state 8-byte aligned), by it
-     * ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (pairs of warps) and at
-     * 64 ($KILN_GATED_DELTA_CHUNK), each from the same initial state and
+     * kernel ($KILN_GATED_DELTA_ROWS=0), then, where the rows kernel serves
+     * (vectors of 8: dk and dv multiples of 8, the state 8-byte aligned), by
+     * it ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (two warps) and at 64
+     * (four; $KILN_GATED_DELTA_CHUNK), each from the same initial state and
      * poisoned outputs. */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
     const int paths = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1;
@@ -338,8 +338,8 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         if (bw)
             KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
         setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
+        setenv("KILN_GATED_DELTA_ROWS", path >= 2 ? "1" : "0", 1);
         if (path >= 2) {
-            setenv("KILN_GATED_DELTA_ROWS", "1", 1);
             setenv("KILN_GATED_DELTA_CHUNK", path == 2 ? "32" : "64", 1);
         }
         kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
@@ -601,8 +601,7 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dty
                     "gated_delta: binding workspace", msg);
         ws.end += 1;
         setenv("KILN_GATED_DELTA_PREP", "1", 1);
-        if (keyed == 2)
-            setenv("KILN_GATED_DELTA_ROWS", "1", 1);
+        setenv("KILN_GATED_DELTA_ROWS", keyed == 2 ? "1" : "0", 1);
     }
     KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
     unsetenv("KILN_GATED_DELTA_PREP");
