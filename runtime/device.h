@@ -43,7 +43,8 @@ kiln_status kiln__module_function(kiln_runtime *rt, CUmodule module, const char 
  * the driver refuses with CUDA_ERROR_INVALID_VALUE past the device's opt-in
  * limit; never lowered: a value at or below the function's present limit
  * leaves it, so commands encoded earlier keep their launches),
- * CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED. */
+ * CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+ * CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT. */
 CUresult kiln__function_set_attribute(kiln_runtime *rt, CUfunction fn, CUfunction_attribute attr, int value);
 /* Blocks of fn (threads each, shared_bytes of dynamic shared memory) one SM
  * holds at once, after making the context current; 0 when the driver cannot

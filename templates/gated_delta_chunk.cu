@@ -366,21 +366,21 @@ __device__ __forceinline__ void load_kq(SM &sm, int st, const kiln_elt *q, const
             cp16(&sm.k[st][r0 + i * RS][p * 8], kp + (kiln_u64)i * RS * KILN_KH * KILN_DK, ok);
             cp16(&sm.q[st][r0 + i * RS][p * 8], qp + (kiln_u64)i * RS * KILN_KH * KILN_DK, ok);
         }
-        return;
-    }
-    // Loops of a fixed count a thread, unrolled (a thread's e = tid + i
-    // THREADS): the chunk's loads are on its chain, and a loop whose count
-    // the compiler cannot see is a branch and a convergence barrier a copy.
+    } else {
+        // Loops of a fixed count a thread, unrolled (a thread's e = tid + i
+        // THREADS): the chunk's loads are on its chain, and a loop whose count
+        // the compiler cannot see is a branch and a convergence barrier a copy.
 #pragma unroll 4 // fully: spills at 64 rows a block
-    for (int i = 0; i < (NKQ + NT - 1) / NT; i++) {
-        const int e = tid + i * NT;
-        if (NKQ % NT == 0 || e < NKQ) {
-            const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
-            const bool ok = base + r < count && p * 8 < KILN_DK;
-            const kiln_elt *src = which ? q : k;
-            const kiln_u64 t = (kiln_u64)start + base + r;
-            const kiln_elt *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
-            cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
+        for (int i = 0; i < (NKQ + NT - 1) / NT; i++) {
+            const int e = tid + i * NT;
+            if (NKQ % NT == 0 || e < NKQ) {
+                const int which = e / (C * KP), r = (e / KP) % C, p = e % KP;
+                const bool ok = base + r < count && p * 8 < KILN_DK;
+                const kiln_elt *src = which ? q : k;
+                const kiln_u64 t = (kiln_u64)start + base + r;
+                const kiln_elt *at = ok ? src + (t * KILN_KH + kh) * KILN_DK + p * 8 : src;
+                cp16(which ? &sm.q[st][r][p * 8] : &sm.k[st][r][p * 8], at, ok);
+            }
         }
     }
 #else
@@ -411,17 +411,17 @@ __device__ __forceinline__ void load_v(SM &sm, int st, const kiln_elt *v, kiln_u
 #pragma unroll
         for (int i = 0; i < C / RS; i++)
             cp16(&sm.v[st][r0 + i * RS][p * 8], vp + (kiln_u64)i * RS * KILN_VH * KILN_DV, pok && i * RS < rem);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < (NV + NT - 1) / NT; i++) {
-        const int e = tid + i * NT;
-        if (NV % NT == 0 || e < NV) {
-            const int r = e / VP, p = e % VP;
-            const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
-            const kiln_u64 t = (kiln_u64)start + base + r;
-            const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
-            cp16(&sm.v[st][r][p * 8], at, ok);
+        for (int i = 0; i < (NV + NT - 1) / NT; i++) {
+            const int e = tid + i * NT;
+            if (NV % NT == 0 || e < NV) {
+                const int r = e / VP, p = e % VP;
+                const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
+                const kiln_u64 t = (kiln_u64)start + base + r;
+                const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
+                cp16(&sm.v[st][r][p * 8], at, ok);
+            }
         }
     }
 #else
@@ -1437,8 +1437,10 @@ __device__ __forceinline__ void store_frag(float *blk, int lane, const float *f,
 
 // The pre-pass: block (r, h) writes record r of value head h (grid x: the
 // records, y: VH; S = seqs), or nothing where r is no sequence's. A span
-// past the tokens has no records (the chunked kernel reports it).
-extern "C" __global__ void __launch_bounds__(THREADS)
+// past the tokens has no records (the chunked kernel reports it). Three
+// blocks an SM (80 registers), so that one's loads and barriers hide behind
+// the others' work.
+extern "C" __global__ void __launch_bounds__(THREADS, 3)
 kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const float *__restrict__ g,
                       const float *__restrict__ beta, const kiln_u32 *__restrict__ spans, float *__restrict__ ws,
                       kiln_u32 tokens, kiln_u32 seqs, kiln_u32 split)
