@@ -402,16 +402,16 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
 }
 
 /* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
- * barrier of the block within a chunk) rather than the keyed kernel, and its
- * rows a block (64, or 32 where the value dim fits in 32). It needs vectors
- * of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
+ * barrier of the block within a chunk) rather than the keyed kernel. It
+ * needs vectors of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
  * never takes it, 1 always; by default it serves where the keyed kernel's
- * blocks at its own rows (chunk_rows) need more than one wave over the
- * SMs: a warp a scheduler leaves the rows kernel latency-bound, ahead of
- * the keyed kernel's second wave but behind its one (bench_recurrent: 4 x
- * 1024 and 16 x 256 against 1 x 4096 and 1 x 16384).
- * $KILN_GATED_DELTA_CHUNK=32 or 64 forces its rows. */
-static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int chunk_rows, int *rows)
+ * blocks at its own rows (chunk_rows: 64, or 32 with DV <= 32) need more
+ * than one wave over the SMs: a warp a scheduler leaves the rows kernel
+ * latency-bound, ahead of the keyed kernel's second wave but behind its
+ * one (bench_recurrent: 4 x 1024 and 16 x 256 against 1 x 4096 and 1 x
+ * 16384). It runs at chunk_rows (what $KILN_GATED_DELTA_CHUNK forces), the
+ * spec prewarm lists, since both kernels are entries of one cubin. */
+static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int chunk_rows)
 {
     const char *env = getenv("KILN_GATED_DELTA_ROWS");
     if ((env && !strcmp(env, "0")) || vec != 8 || (kiln__buffer_ptr(t[B_OUT]->buffer) + t[B_OUT]->offset) % 16)
@@ -420,12 +420,10 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
     const uint64_t heads = (uint64_t)S * (uint64_t)VH;
-    if (!(env && !strcmp(env, "1")) && waves(&info, heads, DV, chunk_rows) <= 1)
+    const int always = env && !strcmp(env, "1");
+    if (!always && (waves(&info, heads, DV, chunk_rows) <= 1 || (chunk_rows != 64 && DV > 32)))
         return 0;
-    const int forced = forced_rows();
-    *rows = forced ? forced : DV <= 32 ? 32 : 64;
-    return rows_smem(DK, *rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u &&
-           heads * (uint64_t)((DV + *rows - 1) / *rows) <= MAX_GRID;
+    return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
 }
 
 /* Raises fn's dynamic shared memory limit to smem (and, with carveout, asks
@@ -471,11 +469,8 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     int rows = 0, cvec = 1, fits = 0, by_rows = 0;
     unsigned smem = 0, ksmem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
-        const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens), chunk_rows = rows;
-        int rrows = 0;
-        by_rows = keyed && rows_plan(rt, t, cvec, chunk_rows, &rrows);
-        if (by_rows)
-            rows = rrows;
+        const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens);
+        by_rows = keyed && rows_plan(rt, t, cvec, rows);
         smem = by_rows ? rows_smem(DK, rows) : chunk_smem(DK, rows);
         if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)))
@@ -489,14 +484,8 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
             if (!kfits)
                 keys = NULL;
         }
-        if (by_rows && !keys) { /* no pre-pass: the single kernel, at its own rows */
+        if (by_rows && !keys) { /* no pre-pass: the single kernel */
             by_rows = 0;
-            if (rows != chunk_rows) {
-                rows = chunk_rows;
-                if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
-                    (st = kiln_jit_acquire(jit, &spec, &k)))
-                    return kiln__propagate(err, st);
-            }
             smem = chunk_smem(DK, rows);
         }
         const char *entry = by_rows ? "kiln_gated_delta_rows"

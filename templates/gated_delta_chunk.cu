@@ -402,28 +402,17 @@ __device__ __forceinline__ void load_v(SM &sm, int st, const kiln_elt *v, kiln_u
     const kiln_u64 base = (kiln_u64)c * C;
 #if KILN_VEC == 8
     constexpr int VP = KILN_ROWS / 8, NV = C * VP;
-    if constexpr (NT % VP == 0 && NV % NT == 0) { // as load_kq's
-        constexpr int RS = NT / VP;
-        const int p = tid % VP, r0 = tid / VP;
-        const int rem = base < count ? (int)min((kiln_u64)count - base, (kiln_u64)C) - r0 : 0;
-        const bool pok = row0 + p * 8 < KILN_DV;
-        const kiln_elt *vp = v + (((kiln_u64)start + base + r0) * KILN_VH + h) * KILN_DV + row0 + p * 8;
+    // As load_kq's first form: every block size (64, 128 or 256 threads at
+    // 32 or 64 rows) tiles the rows evenly.
+    static_assert(NT % VP == 0 && NV % NT == 0, "threads tile v's rows");
+    constexpr int RS = NT / VP;
+    const int p = tid % VP, r0 = tid / VP;
+    const int rem = base < count ? (int)min((kiln_u64)count - base, (kiln_u64)C) - r0 : 0;
+    const bool pok = row0 + p * 8 < KILN_DV;
+    const kiln_elt *vp = v + (((kiln_u64)start + base + r0) * KILN_VH + h) * KILN_DV + row0 + p * 8;
 #pragma unroll
-        for (int i = 0; i < C / RS; i++)
-            cp16(&sm.v[st][r0 + i * RS][p * 8], vp + (kiln_u64)i * RS * KILN_VH * KILN_DV, pok && i * RS < rem);
-    } else {
-#pragma unroll
-        for (int i = 0; i < (NV + NT - 1) / NT; i++) {
-            const int e = tid + i * NT;
-            if (NV % NT == 0 || e < NV) {
-                const int r = e / VP, p = e % VP;
-                const bool ok = base + r < count && row0 + p * 8 < KILN_DV;
-                const kiln_u64 t = (kiln_u64)start + base + r;
-                const kiln_elt *at = ok ? v + (t * KILN_VH + h) * KILN_DV + row0 + p * 8 : v;
-                cp16(&sm.v[st][r][p * 8], at, ok);
-            }
-        }
-    }
+    for (int i = 0; i < C / RS; i++)
+        cp16(&sm.v[st][r0 + i * RS][p * 8], vp + (kiln_u64)i * RS * KILN_VH * KILN_DV, pok && i * RS < rem);
 #else
     for (int e = tid; e < C * KILN_ROWS; e += NT) {
         const int r = e / KILN_ROWS, col = e % KILN_ROWS;

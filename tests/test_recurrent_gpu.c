@@ -339,16 +339,16 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
             KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
         setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
         setenv("KILN_GATED_DELTA_ROWS", path >= 2 ? "1" : "0", 1);
-        if (path >= 2) {
+        if (path >= 2)
             setenv("KILN_GATED_DELTA_CHUNK", path == 2 ? "32" : "64", 1);
-        }
         kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
                                           &to,         c->max_span, path ? &ws : NULL};
         kiln_command *cmd;
-        KILN_CHECK(kiln_op_gated_delta_encode(f->jit, &bind, &cmd));
-        unsetenv("KILN_GATED_DELTA_PREP");
+        const kiln_status est = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
+        unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later cases */
         unsetenv("KILN_GATED_DELTA_ROWS");
         unsetenv("KILN_GATED_DELTA_CHUNK");
+        KILN_CHECK(est);
         assert_true(kiln_command_replayable(cmd));
         rows = kiln__gated_delta_last_rows();
         const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
@@ -603,9 +603,10 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dty
         setenv("KILN_GATED_DELTA_PREP", "1", 1);
         setenv("KILN_GATED_DELTA_ROWS", keyed == 2 ? "1" : "0", 1);
     }
-    KILN_CHECK(kiln_op_gated_delta(f->jit, &bind));
+    const kiln_status est = kiln_op_gated_delta(f->jit, &bind);
     unsetenv("KILN_GATED_DELTA_PREP");
     unsetenv("KILN_GATED_DELTA_ROWS");
+    KILN_CHECK(est);
     assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
     assert_int_equal(kiln__gated_delta_last_keyed(), chunk_device(f) ? keyed : 0);
     kiln_status s = kiln_runtime_synchronize(f->rt);

@@ -83,12 +83,12 @@
  * beta alone (the norms, the decays, the inverse T and the scores q·k) into
  * the workspace, and the chunked kernel reads them instead of finding them
  * on its sequential chain. Its out and state are the single kernel's bit
- * for bit. Where the keyed kernel's blocks would need more than one wave
- * over the SMs (several sequences), the vector width is 8 and out is
- * 16-byte aligned, the rows kernel runs in its place (a warp to 16 rows of
- * S, no block barrier within a chunk; its results agree with the others
- * within rounding, not bit for bit); $KILN_GATED_DELTA_ROWS=1 takes it
- * wherever it can run, 0 never.
+ * for bit. Where the keyed kernel's blocks of 64 rows (or of 32 where DV
+ * <= 32) would need more than one wave over the SMs (e.g. several
+ * sequences), the vector width is 8 and out is 16-byte aligned, the rows
+ * kernel runs in its place (a warp to 16 rows of S, no block barrier within
+ * a chunk; its results agree with the others within rounding, not bit for
+ * bit); $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0 never.
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
