@@ -336,18 +336,6 @@ static uint64_t span_hint(const kiln_tensor *const t[N_BINDINGS], uint32_t max_s
     return max_span ? max_span : (T + S - 1) / S;
 }
 
-/* Whether the chunked kernel serves these bindings (see kiln/op_recurrent.h),
- * and then its rows a block and vector width. Rows: the fewer waves of
- * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
- * (the products with k and q and T do not shrink with the rows); 32 where
- * the value dim fits in 32 or the device has no room for 64. */
-/* The rows a block $KILN_GATED_DELTA_CHUNK forces (32 or 64), else 0. */
-static int forced_rows(void)
-{
-    const char *env = getenv("KILN_GATED_DELTA_CHUNK");
-    return env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
-}
-
 /* The waves over the device's SMs of a chunked launch of heads (sequence,
  * value head) pairs at rows of the value dim dv a block. */
 static uint64_t waves(const kiln_runtime_info *info, uint64_t heads, int64_t dv, int rows)
@@ -356,13 +344,18 @@ static uint64_t waves(const kiln_runtime_info *info, uint64_t heads, int64_t dv,
     return (heads * (uint64_t)((dv + rows - 1) / rows) + sms - 1) / sms;
 }
 
+/* Whether the chunked kernel serves these bindings (see kiln/op_recurrent.h),
+ * and then its rows a block and vector width. Rows: the fewer waves of
+ * blocks over the SMs, a wave of 64-row blocks counted as 1.4 of 32-row ones
+ * (the products with k and q and T do not shrink with the rows); 32 where
+ * the value dim fits in 32 or the device has no room for 64. */
 static int chunk_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], uint32_t max_span, int *rows,
                       int *vec)
 {
     const char *env = getenv("KILN_GATED_DELTA_CHUNK");
     if (env && !strcmp(env, "0"))
         return 0;
-    const int forced = forced_rows();
+    const int forced = env && !strcmp(env, "32") ? 32 : env && !strcmp(env, "64") ? 64 : 0;
     const int64_t DK = t[B_Q]->dims[2], VH = t[B_V]->dims[1], DV = t[B_V]->dims[2], S = t[B_SPANS]->dims[0];
     if (DK > CHUNK_MAX_DK || span_hint(t, max_span) < KILN_GATED_DELTA_CHUNK_MIN_TOKENS)
         return 0;
@@ -471,7 +464,6 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens);
         by_rows = keyed && rows_plan(rt, t, cvec, rows);
-        smem = by_rows ? rows_smem(DK, rows) : chunk_smem(DK, rows);
         if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)))
             return kiln__propagate(err, st);
@@ -484,10 +476,8 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
             if (!kfits)
                 keys = NULL;
         }
-        if (by_rows && !keys) { /* no pre-pass: the single kernel */
-            by_rows = 0;
-            smem = chunk_smem(DK, rows);
-        }
+        by_rows = by_rows && keys != NULL; /* without the pre-pass: the single kernel */
+        smem = by_rows ? rows_smem(DK, rows) : chunk_smem(DK, rows);
         const char *entry = by_rows ? "kiln_gated_delta_rows"
                             : keys  ? "kiln_gated_delta_chunk_keyed"
                                     : "kiln_gated_delta_chunk";

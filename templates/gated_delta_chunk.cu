@@ -81,9 +81,10 @@
 // split record fills. A split record (the pre-pass's argument split, for the
 // rows kernel) holds each lane's 8 words of a block as the A fragment's four
 // hi and four lo f16x2 terms (split2, in store_frag's order and places)
-// rather than the floats: T's as they are, P's with each row i scaled by psc_i, the power of two putting the
-// row's largest |P_ij| into [2^13, 2^14) (as the keyed kernel scales P's
-// rows for its out), and psc [C], then its inverse [C], after P's blocks.
+// rather than the floats: T's as they are, P's with each row i scaled by
+// psc_i, the power of two putting the row's largest |P_ij| into [2^13,
+// 2^14) (as the keyed kernel scales P's rows for its out), and psc [C],
+// then its inverse [C], after P's blocks.
 // A record is written by the pre-pass of the same command before the keyed
 // kernel (or the rows kernel) reads it.
 //
@@ -100,8 +101,8 @@
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
 // (the rows kernel: 2 KILN_ROWS) and dynamic shared memory sizeof(chunk_smem)
 // for both chunked kernels (sizeof(rows_smem) for the rows kernel),
-// sizeof(keys_smem) for the pre-pass, which the provider computes by the same layouts (a launch with
-// less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
+// sizeof(keys_smem) for the pre-pass, which the provider computes by the
+// same layouts (a launch with less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
 // pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
 #include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32, kiln_stg16
 
@@ -1696,8 +1697,8 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     cp_commit();
 
     // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
-    // columns 8 n + 2 t4, + 1, in the accumulator
-    // layout (zeros past the key dim).
+    // columns 8 n + 2 t4, + 1, in the accumulator layout (zeros past the
+    // key dim).
     float s[2 * KSW][4];
     float *srow = state + (kiln_u64)sh * KILN_DV * KILN_DK;
 #pragma unroll
@@ -1759,8 +1760,9 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             float rsc[2], rinv[2];
             row_scales(x, rsc, rinv);
             zero_tiles(u);
-            tri_products<0, 4>(u, R + REC_T, lane,
-                               [&](int J, kiln_u32 *ah, kiln_u32 *al) { afrag_acc(x[2 * J], x[2 * J + 1], rsc, ah, al); });
+            tri_products<0, 4>(u, R + REC_T, lane, [&](int J, kiln_u32 *ah, kiln_u32 *al) {
+                afrag_acc(x[2 * J], x[2 * J + 1], rsc, ah, al);
+            });
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll

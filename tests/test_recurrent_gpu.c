@@ -430,8 +430,8 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         fprintf(stderr,
                 "%s (%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g "
                 "state %.3g\n",
-                c->name, kiln_dtype_name(elt), path >= 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk, (long long)c->dv,
-                (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
+                c->name, kiln_dtype_name(elt), path >= 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk,
+                (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
                 rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
         if (touched)
             fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
