@@ -13,7 +13,9 @@
  * chunked kernel); "keyed", a workspace bound, $KILN_GATED_DELTA_PREP=1
  * and $KILN_GATED_DELTA_ROWS=0 (the pre-pass and the keyed kernel, timed
  * together); "rows", the same with $KILN_GATED_DELTA_ROWS=1 (the pre-pass
- * and the rows kernel). The single form against the keyed ones at each
+ * and the rows kernel). Each form runs with the f32 operands of the chained
+ * products in two f16 terms (the default), then in one ("terms" 1,
+ * $KILN_GATED_DELTA_TERMS=1). The single form against the keyed ones at each
  * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
  * against the keyed one, where the encode takes the rows kernel. The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
@@ -150,8 +152,9 @@ int main(int argc, char **argv)
         tk.buffer = bk;
         to.buffer = bo;
         tb.buffer = bb;
-        /* The keyed form (a workspace bound) beside the single kernel at the chunked shapes. */
-        const int forms = sh->max_span == 1 ? 1 : 3;
+        /* The keyed form (a workspace bound) beside the single kernel at the
+         * chunked shapes, each in two terms and in one. */
+        const int forms = sh->max_span == 1 ? 1 : 3, runs = sh->max_span == 1 ? 1 : 2 * forms;
         kiln_buffer *bw = NULL;
         size_t ws_bytes = 0;
         if (forms > 1) {
@@ -159,18 +162,22 @@ int main(int argc, char **argv)
             bw = filled(rt, ws_bytes, 0);
         }
         const kiln_region ws = {bw, 0, ws_bytes};
-        for (int form = 0; form < forms; form++) {
-            const int keyed = form > 0;
+        for (int run = 0; run < runs; run++) {
+            const int form = run % forms, keyed = form > 0;
             kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span,
                                            keyed ? &ws : NULL};
             kiln_command *cmd;
             setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
             setenv("KILN_GATED_DELTA_ROWS", form == 2 ? "1" : "0", 1);
+            if (run >= forms)
+                setenv("KILN_GATED_DELTA_TERMS", "1", 1);
             const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
             unsetenv("KILN_GATED_DELTA_PREP");
             unsetenv("KILN_GATED_DELTA_ROWS");
+            unsetenv("KILN_GATED_DELTA_TERMS");
             CHECK("encode", est);
-            const int rows = kiln__gated_delta_last_rows(), took = kiln__gated_delta_last_keyed();
+            const int rows = kiln__gated_delta_last_rows(), took = kiln__gated_delta_last_keyed(),
+                      terms = kiln__gated_delta_last_terms();
             for (long k = 0; k < iters; k++)
                 cmds[k] = cmd;
             kiln_submit_options so = {.timing = KILN_TIMING_COMPLETION, .path = KILN_PATH_EAGER_ONLY};
@@ -194,6 +201,7 @@ int main(int argc, char **argv)
             bench_json_str(&j, "kernel", rows == 64 ? "chunk64" : rows == 32 ? "chunk32" : "scan");
             bench_json_bool(&j, "keyed", took > 0);
             bench_json_str(&j, "form", took == 2 ? "rows" : took == 1 ? "keyed" : "single");
+            bench_json_int(&j, "terms", terms);
             bench_json_int(&j, "seqs", S);
             bench_json_int(&j, "span", sh->span);
             bench_json_int(&j, "dk", DK);

@@ -175,6 +175,28 @@ kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t d
     return KILN_OK;
 }
 
+/* The f16 terms the chunked kernels' f32 operands (the state, R, T, U and
+ * the scores) take in the chain's products: 2 (hi and lo, about 22 bits),
+ * or 1 where $KILN_GATED_DELTA_TERMS is 1 (f16 operands, f32 accumulators
+ * and state, as fla's kernels take their input type: about half the tensor
+ * core work; bench_recurrent). Prewarm lists what the encode takes. */
+static int chunk_terms(void)
+{
+    const char *env = getenv("KILN_GATED_DELTA_TERMS");
+    return env && !strcmp(env, "1") ? 1 : 2;
+}
+
+/* kiln_op_gated_delta_chunk_spec's spec, with the constant TERMS 1 for one
+ * term (the template's default is 2, so that spec keeps its fingerprint). */
+static kiln_status chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
+                              int terms, kiln_spec *out)
+{
+    kiln_status st = kiln_op_gated_delta_chunk_spec(elt, dk, dv, kh, vh, rows, vec, out);
+    if (!st && terms == 1)
+        st = kiln_spec_set(out, "TERMS", 1);
+    return st;
+}
+
 /* A Qwen3-Next model's linear-attention layers, when its config has them:
  * the scan, and the chunked kernel's row counts that the encode may take on
  * arch (NULL or unreadable: both; none before sm_80 or where a block cannot
@@ -200,7 +222,7 @@ kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const cha
     for (int i = 0; i < 2; i++) {
         if (sm && chunk_smem(dk, rows[i]) > optin_kib(sm) * 1024u)
             continue;
-        if ((st = kiln_op_gated_delta_chunk_spec(cfg->dtype, dk, dv, kh, vh, rows[i], vec, &spec)) ||
+        if ((st = chunk_spec(cfg->dtype, dk, dv, kh, vh, rows[i], vec, chunk_terms(), &spec)) ||
             (st = sink(user, &spec)))
             return st;
     }
@@ -300,7 +322,7 @@ typedef struct delta_launch {
 
 enum { LAST_NONE, LAST_SCAN, LAST_CHUNK32, LAST_CHUNK64 };
 /* last_keyed: 0 the single kernel, 1 the keyed kernel, 2 the rows kernel (both after the pre-pass). */
-static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1;
+static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1, last_terms = 0;
 
 int kiln__gated_delta_last_rows(void)
 {
@@ -308,6 +330,8 @@ int kiln__gated_delta_last_rows(void)
 }
 
 int kiln__gated_delta_last_keyed(void) { return last_keyed; }
+
+int kiln__gated_delta_last_terms(void) { return last_terms; }
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
@@ -459,12 +483,13 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     kiln_spec spec;
     kiln_kernel *k = NULL;
     void *fn = NULL, *keys = NULL;
-    int rows = 0, cvec = 1, fits = 0, by_rows = 0;
+    int rows = 0, cvec = 1, fits = 0, by_rows = 0, terms = 0;
     unsigned smem = 0, ksmem = 0;
     if (chunk_plan(rt, t, local.max_span_tokens, &rows, &cvec)) {
         const int keyed = keyed_plan(t, local.workspace, local.max_span_tokens);
         by_rows = keyed && rows_plan(rt, t, cvec, rows);
-        if ((st = kiln_op_gated_delta_chunk_spec(elt, DK, DV, KH, VH, rows, cvec, &spec)) ||
+        terms = chunk_terms();
+        if ((st = chunk_spec(elt, DK, DV, KH, VH, rows, cvec, terms, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)))
             return kiln__propagate(err, st);
         if (keyed) {
@@ -488,6 +513,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
         rows = 0;
         smem = 0;
         keys = NULL;
+        terms = 0;
         if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
             return kiln__propagate(err, st);
@@ -515,6 +541,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     }
     last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
     last_keyed = by_rows ? 2 : keys != NULL;
+    last_terms = terms;
     /* The replay key: the kernel and every binding (address, bytes), the
      * workspace (address, bytes: 0 without one) and the form that runs
      * (single, keyed or rows: one cubin holds them all); T and S travel in

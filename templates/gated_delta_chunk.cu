@@ -125,6 +125,14 @@
 #if KILN_VEC != 1 && KILN_VEC != 8
 #error "KILN_VEC must be 8 or 1"
 #endif
+#ifndef KILN_TERMS
+#define KILN_TERMS 2
+#endif
+#if KILN_TERMS != 1 && KILN_TERMS != 2
+#error "KILN_TERMS must be 1 or 2"
+#endif
+// Whether the chain's products take their f32 operands' lo terms (TERMS 2).
+#define LO (KILN_TERMS == 2)
 #if KILN_VEC == 8 && (KILN_DK % 8 != 0 || KILN_DV % 8 != 0)
 #error "KILN_VEC 8 needs DK and DV multiples of 8"
 #endif
@@ -697,9 +705,11 @@ __device__ __forceinline__ void products(SM &sm, int st, int mb, bool isq, int l
                 ldsm4(&sm.shi[np * 16 + bn][ks * 16 + bk], b);
                 mma16816(xs[2 * np], a, b[0], b[1]);
                 mma16816(xs[2 * np + 1], a, b[2], b[3]);
-                ldsm4(&sm.slo[np * 16 + bn][ks * 16 + bk], b);
-                mma16816(xs[2 * np], a, b[0], b[1]);
-                mma16816(xs[2 * np + 1], a, b[2], b[3]);
+                if constexpr (LO) {
+                    ldsm4(&sm.slo[np * 16 + bn][ks * 16 + bk], b);
+                    mma16816(xs[2 * np], a, b[0], b[1]);
+                    mma16816(xs[2 * np + 1], a, b[2], b[3]);
+                }
             }
         }
     }
@@ -1100,7 +1110,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
                             split2(s[i][j][2 * e2] * sc[e2], s[i][j][2 * e2 + 1] * sc[e2], hi, lo);
                             const int r = mbs * 16 + g4 + e2 * 8, col = p * 16 + j * 8 + 2 * t4;
                             *reinterpret_cast<kiln_u32 *>(&sm.shi[r][col]) = hi;
-                            *reinterpret_cast<kiln_u32 *>(&sm.slo[r][col]) = lo;
+                            if constexpr (LO)
+                                *reinterpret_cast<kiln_u32 *>(&sm.slo[r][col]) = lo;
                         }
             }
         }
@@ -1173,8 +1184,10 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
                         for (int e = 0; e < 2; e++)
                             split2(rp[(8 * e) * LDR] * bsc[n], rp[(8 * e + 1) * LDR] * bsc[n], bh[e], bl[e]);
                         mma16816(u[n], th[ks], bh[0], bh[1]);
-                        mma16816(u[n], th[ks], bl[0], bl[1]);
-                        mma16816(u[n], tl[ks], bh[0], bh[1]);
+                        if constexpr (LO) {
+                            mma16816(u[n], th[ks], bl[0], bl[1]);
+                            mma16816(u[n], tl[ks], bh[0], bh[1]);
+                        }
                     }
 #pragma unroll
             for (int n = 0; n < NTV / 2; n++)
@@ -1194,7 +1207,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
                     kiln_u32 hi, lo;
                     split2(u[n][2 * e2], u[n][2 * e2 + 1], hi, lo);
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.hi[i][col]) = hi;
-                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.lo[i][col]) = lo;
+                    if constexpr (LO)
+                        *reinterpret_cast<kiln_u32 *>(&sm.x.u.lo[i][col]) = lo;
                     up[n][2 * e2] = u[n][2 * e2] * el;
                     up[n][2 * e2 + 1] = u[n][2 * e2 + 1] * el;
                 }
@@ -1248,7 +1262,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
                     kiln_u32 hi, lo;
                     split2(up[n][2 * e2] * sc[0], up[n][2 * e2 + 1] * sc[1], hi, lo);
                     *reinterpret_cast<kiln_u32 *>(&sm.x.u.phi[i][col]) = hi;
-                    *reinterpret_cast<kiln_u32 *>(&sm.x.u.plo[i][col]) = lo;
+                    if constexpr (LO)
+                        *reinterpret_cast<kiln_u32 *>(&sm.x.u.plo[i][col]) = lo;
                 }
             }
         }
@@ -1282,12 +1297,15 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
                     for (int np = 0; np < NTV / 2; np++) {
                         kiln_u32 bh[4], bl[4];
                         ldsm4t(&sm.x.u.hi[ks * 16 + tk][np * 16 + tn], bh);
-                        ldsm4t(&sm.x.u.lo[ks * 16 + tk][np * 16 + tn], bl);
+                        if constexpr (LO)
+                            ldsm4t(&sm.x.u.lo[ks * 16 + tk][np * 16 + tn], bl);
 #pragma unroll
                         for (int j = 0; j < 2; j++) {
                             mma16816(xs[2 * np + j], ph, bh[2 * j], bh[2 * j + 1]);
-                            mma16816(xs[2 * np + j], ph, bl[2 * j], bl[2 * j + 1]);
-                            mma16816(xs[2 * np + j], pl, bh[2 * j], bh[2 * j + 1]);
+                            if constexpr (LO) {
+                                mma16816(xs[2 * np + j], ph, bl[2 * j], bl[2 * j + 1]);
+                                mma16816(xs[2 * np + j], pl, bh[2 * j], bh[2 * j + 1]);
+                            }
                         }
                     }
                 }
@@ -1325,7 +1343,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
             for (int ks = 0; ks < 4; ks++) {
                 kiln_u32 ah[4], alo[4];
                 ldsm4t(&sm.x.u.phi[ks * 16 + ak + (lane & 7)][mbs * 16 + am], ah);
-                ldsm4t(&sm.x.u.plo[ks * 16 + ak + (lane & 7)][mbs * 16 + am], alo);
+                if constexpr (LO)
+                    ldsm4t(&sm.x.u.plo[ks * 16 + ak + (lane & 7)][mbs * 16 + am], alo);
 #pragma unroll
                 for (int i = 0; i < NPW; i++) {
                     const int p = wr + i * WPM;
@@ -1335,7 +1354,8 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
 #pragma unroll
                         for (int j = 0; j < 2; j++) {
                             mma16816(s[i][j], ah, b[2 * j], b[2 * j + 1]);
-                            mma16816(s[i][j], alo, b[2 * j], b[2 * j + 1]);
+                            if constexpr (LO)
+                                mma16816(s[i][j], alo, b[2 * j], b[2 * j + 1]);
                         }
                     }
                 }
@@ -1580,11 +1600,13 @@ __device__ __forceinline__ void tri_products(float (&acc)[N][4], const float *bl
                              bl = *reinterpret_cast<const kiln_u32x4 *>(f + 128);
             float *a0 = acc[2 * (I - I0)], *a1 = acc[2 * (I - I0) + 1];
             mma16816(a0, ah, bh.x, bh.y);
-            mma16816(a0, ah, bl.x, bl.y);
-            mma16816(a0, al, bh.x, bh.y);
             mma16816(a1, ah, bh.z, bh.w);
-            mma16816(a1, ah, bl.z, bl.w);
-            mma16816(a1, al, bh.z, bh.w);
+            if constexpr (LO) {
+                mma16816(a0, ah, bl.x, bl.y);
+                mma16816(a0, al, bh.x, bh.y);
+                mma16816(a1, ah, bl.z, bl.w);
+                mma16816(a1, al, bh.z, bh.w);
+            }
         }
     }
 }
@@ -1606,9 +1628,11 @@ __device__ __forceinline__ void state_products(float (&acc)[N][4], const float (
             kiln_u32 b[4];
             ldsm4(&M[(NP0 + np) * 16 + bn][ks * 16 + bk], b);
             mma16816(acc[2 * np], ah, b[0], b[1]);
-            mma16816(acc[2 * np], al, b[0], b[1]);
             mma16816(acc[2 * np + 1], ah, b[2], b[3]);
-            mma16816(acc[2 * np + 1], al, b[2], b[3]);
+            if constexpr (LO) {
+                mma16816(acc[2 * np], al, b[0], b[1]);
+                mma16816(acc[2 * np + 1], al, b[2], b[3]);
+            }
         }
     }
 }
@@ -1813,9 +1837,11 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                     kiln_u32 b[4];
                     ldsm4t(&K[J * 16 + tk][np * 16 + tn], b);
                     mma16816(s[2 * np], ah, b[0], b[1]);
-                    mma16816(s[2 * np], alo, b[0], b[1]);
                     mma16816(s[2 * np + 1], ah, b[2], b[3]);
-                    mma16816(s[2 * np + 1], alo, b[2], b[3]);
+                    if constexpr (LO) {
+                        mma16816(s[2 * np], alo, b[0], b[1]);
+                        mma16816(s[2 * np + 1], alo, b[2], b[3]);
+                    }
                 }
             }
 #pragma unroll

@@ -117,6 +117,16 @@ static void test_arch_lists_the_chunked_kernel(void **state)
     KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
+    /* $KILN_GATED_DELTA_TERMS=1: the same kernels in one term, as the encode takes them. */
+    setenv("KILN_GATED_DELTA_TERMS", "1", 1);
+    const kiln_status st = kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n);
+    unsetenv("KILN_GATED_DELTA_TERMS");
+    KILN_CHECK(st);
+    assert_int_equal(count_template(specs, n, "gated_delta_chunk", &got), 2);
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 1, &want));
+    KILN_CHECK(kiln_spec_set(&want, "TERMS", 1));
+    assert_memory_equal(&got, &want, sizeof want);
+    kiln_free(specs);
 }
 
 /* ---- offline compiles ---- */
@@ -160,14 +170,16 @@ static void test_every_code_path_compiles(void **state)
 /* The chunked kernel for sm_80 and sm_90, in f16 and bf16: Qwen3-Next at
  * both row counts and both vector widths, the small odd shape, a key dim that is not a whole
  * k-step (63: scalar, 72: 8-wide with a padded k-step), a value dim that
- * leaves a block partly empty, and the extremes of one key dim and 128. */
+ * leaves a block partly empty, and the extremes of one key dim and 128;
+ * Qwen3-Next and the scalar odd shape in one f16 term (TERMS 1) too. */
 static void test_chunked_kernel_compiles(void **state)
 {
     fixture *f = *state;
-    static const struct { int64_t dk, dv, kh, vh; int rows, vec; } cases[] = {
-        {128, 128, 16, 32, 64, 8}, {128, 128, 16, 32, 32, 8}, {128, 128, 16, 32, 64, 1}, {64, 96, 3, 6, 32, 8},
-        {64, 96, 3, 6, 64, 8},     {63, 17, 1, 2, 32, 1},     {72, 40, 2, 2, 64, 8},     {1, 1, 1, 1, 32, 1},
-        {128, 1024, 1, 4, 64, 8}};
+    static const struct { int64_t dk, dv, kh, vh; int rows, vec, terms; } cases[] = {
+        {128, 128, 16, 32, 64, 8, 2}, {128, 128, 16, 32, 32, 8, 2}, {128, 128, 16, 32, 64, 1, 2},
+        {64, 96, 3, 6, 32, 8, 2},     {64, 96, 3, 6, 64, 8, 2},     {63, 17, 1, 2, 32, 1, 2},
+        {72, 40, 2, 2, 64, 8, 2},     {1, 1, 1, 1, 32, 1, 2},       {128, 1024, 1, 4, 64, 8, 2},
+        {128, 128, 16, 32, 64, 8, 1}, {63, 17, 1, 2, 32, 1, 1}};
     static const char *const arches[] = {"sm_90", "sm_80"};
     static const kiln_dtype elts[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
     for (size_t a = 0; a < sizeof arches / sizeof arches[0]; a++) {
@@ -181,6 +193,8 @@ static void test_chunked_kernel_compiles(void **state)
                 int compiled = 0;
                 KILN_CHECK(kiln_op_gated_delta_chunk_spec(elts[e], cases[i].dk, cases[i].dv, cases[i].kh,
                                                           cases[i].vh, cases[i].rows, cases[i].vec, &s));
+                if (cases[i].terms == 1)
+                    KILN_CHECK(kiln_spec_set(&s, "TERMS", 1));
                 KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                 kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
                 if (st)

@@ -32,6 +32,9 @@
 
 #define TOL 2e-3
 #define TOL_BF16_OUT (TOL + 0x1p-8)
+/* The chunked kernels with one f16 term an f32 operand ($KILN_GATED_DELTA_TERMS=1). */
+#define TOL1 1e-2
+#define TOL1_BF16_OUT (TOL1 + 0x1p-8)
 #define POISON 0xffffu /* a NaN in f16 and in bf16 */
 
 static double uniform(kiln_rng *r, double lo, double hi)
@@ -322,32 +325,37 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
      * (vectors of 8: dk and dv multiples of 8, the state 8-byte aligned), by
      * it ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (two warps) and at 64
      * (four; $KILN_GATED_DELTA_CHUNK), each from the same initial state and
-     * poisoned outputs. */
+     * poisoned outputs; then the same forms again with one f16 term an f32
+     * operand ($KILN_GATED_DELTA_TERMS=1). */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
-    const int paths = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1;
+    const int forms = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1, paths = c->kernel == CHUNK ? 2 * forms : 1;
     size_t ws_bytes;
     KILN_CHECK(kiln_op_gated_delta_workspace(p.tokens, c->seqs, c->vh, &ws_bytes));
     kiln_buffer *bw = paths > 1 ? buffer(f->rt, ws_bytes) : NULL;
     const kiln_region ws = {bw, 0, ws_bytes};
-    uint16_t *got_os[4] = {NULL, NULL, NULL, NULL};
-    float *got_ss[4] = {NULL, NULL, NULL, NULL};
+    uint16_t *got_os[8] = {NULL};
+    float *got_ss[8] = {NULL};
     int rows = 0;
     for (int path = 0; path < paths; path++) {
+        const int form = path % forms, terms = c->kernel == CHUNK ? 2 - path / forms : 0;
         KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
         KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
         if (bw)
             KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
-        setenv("KILN_GATED_DELTA_PREP", path ? "1" : "0", 1);
-        setenv("KILN_GATED_DELTA_ROWS", path >= 2 ? "1" : "0", 1);
-        if (path >= 2)
-            setenv("KILN_GATED_DELTA_CHUNK", path == 2 ? "32" : "64", 1);
+        setenv("KILN_GATED_DELTA_PREP", form ? "1" : "0", 1);
+        setenv("KILN_GATED_DELTA_ROWS", form >= 2 ? "1" : "0", 1);
+        if (form >= 2)
+            setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
+        if (terms == 1)
+            setenv("KILN_GATED_DELTA_TERMS", "1", 1);
         kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
-                                          &to,         c->max_span, path ? &ws : NULL};
+                                          &to,         c->max_span, form ? &ws : NULL};
         kiln_command *cmd;
         const kiln_status est = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
         unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later cases */
         unsetenv("KILN_GATED_DELTA_ROWS");
         unsetenv("KILN_GATED_DELTA_CHUNK");
+        unsetenv("KILN_GATED_DELTA_TERMS");
         KILN_CHECK(est);
         assert_true(kiln_command_replayable(cmd));
         rows = kiln__gated_delta_last_rows();
@@ -355,12 +363,15 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         if (want_chunk ? rows <= 0 : rows != 0)
             fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
                      want_chunk ? "the chunked kernel" : "the scan");
-        const int want_keyed = want_chunk ? (path < 2 ? path : 2) : 0;
-        if (want_chunk && path >= 2 && rows != (path == 2 ? 32 : 64))
-            fail_msg("%s: the rows kernel took %d rows a block, want %d", c->name, rows, path == 2 ? 32 : 64);
+        const int want_keyed = want_chunk ? (form < 2 ? form : 2) : 0;
+        if (want_chunk && form >= 2 && rows != (form == 2 ? 32 : 64))
+            fail_msg("%s: the rows kernel took %d rows a block, want %d", c->name, rows, form == 2 ? 32 : 64);
         if (kiln__gated_delta_last_keyed() != want_keyed)
             fail_msg("%s: the encode took form %d, want %d (0 single, 1 keyed, 2 rows)", c->name,
                      kiln__gated_delta_last_keyed(), want_keyed);
+        if (kiln__gated_delta_last_terms() != (want_chunk ? terms : 0))
+            fail_msg("%s: the encode took %d terms, want %d", c->name, kiln__gated_delta_last_terms(),
+                     want_chunk ? terms : 0);
         for (int k = 0; k < calls; k++) {
             KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
             kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
@@ -385,28 +396,31 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         KILN_CHECK(kiln_buffer_readback(bo, 0, got_os[path], nv * 2));
         KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_ss[path], ns * 4));
     }
-    /* The keyed kernel's out and state are the single kernel's, bit for bit
-     * (the rows kernel's sums run in another order: checked below). */
-    if (paths > 1) {
+    /* The keyed kernel's out and state are the single kernel's, bit for bit,
+     * at either count of terms (the rows kernel's sums run in another order:
+     * checked below). */
+    for (int b = 0; paths > 1 && b < paths; b += forms) {
         for (size_t i = 0; i < nv; i++)
-            if (got_os[0][i] != got_os[1][i])
+            if (got_os[b][i] != got_os[b + 1][i])
                 fail_msg("%s (%s): keyed out[%zu] = 0x%04x, the single kernel's 0x%04x", c->name,
-                         kiln_dtype_name(elt), i, got_os[1][i], got_os[0][i]);
-        if (memcmp(got_ss[0], got_ss[1], ns * 4))
+                         kiln_dtype_name(elt), i, got_os[b + 1][i], got_os[b][i]);
+        if (memcmp(got_ss[b], got_ss[b + 1], ns * 4))
             for (size_t i = 0; i < ns; i++)
-                if (memcmp(&got_ss[0][i], &got_ss[1][i], 4))
+                if (memcmp(&got_ss[b][i], &got_ss[b + 1][i], 4))
                     fail_msg("%s (%s): keyed state[%zu] = %.9g, the single kernel's %.9g", c->name,
-                             kiln_dtype_name(elt), i, got_ss[1][i], got_ss[0][i]);
+                             kiln_dtype_name(elt), i, got_ss[b + 1][i], got_ss[b][i]);
     }
 
     double *ref_o = malloc(nv * 8), *ref_s = malloc(ns * 8);
     assert_true(ref_o && ref_s);
     reference(&p, (const uint32_t *const *)call_spans, calls, ref_o, ref_s);
     for (int path = 0; path < paths; path++) {
+        const int form = path % forms, one = paths > 1 && path >= forms; /* one term */
+        const int bf16 = elt == KILN_DTYPE_BF16;
+        const double tol = one ? TOL1 : TOL, tol_out = bf16 ? (one ? TOL1_BF16_OUT : TOL_BF16_OUT) : tol;
         const uint16_t *got_o = got_os[path];
         const float *got_s = got_ss[path];
         double worst_o = 0, worst_s = 0;
-        const int bf16 = elt == KILN_DTYPE_BF16;
         /* A row's scale floored at 2^-14 in both types: f16's subnormals
          * start there, and a row that far below its inputs' scale (a gate
          * near 0 has decayed the state away) is a sum of terms near that
@@ -414,9 +428,9 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
          * products (bf16 rows of 2e-9 were 1.4% off). */
         size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o,
                                   bf16 ? got_bf16 : got_f16, got_o, ldexp(1, -14),
-                                  bf16 ? TOL_BF16_OUT : TOL, &worst_o);
+                                  tol_out, &worst_o);
         wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32,
-                            got_s, 0, TOL, &worst_s);
+                            got_s, 0, tol, &worst_s);
         /* Tokens of no span keep the poison; empty spans keep their state's bits. */
         size_t touched = 0;
         for (size_t t = 0; t < T; t++)
@@ -428,9 +442,10 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
             if (!counts[s] && memcmp(got_s + (size_t)s * per_seq, p.state0 + (size_t)s * per_seq, per_seq * 4))
                 fail_msg("%s: sequence %lld has an empty span, but its state changed", c->name, (long long)s);
         fprintf(stderr,
-                "%s (%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out %.3g "
-                "state %.3g\n",
-                c->name, kiln_dtype_name(elt), path >= 2 ? ", rows" : path ? ", keyed" : "", (long long)c->dk,
+                "%s (%s%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out "
+                "%.3g state %.3g\n",
+                c->name, kiln_dtype_name(elt), form >= 2 ? ", rows" : form ? ", keyed" : "", one ? ", one term" : "",
+                (long long)c->dk,
                 (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs, (unsigned long long)T, calls,
                 rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
         if (touched)
@@ -438,7 +453,7 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
                      touched);
         if (wrong)
             fail_msg("%s (%s): %zu elements off by more than %g (out) or %g (state)", c->name, kiln_dtype_name(elt),
-                     wrong, bf16 ? TOL_BF16_OUT : TOL, TOL);
+                     wrong, tol_out, tol);
         free(got_os[path]);
         free(got_ss[path]);
     }
