@@ -1435,7 +1435,8 @@ __device__ __forceinline__ void store_frag(float *blk, int lane, const float *f,
             split2(f[2 * e] * sc, f[2 * e + 1] * sc, x[at], x[4 + at]);
         }
         kiln_stg16(blk + 4 * lane, kiln_u32x4{x[0], x[1], x[2], x[3]});
-        kiln_stg16(blk + 128 + 4 * lane, kiln_u32x4{x[4], x[5], x[6], x[7]});
+        if (LO) // no reader of the lo terms in one term
+            kiln_stg16(blk + 128 + 4 * lane, kiln_u32x4{x[4], x[5], x[6], x[7]});
         return;
     }
 #pragma unroll
@@ -1557,14 +1558,19 @@ struct rows_smem {
     kiln_u32 red[16];
 };
 
+// A split record into stage st, in 16-byte copies: whole, or in one term
+// (no lo terms read) its keys, the hi halves of its 20 blocks and P's scales.
 __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
 {
-    constexpr int N = REC_FLOATS / 4;
+    constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 2 * C / 4;
 #pragma unroll
     for (int i = 0; i < (N + RTHREADS - 1) / RTHREADS; i++) {
         const int e = tid + i * RTHREADS;
+        int at = e; // the copy's place in the record, in 16-byte units
+        if (!LO && e >= HEAD)
+            at = e < HEAD + 20 * HALF ? HEAD + (e - HEAD) / HALF * (2 * HALF) + (e - HEAD) % HALF : e + 20 * HALF;
         if (N % RTHREADS == 0 || e < N)
-            cp16(&sm.rec[st][e * 4], rec + e * 4, true);
+            cp16(&sm.rec[st][at * 4], rec + at * 4, true);
     }
 }
 

@@ -32,8 +32,14 @@
 
 #define TOL 2e-3
 #define TOL_BF16_OUT (TOL + 0x1p-8)
-/* The chunked kernels with one f16 term an f32 operand ($KILN_GATED_DELTA_TERMS=1). */
-#define TOL1 1e-2
+/* The chunked kernels with one f16 term an f32 operand
+ * ($KILN_GATED_DELTA_TERMS=1): out within 1.2e-2 and the state within 4e-3
+ * of a row's scale (an H100 printed at most 6.9e-3 and 2.0e-3 in f16), an
+ * out row's scale floored at 2^-10: each operand's rounding is relative to
+ * the operand (a state row, U), not to an out row that cancels to 1e-4 of
+ * them (such rows were 1.3% off, 4e-6 in absolute terms). */
+#define TOL1 1.2e-2
+#define TOL1_STATE 4e-3
 #define TOL1_BF16_OUT (TOL1 + 0x1p-8)
 #define POISON 0xffffu /* a NaN in f16 and in bf16 */
 
@@ -417,7 +423,8 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     for (int path = 0; path < paths; path++) {
         const int form = path % forms, one = paths > 1 && path >= forms; /* one term */
         const int bf16 = elt == KILN_DTYPE_BF16;
-        const double tol = one ? TOL1 : TOL, tol_out = bf16 ? (one ? TOL1_BF16_OUT : TOL_BF16_OUT) : tol;
+        const double tol = one ? TOL1_STATE : TOL,
+                     tol_out = bf16 ? (one ? TOL1_BF16_OUT : TOL_BF16_OUT) : one ? TOL1 : TOL;
         const uint16_t *got_o = got_os[path];
         const float *got_s = got_ss[path];
         double worst_o = 0, worst_s = 0;
@@ -425,9 +432,9 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
          * start there, and a row that far below its inputs' scale (a gate
          * near 0 has decayed the state away) is a sum of terms near that
          * scale, each rounded to the element type in the chunked form's
-         * products (bf16 rows of 2e-9 were 1.4% off). */
+         * products (bf16 rows of 2e-9 were 1.4% off); at 2^-10 with one term. */
         size_t wrong = check_rows("out", c->name, T * (size_t)c->vh, (size_t)c->dv, ref_o,
-                                  bf16 ? got_bf16 : got_f16, got_o, ldexp(1, -14),
+                                  bf16 ? got_bf16 : got_f16, got_o, ldexp(1, one ? -10 : -14),
                                   tol_out, &worst_o);
         wrong += check_rows("state", c->name, (size_t)(c->seqs * c->vh * c->dv), (size_t)c->dk, ref_s, got_f32,
                             got_s, 0, tol, &worst_s);

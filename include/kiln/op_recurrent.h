@@ -16,7 +16,10 @@
  *            square root, Qwen3-Next's use_qk_l2norm_in_kernel) and the
  *            1/sqrt(DK) scale of q; exp of g; f32 arithmetic throughout
  *            (the chunked kernel's tensor-core products take their f32
- *            operands as two f16 terms, about 22 bits);
+ *            operands as two f16 terms, about 22 bits; one term, f16, where
+ *            $KILN_GATED_DELTA_TERMS is 1, as fla's kernels take their
+ *            input type: about half the tensor-core work, a looser bound
+ *            below);
  *   expects: q, k, v after the causal conv1d and SiLU; g the log decay
  *            (Qwen3-Next: -exp(A_log) · softplus(a + dt_bias)), finite and
  *            <= 0 for a decay; beta already through the sigmoid, in (0, 1);
