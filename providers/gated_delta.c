@@ -512,10 +512,11 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
         if ((st = kiln_kernel_function(k, entry, &fn)) || (st = chunk_setup(rt, (CUfunction)fn, smem, 0, &fits)))
             return kiln__propagate(err, st);
     }
-    if (!fits) {
+    if (!fits) { /* the scan */
         rows = 0;
         smem = 0;
         keys = NULL;
+        by_rows = 0;
         terms = 0;
         if ((st = kiln_op_gated_delta_spec(elt, DK, DV, KH, VH, vec, &spec)) ||
             (st = kiln_jit_acquire(jit, &spec, &k)) || (st = kiln_kernel_function(k, NULL, &fn)))
