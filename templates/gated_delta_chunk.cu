@@ -1435,7 +1435,7 @@ __device__ __forceinline__ void store_frag(float *blk, int lane, const float *f,
             split2(f[2 * e] * sc, f[2 * e + 1] * sc, x[at], x[4 + at]);
         }
         kiln_stg16(blk + 4 * lane, kiln_u32x4{x[0], x[1], x[2], x[3]});
-        if (LO) // no reader of the lo terms in one term
+        if constexpr (LO) // no reader of the lo terms in one term
             kiln_stg16(blk + 128 + 4 * lane, kiln_u32x4{x[4], x[5], x[6], x[7]});
         return;
     }
