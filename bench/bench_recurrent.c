@@ -15,7 +15,9 @@
  * together); "rows", the same with $KILN_GATED_DELTA_ROWS=1 (the pre-pass
  * and the rows kernel). Each form runs with the f32 operands of the chained
  * products in two f16 terms (the default), then in one ("terms" 1,
- * $KILN_GATED_DELTA_TERMS=1). The single form against the keyed ones at each
+ * $KILN_GATED_DELTA_TERMS=1). "streamed": the rows kernel ran beside the
+ * pre-pass ($KILN_GATED_DELTA_STREAM=0 for a run without). The single form
+ * against the keyed ones at each
  * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
  * against the keyed one, where the encode takes the rows kernel. The peer is
  * bench/peer_fla_gated_delta.py (fla's chunk_gated_delta_rule) at the same
@@ -202,6 +204,7 @@ int main(int argc, char **argv)
             bench_json_bool(&j, "keyed", took > 0);
             bench_json_str(&j, "form", took == 2 ? "rows" : took == 1 ? "keyed" : "single");
             bench_json_int(&j, "terms", terms);
+            bench_json_bool(&j, "streamed", kiln__gated_delta_last_streamed());
             bench_json_int(&j, "seqs", S);
             bench_json_int(&j, "span", sh->span);
             bench_json_int(&j, "dk", DK);

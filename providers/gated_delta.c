@@ -18,8 +18,8 @@
 /* A workspace record of the keyed form (templates/gated_delta_chunk.cu's
  * REC_FLOATS floats): γ's two floats, rk and rq (64 each), T's and P's 10
  * blocks of 16 x 16 each (f32, or their hi and lo f16 terms for the rows
- * kernel), P's 64 row scales and their inverses. */
-#define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256 + 2 * CHUNK_TOKENS) * 4)
+ * kernel), P's 64 row scales and their inverses, and beta (split records). */
+#define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256 + 3 * CHUNK_TOKENS) * 4)
 
 /* Lanes per row of the state: a power of two giving each lane about 8 columns. */
 static int64_t lanes_for(int64_t dk)
@@ -84,7 +84,8 @@ kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t vh, int64_t dv
     return KILN_OK;
 }
 
-/* The keyed form's records a value head: ceil(tokens / 64) + seqs. */
+/* The keyed form's records a value head: ceil(tokens / 64) + seqs. Each
+ * record has a 4-byte flag after all of them (the streamed pre-pass's). */
 static uint64_t records_for(int64_t tokens, int64_t seqs)
 {
     return ((uint64_t)tokens + CHUNK_TOKENS - 1) / CHUNK_TOKENS + (uint64_t)seqs;
@@ -97,7 +98,7 @@ kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, int64_t 
     size_t n;
     if (tokens < 0 || tokens > (int64_t)UINT32_MAX || seqs < 1 || seqs > (int64_t)MAX_GRID || vh < 1 ||
         vh > KILN_MODEL_MAX_HEADS ||
-        kiln__mul_overflows((size_t)records_for(tokens, seqs), (size_t)vh * RECORD_BYTES, &n))
+        kiln__mul_overflows((size_t)records_for(tokens, seqs), (size_t)vh * (RECORD_BYTES + 4), &n))
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": a workspace for %lld tokens (0..%u), %lld sequences (1..%u) and %lld value heads "
                           "(1..%d) is out of range",
@@ -123,13 +124,13 @@ static unsigned chunk_smem(int64_t dk, int64_t rows)
                       15 * (uint64_t)rows * 4 + 16 * 4);
 }
 
-/* The rows kernel's: sizeof(rows_smem), two stages of k, q, v, g, beta and a
+/* The rows kernel's: sizeof(rows_smem), two stages of k, q, v and a
  * record, then its warps' output tiles (a warp to 16 rows, 64 x 24 elements)
  * and 16 words. */
 static unsigned rows_smem(int64_t dk, int64_t rows)
 {
     const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldv = (uint64_t)rows + 8;
-    return (unsigned)(2 * (2 * C * ldk * 2 + C * ldv * 2 + 2 * C * 4 + RECORD_BYTES) + rows / 16 * C * 24 * 2 +
+    return (unsigned)(2 * (2 * C * ldk * 2 + C * ldv * 2 + RECORD_BYTES) + rows / 16 * C * 24 * 2 +
                       16 * 4);
 }
 
@@ -315,14 +316,14 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
 typedef struct delta_launch {
     kiln_runtime *rt;
     CUfunction fn, keys; /* keys: the pre-pass, or NULL (the single kernel or the scan) */
-    CUdeviceptr ptr[N_BINDINGS], ws;
+    CUdeviceptr ptr[N_BINDINGS], ws, flags; /* flags: the streamed form's, or 0 */
     uint32_t tokens, grid, seqs, records, vh, split; /* split: the pre-pass writes the rows kernel's records */
-    unsigned threads, smem, keys_smem;
+    unsigned threads, smem, keys_smem, keys_grid; /* keys_grid: the streamed pre-pass's blocks */
 } delta_launch;
 
 enum { LAST_NONE, LAST_SCAN, LAST_CHUNK32, LAST_CHUNK64 };
 /* last_keyed: 0 the single kernel, 1 the keyed kernel, 2 the rows kernel (both after the pre-pass). */
-static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1, last_terms = 0;
+static _Thread_local int last_kernel = LAST_NONE, last_keyed = -1, last_terms = 0, last_streamed = 0;
 
 int kiln__gated_delta_last_rows(void)
 {
@@ -333,6 +334,8 @@ int kiln__gated_delta_last_keyed(void) { return last_keyed; }
 
 int kiln__gated_delta_last_terms(void) { return last_terms; }
 
+int kiln__gated_delta_last_streamed(void) { return last_streamed; }
+
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     delta_launch *l = user;
@@ -340,12 +343,14 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     kiln_status st;
     if (l->keys) {
         void *ka[] = {&l->ptr[B_Q], &l->ptr[B_K], &l->ptr[B_G], &l->ptr[B_BETA], &l->ptr[B_SPANS],
-                      &l->ws,       &l->tokens,   &l->seqs,   &l->split};
-        const unsigned grid[3] = {l->records, l->vh, 1};
+                      &l->ws,       &l->tokens,   &l->seqs,   &l->split,  &l->flags};
+        const unsigned grid[3] = {l->flags ? l->keys_grid : l->records, l->flags ? 1 : l->vh, 1};
         if ((st = kiln__launch_ex(ctx, l->rt, l->keys, grid, CHUNK_THREADS, l->keys_smem, ka, KILN__LAUNCH_PDL)))
             return st;
-        void *args[] = {&l->ptr[B_Q],   &l->ptr[B_K],   &l->ptr[B_V], &l->ptr[B_G], &l->ptr[B_BETA], &l->ptr[B_STATE],
-                        &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens,  &fault,       &l->ws,          &l->records};
+        /* The flags are the rows kernel's last argument (the keyed kernel has one fewer). */
+        void *args[] = {&l->ptr[B_Q],     &l->ptr[B_K],   &l->ptr[B_V], &l->ptr[B_G], &l->ptr[B_BETA],
+                        &l->ptr[B_STATE], &l->ptr[B_SPANS], &l->ptr[B_OUT], &l->tokens, &fault,
+                        &l->ws,           &l->records,    &l->flags};
         return kiln__launch(ctx, l->rt, l->fn, l->grid, l->threads, l->smem, args);
     }
     void *args[] = {&l->ptr[B_Q],     &l->ptr[B_K],     &l->ptr[B_V],   &l->ptr[B_G], &l->ptr[B_BETA],
@@ -446,6 +451,28 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
 }
 
+/* Whether the rows kernel (rows, its function, threads and shared memory)
+ * runs streamed beside the pre-pass (keys, ksmem): each of its blocks waits
+ * on its records' flags rather than on the whole pre-pass, which deals its
+ * records round one block an SM, so the chain starts once its first records
+ * are in. It needs programmatic dependent launch, the rows kernel's grid
+ * within the SMs and a block of each fitting one SM together (else a
+ * block of the chain could start only as the pre-pass ends); one long
+ * sequence, where the pre-pass is time the chain's blocks would spend
+ * waiting (bench_recurrent). $KILN_GATED_DELTA_STREAM=0: never. */
+static int stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
+                       CUfunction keys, unsigned ksmem)
+{
+    const char *env = getenv("KILN_GATED_DELTA_STREAM");
+    if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
+        return 0;
+    kiln_runtime_info info;
+    kiln_runtime_get_info(rt, &info);
+    if (info.multiprocessors <= 0 || grid > (unsigned)info.multiprocessors)
+        return 0;
+    return kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, rows, threads) >= (size_t)ksmem + smem;
+}
+
 /* Raises fn's dynamic shared memory limit to smem (and, with carveout, asks
  * for the largest shared memory carveout); *fits = 0 (and KILN_OK) where
  * the device refuses the limit. */
@@ -536,9 +563,19 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->records = keys ? (uint32_t)records_for(T, S) : 0; /* keyed_plan: within MAX_GRID */
     l->split = (uint32_t)by_rows;
     l->ws = local.workspace ? kiln__buffer_ptr(local.workspace->buffer) + local.workspace->start : 0;
+    l->flags = 0;
+    l->keys_grid = 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
         l->threads = by_rows ? (unsigned)rows * 2u : CHUNK_THREADS; /* the rows kernel: a warp to 16 rows */
+        if (by_rows && stream_plan(rt, l->fn, l->threads + 32, smem, l->grid, l->keys, ksmem)) {
+            kiln_runtime_info info;
+            kiln_runtime_get_info(rt, &info);
+            l->threads += 32; /* a warp that loads the records as their flags are set */
+            const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
+            l->flags = l->ws + items * RECORD_BYTES;
+            l->keys_grid = (unsigned)(items < (uint64_t)info.multiprocessors ? items : (uint64_t)info.multiprocessors);
+        }
     } else {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
         l->threads = (unsigned)threads_for(DK, DV);
@@ -546,11 +583,12 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     last_kernel = rows == 64 ? LAST_CHUNK64 : rows == 32 ? LAST_CHUNK32 : LAST_SCAN;
     last_keyed = by_rows ? 2 : keys != NULL;
     last_terms = terms;
+    last_streamed = l->flags != 0;
     /* The replay key: the kernel and every binding (address, bytes), the
      * workspace (address, bytes: 0 without one) and the form that runs
-     * (single, keyed or rows: one cubin holds them all); T and S travel in
-     * the bytes too. */
-    uint64_t params[2 * N_BINDINGS + 5];
+     * (single, keyed or rows, streamed or not: one cubin holds them all); T
+     * and S travel in the bytes too. */
+    uint64_t params[2 * N_BINDINGS + 6];
     kiln_region regions[N_BINDINGS + 1];
     for (int i = 0; i < N_BINDINGS; i++) {
         l->ptr[i] = kiln__buffer_ptr(t[i]->buffer) + t[i]->offset;
@@ -566,6 +604,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     params[2 * N_BINDINGS + 2] = l->ws;
     params[2 * N_BINDINGS + 3] = local.workspace ? local.workspace->end - local.workspace->start : 0;
     params[2 * N_BINDINGS + 4] = (uint64_t)last_keyed;
+    params[2 * N_BINDINGS + 5] = (uint64_t)last_streamed;
     const kiln__kernel_command_desc d = {.op = OP, .participants = (uint32_t)S, .tokens = (uint32_t)T,
                                          .dispatches = keys ? 2 : 1, .regions = regions, .n_regions = n_regions,
                                          .enqueue = enqueue, .user = l, .kernel = k, KILN__PARAMS(params)};

@@ -163,6 +163,9 @@ int kiln__gated_delta_last_keyed(void);
 /* Test hook: the f16 terms of that encode's f32 operands in the chunked
  * kernel's products (1 or 2), 0 for the scan. */
 int kiln__gated_delta_last_terms(void);
+/* Test hook: whether that encode took the rows kernel streamed beside the
+ * pre-pass (1) or not (0). */
+int kiln__gated_delta_last_streamed(void);
 
 /* Paged attention: what the host knows of an invocation once it is checked.
  * bytes: each binding's bytes, in the order q, k, v, qkv, positions,

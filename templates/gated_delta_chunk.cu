@@ -77,16 +77,19 @@
 // (i (i + 1) / 2 + j)-th, each in the mma fragment order: lane 4 g + t holds
 // 8 floats at 8 (4 g + t), float 2 e + b element (16 i + g + 8 (e & 1),
 // 16 j + 8 (e >> 1) + 2 t + b), as afrag_f32 reads an A operand and as the
-// accumulators of n-tiles 2 j, 2 j + 1 hold it; then 2 C floats that only a
+// accumulators of n-tiles 2 j, 2 j + 1 hold it; then 3 C floats that only a
 // split record fills. A split record (the pre-pass's argument split, for the
 // rows kernel) holds each lane's 8 words of a block as the A fragment's four
 // hi and four lo f16x2 terms (split2, in store_frag's order and places)
 // rather than the floats: T's as they are, P's with each row i scaled by
 // psc_i, the power of two putting the row's largest |P_ij| into [2^13,
 // 2^14) (as the keyed kernel scales P's rows for its out), and psc [C],
-// then its inverse [C], after P's blocks.
+// then its inverse [C], after P's blocks, and the chunk's beta [C] (so
+// that the rows kernel reads no input of the op but q, k and v).
 // A record is written by the pre-pass of the same command before the keyed
-// kernel (or the rows kernel) reads it.
+// kernel (or the rows kernel) reads it. After the (ceil(T / C) + S) VH
+// records, a word each: the streamed form's flags (record (r, h)'s at r VH +
+// h), cleared and set by the pre-pass, polled by the rows kernel.
 //
 // A span that ends past `tokens` is never read: the sequence's state and
 // outputs are left alone and the fault record names the lowest such sequence
@@ -99,8 +102,8 @@
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
-// (the rows kernel: 2 KILN_ROWS) and dynamic shared memory sizeof(chunk_smem)
-// for both chunked kernels (sizeof(rows_smem) for the rows kernel),
+// (the rows kernel: 2 KILN_ROWS, + 32 streamed) and dynamic shared memory
+// sizeof(chunk_smem) for both chunked kernels (sizeof(rows_smem) for the rows kernel),
 // sizeof(keys_smem) for the pre-pass, which the provider computes by the
 // same layouts (a launch with less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
 // pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
@@ -157,7 +160,8 @@
 #define REC_T (4 * C)                 // a record's floats before T's blocks
 #define REC_P (REC_T + 10 * BLK)      // and before P's
 #define REC_S (REC_P + 10 * BLK)      // and before P's row scales (split records)
-#define REC_FLOATS (REC_S + 2 * C)    // a record: 5504 floats, 22016 bytes
+#define REC_B (REC_S + 2 * C)         // and before beta (split records)
+#define REC_FLOATS (REC_S + 3 * C)    // a record: 5568 floats, 22272 bytes
 
 struct chunk_at {
     float a[C][LDF]; // A, strictly lower (block rows' lower blocks only)
@@ -879,7 +883,7 @@ __device__ __forceinline__ void afrag_blk(const float *p, int lane, kiln_u32 *hi
 // The chunks of sequence s's span; none for a span past the tokens.
 __device__ __forceinline__ kiln_u32 span_chunks(const kiln_u32 *spans, kiln_u32 s, kiln_u32 tokens)
 {
-    const kiln_u32 start = spans[2 * s], count = spans[2 * s + 1];
+    const kiln_u32 start = __ldcg(spans + 2 * s), count = __ldcg(spans + 2 * s + 1); // as span_begin
     return (kiln_u64)start + count > tokens ? 0u : count / C + (count % C != 0);
 }
 
@@ -910,8 +914,8 @@ __device__ kiln_u32 records_before(const kiln_u32 *spans, kiln_u32 seq, kiln_u32
 __device__ __forceinline__ bool span_begin(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens, bool first,
                                            kiln_fault *fault, kiln_u32 &start, kiln_u32 &count, kiln_u32 &chunks)
 {
-    start = spans[2 * seq];
-    count = spans[2 * seq + 1];
+    start = __ldcg(spans + 2 * seq); // through L2: the streamed rows kernel reads them before any wait
+    count = __ldcg(spans + 2 * seq + 1);
     const kiln_u64 end = (kiln_u64)start + count;
     if (end > tokens) {
         if (first)
@@ -1446,26 +1450,39 @@ __device__ __forceinline__ void store_frag(float *blk, int lane, const float *f,
     kiln_stg16(blk + 8 * lane + 4, kiln_u32x4{x[4], x[5], x[6], x[7]});
 }
 
-// The pre-pass: block (r, h) writes record r of value head h (grid x: the
-// records, y: VH; S = seqs), or nothing where r is no sequence's. A span
-// past the tokens has no records (the chunked kernel reports it). Three
-// blocks an SM (80 registers), so that one's loads and barriers hide behind
-// the others' work.
-extern "C" __global__ void __launch_bounds__(THREADS, 3)
-kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const float *__restrict__ g,
-                      const float *__restrict__ beta, const kiln_u32 *__restrict__ spans, float *__restrict__ ws,
-                      kiln_u32 tokens, kiln_u32 seqs, kiln_u32 split)
+// A flag of the streamed form (see kiln_gated_delta_keys), set with release
+// semantics at the GPU's scope once the block's stores before it are done.
+__device__ __forceinline__ void flag_release(kiln_u32 *f)
 {
-    kiln_grid_dependency_sync();
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    keys_smem &sm = *reinterpret_cast<keys_smem *>(smem_raw);
-    if (!smem_holds(sizeof(keys_smem)))
-        return;
-    const kiln_u32 r = blockIdx.x, h = blockIdx.y, kh = h / GROUP;
+    __threadfence();
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
+}
+
+// Waits until the flag at f is set (acquire at the GPU's scope).
+__device__ __forceinline__ void flag_wait(const kiln_u32 *f)
+{
+    for (;;) {
+        kiln_u32 x;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(x) : "l"(f) : "memory");
+        if (x)
+            return;
+        __nanosleep(128);
+    }
+}
+
+// Record r of value head h, or false (nothing written) where r is no
+// sequence's: the body of the pre-pass, by the whole block.
+__device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__restrict__ q,
+                                            const kiln_elt *__restrict__ k, const float *__restrict__ g,
+                                            const float *__restrict__ beta, const kiln_u32 *__restrict__ spans,
+                                            float *__restrict__ ws, kiln_u32 tokens, kiln_u32 seqs, kiln_u32 split,
+                                            kiln_u32 r, kiln_u32 h)
+{
+    const kiln_u32 kh = h / GROUP;
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32, g4 = lane / 4, t4 = lane % 4;
     kiln_u32 seq, c;
     if (!find_record(spans, seqs, tokens, r, sm.red, tid, seq, c))
-        return;
+        return false;
     const kiln_u32 start = spans[2 * seq], count = spans[2 * seq + 1];
     load_kq(sm, 0, q, k, start, count, c, kh, tid);
     load_gb<true>(sm, 0, g, beta, start, count, c, h, tid);
@@ -1512,6 +1529,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                 for (int e2 = 0; e2 < 2; e2++) {
                     rec[REC_S + mb * 16 + g4 + 8 * e2] = psc[e2];
                     rec[REC_S + C + mb * 16 + g4 + 8 * e2] = psci[e2];
+                    rec[REC_B + mb * 16 + g4 + 8 * e2] = sm.beta[0][mb * 16 + g4 + 8 * e2];
                 }
         }
 #pragma unroll
@@ -1521,6 +1539,56 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
                 const float f[8] = {a0[0], a0[1], a0[2], a0[3], a1[0], a1[1], a1[2], a1[3]};
                 store_frag(rec + REC_P + blk_index(mb, np) * BLK, lane, f, psc[0], psc[1], split);
             }
+    }
+    return true;
+}
+
+// The pre-pass. Without flags (NULL): block (r, h) writes record r of value
+// head h (grid x: the records, y: VH; S = seqs), or nothing where r is no
+// sequence's. A span past the tokens has no records (the chunked kernel
+// reports it). Three blocks an SM (80 registers), so that one's loads and
+// barriers hide behind the others' work.
+// Streamed (flags: a word a record, (ceil(T / C) + S) VH of them): a grid of
+// at most one block an SM deals the records round the blocks, record-major
+// (item i = r VH + h, so one sequence's chunks come in order), and sets
+// flags[i] once record i is written. It first waits for the kernels ahead,
+// clears its own items' flags and only then lets the next kernel (the rows
+// kernel, which waits on the flags rather than on this grid) launch, so
+// that it runs beside this one: the chain of chunks starts once its first
+// record is in, not once the last one is.
+extern "C" __global__ void __launch_bounds__(THREADS, 3)
+kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k, const float *__restrict__ g,
+                      const float *__restrict__ beta, const kiln_u32 *__restrict__ spans, float *__restrict__ ws,
+                      kiln_u32 tokens, kiln_u32 seqs, kiln_u32 split, kiln_u32 *__restrict__ flags)
+{
+    kiln_grid_dependency_wait();
+    const kiln_u64 items = ((kiln_u64)tokens / C + (tokens % C != 0) + seqs) * KILN_VH;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    keys_smem &sm = *reinterpret_cast<keys_smem *>(smem_raw);
+    const bool holds = smem_holds(sizeof(keys_smem));
+    if (flags) {
+        // Cleared (set where this launch writes nothing, so that no reader
+        // waits forever), and the clears performed at the GPU's scope before
+        // the rows kernel may launch and poll them.
+        for (kiln_u64 i = blockIdx.x + (kiln_u64)threadIdx.x * gridDim.x; i < items;
+             i += (kiln_u64)THREADS * gridDim.x)
+            flags[i] = holds ? 0u : 1u;
+        __threadfence();
+        __syncthreads();
+    }
+    kiln_grid_launch_dependents();
+    if (!holds)
+        return;
+    if (!flags) {
+        (void)keys_record(sm, q, k, g, beta, spans, ws, tokens, seqs, split, blockIdx.x, blockIdx.y);
+        return;
+    }
+    for (kiln_u64 i = blockIdx.x; i < items; i += gridDim.x) {
+        const bool wrote =
+            keys_record(sm, q, k, g, beta, spans, ws, tokens, seqs, split, (kiln_u32)(i / KILN_VH), i % KILN_VH);
+        __syncthreads(); // the record's stores and every read of shared memory, before the flag and the next item
+        if (wrote && threadIdx.x == 0)
+            flag_release(flags + i);
     }
 }
 
@@ -1552,24 +1620,24 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 struct rows_smem {
     kiln_f16 k[2][C][LDK], q[2][C][LDK]; // raw (bf16: rewritten as f16, as the keyed kernel does)
     kiln_elt v[2][C][LDV];
-    float g[2][C], beta[2][C]; // g: load_gb's layout, never loaded here
-    float rec[2][REC_FLOATS];  // the chunk's record: keys, T's blocks, P's blocks, P's row scales
+    float rec[2][REC_FLOATS]; // the chunk's record: keys, T's blocks, P's blocks, P's row scales, beta
     kiln_elt o[RWARPS][C][LDO]; // a warp's outputs, tokens by its 16 columns, for 16-byte stores
     kiln_u32 red[16];
 };
 
-// A split record into stage st, in 16-byte copies: whole, or in one term
-// (no lo terms read) its keys, the hi halves of its 20 blocks and P's scales.
-__device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
+// A split record into stage st by NT threads (tid: 0 .. NT - 1), in 16-byte
+// copies: whole, or in one term (no lo terms read) its keys, the hi halves
+// of its 20 blocks, P's scales and beta.
+template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
 {
-    constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 2 * C / 4;
+    constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 3 * C / 4;
 #pragma unroll
-    for (int i = 0; i < (N + RTHREADS - 1) / RTHREADS; i++) {
-        const int e = tid + i * RTHREADS;
+    for (int i = 0; i < (N + NT - 1) / NT; i++) {
+        const int e = tid + i * NT;
         int at = e; // the copy's place in the record, in 16-byte units
         if (!LO && e >= HEAD)
             at = e < HEAD + 20 * HALF ? HEAD + (e - HEAD) / HALF * (2 * HALF) + (e - HEAD) % HALF : e + 20 * HALF;
-        if (N % RTHREADS == 0 || e < N)
+        if (N % NT == 0 || e < N)
             cp16(&sm.rec[st][at * 4], rec + at * 4, true);
     }
 }
@@ -1697,15 +1765,46 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 #endif
 }
 
-// kiln_gated_delta_chunk_keyed's arguments; grid S VH ROW_BLOCKS, RTHREADS
-// threads, sizeof(rows_smem) of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(RTHREADS, 1)
-kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
-                      const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
-                      float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
-                      kiln_u32 tokens, kiln_fault *fault, const float *__restrict__ ws, kiln_u32 records)
+// The streamed rows kernel's last warp: the sequence's records (chunk c's
+// at rec + c VH REC_FLOATS, its flag at fl[c VH]) into their stages, each
+// once its flag is set, while the other warps compute, so that the waits
+// stay off their chain; at the block's barriers of the compute loop (one a
+// chunk, two in bf16). Lane 0 acquires a flag; the warp barrier orders the
+// other lanes' copies after it.
+__device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const float *rec, kiln_u32 chunks,
+                                       int lane)
 {
-    kiln_grid_dependency_sync();
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    if (lane == 0)
+        flag_wait(fl);
+    syncwarp();
+    load_rec<32>(sm, 0, rec, lane);
+    cp_commit();
+#pragma unroll 1
+    for (kiln_u32 c = 0; c < chunks; c++) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        if (c + 1 < chunks) {
+            if (lane == 0)
+                flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
+            syncwarp();
+            load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
+        }
+        cp_commit();
+#if KILN_BF16
+        __syncthreads();
+#endif
+    }
+}
+
+// The rows kernel's body (kiln_gated_delta_rows).
+__device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                                         const kiln_elt *__restrict__ v, const float *__restrict__ g,
+                                         const float *__restrict__ beta, float *__restrict__ state,
+                                         const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
+                                         kiln_u32 tokens, kiln_fault *fault, const float *__restrict__ ws,
+                                         kiln_u32 records, const kiln_u32 *__restrict__ flags)
+{
     extern __shared__ __align__(16) unsigned char smem_raw[];
     if (!smem_holds(sizeof(rows_smem)))
         return;
@@ -1722,8 +1821,16 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     if (!seq_records<RTHREADS>(spans, seq, tokens, chunks, h, ws, records, sm.red, tid, rec))
         return;
     constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
-    load_chunk<false, rows_smem, RTHREADS>(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, brow, tid);
-    load_rec(sm, 0, rec, tid);
+    // Streamed, the last warp loads the records (record base(seq) + c of
+    // head h, chunk c's, has its flag at flags[(base(seq) + c) VH + h]).
+    if (flags && tid >= RTHREADS) {
+        rows_poll(sm, flags + (rec - ws) / REC_FLOATS, rec, chunks, lane);
+        return;
+    }
+    load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
+    load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
+    if (!flags)
+        load_rec<RTHREADS>(sm, 0, rec, tid);
     cp_commit();
 
     // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
@@ -1736,7 +1843,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = brow + wrow + g4 + (e >> 1) * 8, col = n * 8 + 2 * t4 + (e & 1);
-            s[n][e] = r < KILN_DV && col < KILN_DK ? srow[(kiln_u64)r * KILN_DK + col] : 0.0f;
+            s[n][e] = r < KILN_DV && col < KILN_DK ? __ldcg(srow + (kiln_u64)r * KILN_DK + col) : 0.0f;
         }
     const int bn = (lane & 7) + ((lane >> 4) << 3), bk = ((lane >> 3) & 1) * 8; // B rows (n), k offset
     const int tk = ((lane >> 3) & 1) * 8 + (lane & 7), tn = (lane >> 4) * 8;    // trans B: k row, n offset
@@ -1750,9 +1857,10 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         rescale_rows<rows_smem, RTHREADS>(sm, st, tid);
 #endif
         if (c + 1 < chunks) {
-            load_chunk<false, rows_smem, RTHREADS>(sm, st ^ 1, q, k, v, g, beta, start, count, c + 1, h, kh, brow,
-                                                   tid);
-            load_rec(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
+            load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
+            load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
+            if (!flags)
+                load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
         }
         cp_commit();
 #if KILN_BF16
@@ -1777,7 +1885,7 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 #pragma unroll
             for (int b1 = 0; b1 < 2; b1++) {
                 const int i = n * 8 + 2 * t4 + b1;
-                const float fk = exp_approx(kv.gam[i]) * kv.rk[i], bt = sm.beta[st][i];
+                const float fk = exp_approx(kv.gam[i]) * kv.rk[i], bt = R[REC_B + i];
 #pragma unroll
                 for (int e2 = 0; e2 < 2; e2++) {
                     const float vv = kiln_elt_to_f32(sm.v[st][i][wrow + g4 + 8 * e2]);
@@ -1869,4 +1977,30 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
             if (r < KILN_DV && col < KILN_DK)
                 srow[(kiln_u64)r * KILN_DK + col] = s[n][e];
         }
+}
+
+// kiln_gated_delta_chunk_keyed's arguments and the streamed pre-pass's flags
+// (or NULL); grid S VH ROW_BLOCKS, RTHREADS threads (streamed: RTHREADS +
+// 32, the last warp loading the records), sizeof(rows_smem) of dynamic
+// shared memory. Streamed, it launches beside the pre-pass once that
+// one has waited for the kernels ahead of it (so it reads its inputs, the
+// state and the spans through L2, before any wait of its own), waits on each
+// record's flag rather than on the pre-pass's grid, and waits for the
+// pre-pass at its end, so that this grid completes only after it (the
+// kernels after this one wait on this grid alone).
+extern "C" __global__ void __launch_bounds__(RTHREADS + 32, 1)
+kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
+                      const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
+                      float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
+                      kiln_u32 tokens, kiln_fault *fault, const float *__restrict__ ws, kiln_u32 records,
+                      const kiln_u32 *__restrict__ flags)
+{
+    KILN_INPUT_BEFORE_DEPENDENCY_SYNC;
+    if (!flags)
+        kiln_grid_dependency_sync();
+    else
+        kiln_grid_launch_dependents();
+    rows_run(q, k, v, g, beta, state, spans, out, tokens, fault, ws, records, flags);
+    if (flags)
+        kiln_grid_dependency_sync();
 }

@@ -134,6 +134,24 @@ __device__ __forceinline__ void kiln_grid_dependency_wait_then_launch()
 }
 #define KILN_INPUT_BEFORE_DEPENDENCY_SYNC ((void)0)
 
+// The wait alone, for a kernel that lets its dependents launch itself
+// (kiln_grid_launch_dependents, later in the same body) once what they read
+// before their own sync is ready: the gated delta pre-pass clears the flags
+// its streamed chain kernel polls, then lets that kernel launch.
+__device__ __forceinline__ void kiln_grid_dependency_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kiln_grid_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The one exception to "kiln_grid_dependency_sync() first": a kernel whose
 // body starts with this marker requests part of its weight (a model
 // parameter, which no kernel ahead of it writes: the op's contract says so)

@@ -356,8 +356,9 @@ static void test_without_a_database(void **state)
 
 /* kiln launches every kernel with programmatic dependent launch: a kernel may
  * start before the one ahead of it has finished, so each must call
- * kiln_grid_dependency_sync() (or kiln_grid_dependency_wait_then_launch())
- * before anything else, or start with the marker of a prologue the sync
+ * kiln_grid_dependency_sync() (or kiln_grid_dependency_wait_then_launch(),
+ * or kiln_grid_dependency_wait() with a kiln_grid_launch_dependents() after
+ * it) before anything else, or start with the marker of a prologue the sync
  * follows (kiln_prelude.cuh). Every __global__ function of every embedded
  * template: its body's first statement. */
 static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
@@ -374,6 +375,7 @@ static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
                 body++;
             static const char want[] = "kiln_grid_dependency_sync();",
                               other[] = "kiln_grid_dependency_wait_then_launch();",
+                              wait[] = "kiln_grid_dependency_wait();", launch[] = "kiln_grid_launch_dependents();",
                               early[] = "KILN_WEIGHT_BEFORE_DEPENDENCY_SYNC;",
                               input[] = "KILN_INPUT_BEFORE_DEPENDENCY_SYNC;";
             const int weight_first = !strncmp(body, early, sizeof early - 1);
@@ -383,6 +385,14 @@ static void test_every_kernel_syncs_on_the_grid_before_it(void **state)
                 if (!sync || (next && sync > next))
                     fail_msg("%s: a kernel starts with %s but has no %s after it", f->name,
                              weight_first ? early : input, want);
+                kernels++;
+                continue;
+            }
+            if (!strncmp(body, wait, sizeof wait - 1)) {
+                /* The wait alone: the kernel must let its dependents launch in the same body. */
+                const char *next = strstr(body, "__global__"), *go = strstr(body, launch);
+                if (!go || (next && go > next))
+                    fail_msg("%s: a kernel starts with %s but has no %s after it", f->name, wait, launch);
                 kernels++;
                 continue;
             }

@@ -295,14 +295,14 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "out of range", NULL);
     KILN_EXPECT(kiln_op_gated_delta_state_bytes(1, 1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
-    /* The workspace: (ceil(T / 64) + S) records a value head of 22016 bytes. */
+    /* The workspace: (ceil(T / 64) + S) records a value head of 22272 bytes and a 4-byte flag. */
     b = 1;
     KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, 32, &b));
-    assert_int_equal(b, (size_t)(64 + 8) * 32 * 22016);
+    assert_int_equal(b, (size_t)(64 + 8) * 32 * 22276);
     KILN_CHECK(kiln_op_gated_delta_workspace(4097, 1, 32, &b));
-    assert_int_equal(b, (size_t)(65 + 1) * 32 * 22016);
+    assert_int_equal(b, (size_t)(65 + 1) * 32 * 22276);
     KILN_CHECK(kiln_op_gated_delta_workspace(0, 3, 1, &b));
-    assert_int_equal(b, (size_t)3 * 22016);
+    assert_int_equal(b, (size_t)3 * 22276);
     KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 0, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "0 sequences", "out of range");
     KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 8, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),

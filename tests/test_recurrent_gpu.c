@@ -332,7 +332,9 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
      * it ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (two warps) and at 64
      * (four; $KILN_GATED_DELTA_CHUNK), each from the same initial state and
      * poisoned outputs; then the same forms again with one f16 term an f32
-     * operand ($KILN_GATED_DELTA_TERMS=1). */
+     * operand ($KILN_GATED_DELTA_TERMS=1). A path the encode ran streamed
+     * (the rows kernel beside the pre-pass) runs again unstreamed
+     * ($KILN_GATED_DELTA_STREAM=0), to the same bits. */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
     const int forms = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1, paths = c->kernel == CHUNK ? 2 * forms : 1;
     size_t ws_bytes;
@@ -341,66 +343,90 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
     const kiln_region ws = {bw, 0, ws_bytes};
     uint16_t *got_os[8] = {NULL};
     float *got_ss[8] = {NULL};
-    int rows = 0;
+    int rows = 0, streamed[8] = {0};
     for (int path = 0; path < paths; path++) {
         const int form = path % forms, terms = c->kernel == CHUNK ? 2 - path / forms : 0;
-        KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
-        KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
-        if (bw)
-            KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
-        setenv("KILN_GATED_DELTA_PREP", form ? "1" : "0", 1);
-        setenv("KILN_GATED_DELTA_ROWS", form >= 2 ? "1" : "0", 1);
-        if (form >= 2)
-            setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
-        if (terms == 1)
-            setenv("KILN_GATED_DELTA_TERMS", "1", 1);
-        kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
-                                          &to,         c->max_span, form ? &ws : NULL};
-        kiln_command *cmd;
-        const kiln_status est = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
-        unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later cases */
-        unsetenv("KILN_GATED_DELTA_ROWS");
-        unsetenv("KILN_GATED_DELTA_CHUNK");
-        unsetenv("KILN_GATED_DELTA_TERMS");
-        KILN_CHECK(est);
-        assert_true(kiln_command_replayable(cmd));
-        rows = kiln__gated_delta_last_rows();
-        const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
-        if (want_chunk ? rows <= 0 : rows != 0)
-            fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
-                     want_chunk ? "the chunked kernel" : "the scan");
-        const int want_keyed = want_chunk ? (form < 2 ? form : 2) : 0;
-        if (want_chunk && form >= 2 && rows != (form == 2 ? 32 : 64))
-            fail_msg("%s: the rows kernel took %d rows a block, want %d", c->name, rows, form == 2 ? 32 : 64);
-        if (kiln__gated_delta_last_keyed() != want_keyed)
-            fail_msg("%s: the encode took form %d, want %d (0 single, 1 keyed, 2 rows)", c->name,
-                     kiln__gated_delta_last_keyed(), want_keyed);
-        if (kiln__gated_delta_last_terms() != (want_chunk ? terms : 0))
-            fail_msg("%s: the encode took %d terms, want %d", c->name, kiln__gated_delta_last_terms(),
-                     want_chunk ? terms : 0);
-        for (int k = 0; k < calls; k++) {
-            KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
-            kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
-                                      .phase = k ? "decode" : "prefill"};
-            kiln_fence *fence;
-            KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
-            KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
-            KILN_CHECK(kiln_fence_wait(fence));
-            kiln_attribution a;
-            KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
-            assert_string_equal(a.op_id, "gated_delta");
-            assert_int_equal(a.path, k ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER);
-            assert_int_equal(a.participants, (uint32_t)c->seqs);
-            assert_int_equal(a.tokens, (uint32_t)T);
-            kiln_fence_release(fence);
-            KILN_CHECK(kiln_stream_synchronize(f->s));
+        /* Pass 1, where pass 0 ran streamed: the same path unstreamed. */
+        for (int pass = 0; pass < 1 + streamed[path]; pass++) {
+            KILN_CHECK(kiln_buffer_upload(bs, c->state_skew, p.state0, ns * 4));
+            KILN_CHECK(kiln_buffer_fill(bo, 0, 0xff, nv * 2));
+            if (bw)
+                KILN_CHECK(kiln_buffer_fill(bw, 0, 0xff, ws_bytes));
+            setenv("KILN_GATED_DELTA_PREP", form ? "1" : "0", 1);
+            setenv("KILN_GATED_DELTA_ROWS", form >= 2 ? "1" : "0", 1);
+            if (form >= 2)
+                setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
+            if (terms == 1)
+                setenv("KILN_GATED_DELTA_TERMS", "1", 1);
+            if (pass)
+                setenv("KILN_GATED_DELTA_STREAM", "0", 1);
+            kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
+                                              &to,         c->max_span, form ? &ws : NULL};
+            kiln_command *cmd;
+            const kiln_status est = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
+            unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later cases */
+            unsetenv("KILN_GATED_DELTA_ROWS");
+            unsetenv("KILN_GATED_DELTA_CHUNK");
+            unsetenv("KILN_GATED_DELTA_TERMS");
+            unsetenv("KILN_GATED_DELTA_STREAM");
+            KILN_CHECK(est);
+            assert_true(kiln_command_replayable(cmd));
+            rows = kiln__gated_delta_last_rows();
+            if (!pass)
+                streamed[path] = kiln__gated_delta_last_streamed();
+            else if (kiln__gated_delta_last_streamed())
+                fail_msg("%s: the encode ran streamed under $KILN_GATED_DELTA_STREAM=0", c->name);
+            const int want_chunk = c->kernel == CHUNK && chunk_device(f) && c->dk <= 128;
+            if (want_chunk ? rows <= 0 : rows != 0)
+                fail_msg("%s: the encode took %s, want %s", c->name, rows > 0 ? "the chunked kernel" : "the scan",
+                         want_chunk ? "the chunked kernel" : "the scan");
+            const int want_keyed = want_chunk ? (form < 2 ? form : 2) : 0;
+            if (want_chunk && form >= 2 && rows != (form == 2 ? 32 : 64))
+                fail_msg("%s: the rows kernel took %d rows a block, want %d", c->name, rows, form == 2 ? 32 : 64);
+            if (kiln__gated_delta_last_keyed() != want_keyed)
+                fail_msg("%s: the encode took form %d, want %d (0 single, 1 keyed, 2 rows)", c->name,
+                         kiln__gated_delta_last_keyed(), want_keyed);
+            if (kiln__gated_delta_last_terms() != (want_chunk ? terms : 0))
+                fail_msg("%s: the encode took %d terms, want %d", c->name, kiln__gated_delta_last_terms(),
+                         want_chunk ? terms : 0);
+            for (int k = 0; k < calls; k++) {
+                KILN_CHECK(kiln_buffer_upload(bsp, 0, call_spans[k], (size_t)c->seqs * 8));
+                kiln_submit_options so = {.path = k ? KILN_PATH_REPLAYED_ONLY : KILN_PATH_EAGER_ONLY,
+                                          .phase = k ? "decode" : "prefill"};
+                kiln_fence *fence;
+                KILN_CHECK(kiln_stream_prepare(f->s, &cmd, 1, &so, NULL));
+                KILN_CHECK(kiln_stream_submit(f->s, &cmd, 1, &so, &fence));
+                KILN_CHECK(kiln_fence_wait(fence));
+                kiln_attribution a;
+                KILN_CHECK(kiln_fence_attribution(fence, 0, &a));
+                assert_string_equal(a.op_id, "gated_delta");
+                assert_int_equal(a.path, k ? KILN_EXEC_REPLAYED : KILN_EXEC_EAGER);
+                assert_int_equal(a.participants, (uint32_t)c->seqs);
+                assert_int_equal(a.tokens, (uint32_t)T);
+                kiln_fence_release(fence);
+                KILN_CHECK(kiln_stream_synchronize(f->s));
+            }
+            kiln_command_release(cmd);
+            uint16_t *o = malloc(nv * 2);
+            float *st = malloc(ns * 4);
+            assert_true(o && st);
+            KILN_CHECK(kiln_buffer_readback(bo, 0, o, nv * 2));
+            KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, st, ns * 4));
+            if (!pass) {
+                got_os[path] = o;
+                got_ss[path] = st;
+                continue;
+            }
+            /* Unstreamed, the same records in the same order: the same bits. */
+            for (size_t i = 0; i < nv; i++)
+                if (o[i] != got_os[path][i])
+                    fail_msg("%s (%s): out[%zu] = 0x%04x unstreamed, 0x%04x streamed", c->name, kiln_dtype_name(elt), i,
+                             o[i], got_os[path][i]);
+            if (memcmp(st, got_ss[path], ns * 4))
+                fail_msg("%s (%s): the state unstreamed differs from the streamed one", c->name, kiln_dtype_name(elt));
+            free(o);
+            free(st);
         }
-        kiln_command_release(cmd);
-        got_os[path] = malloc(nv * 2);
-        got_ss[path] = malloc(ns * 4);
-        assert_true(got_os[path] && got_ss[path]);
-        KILN_CHECK(kiln_buffer_readback(bo, 0, got_os[path], nv * 2));
-        KILN_CHECK(kiln_buffer_readback(bs, c->state_skew, got_ss[path], ns * 4));
     }
     /* The keyed kernel's out and state are the single kernel's, bit for bit,
      * at either count of terms (the rows kernel's sums run in another order:
@@ -451,9 +477,11 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
         fprintf(stderr,
                 "%s (%s%s%s): dk %lld dv %lld heads %lld->%lld seqs %lld tokens %llu calls %d, %s %d: max err out "
                 "%.3g state %.3g\n",
-                c->name, kiln_dtype_name(elt), form >= 2 ? ", rows" : form ? ", keyed" : "", one ? ", one term" : "",
-                (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh, (long long)c->seqs,
-                (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o, worst_s);
+                c->name, kiln_dtype_name(elt),
+                form >= 2 ? (streamed[path] ? ", rows streamed" : ", rows") : form ? ", keyed" : "",
+                one ? ", one term" : "", (long long)c->dk, (long long)c->dv, (long long)c->kh, (long long)c->vh,
+                (long long)c->seqs, (unsigned long long)T, calls, rows ? "chunked, rows" : "scan", rows, worst_o,
+                worst_s);
         if (touched)
             fail_msg("%s (%s): %zu output elements of uncovered tokens were written", c->name, kiln_dtype_name(elt),
                      touched);

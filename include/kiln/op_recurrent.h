@@ -94,7 +94,12 @@
  * kernel runs in its place (a warp to 16 rows of S, no block barrier within
  * a chunk; its results agree with the others within rounding, not bit for
  * bit); $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0 never;
- * in one term it is the default wherever it can run.
+ * in one term it is the default wherever it can run. Where its blocks fit
+ * the SMs beside one of the pre-pass's each (one long sequence, or two at
+ * 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
+ * round a block an SM and flags each one in the workspace, and the rows
+ * kernel, launched beside it, waits on its records' flags rather than on
+ * the whole pre-pass ($KILN_GATED_DELTA_STREAM=0: never).
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
@@ -168,9 +173,10 @@ KILN_API kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_b
 KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v_heads, int64_t dv, int64_t dk,
                                                      size_t *bytes);
 /* Bytes of the workspace (see above) of a command of T = tokens, S = seqs
- * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 22016
- * bytes, one per (chunk of a sequence, value head); spans that share no
- * tokens have at most that many chunks. KILN_ERR_RUNTIME_CONTRACT for
+ * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 22272
+ * bytes, one per (chunk of a sequence, value head), and a 4-byte flag each
+ * (22276 bytes a record in all); spans that share no tokens have at most
+ * that many chunks. KILN_ERR_RUNTIME_CONTRACT for
  * tokens outside [0, 2^32 - 1], seqs outside [1, 2^31 - 1], num_v_heads
  * outside [1, KILN_MODEL_MAX_HEADS] or an overflow; KILN_ERR_INVALID_ARGUMENT
  * for a NULL bytes. */
