@@ -14,7 +14,12 @@ output_final_state=True (kiln reads and writes its state too).
 
 Timing as bench_recurrent: iters back-to-back calls between two CUDA events
 on the current stream, divided by iters; the median and the minimum of reps
-such runs, after one warm-up run. Fields as bench_recurrent's prefill lines:
+such runs, after one warm-up run; each shape twice, "graph": false as
+called, then "graph": true with the call captured once in a CUDA graph and
+replayed (fla's kernels without its host's Python launches, as kiln's
+benchmark times its own; with one sequence and no cu_seqlens where capture
+refuses them: "cu_seqlens" says which, an "error" line where neither
+captures). Fields as bench_recurrent's prefill lines:
 bench, peer ("fla"), phase, dtype, kernel, seqs, span, dk, dv, key_heads,
 value_heads, iters, median_us, min_us, tokens_per_s; also beta_dtype,
 fla_version, torch_version, device. A "check" line compares fla's output and
@@ -157,27 +162,64 @@ def main():
         failed = True
         emit({"phase": "check", "error": type(e).__name__, "message": str(e)[:2000]})
 
+    def timed(fn):
+        """(median, min) µs of fn over reps runs of iters calls, after a warm-up run."""
+        stream = torch.cuda.current_stream()
+        times = []
+        for r in range(-1, args.reps):  # r = -1: warm-up
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            for _ in range(args.iters):
+                fn()
+            e1.record(stream)
+            e1.synchronize()
+            if r >= 0:
+                times.append(e0.elapsed_time(e1) * 1e3 / args.iters)
+        times.sort()
+        n = len(times)
+        return (times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])), times[0]
+
+    def captured(x):
+        """fla's call captured in a CUDA graph (its launches without the host's Python), or the
+        reason it cannot be; with one sequence, without cu_seqlens where capture refuses them."""
+        tries = [x] + ([x[:6] + (None,)] if x[6] is not None and len(x[6]) == 2 else [])
+        why = None
+        for xs in tries:
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        call(*xs)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    call(*xs)
+                torch.cuda.synchronize()
+                return graph, xs[6] is not None, None
+            except Exception as e:
+                why = "%s: %s" % (type(e).__name__, str(e)[:500])
+                torch.cuda.synchronize()
+        return None, False, why
+
     for seqs, span in SHAPES:
+        T = seqs * span
+        line = {"phase": "prefill", "kernel": "chunk_gated_delta_rule", "seqs": seqs, "span": span, "dk": DK,
+                "dv": DV, "key_heads": KH, "value_heads": VH, "iters": args.iters, "beta_dtype": bname}
         try:
             x = inputs(torch, seqs, span, elt, beta_dtype, gen)
-            stream = torch.cuda.current_stream()
-            times = []
-            for r in range(-1, args.reps):  # r = -1: warm-up
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record(stream)
-                for _ in range(args.iters):
-                    call(*x)
-                e1.record(stream)
-                e1.synchronize()
-                if r >= 0:
-                    times.append(e0.elapsed_time(e1) * 1e3 / args.iters)
-            times.sort()
-            med = times[len(times) // 2] if len(times) % 2 else 0.5 * (times[len(times) // 2 - 1] + times[len(times) // 2])
-            T = seqs * span
-            emit(dict({"phase": "prefill", "kernel": "chunk_gated_delta_rule", "seqs": seqs, "span": span, "dk": DK,
-                       "dv": DV, "key_heads": KH, "value_heads": VH, "iters": args.iters, "median_us": r3(med),
-                       "min_us": r3(times[0]), "tokens_per_s": r3(T / (med * 1e-6)), "beta_dtype": bname},
+            med, lo = timed(lambda: call(*x))
+            emit(dict(line, graph=False, median_us=r3(med), min_us=r3(lo), tokens_per_s=r3(T / (med * 1e-6)),
                       **versions))
+            # The same call replayed from a CUDA graph: the peer's device time, as kiln's is.
+            graph, cu_used, why = captured(x)
+            if graph is None:
+                emit(dict(line, graph=True, error="capture", message=why, **versions))
+            else:
+                med, lo = timed(graph.replay)
+                emit(dict(line, graph=True, cu_seqlens=cu_used, median_us=r3(med), min_us=r3(lo),
+                          tokens_per_s=r3(T / (med * 1e-6)), **versions))
+                del graph
             del x
         except Exception as e:
             failed = True
