@@ -14,8 +14,8 @@
  * and $KILN_GATED_DELTA_ROWS=0 (the pre-pass and the keyed kernel, timed
  * together); "rows", the same with $KILN_GATED_DELTA_ROWS=1 (the pre-pass
  * and the rows kernel). Each form runs with the f32 operands of the chained
- * products in two f16 terms (the default), then in one ("terms" 1,
- * $KILN_GATED_DELTA_TERMS=1). "streamed": the rows kernel ran beside the
+ * products in two f16 terms ("terms" 2, $KILN_GATED_DELTA_TERMS=2), then
+ * in one (the default). "streamed": the rows kernel ran beside the
  * pre-pass ($KILN_GATED_DELTA_STREAM=0 for a run without). The single form
  * against the keyed ones at each
  * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
@@ -171,8 +171,7 @@ int main(int argc, char **argv)
             kiln_command *cmd;
             setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
             setenv("KILN_GATED_DELTA_ROWS", form == 2 ? "1" : "0", 1);
-            if (run >= forms)
-                setenv("KILN_GATED_DELTA_TERMS", "1", 1);
+            setenv("KILN_GATED_DELTA_TERMS", run >= forms ? "1" : "2", 1);
             const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
             unsetenv("KILN_GATED_DELTA_PREP");
             unsetenv("KILN_GATED_DELTA_ROWS");

@@ -177,24 +177,26 @@ kiln_status kiln_op_gated_delta_chunk_spec(kiln_dtype elt, int64_t dk, int64_t d
 }
 
 /* The f16 terms the chunked kernels' f32 operands (the state, R, T, U and
- * the scores) take in the chain's products: 2 (hi and lo, about 22 bits),
- * or 1 where $KILN_GATED_DELTA_TERMS is 1 (f16 operands, f32 accumulators
- * and state, as fla's kernels take their input type: about half the tensor
- * core work; bench_recurrent). Prewarm lists what the encode takes. */
+ * the scores) take in the chain's products: 1 (f16 operands, f32
+ * accumulators and state, as fla's kernels take their input type, at
+ * fla's accuracy), or 2 where $KILN_GATED_DELTA_TERMS is 2 (hi and lo,
+ * about 22 bits, for about twice the tensor-core work: bench_recurrent
+ * times both, test_recurrent_gpu bounds both). Prewarm lists what the
+ * encode takes. */
 static int chunk_terms(void)
 {
     const char *env = getenv("KILN_GATED_DELTA_TERMS");
-    return env && !strcmp(env, "1") ? 1 : 2;
+    return env && !strcmp(env, "2") ? 2 : 1;
 }
 
-/* kiln_op_gated_delta_chunk_spec's spec, with the constant TERMS 1 for one
- * term (the template's default is 2, so that spec keeps its fingerprint). */
+/* kiln_op_gated_delta_chunk_spec's spec (one term, the template's default),
+ * with the constant TERMS 2 for two. */
 static kiln_status chunk_spec(kiln_dtype elt, int64_t dk, int64_t dv, int64_t kh, int64_t vh, int rows, int vec,
                               int terms, kiln_spec *out)
 {
     kiln_status st = kiln_op_gated_delta_chunk_spec(elt, dk, dv, kh, vh, rows, vec, out);
-    if (!st && terms == 1)
-        st = kiln_spec_set(out, "TERMS", 1);
+    if (!st && terms == 2)
+        st = kiln_spec_set(out, "TERMS", 2);
     return st;
 }
 
@@ -426,14 +428,14 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
 /* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
  * barrier of the block within a chunk) rather than the keyed kernel. It
  * needs vectors of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
- * never takes it, 1 always; by default it serves where the keyed kernel's
- * blocks at its own rows (chunk_rows: 64, or 32 with DV <= 32) need more
- * than one wave over the SMs: a warp a scheduler leaves the rows kernel
- * latency-bound, ahead of the keyed kernel's second wave but behind its
- * one (bench_recurrent: 4 x 1024 and 16 x 256 against 1 x 4096 and 1 x
- * 16384). In one term (terms 1) it serves wherever it can: its chain of
- * halved products kept up with the keyed kernel's at one sequence (1 x 4096
- * and 1 x 16384 within 2%) and ran 4 x 1024 and 16 x 256 in 0.7x its time.
+ * never takes it, 1 always. By default, in one term, it serves wherever it
+ * can: its chain of halved products beat the keyed kernel's at every
+ * shape (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x). In two terms it
+ * serves only where the keyed kernel's blocks at its own rows (chunk_rows:
+ * 64, or 32 with DV <= 32) need more than one wave over the SMs: a warp a
+ * scheduler leaves it latency-bound, ahead of the keyed kernel's second
+ * wave but behind its one (4 x 1024 and 16 x 256 against 1 x 4096 and
+ * 1 x 16384).
  * It runs at chunk_rows (what $KILN_GATED_DELTA_CHUNK forces), the spec
  * prewarm lists, since both kernels are entries of one cubin. */
 static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int chunk_rows, int terms)

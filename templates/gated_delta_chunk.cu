@@ -21,7 +21,9 @@
 //
 // Products run on mma.sync m16n8k16 (f16 in, f32 accumulate). k and q enter
 // raw (exact f16; bf16 as below); their norms scale the f32 results. f32
-// operands (S, T, R, U, the scores P) enter as two f16 terms hi = f16(x),
+// operands (S, T, R, U, the scores P) enter as one f16 term hi = f16(x)
+// (TERMS 1, the default, as fla's kernels take their input type), or
+// (TERMS 2) as two f16 terms hi = f16(x),
 // lo = f16(x − hi), about 22 bits: S k and S q take hi and lo against exact k and q, T R and
 // P U take hi·hi + hi·lo + lo·hi. A split's absolute error is about 2^-25
 // (f16's subnormal step), so the operands whose small rows or columns would
@@ -129,12 +131,13 @@
 #error "KILN_VEC must be 8 or 1"
 #endif
 #ifndef KILN_TERMS
-#define KILN_TERMS 2
+#define KILN_TERMS 1
 #endif
 #if KILN_TERMS != 1 && KILN_TERMS != 2
 #error "KILN_TERMS must be 1 or 2"
 #endif
-// Whether the chain's products take their f32 operands' lo terms (TERMS 2).
+// Whether the chain's products take their f32 operands' lo terms (TERMS 2;
+// the default, 1, takes hi alone).
 #define LO (KILN_TERMS == 2)
 #if KILN_VEC == 8 && (KILN_DK % 8 != 0 || KILN_DV % 8 != 0)
 #error "KILN_VEC 8 needs DK and DV multiples of 8"

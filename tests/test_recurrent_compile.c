@@ -117,14 +117,14 @@ static void test_arch_lists_the_chunked_kernel(void **state)
     KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 1, &want));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
-    /* $KILN_GATED_DELTA_TERMS=1: the same kernels in one term, as the encode takes them. */
-    setenv("KILN_GATED_DELTA_TERMS", "1", 1);
+    /* $KILN_GATED_DELTA_TERMS=2: the same kernels in two terms, as the encode takes them. */
+    setenv("KILN_GATED_DELTA_TERMS", "2", 1);
     const kiln_status st = kiln_model_specializations_for_arch(&c, "sm_90", &specs, &n);
     unsetenv("KILN_GATED_DELTA_TERMS");
     KILN_CHECK(st);
     assert_int_equal(count_template(specs, n, "gated_delta_chunk", &got), 2);
     KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 100, 16, 32, 32, 1, &want));
-    KILN_CHECK(kiln_spec_set(&want, "TERMS", 1));
+    KILN_CHECK(kiln_spec_set(&want, "TERMS", 2));
     assert_memory_equal(&got, &want, sizeof want);
     kiln_free(specs);
 }
@@ -193,8 +193,8 @@ static void test_chunked_kernel_compiles(void **state)
                 int compiled = 0;
                 KILN_CHECK(kiln_op_gated_delta_chunk_spec(elts[e], cases[i].dk, cases[i].dv, cases[i].kh,
                                                           cases[i].vh, cases[i].rows, cases[i].vec, &s));
-                if (cases[i].terms == 1)
-                    KILN_CHECK(kiln_spec_set(&s, "TERMS", 1));
+                if (cases[i].terms == 2)
+                    KILN_CHECK(kiln_spec_set(&s, "TERMS", 2));
                 KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
                 kiln_status st = kiln_jit_prepare(jit, &s, &compiled);
                 if (st)

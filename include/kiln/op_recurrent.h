@@ -16,10 +16,10 @@
  *            square root, Qwen3-Next's use_qk_l2norm_in_kernel) and the
  *            1/sqrt(DK) scale of q; exp of g; f32 arithmetic throughout
  *            (the chunked kernel's tensor-core products take their f32
- *            operands as two f16 terms, about 22 bits; one term, f16, where
- *            $KILN_GATED_DELTA_TERMS is 1, as fla's kernels take their
- *            input type: about half the tensor-core work, a looser bound
- *            below);
+ *            operands as one f16 term, as fla's kernels take their input
+ *            type; as two, hi and lo, about 22 bits, where
+ *            $KILN_GATED_DELTA_TERMS is 2: about twice the tensor-core
+ *            work, a tighter bound below);
  *   expects: q, k, v after the causal conv1d and SiLU; g the log decay
  *            (Qwen3-Next: -exp(A_log) · softplus(a + dt_bias)), finite and
  *            <= 0 for a decay; beta already through the sigmoid, in (0, 1);
@@ -76,11 +76,12 @@
  * where it is 0, T / S rounded up) at least KILN_GATED_DELTA_CHUNK_MIN_TOKENS.
  * $KILN_GATED_DELTA_CHUNK=0 keeps the scan everywhere; 32 or 64 sets the
  * chunked kernel's rows a block (where the device has the room), which is
- * otherwise chosen by the waves of blocks over the SMs. Both agree with a
- * float64 recurrence to about 1e-3 of each row's scale (tests/
- * test_recurrent_gpu.c); in one term ($KILN_GATED_DELTA_TERMS=1) the
- * chunked form is within about 7e-3 (out) and 2e-3 (state), as fla's
- * chunk_gated_delta_rule is within 5e-3 and 3e-3 on the same measure.
+ * otherwise chosen by the waves of blocks over the SMs. Against a float64
+ * recurrence (tests/test_recurrent_gpu.c), the chunked form is within about
+ * 7e-3 (out) and 2e-3 (state) of each row's scale, as fla's
+ * chunk_gated_delta_rule is within 5e-3 and 3e-3 on the same measure; the
+ * scan, and the chunked form in two terms ($KILN_GATED_DELTA_TERMS=2),
+ * within about 1e-3.
  *
  * Workspace (optional; kiln_op_gated_delta_workspace gives its bytes): with
  * one bound, the chunked form may run keyed: a pre-pass, parallel over
@@ -94,7 +95,7 @@
  * kernel runs in its place (a warp to 16 rows of S, no block barrier within
  * a chunk; its results agree with the others within rounding, not bit for
  * bit); $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0 never;
- * in one term it is the default wherever it can run. Where its blocks fit
+ * in one term (the default) it runs wherever it can. Where its blocks fit
  * the SMs beside one of the pre-pass's each (one long sequence, or two at
  * 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
  * round a block an SM and flags each one in the workspace, and the rows
