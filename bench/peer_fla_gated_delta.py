@@ -185,21 +185,31 @@ def main():
         tries = [x] + ([x[:6] + (None,)] if x[6] is not None and len(x[6]) == 2 else [])
         why = None
         for xs in tries:
-            try:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
+            first = None  # the first failure: the call's, not the capture_end it spoils
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # the current stream again after it, whatever fails
+                try:
                     for _ in range(3):
                         call(*xs)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    call(*xs)
+                    side.synchronize()
+                    graph.capture_begin()
+                    try:
+                        call(*xs)
+                    except Exception as e:
+                        first = e
+                    graph.capture_end()
+                except Exception as e:
+                    first = first or e
+            torch.cuda.current_stream().wait_stream(side)
+            try:
                 torch.cuda.synchronize()
-                return graph, xs[6] is not None, None
             except Exception as e:
-                why = "%s: %s" % (type(e).__name__, str(e)[:500])
-                torch.cuda.synchronize()
+                first = first or e
+            if first is None:
+                return graph, xs[6] is not None, None
+            why = "%s: %s" % (type(first).__name__, str(first)[:500])
         return None, False, why
 
     for seqs, span in SHAPES:

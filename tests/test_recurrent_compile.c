@@ -82,6 +82,7 @@ static void test_model_lists_the_spec_only_with_linear_attention(void **state)
 static void test_arch_lists_the_chunked_kernel(void **state)
 {
     (void)state;
+    unsetenv("KILN_GATED_DELTA_TERMS"); /* the default: one term */
     kiln_model_config c;
     qwen3_next(&c);
     static const struct { const char *arch; size_t chunks; int rows; } cases[] = {
@@ -170,16 +171,17 @@ static void test_every_code_path_compiles(void **state)
 /* The chunked kernel for sm_80 and sm_90, in f16 and bf16: Qwen3-Next at
  * both row counts and both vector widths, the small odd shape, a key dim that is not a whole
  * k-step (63: scalar, 72: 8-wide with a padded k-step), a value dim that
- * leaves a block partly empty, and the extremes of one key dim and 128;
- * Qwen3-Next and the scalar odd shape in one f16 term (TERMS 1) too. */
+ * leaves a block partly empty, and the extremes of one key dim and 128, in
+ * one f16 term an operand (the default); Qwen3-Next and the scalar odd
+ * shape in two (TERMS 2) too. */
 static void test_chunked_kernel_compiles(void **state)
 {
     fixture *f = *state;
     static const struct { int64_t dk, dv, kh, vh; int rows, vec, terms; } cases[] = {
-        {128, 128, 16, 32, 64, 8, 2}, {128, 128, 16, 32, 32, 8, 2}, {128, 128, 16, 32, 64, 1, 2},
-        {64, 96, 3, 6, 32, 8, 2},     {64, 96, 3, 6, 64, 8, 2},     {63, 17, 1, 2, 32, 1, 2},
-        {72, 40, 2, 2, 64, 8, 2},     {1, 1, 1, 1, 32, 1, 2},       {128, 1024, 1, 4, 64, 8, 2},
-        {128, 128, 16, 32, 64, 8, 1}, {63, 17, 1, 2, 32, 1, 1}};
+        {128, 128, 16, 32, 64, 8, 1}, {128, 128, 16, 32, 32, 8, 1}, {128, 128, 16, 32, 64, 1, 1},
+        {64, 96, 3, 6, 32, 8, 1},     {64, 96, 3, 6, 64, 8, 1},     {63, 17, 1, 2, 32, 1, 1},
+        {72, 40, 2, 2, 64, 8, 1},     {1, 1, 1, 1, 32, 1, 1},       {128, 1024, 1, 4, 64, 8, 1},
+        {128, 128, 16, 32, 64, 8, 2}, {63, 17, 1, 2, 32, 1, 2}};
     static const char *const arches[] = {"sm_90", "sm_80"};
     static const kiln_dtype elts[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
     for (size_t a = 0; a < sizeof arches / sizeof arches[0]; a++) {

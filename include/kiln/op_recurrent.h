@@ -81,7 +81,7 @@
  * 7e-3 (out) and 2e-3 (state) of each row's scale, as fla's
  * chunk_gated_delta_rule is within 5e-3 and 3e-3 on the same measure; the
  * scan, and the chunked form in two terms ($KILN_GATED_DELTA_TERMS=2),
- * within about 1e-3.
+ * within 2e-3 (bf16 outputs add their own rounding).
  *
  * Workspace (optional; kiln_op_gated_delta_workspace gives its bytes): with
  * one bound, the chunked form may run keyed: a pre-pass, parallel over
@@ -89,13 +89,14 @@
  * beta alone (the norms, the decays, the inverse T and the scores q·k) into
  * the workspace, and the chunked kernel reads them instead of finding them
  * on its sequential chain. Its out and state are the single kernel's bit
- * for bit. Where the keyed kernel's blocks of 64 rows (or of 32 where DV
- * <= 32) would need more than one wave over the SMs (e.g. several
- * sequences), the vector width is 8 and out is 16-byte aligned, the rows
- * kernel runs in its place (a warp to 16 rows of S, no block barrier within
- * a chunk; its results agree with the others within rounding, not bit for
- * bit); $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0 never;
- * in one term (the default) it runs wherever it can. Where its blocks fit
+ * for bit. Where the vector width is 8 and out is 16-byte aligned, the rows
+ * kernel runs in the keyed kernel's place (a warp to 16 rows of S, no block
+ * barrier within a chunk; its results agree with the others within
+ * rounding, not bit for bit): in one term (the default) wherever it can
+ * run; in two, where the keyed kernel's blocks of 64 rows (or of 32 where
+ * DV <= 32) would need more than one wave over the SMs (e.g. several
+ * sequences). $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0
+ * never. Where its blocks fit
  * the SMs beside one of the pre-pass's each (one long sequence, or two at
  * 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
  * round a block an SM and flags each one in the workspace, and the rows
