@@ -1572,7 +1572,9 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
     if (flags) {
         // Cleared (set where this launch writes nothing, so that no reader
         // waits forever), and the clears performed at the GPU's scope before
-        // the rows kernel may launch and poll them.
+        // the rows kernel may launch and poll them. The trigger itself orders
+        // no memory: the fence does, as it does for the inputs the prelude's
+        // KILN_INPUT_BEFORE_DEPENDENCY_SYNC kernels read before their sync.
         for (kiln_u64 i = blockIdx.x + (kiln_u64)threadIdx.x * gridDim.x; i < items;
              i += (kiln_u64)THREADS * gridDim.x)
             flags[i] = holds ? 0u : 1u;
@@ -1612,10 +1614,11 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // dependent products rather than the keyed kernel's phases between eight
 // barriers. Its results match the keyed kernel's within rounding, not bit
 // for bit (the sums run in another order). With a warp a scheduler it is
-// latency-bound (a quarter of the issue slots); it beats the keyed kernel
-// where that one needs more than a wave of blocks (bench_recurrent's 4 x
-// 1024 and 16 x 256), not on one sequence (1 x 4096, 1 x 16384), where a
-// pair of warps to 16 rows, each with half the key dim, was slower still.
+// latency-bound (a quarter of the issue slots); in two terms it beats the
+// keyed kernel where that one needs more than a wave of blocks
+// (bench_recurrent's 4 x 1024 and 16 x 256), not on one sequence (1 x 4096,
+// 1 x 16384), where a pair of warps to 16 rows, each with half the key dim,
+// was slower still; in one term it beats it everywhere.
 #define RWARPS (KILN_ROWS / 16)
 #define RTHREADS (RWARPS * 32)
 #define LDO 24 // elements a row of a warp's output tile (16 columns, +8)
@@ -1772,8 +1775,12 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 // at rec + c VH REC_FLOATS, its flag at fl[c VH]) into their stages, each
 // once its flag is set, while the other warps compute, so that the waits
 // stay off their chain; at the block's barriers of the compute loop (one a
-// chunk, two in bf16). Lane 0 acquires a flag; the warp barrier orders the
-// other lanes' copies after it.
+// chunk, two in bf16, the second taken at once: the rows' rewrite in
+// between needs nothing of this warp, so no chunk waits on the next one's
+// flag). These barriers are the compute warps' at other call sites, as
+// warp-specialized kernels have them; each warp reaches the same count.
+// Lane 0 acquires a flag; the warp barrier orders the other lanes' copies
+// after it.
 __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const float *rec, kiln_u32 chunks,
                                        int lane)
 {
@@ -1787,6 +1794,9 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
     for (kiln_u32 c = 0; c < chunks; c++) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
+#if KILN_BF16
+        __syncthreads();
+#endif
         if (c + 1 < chunks) {
             if (lane == 0)
                 flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
@@ -1794,9 +1804,6 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
             load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
         }
         cp_commit();
-#if KILN_BF16
-        __syncthreads();
-#endif
     }
 }
 
