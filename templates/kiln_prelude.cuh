@@ -98,6 +98,25 @@ struct kiln_fault {
 
 #define KILN_FAULT_TOKEN_ID 1u
 
+// The two halves of programmatic dependent launch (below), no-ops before
+// sm_90. The wait alone starts a kernel that lets its dependents launch
+// itself (kiln_grid_launch_dependents, later in the same body) once what
+// they read before their own sync is ready: the gated delta pre-pass clears
+// the flags its streamed chain kernel polls, then lets that kernel launch.
+__device__ __forceinline__ void kiln_grid_dependency_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kiln_grid_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Programmatic dependent launch (sm_90 and later). A kernel kiln launches
 // with programmatic stream serialization may start before the kernel ahead of
 // it in the stream has finished: it must call kiln_grid_dependency_sync()
@@ -114,10 +133,8 @@ struct kiln_fault {
 // A no-op when launched the ordinary way.
 __device__ __forceinline__ void kiln_grid_dependency_sync()
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    kiln_grid_launch_dependents();
+    kiln_grid_dependency_wait();
 }
 
 // The sync's other order, for a kernel whose next one reads, before its own
@@ -127,30 +144,10 @@ __device__ __forceinline__ void kiln_grid_dependency_sync()
 // KILN_INPUT_BEFORE_DEPENDENCY_SYNC.
 __device__ __forceinline__ void kiln_grid_dependency_wait_then_launch()
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    kiln_grid_dependency_wait();
+    kiln_grid_launch_dependents();
 }
 #define KILN_INPUT_BEFORE_DEPENDENCY_SYNC ((void)0)
-
-// The wait alone, for a kernel that lets its dependents launch itself
-// (kiln_grid_launch_dependents, later in the same body) once what they read
-// before their own sync is ready: the gated delta pre-pass clears the flags
-// its streamed chain kernel polls, then lets that kernel launch.
-__device__ __forceinline__ void kiln_grid_dependency_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void kiln_grid_launch_dependents()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // The one exception to "kiln_grid_dependency_sync() first": a kernel whose
 // body starts with this marker requests part of its weight (a model
