@@ -456,8 +456,9 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
 }
 
-/* Whether the rows kernel (rows, its function, threads and shared memory)
- * runs streamed beside the pre-pass (keys, ksmem): each of its blocks waits
+/* The pre-pass's blocks (at most one an SM, never more than its items)
+ * where the rows kernel (rows, its function, threads and shared memory)
+ * runs streamed beside it (keys, ksmem), else 0: each of its blocks waits
  * on its records' flags rather than on the whole pre-pass, which deals its
  * records round one block an SM, so the chain starts once its first records
  * are in. It needs programmatic dependent launch, the rows kernel's grid
@@ -465,17 +466,18 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
  * block of the chain could start only as the pre-pass ends); one long
  * sequence, where the pre-pass is time the chain's blocks would spend
  * waiting (bench_recurrent). $KILN_GATED_DELTA_STREAM=0: never. */
-static int stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
-                       CUfunction keys, unsigned ksmem)
+static unsigned stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
+                            CUfunction keys, unsigned ksmem, uint64_t items)
 {
     const char *env = getenv("KILN_GATED_DELTA_STREAM");
     if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    if (info.multiprocessors <= 0 || grid > (unsigned)info.multiprocessors)
+    if (info.multiprocessors <= 0 || grid > (unsigned)info.multiprocessors ||
+        kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, rows, threads) < (size_t)ksmem + smem)
         return 0;
-    return kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, rows, threads) >= (size_t)ksmem + smem;
+    return (unsigned)(items < (uint64_t)info.multiprocessors ? items : (uint64_t)info.multiprocessors);
 }
 
 /* Raises fn's dynamic shared memory limit to smem (and, with carveout, asks
@@ -573,13 +575,12 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
         l->threads = by_rows ? (unsigned)rows * 2u : CHUNK_THREADS; /* the rows kernel: a warp to 16 rows */
-        if (by_rows && stream_plan(rt, l->fn, l->threads + 32, smem, l->grid, l->keys, ksmem)) {
-            kiln_runtime_info info;
-            kiln_runtime_get_info(rt, &info);
+        const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
+        if (by_rows)
+            l->keys_grid = stream_plan(rt, l->fn, l->threads + 32, smem, l->grid, l->keys, ksmem, items);
+        if (l->keys_grid) {
             l->threads += 32; /* a warp that loads the records as their flags are set */
-            const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
             l->flags = l->ws + items * RECORD_BYTES;
-            l->keys_grid = (unsigned)(items < (uint64_t)info.multiprocessors ? items : (uint64_t)info.multiprocessors);
         }
     } else {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));
