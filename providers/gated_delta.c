@@ -134,6 +134,14 @@ static unsigned rows_smem(int64_t dk, int64_t rows)
                       16 * 4);
 }
 
+/* The rows kernel's threads: a warp to 16 rows, in bf16 two that rewrite k
+ * and q a chunk ahead (the template's HWARPS), and streamed one that loads
+ * the records. */
+static unsigned rows_threads(int rows, kiln_dtype elt, int streamed)
+{
+    return 32u * ((unsigned)rows / 16u + (elt == KILN_DTYPE_BF16 ? 2u : 0u) + (streamed ? 1u : 0u));
+}
+
 /* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
  * T, T's partial sums, one stage of γ, rk and rq, and the sums. */
 static unsigned keys_smem(int64_t dk)
@@ -428,14 +436,12 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
 /* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
  * barrier of the block within a chunk) rather than the keyed kernel. It
  * needs vectors of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
- * never takes it, 1 always. By default, in one term and f16, it serves
- * wherever it can: its chain of halved products beat the keyed kernel's at
- * every shape (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x). In two
- * terms, and in bf16 (whose k and q a block rewrites as f16 each chunk,
- * two warps of the rows kernel's against eight of the keyed kernel's: one
- * sequence 1.36x the keyed kernel's time in one term, --dtype bf16), it
- * serves only where the keyed kernel's blocks at its own rows (chunk_rows:
- * 64, or 32 with DV <= 32) need more than one wave over the SMs: a warp a
+ * never takes it, 1 always. By default, in one term, it serves wherever it
+ * can: its chain of halved products beat the keyed kernel's at every shape
+ * (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x; in bf16 too, its
+ * helper warps rewriting k and q off the chain). In two terms it serves
+ * only where the keyed kernel's blocks at its own rows (chunk_rows: 64, or
+ * 32 with DV <= 32) need more than one wave over the SMs: a warp a
  * scheduler leaves it latency-bound, ahead of the keyed kernel's second
  * wave but behind its one (4 x 1024 and 16 x 256 against 1 x 4096 and
  * 1 x 16384).
@@ -450,7 +456,7 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
     const uint64_t heads = (uint64_t)S * (uint64_t)VH;
-    const int always = (env && !strcmp(env, "1")) || (terms == 1 && t[B_Q]->dtype != KILN_DTYPE_BF16);
+    const int always = (env && !strcmp(env, "1")) || terms == 1;
     if (!always && (waves(&info, heads, DV, chunk_rows) <= 1 || (chunk_rows != 64 && DV > 32)))
         return 0;
     return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
@@ -574,12 +580,13 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->keys_grid = 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
-        l->threads = by_rows ? (unsigned)rows * 2u : CHUNK_THREADS; /* the rows kernel: a warp to 16 rows */
+        l->threads = by_rows ? rows_threads(rows, elt, 0) : CHUNK_THREADS;
         const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
         if (by_rows)
-            l->keys_grid = stream_plan(rt, l->fn, l->threads + 32, smem, l->grid, l->keys, ksmem, items);
+            l->keys_grid =
+                stream_plan(rt, l->fn, rows_threads(rows, elt, 1), smem, l->grid, l->keys, ksmem, items);
         if (l->keys_grid) {
-            l->threads += 32; /* a warp that loads the records as their flags are set */
+            l->threads = rows_threads(rows, elt, 1);
             l->flags = l->ws + items * RECORD_BYTES;
         }
     } else {

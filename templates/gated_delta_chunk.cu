@@ -65,7 +65,8 @@
 // it as f16 (the row's maximum, no norm), the same function as the norms'
 // step, rather than reading rewritten rows from the workspace: that would
 // add 32 KiB to each record and a pre-pass store and a load of them, where
-// the rescale is one pass over rows the kernel loads anyway.
+// the rescale is one pass over rows the kernel loads anyway (the rows
+// kernel's helper warps, rows_rewrite, do it a chunk ahead).
 // Workspace (floats; ceil(T / C) + S records a value head, the capacity the
 // keyed kernels take): record (r, h) at (r VH + h) REC_FLOATS; sequence s's
 // chunk c is record base(s) + c, base(s) the chunks of the spans before s
@@ -1621,6 +1622,16 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // was slower still; in one term it beats it everywhere.
 #define RWARPS (KILN_ROWS / 16)
 #define RTHREADS (RWARPS * 32)
+// bf16: warps that load each chunk's k and q and rewrite them as f16 while
+// the compute warps run the chunk before (rows_rewrite); two, so that at 32
+// rows a block streamed (five warps of 255 registers) still fits an SM
+// beside a block of the pre-pass. The host's rows_threads agrees.
+#if KILN_BF16
+#define HWARPS 2
+#else
+#define HWARPS 0
+#endif
+#define HTHREADS (HWARPS * 32)
 #define LDO 24 // elements a row of a warp's output tile (16 columns, +8)
 #define KSW (DKP / 16) // k-steps of the key dim
 struct rows_smem {
@@ -1774,10 +1785,8 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 // The streamed rows kernel's last warp: the sequence's records (chunk c's
 // at rec + c VH REC_FLOATS, its flag at fl[c VH]) into their stages, each
 // once its flag is set, while the other warps compute, so that the waits
-// stay off their chain; at the block's barriers of the compute loop (one a
-// chunk, two in bf16, the second taken at once: the rows' rewrite in
-// between needs nothing of this warp, so no chunk waits on the next one's
-// flag). These barriers are the compute warps' at other call sites, as
+// stay off their chain; at the block's barrier of the compute loop, one a
+// chunk. These barriers are the compute warps' at other call sites, as
 // warp-specialized kernels have them; each warp reaches the same count.
 // Lane 0 acquires a flag; the warp barrier orders the other lanes' copies
 // after it.
@@ -1794,9 +1803,6 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
     for (kiln_u32 c = 0; c < chunks; c++) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
-#if KILN_BF16
-        __syncthreads();
-#endif
         if (c + 1 < chunks) {
             if (lane == 0)
                 flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
@@ -1807,6 +1813,65 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
     }
 }
 
+#if KILN_BF16
+// rescale_rows by a thread a row: the row's vectors in registers, no
+// shuffles, so that two warps rewrite a chunk's 128 rows within the compute
+// warps' chunk (the half-warp form took 4.6 us a chunk on two warps:
+// bench_recurrent --dtype bf16). The same bits: the maximum is exact.
+template <int NT> __device__ __forceinline__ void rewrite_rows(rows_smem &sm, int st, int tid)
+{
+    constexpr int PV = DKP / 8;
+#pragma unroll 1
+    for (int r = tid; r < 2 * C; r += NT) {
+        kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
+        kiln_u32x4 x[PV];
+        float m = 0.0f;
+#pragma unroll
+        for (int p = 0; p < PV; p++) {
+            x[p] = *reinterpret_cast<const kiln_u32x4 *>(row + p * 8);
+            float f[8];
+            kiln_e8_to_f32(x[p], f);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                m = max_f32(m, abs_f32(f[e]));
+        }
+        float sc, inv;
+        row_scale(m, sc, inv);
+#pragma unroll
+        for (int p = 0; p < PV; p++) {
+            float f[8];
+            kiln_e8_to_f32(x[p], f);
+            *reinterpret_cast<kiln_u32x4 *>(row + p * 8) =
+                kiln_u32x4{pack2(f[0] * sc, f[1] * sc), pack2(f[2] * sc, f[3] * sc), pack2(f[4] * sc, f[5] * sc),
+                           pack2(f[6] * sc, f[7] * sc)};
+        }
+    }
+}
+
+// The bf16 rows kernel's helper warps (ht: 0 .. HTHREADS - 1): chunk c + 1's
+// k and q into the other stage and rewritten as f16 (as the pre-pass's
+// norms rewrote them) while the compute warps run chunk c, so that the
+// rewrite stays off their chain; at the compute loop's barrier, one a
+// chunk, as rows_poll. Barrier 1 orders the helpers' copies before their
+// rewrite (a row's copies and its rewrite are different threads').
+__device__ __noinline__ void rows_rewrite(rows_smem &sm, const kiln_elt *q, const kiln_elt *k, kiln_u32 start,
+                                          kiln_u32 count, kiln_u32 chunks, kiln_u32 kh, int ht)
+{
+#pragma unroll 1
+    for (kiln_u32 c = 0; c <= chunks; c++) {
+        if (c) // stage c & 1 is free: the compute warps are past chunk c - 2
+            __syncthreads();
+        if (c < chunks) {
+            load_kq<rows_smem, HTHREADS>(sm, c & 1, q, k, start, count, c, kh, ht);
+            cp_commit();
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            asm volatile("bar.sync 1, %0;" ::"n"(HTHREADS) : "memory");
+            rewrite_rows<HTHREADS>(sm, c & 1, ht);
+        }
+    }
+}
+#endif
+
 // The rows kernel's body (kiln_gated_delta_rows).
 __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
                                          const kiln_elt *__restrict__ v, const float *__restrict__ g,
@@ -1816,7 +1881,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
                                          kiln_u32 records, const kiln_u32 *__restrict__ flags)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    if (!smem_holds(sizeof(rows_smem)))
+    if (!smem_holds(sizeof(rows_smem)) || blockDim.x != RTHREADS + HTHREADS + (flags ? 32u : 0u))
         return;
     rows_smem &sm = *reinterpret_cast<rows_smem *>(smem_raw);
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS;
@@ -1833,11 +1898,18 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
     constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
     // Streamed, the last warp loads the records (record base(seq) + c of
     // head h, chunk c's, has its flag at flags[(base(seq) + c) VH + h]).
-    if (flags && tid >= RTHREADS) {
+    if (flags && tid >= RTHREADS + HTHREADS) {
         rows_poll(sm, flags + (rec - ws) / REC_FLOATS, rec, chunks, lane);
         return;
     }
+#if KILN_BF16
+    if (tid >= RTHREADS) {
+        rows_rewrite(sm, q, k, start, count, chunks, kh, tid - RTHREADS);
+        return;
+    }
+#else
     load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
+#endif
     load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
     if (!flags)
         load_rec<RTHREADS>(sm, 0, rec, tid);
@@ -1862,20 +1934,16 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
     for (kiln_u32 c = 0; c < chunks; c++) {
         const int st = c & 1;
         asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncthreads(); // stage st is in; every warp is done with the other
-#if KILN_BF16
-        rescale_rows<rows_smem, RTHREADS>(sm, st, tid);
-#endif
+        __syncthreads(); // stage st is in (bf16: k and q rewritten); every warp is done with the other
         if (c + 1 < chunks) {
+#if !KILN_BF16
             load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
+#endif
             load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
             if (!flags)
                 load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
         }
         cp_commit();
-#if KILN_BF16
-        __syncthreads(); // the rows rewritten
-#endif
         const kiln_f16(*K)[LDK] = sm.k[st];
         const kiln_f16(*Q)[LDK] = sm.q[st];
         const float *R = sm.rec[st];
@@ -1990,15 +2058,15 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
 }
 
 // kiln_gated_delta_chunk_keyed's arguments and the streamed pre-pass's flags
-// (or NULL); grid S VH ROW_BLOCKS, RTHREADS threads (streamed: RTHREADS +
-// 32, the last warp loading the records), sizeof(rows_smem) of dynamic
+// (or NULL); grid S VH ROW_BLOCKS, RTHREADS + HTHREADS threads (streamed:
+// 32 more, the last warp loading the records), sizeof(rows_smem) of dynamic
 // shared memory. Streamed, it launches beside the pre-pass once that
 // one has waited for the kernels ahead of it (so it reads its inputs, the
 // state and the spans through L2, before any wait of its own), waits on each
 // record's flag rather than on the pre-pass's grid, and waits for the
 // pre-pass at its end, so that this grid completes only after it (the
 // kernels after this one wait on this grid alone).
-extern "C" __global__ void __launch_bounds__(RTHREADS + 32, 1)
+extern "C" __global__ void __launch_bounds__(RTHREADS + HTHREADS + 32, 1)
 kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
                       const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
