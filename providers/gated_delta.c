@@ -471,12 +471,17 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
  * within the SMs and a block of each fitting one SM together (else a
  * block of the chain could start only as the pre-pass ends); one long
  * sequence, where the pre-pass is time the chain's blocks would spend
- * waiting (bench_recurrent). $KILN_GATED_DELTA_STREAM=0: never. */
-static unsigned stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
-                            CUfunction keys, unsigned ksmem, uint64_t items)
+ * waiting (bench_recurrent). By default f16 only: in bf16 the pre-pass's
+ * one block an SM (its rows' rewrite as f16 on a half-warp a row) falls
+ * behind the chain, and streaming slowed it (bench_recurrent --dtype bf16
+ * --only 1,4096: 430 against 310 us). $KILN_GATED_DELTA_STREAM=0: never;
+ * 1: wherever it can, bf16 too. */
+static unsigned stream_plan(kiln_runtime *rt, kiln_dtype elt, CUfunction rows, unsigned threads, unsigned smem,
+                            unsigned grid, CUfunction keys, unsigned ksmem, uint64_t items)
 {
     const char *env = getenv("KILN_GATED_DELTA_STREAM");
-    if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
+    const int always = env && !strcmp(env, "1");
+    if ((env && !strcmp(env, "0")) || (elt == KILN_DTYPE_BF16 && !always) || !kiln__runtime_pdl(rt))
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
@@ -584,7 +589,7 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
         const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
         if (by_rows)
             l->keys_grid =
-                stream_plan(rt, l->fn, rows_threads(rows, elt, 1), smem, l->grid, l->keys, ksmem, items);
+                stream_plan(rt, elt, l->fn, rows_threads(rows, elt, 1), smem, l->grid, l->keys, ksmem, items);
         if (l->keys_grid) {
             l->threads = rows_threads(rows, elt, 1);
             l->flags = l->ws + items * RECORD_BYTES;

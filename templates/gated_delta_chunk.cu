@@ -1610,7 +1610,8 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // workspace above): T's and P's blocks already in hi and lo terms, whose A
 // fragments hold Tᵀ's and Pᵀ's B fragments, P's rows (outᵀ's columns)
 // scaled as the keyed kernel scales them, so that no warp splits or scales
-// them again. A block is a warp to 16 rows (four at 64 rows, two at 32) for
+// them again. A block is a warp to 16 rows (four at 64 rows, two at 32;
+// in bf16 two more rewrite k and q, rows_rewrite) for
 // a (sequence, value head, KILN_ROWS rows). A chunk is then a warp's own
 // dependent products rather than the keyed kernel's phases between eight
 // barriers. Its results match the keyed kernel's within rounding, not bit

@@ -336,8 +336,9 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
      * (four; $KILN_GATED_DELTA_CHUNK), each from the same initial state and
      * poisoned outputs, with two f16 terms an f32 operand
      * ($KILN_GATED_DELTA_TERMS=2); then the same forms again in one (=1, the
-     * default). A path the encode ran streamed
-     * (the rows kernel beside the pre-pass) runs again unstreamed
+     * default). Each runs with $KILN_GATED_DELTA_STREAM=1 (streamed
+     * wherever it can, bf16 too), and a path the encode ran streamed (the
+     * rows kernel beside the pre-pass) runs again unstreamed
      * ($KILN_GATED_DELTA_STREAM=0), to the same bits. */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
     const int forms = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1, paths = c->kernel == CHUNK ? 2 * forms : 1;
@@ -362,8 +363,7 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
                 setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
             if (terms)
                 setenv("KILN_GATED_DELTA_TERMS", terms == 1 ? "1" : "2", 1);
-            if (pass)
-                setenv("KILN_GATED_DELTA_STREAM", "0", 1);
+            setenv("KILN_GATED_DELTA_STREAM", pass ? "0" : "1", 1);
             kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
                                               &to,         c->max_span, form ? &ws : NULL};
             kiln_command *cmd;
@@ -570,7 +570,8 @@ static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
         run_case(f, &cases[i], elt);
     /* One sequence's rows kernel at 32 rows is 128 blocks: on sm_90 with
      * programmatic dependent launch and at least 128 SMs (an H100 or H200)
-     * the encode streams it beside the pre-pass, so the streamed form ran. */
+     * the encode streams it beside the pre-pass under
+     * $KILN_GATED_DELTA_STREAM=1, so the streamed form ran. */
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     const char *pdl = getenv("KILN_PDL");

@@ -92,8 +92,8 @@
  * for bit. Where the vector width is 8 and out is 16-byte aligned, the rows
  * kernel runs in the keyed kernel's place (a warp to 16 rows of S, no block
  * barrier within a chunk; its results agree with the others within
- * rounding, not bit for bit): in one term (the default) and f16 wherever
- * it can run; in two terms or bf16, where the keyed kernel's blocks of 64
+ * rounding, not bit for bit): in one term (the default) wherever it can
+ * run; in two terms, where the keyed kernel's blocks of 64
  * rows (or of 32 where DV <= 32) would need more than one wave over the SMs
  * (e.g. several sequences). $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0
  * never. Where its blocks fit
@@ -101,7 +101,8 @@
  * 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
  * round a block an SM and flags each one in the workspace, and the rows
  * kernel, launched beside it, waits on its records' flags rather than on
- * the whole pre-pass ($KILN_GATED_DELTA_STREAM=0: never).
+ * the whole pre-pass: in f16 ($KILN_GATED_DELTA_STREAM=0: never; 1: bf16
+ * too, where the slower pre-pass makes it slower).
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
