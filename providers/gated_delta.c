@@ -436,15 +436,16 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
 /* Whether a keyed launch takes the rows kernel (a warp to 16 rows of S, no
  * barrier of the block within a chunk) rather than the keyed kernel. It
  * needs vectors of 8, out 16-byte aligned and the shared memory. $KILN_GATED_DELTA_ROWS=0
- * never takes it, 1 always. By default, in one term, it serves wherever it
- * can: its chain of halved products beat the keyed kernel's at every shape
- * (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x; in bf16 too, its
- * helper warps rewriting k and q off the chain). In two terms it serves
- * only where the keyed kernel's blocks at its own rows (chunk_rows: 64, or
- * 32 with DV <= 32) need more than one wave over the SMs: a warp a
- * scheduler leaves it latency-bound, ahead of the keyed kernel's second
- * wave but behind its one (4 x 1024 and 16 x 256 against 1 x 4096 and
- * 1 x 16384).
+ * never takes it, 1 always. By default, in one term or bf16, it serves
+ * wherever it can: its chain of halved products beat the keyed kernel's at
+ * every shape (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x; in bf16,
+ * its helper warps rewriting k and q off the chain, 0.73x in one term and
+ * 0.92x in two at 1 x 4096, where the keyed kernel's eight warps rewrite
+ * them on it). In f16 and two terms it serves only where the keyed
+ * kernel's blocks at its own rows (chunk_rows: 64, or 32 with DV <= 32)
+ * need more than one wave over the SMs: a warp a scheduler leaves it
+ * latency-bound, ahead of the keyed kernel's second wave but behind its
+ * one (4 x 1024 and 16 x 256 against 1 x 4096 and 1 x 16384).
  * It runs at chunk_rows (what $KILN_GATED_DELTA_CHUNK forces), the spec
  * prewarm lists, since both kernels are entries of one cubin. */
 static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], int vec, int chunk_rows, int terms)
@@ -456,7 +457,7 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
     const uint64_t heads = (uint64_t)S * (uint64_t)VH;
-    const int always = (env && !strcmp(env, "1")) || terms == 1;
+    const int always = (env && !strcmp(env, "1")) || terms == 1 || t[B_Q]->dtype == KILN_DTYPE_BF16;
     if (!always && (waves(&info, heads, DV, chunk_rows) <= 1 || (chunk_rows != 64 && DV > 32)))
         return 0;
     return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;

@@ -92,8 +92,8 @@
  * for bit. Where the vector width is 8 and out is 16-byte aligned, the rows
  * kernel runs in the keyed kernel's place (a warp to 16 rows of S, no block
  * barrier within a chunk; its results agree with the others within
- * rounding, not bit for bit): in one term (the default) wherever it can
- * run; in two terms, where the keyed kernel's blocks of 64
+ * rounding, not bit for bit): in one term (the default) or bf16 wherever
+ * it can run; in f16 and two terms, where the keyed kernel's blocks of 64
  * rows (or of 32 where DV <= 32) would need more than one wave over the SMs
  * (e.g. several sequences). $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0
  * never. Where its blocks fit
