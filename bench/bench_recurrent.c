@@ -16,7 +16,8 @@
  * and the rows kernel). Each form runs with the f32 operands of the chained
  * products in two f16 terms ("terms" 2, $KILN_GATED_DELTA_TERMS=2), then
  * in one (the default). "streamed": the rows kernel ran beside the
- * pre-pass ($KILN_GATED_DELTA_STREAM=0 for a run without). The single form
+ * pre-pass (by default in f16 only; $KILN_GATED_DELTA_STREAM=0 for a run
+ * without, 1 for bf16 too). The single form
  * against the keyed ones at each
  * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
  * against the keyed one, where the encode takes the rows kernel. The peer is

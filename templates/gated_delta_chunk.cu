@@ -62,7 +62,7 @@
 // T, read at U = T R and at out, after the products with the state, which
 // hide the copy. Its outputs and state are the single kernel's, bit for bit.
 // In bf16 the keyed kernel still rescales each raw k and q row and rewrites
-// it as f16 (the row's maximum, no norm), the same function as the norms'
+// it as f16 (the row's maximum, no norm), the same bits as the norms'
 // step, rather than reading rewritten rows from the workspace: that would
 // add 32 KiB to each record and a pre-pass store and a load of them, where
 // the rescale is one pass over rows the kernel loads anyway (the rows

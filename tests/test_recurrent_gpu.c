@@ -332,9 +332,10 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
      * workspace bound, $KILN_GATED_DELTA_PREP=1; poisoned too) by the keyed
      * kernel ($KILN_GATED_DELTA_ROWS=0), then, where the rows kernel serves
      * (vectors of 8: dk and dv multiples of 8, the state 8-byte aligned), by
-     * it ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (two warps) and at 64
-     * (four; $KILN_GATED_DELTA_CHUNK), each from the same initial state and
-     * poisoned outputs, with two f16 terms an f32 operand
+     * it ($KILN_GATED_DELTA_ROWS=1) at 32 rows a block (two warps of the
+     * state, in bf16 two more) and at 64 (four; $KILN_GATED_DELTA_CHUNK),
+     * each from the same initial state and poisoned outputs, with two f16
+     * terms an f32 operand
      * ($KILN_GATED_DELTA_TERMS=2); then the same forms again in one (=1, the
      * default). Each runs with $KILN_GATED_DELTA_STREAM=1 (streamed
      * wherever it can, bf16 too), and a path the encode ran streamed (the

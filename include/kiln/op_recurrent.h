@@ -97,8 +97,8 @@
  * rows (or of 32 where DV <= 32) would need more than one wave over the SMs
  * (e.g. several sequences). $KILN_GATED_DELTA_ROWS=1 takes it wherever it can run, 0
  * never. Where its blocks fit
- * the SMs beside one of the pre-pass's each (one long sequence, or two at
- * 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
+ * the SMs beside one of the pre-pass's each (one long sequence, or in f16
+ * two at 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
  * round a block an SM and flags each one in the workspace, and the rows
  * kernel, launched beside it, waits on its records' flags rather than on
  * the whole pre-pass: in f16 ($KILN_GATED_DELTA_STREAM=0: never; 1: bf16
