@@ -472,11 +472,10 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
  * within the SMs and a block of each fitting one SM together (else a
  * block of the chain could start only as the pre-pass ends); one long
  * sequence, where the pre-pass is time the chain's blocks would spend
- * waiting (bench_recurrent). By default f16 only: in bf16 the pre-pass's
- * one block an SM (its rows' rewrite as f16 on a half-warp a row) falls
- * behind the chain, and streaming slowed it (bench_recurrent --dtype bf16
- * --only 1,4096: 430 against 310 us). $KILN_GATED_DELTA_STREAM=0: never;
- * 1: wherever it can, bf16 too. */
+ * waiting (bench_recurrent). By default f16 only: in bf16 streaming slowed
+ * it (bench_recurrent --dtype bf16 --only 1,4096: 430 against 310 us; why
+ * is not yet profiled). $KILN_GATED_DELTA_STREAM=0: never; 1: wherever it
+ * can, bf16 too. */
 static unsigned stream_plan(kiln_runtime *rt, kiln_dtype elt, CUfunction rows, unsigned threads, unsigned smem,
                             unsigned grid, CUfunction keys, unsigned ksmem, uint64_t items)
 {

@@ -105,7 +105,7 @@
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
-// (the rows kernel: 2 KILN_ROWS, + 32 streamed) and dynamic shared memory
+// (the rows kernel: 2 KILN_ROWS, + 64 in bf16, + 32 streamed) and dynamic shared memory
 // sizeof(chunk_smem) for both chunked kernels (sizeof(rows_smem) for the rows kernel),
 // sizeof(keys_smem) for the pre-pass, which the provider computes by the
 // same layouts (a launch with less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
@@ -1875,8 +1875,7 @@ __device__ __noinline__ void rows_rewrite(rows_smem &sm, const kiln_elt *q, cons
 
 // The rows kernel's body (kiln_gated_delta_rows).
 __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
-                                         const kiln_elt *__restrict__ v, const float *__restrict__ g,
-                                         const float *__restrict__ beta, float *__restrict__ state,
+                                         const kiln_elt *__restrict__ v, float *__restrict__ state,
                                          const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,
                                          kiln_u32 tokens, kiln_fault *fault, const float *__restrict__ ws,
                                          kiln_u32 records, const kiln_u32 *__restrict__ flags)
@@ -2079,7 +2078,9 @@ kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
         kiln_grid_dependency_sync();
     else
         kiln_grid_launch_dependents();
-    rows_run(q, k, v, g, beta, state, spans, out, tokens, fault, ws, records, flags);
+    (void)g; // g and beta: the keyed kernel's arguments, read by the pre-pass (beta from the records)
+    (void)beta;
+    rows_run(q, k, v, state, spans, out, tokens, fault, ws, records, flags);
     if (flags)
         kiln_grid_dependency_sync();
 }

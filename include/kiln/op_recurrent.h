@@ -102,7 +102,7 @@
  * round a block an SM and flags each one in the workspace, and the rows
  * kernel, launched beside it, waits on its records' flags rather than on
  * the whole pre-pass: in f16 ($KILN_GATED_DELTA_STREAM=0: never; 1: bf16
- * too, where the slower pre-pass makes it slower).
+ * too, where streaming measured slower).
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
