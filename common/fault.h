@@ -20,6 +20,11 @@ enum {
     KILN__FAULT_EMPTY_SPAN = 2,     /* last_token_linear: participant index has an empty span */
     KILN__FAULT_SPAN_PAST_END = 3,  /* last_token_linear: participant index's span ends at value > limit */
     KILN__FAULT_GATED_DELTA_SPAN = 8, /* gated_delta: sequence index's span ends at value (saturated) > limit (tokens) */
+    /* gated_delta's chunked kernels launched unlike their template (an
+     * internal error): block index had value threads (or bytes of shared
+     * memory), not limit. */
+    KILN__FAULT_GATED_DELTA_THREADS = 9,
+    KILN__FAULT_GATED_DELTA_SMEM = 10,
     KILN__FAULT_MOE_EXPERT_ID = 24,   /* moe_experts: ids[index] (the pair t x top_k + s) = value >= limit (experts) */
     /* paged_attention: index is the sequence. */
     KILN__FAULT_KV_SPAN = 16,             /* its query span ends at value (saturated) > limit (tokens) */

@@ -240,6 +240,10 @@ static const struct {
                                     "(%llu tokens) (lowest bad sequence); the sequence was skipped"},
     {KILN__FAULT_GATED_DELTA_SPAN, "gated_delta: sequence %u's span ends at token %u, past the %llu tokens of the "
                                    "batch (lowest bad sequence); nothing of that sequence was touched"},
+    {KILN__FAULT_GATED_DELTA_THREADS, "gated_delta: a chunked kernel's block %u ran with %u threads, not the %llu "
+                                      "its template was built for (an internal error); it touched nothing"},
+    {KILN__FAULT_GATED_DELTA_SMEM, "gated_delta: a chunked kernel's block %u had %u bytes of shared memory, below "
+                                   "the %llu it needs (an internal error); it touched nothing"},
     {KILN__FAULT_MOE_EXPERT_ID, "moe_experts: ids[%u] (token x top_k + slot) = %u is at or past the %llu experts "
                                 "(lowest bad pair); that slot added nothing"},
 };

@@ -108,7 +108,9 @@
 // (the rows kernel: 2 KILN_ROWS, + 64 in bf16, + 32 streamed) and dynamic shared memory
 // sizeof(chunk_smem) for both chunked kernels (sizeof(rows_smem) for the rows kernel),
 // sizeof(keys_smem) for the pre-pass, which the provider computes by the
-// same layouts (a launch with less does nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
+// same layouts (a chunked or rows launch with less, or with other threads,
+// reports KILN_FAULT_GATED_DELTA_SMEM or _THREADS and touches nothing; a
+// pre-pass with less writes nothing). Grids: the chunked kernels S VH ROW_BLOCKS blocks, the
 // pre-pass (ceil(T / C) + S) x VH. Needs sm_80 (mma.sync, cp.async).
 #include "kiln_reduce.cuh" // kiln_shfl_xor_f32, kiln_f32_bits, kiln_e8_to_f32, kiln_stg16
 
@@ -118,6 +120,8 @@
 //! kiln:entry kiln_gated_delta_rows
 
 #define KILN_FAULT_GATED_DELTA_SPAN 8u
+#define KILN_FAULT_GATED_DELTA_THREADS 9u // value: blockDim.x, limit: the threads the kernel was built for
+#define KILN_FAULT_GATED_DELTA_SMEM 10u   // value: the dynamic shared memory, limit: the bytes it needs
 
 #if KILN_VH % KILN_KH != 0
 #error "KILN_KH must divide KILN_VH"
@@ -998,6 +1002,25 @@ __device__ __forceinline__ bool smem_holds(kiln_u64 bytes)
     return dyn >= bytes;
 }
 
+// Whether the launch gave the block the threads and the shared memory the
+// kernel was built for; else (the host's sizes against the template's: an
+// internal error) each block's thread 0 reports it, so that it surfaces at
+// the next synchronize rather than as outputs never written.
+__device__ __forceinline__ bool launch_holds(kiln_u64 bytes, kiln_u32 threads, kiln_fault *fault)
+{
+    kiln_u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn >= bytes && blockDim.x == threads)
+        return true;
+    if (threadIdx.x == 0) {
+        if (dyn < bytes)
+            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_SMEM, blockIdx.x, dyn, bytes);
+        else
+            kiln_report_fault(fault, KILN_FAULT_GATED_DELTA_THREADS, blockIdx.x, blockDim.x, threads);
+    }
+    return false;
+}
+
 template <int N> __device__ __forceinline__ void zero_tiles(float (&x)[N][4])
 {
 #pragma unroll
@@ -1402,8 +1425,8 @@ kiln_gated_delta_chunk(const kiln_elt *__restrict__ q, const kiln_elt *__restric
 {
     kiln_grid_dependency_sync(); // first: see kiln_prelude.cuh
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    if (!smem_holds(sizeof(chunk_smem)))
-        return; // a launch with too little shared memory: nothing is touched
+    if (!launch_holds(sizeof(chunk_smem), THREADS, fault))
+        return;
     chunk_run<false>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
                      nullptr, 0u);
 }
@@ -1419,7 +1442,7 @@ kiln_gated_delta_chunk_keyed(const kiln_elt *__restrict__ q, const kiln_elt *__r
 {
     kiln_grid_dependency_sync();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    if (!smem_holds(sizeof(chunk_smem)))
+    if (!launch_holds(sizeof(chunk_smem), THREADS, fault))
         return;
     chunk_run<true>(*reinterpret_cast<chunk_smem *>(smem_raw), q, k, v, g, beta, state, spans, out, tokens, fault,
                     ws, records);
@@ -1881,7 +1904,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
                                          kiln_u32 records, const kiln_u32 *__restrict__ flags)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    if (!smem_holds(sizeof(rows_smem)) || blockDim.x != RTHREADS + HTHREADS + (flags ? 32u : 0u))
+    if (!launch_holds(sizeof(rows_smem), RTHREADS + HTHREADS + (flags ? 32u : 0u), fault))
         return;
     rows_smem &sm = *reinterpret_cast<rows_smem *>(smem_raw);
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS;

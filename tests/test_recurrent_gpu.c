@@ -710,6 +710,84 @@ static void span_past_end_faults(gpu_fixture *f, kiln_dtype elt)
     span_past_end(f, 64, 2, elt); /* keyed, the rows kernel */
 }
 
+/* The rows kernel launched unlike its template (an internal error the host
+ * must never make): a device fault naming what disagreed, nothing touched.
+ * With no shared memory it names the bytes it needs; with those and too few
+ * threads, the threads. */
+typedef struct odd_launch {
+    kiln_runtime *rt;
+    CUfunction fn;
+    CUdeviceptr q, v, g, state, spans, out;
+    unsigned threads, smem;
+} odd_launch;
+
+static kiln_status enqueue_odd(void *user, const kiln_launch_context *ctx)
+{
+    odd_launch *l = user;
+    CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx), ws = l->out, flags = 0;
+    uint32_t tokens = 64, records = 2;
+    void *args[] = {&l->q,     &l->q,     &l->v,   &l->g,  &l->g,  &l->state, &l->spans,
+                    &l->out,   &tokens,   &fault,  &ws,    &records, &flags};
+    return kiln__launch(ctx, l->rt, l->fn, 1, l->threads, l->smem, args);
+}
+
+static void launch_mismatch_faults(gpu_fixture *f, kiln_dtype elt)
+{
+    if (!chunk_device(f))
+        skip();
+    kiln_spec spec;
+    KILN_CHECK(kiln_op_gated_delta_chunk_spec(elt, 32, 32, 1, 1, 32, 8, &spec));
+    kiln_kernel *k;
+    void *fn;
+    KILN_CHECK(kiln_jit_acquire(f->jit, &spec, &k));
+    KILN_CHECK(kiln_kernel_function(k, "kiln_gated_delta_rows", &fn));
+    const size_t MB = 1 << 20;
+    kiln_buffer *b = buffer(f->rt, 4 * MB);
+    KILN_CHECK(kiln_buffer_fill(b, 0, 0x3c, 4 * MB)); /* inputs and outputs: a pattern */
+    const uint32_t spans[2] = {0, 64};
+    KILN_CHECK(kiln_buffer_upload(b, 3 * MB, spans, sizeof spans));
+    const CUdeviceptr base = kiln__buffer_ptr(b);
+    odd_launch l = {f->rt, (CUfunction)fn, base, base + MB / 2, base + MB, base + 2 * MB, base + 3 * MB,
+                    base + 3 * MB + 4096, 32, 0};
+    uint8_t *before = malloc(2 * MB), *after = malloc(2 * MB);
+    assert_true(before && after);
+    KILN_CHECK(kiln_buffer_readback(b, 2 * MB, before, 2 * MB));
+    char needs[32] = "";
+    for (int pass = 0; pass < 2; pass++) {
+        kiln_region r = {b, 2 * MB, 4 * MB};
+        kiln_command_desc d = {.op_id = "test.odd_launch", .regions = &r, .n_regions = 1, .enqueue = enqueue_odd,
+                               .user = &l, .dispatches = 1};
+        kiln_command *cmd;
+        KILN_CHECK(kiln_command_create(f->rt, &d, &cmd));
+        KILN_CHECK(kiln_stream_submit(kiln_runtime_stream(f->rt), &cmd, 1, NULL, NULL));
+        kiln_command_release(cmd);
+        const kiln_status st = kiln_runtime_synchronize(f->rt);
+        const char *msg = kiln_runtime_errmsg(f->rt);
+        fprintf(stderr, "launch mismatch (%s): %s\n", elt == KILN_DTYPE_BF16 ? "bf16" : "f16", msg);
+        if (!pass) {
+            KILN_EXPECT(st, KILN_ERR_DEVICE_CONTRACT, msg, "block 0 had 0 bytes of shared memory, below the",
+                        "(an internal error); it touched nothing");
+            const char *at = strstr(msg, "below the ");
+            unsigned bytes = 0;
+            assert_int_equal(sscanf(at, "below the %u", &bytes), 1);
+            assert_true(bytes > 1024);
+            snprintf(needs, sizeof needs, "not the %u", elt == KILN_DTYPE_BF16 ? 128u : 64u);
+            assert_int_equal(kiln__function_set_attribute(f->rt, l.fn,
+                                                          CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                          (int)bytes),
+                             CUDA_SUCCESS);
+            l.smem = bytes;
+        } else {
+            KILN_EXPECT(st, KILN_ERR_DEVICE_CONTRACT, msg, "block 0 ran with 32 threads", needs);
+        }
+        KILN_CHECK(kiln_buffer_readback(b, 2 * MB, after, 2 * MB));
+        assert_memory_equal(after, before, 2 * MB); /* the state, the spans and out untouched */
+    }
+    free(before);
+    free(after);
+    kiln_buffer_destroy(b);
+}
+
 /* Prewarm a Qwen3-Next config offline (in the element type), then encode on
  * a fresh jit: nothing compiles. */
 static void prewarmed_model_compiles_nothing(gpu_fixture *f, kiln_dtype elt)
@@ -799,6 +877,7 @@ BOTH(chunked_prefill_qwen3_next)
 BOTH(chunked_odd_shapes)
 BOTH(odd_shapes)
 BOTH(span_past_end_faults)
+BOTH(launch_mismatch_faults)
 BOTH(prewarmed_model_compiles_nothing)
 #undef BOTH
 
@@ -814,6 +893,7 @@ int main(void)
         T(test_chunked_odd_shapes),
         T(test_odd_shapes),
         T(test_span_past_end_faults),
+        T(test_launch_mismatch_faults),
         T(test_prewarmed_model_compiles_nothing),
         T(test_decode_qwen3_next_bf16),
         T(test_prefill_qwen3_next_bf16),
@@ -821,6 +901,7 @@ int main(void)
         T(test_chunked_odd_shapes_bf16),
         T(test_odd_shapes_bf16),
         T(test_span_past_end_faults_bf16),
+        T(test_launch_mismatch_faults_bf16),
         T(test_prewarmed_model_compiles_nothing_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
