@@ -581,6 +581,54 @@ static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
         fail_msg("no path ran streamed on %s with %d SMs", info.arch, info.multiprocessors);
 }
 
+/* The default stream policy ($KILN_GATED_DELTA_STREAM unset): one sequence's
+ * rows kernel at 32 rows (128 blocks) runs streamed beside the pre-pass in
+ * f16 where the device can (sm_90 with programmatic dependent launch and at
+ * least 128 SMs), and never in bf16, where streaming was slower
+ * (bench_recurrent --dtype bf16). The encode alone decides; nothing runs. */
+static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
+{
+    if (!chunk_device(f))
+        skip();
+    const int64_t T = 256, S = 1;
+    const size_t MB = 1 << 20;
+    kiln_buffer *b = buffer(f->rt, 16 * MB);
+    kiln_tensor tq = {.buffer = b, .dtype = elt, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
+                tv = {.buffer = b, .offset = 2 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}},
+                tg = {.buffer = b, .offset = 4 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}}, tb = tg,
+                ts = {.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, 32, 128, 128}},
+                tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
+                to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
+    tk.offset = MB;
+    tb.offset = 4 * MB + MB / 2;
+    size_t need;
+    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, 32, &need));
+    kiln_buffer *bw = buffer(f->rt, need);
+    const kiln_region ws = {bw, 0, need};
+    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, (uint32_t)T, &ws};
+    setenv("KILN_GATED_DELTA_PREP", "1", 1);
+    setenv("KILN_GATED_DELTA_ROWS", "1", 1);
+    setenv("KILN_GATED_DELTA_CHUNK", "32", 1);
+    unsetenv("KILN_GATED_DELTA_STREAM");
+    kiln_command *cmd = NULL;
+    const kiln_status st = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
+    unsetenv("KILN_GATED_DELTA_PREP");
+    unsetenv("KILN_GATED_DELTA_ROWS");
+    unsetenv("KILN_GATED_DELTA_CHUNK");
+    KILN_CHECK(st);
+    kiln_command_release(cmd);
+    assert_int_equal(kiln__gated_delta_last_keyed(), 2);
+    assert_int_equal(kiln__gated_delta_last_rows(), 32);
+    kiln_runtime_info info;
+    kiln_runtime_get_info(f->rt, &info);
+    const int can = !strcmp(info.arch, "sm_90") && info.multiprocessors >= 128 && kiln__runtime_pdl(f->rt);
+    fprintf(stderr, "default stream policy (%s, %s, %d SMs): %s\n", elt == KILN_DTYPE_BF16 ? "bf16" : "f16",
+            info.arch, info.multiprocessors, kiln__gated_delta_last_streamed() ? "streamed" : "unstreamed");
+    assert_int_equal(kiln__gated_delta_last_streamed(), elt == KILN_DTYPE_F16 && can);
+    kiln_buffer_destroy(bw);
+    kiln_buffer_destroy(b);
+}
+
 /* The chunked form at small and odd shapes: a block partly past the value
  * dim, a key dim padded to a whole k-step, scalar loads (odd dims, a state 4
  * bytes off), gates at both ends. */
@@ -878,6 +926,7 @@ BOTH(chunked_odd_shapes)
 BOTH(odd_shapes)
 BOTH(span_past_end_faults)
 BOTH(launch_mismatch_faults)
+BOTH(default_stream_policy)
 BOTH(prewarmed_model_compiles_nothing)
 #undef BOTH
 
@@ -894,6 +943,7 @@ int main(void)
         T(test_odd_shapes),
         T(test_span_past_end_faults),
         T(test_launch_mismatch_faults),
+        T(test_default_stream_policy),
         T(test_prewarmed_model_compiles_nothing),
         T(test_decode_qwen3_next_bf16),
         T(test_prefill_qwen3_next_bf16),
@@ -902,6 +952,7 @@ int main(void)
         T(test_odd_shapes_bf16),
         T(test_span_past_end_faults_bf16),
         T(test_launch_mismatch_faults_bf16),
+        T(test_default_stream_policy_bf16),
         T(test_prewarmed_model_compiles_nothing_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
