@@ -16,8 +16,8 @@
  * and the rows kernel). Each form runs with the f32 operands of the chained
  * products in two f16 terms ("terms" 2, $KILN_GATED_DELTA_TERMS=2), then
  * in one (the default). "streamed": the rows kernel ran beside the
- * pre-pass (by default in f16 only; $KILN_GATED_DELTA_STREAM=0 for a run
- * without, 1 for bf16 too). The single form
+ * pre-pass (one sequence on sm_90; $KILN_GATED_DELTA_STREAM=0 for a run
+ * without). The single form
  * against the keyed ones at each
  * shape is what sets KILN_GATED_DELTA_PREP_MIN_TOKENS; the rows kernel
  * against the keyed one, where the encode takes the rows kernel. The peer is
@@ -161,7 +161,7 @@ int main(int argc, char **argv)
         kiln_buffer *bw = NULL;
         size_t ws_bytes = 0;
         if (forms > 1) {
-            CHECK("setup", kiln_op_gated_delta_workspace(T, S, VH, &ws_bytes));
+            CHECK("setup", kiln_op_gated_delta_workspace(elt, T, S, VH, &ws_bytes));
             bw = filled(rt, ws_bytes, 0);
         }
         const kiln_region ws = {bw, 0, ws_bytes};

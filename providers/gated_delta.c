@@ -20,6 +20,13 @@
  * blocks of 16 x 16 each (f32, or their hi and lo f16 terms for the rows
  * kernel), P's 64 row scales and their inverses, and beta (split records). */
 #define RECORD_BYTES ((4 * CHUNK_TOKENS + 2 * 10 * 256 + 3 * CHUNK_TOKENS) * 4)
+/* In bf16 a record then holds the chunk's k and q rows rewritten as f16
+ * (REC_KQ, room for DK 128), which the rows kernel reads in their place:
+ * the records' stride in the workspace (REC_STRIDE). */
+static size_t record_stride(kiln_dtype elt)
+{
+    return RECORD_BYTES + (elt == KILN_DTYPE_BF16 ? 2u * CHUNK_TOKENS * CHUNK_MAX_DK * 2u : 0u);
+}
 
 /* Lanes per row of the state: a power of two giving each lane about 8 columns. */
 static int64_t lanes_for(int64_t dk)
@@ -91,14 +98,17 @@ static uint64_t records_for(int64_t tokens, int64_t seqs)
     return ((uint64_t)tokens + CHUNK_TOKENS - 1) / CHUNK_TOKENS + (uint64_t)seqs;
 }
 
-kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, int64_t vh, size_t *bytes)
+kiln_status kiln_op_gated_delta_workspace(kiln_dtype elt, int64_t tokens, int64_t seqs, int64_t vh, size_t *bytes)
 {
     if (!bytes)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT, OP ": bytes is NULL");
+    if (elt != KILN_DTYPE_F16 && elt != KILN_DTYPE_BF16)
+        return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT, OP ": a workspace for element type %s (f16 or bf16)",
+                          kiln_dtype_name(elt));
     size_t n;
     if (tokens < 0 || tokens > (int64_t)UINT32_MAX || seqs < 1 || seqs > (int64_t)MAX_GRID || vh < 1 ||
         vh > KILN_MODEL_MAX_HEADS ||
-        kiln__mul_overflows((size_t)records_for(tokens, seqs), (size_t)vh * (RECORD_BYTES + 4), &n))
+        kiln__mul_overflows((size_t)records_for(tokens, seqs), (size_t)vh * (record_stride(elt) + 4), &n))
         return kiln__fail(NULL, KILN_ERR_RUNTIME_CONTRACT,
                           OP ": a workspace for %lld tokens (0..%u), %lld sequences (1..%u) and %lld value heads "
                           "(1..%d) is out of range",
@@ -134,12 +144,11 @@ static unsigned rows_smem(int64_t dk, int64_t rows)
                       16 * 4);
 }
 
-/* The rows kernel's threads: a warp to 16 rows, in bf16 two that rewrite k
- * and q a chunk ahead (the template's HWARPS), and streamed one that loads
- * the records. */
-static unsigned rows_threads(int rows, kiln_dtype elt, int streamed)
+/* The rows kernel's threads: a warp to 16 rows, and streamed one that
+ * loads the records. */
+static unsigned rows_threads(int rows, int streamed)
 {
-    return 32u * ((unsigned)rows / 16u + (elt == KILN_DTYPE_BF16 ? 2u : 0u) + (streamed ? 1u : 0u));
+    return 32u * ((unsigned)rows / 16u + (streamed ? 1u : 0u));
 }
 
 /* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
@@ -311,7 +320,7 @@ kiln_status kiln__gated_delta_check(kiln_runtime *rt, const kiln_gated_delta_bin
     /* The workspace: checked whenever given, whichever kernel the encode takes. */
     if (local.workspace) {
         size_t need;
-        if ((st = kiln_op_gated_delta_workspace(T, S, VH, &need)))
+        if ((st = kiln_op_gated_delta_workspace(t[B_Q]->dtype, T, S, VH, &need)))
             return kiln__propagate(err, st);
         if ((st = kiln__check_workspace(err, OP, local.workspace, rt, need, t, bytes, names, N_BINDINGS)))
             return st;
@@ -472,16 +481,12 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
  * within the SMs and a block of each fitting one SM together (else a
  * block of the chain could start only as the pre-pass ends); one long
  * sequence, where the pre-pass is time the chain's blocks would spend
- * waiting (bench_recurrent). By default f16 only: in bf16 streaming slowed
- * it (bench_recurrent --dtype bf16 --only 1,4096: 430 against 310 us; why
- * is not yet profiled). $KILN_GATED_DELTA_STREAM=0: never; 1: wherever it
- * can, bf16 too. */
-static unsigned stream_plan(kiln_runtime *rt, kiln_dtype elt, CUfunction rows, unsigned threads, unsigned smem,
-                            unsigned grid, CUfunction keys, unsigned ksmem, uint64_t items)
+ * waiting (bench_recurrent). $KILN_GATED_DELTA_STREAM=0: never. */
+static unsigned stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
+                            CUfunction keys, unsigned ksmem, uint64_t items)
 {
     const char *env = getenv("KILN_GATED_DELTA_STREAM");
-    const int always = env && !strcmp(env, "1");
-    if ((env && !strcmp(env, "0")) || (elt == KILN_DTYPE_BF16 && !always) || !kiln__runtime_pdl(rt))
+    if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
         return 0;
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
@@ -585,14 +590,14 @@ kiln_status kiln_op_gated_delta_encode(kiln_jit *jit, const kiln_gated_delta_bin
     l->keys_grid = 0;
     if (rows) {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)((DV + rows - 1) / rows));
-        l->threads = by_rows ? rows_threads(rows, elt, 0) : CHUNK_THREADS;
+        l->threads = by_rows ? rows_threads(rows, 0) : CHUNK_THREADS;
         const uint64_t items = (uint64_t)l->records * (uint64_t)VH;
         if (by_rows)
             l->keys_grid =
-                stream_plan(rt, elt, l->fn, rows_threads(rows, elt, 1), smem, l->grid, l->keys, ksmem, items);
+                stream_plan(rt, l->fn, rows_threads(rows, 1), smem, l->grid, l->keys, ksmem, items);
         if (l->keys_grid) {
-            l->threads = rows_threads(rows, elt, 1);
-            l->flags = l->ws + items * RECORD_BYTES;
+            l->threads = rows_threads(rows, 1);
+            l->flags = l->ws + items * record_stride(elt);
         }
     } else {
         l->grid = (uint32_t)((uint64_t)S * (uint64_t)VH * (uint64_t)row_blocks(DK, DV));

@@ -63,12 +63,12 @@
 // hide the copy. Its outputs and state are the single kernel's, bit for bit.
 // In bf16 the keyed kernel still rescales each raw k and q row and rewrites
 // it as f16 (the row's maximum, no norm), the same bits as the norms'
-// step, rather than reading rewritten rows from the workspace: that would
-// add 32 KiB to each record and a pre-pass store and a load of them, where
-// the rescale is one pass over rows the kernel loads anyway (the rows
-// kernel's helper warps, rows_rewrite, do it a chunk ahead).
+// step: one pass over rows it loads anyway. The rows kernel instead reads
+// them as the pre-pass's norms rewrote them, from its split records (32 KiB
+// more a record, REC_KQ): done in the rows kernel, by warps of its own, the
+// rewrite slowed its chain (bench_recurrent --dtype bf16).
 // Workspace (floats; ceil(T / C) + S records a value head, the capacity the
-// keyed kernels take): record (r, h) at (r VH + h) REC_FLOATS; sequence s's
+// keyed kernels take): record (r, h) at (r VH + h) REC_STRIDE; sequence s's
 // chunk c is record base(s) + c, base(s) the chunks of the spans before s
 // in sequence order (spans past the tokens have none). Spans may lie in any
 // order, so the records follow the sequences, not the tokens; each block
@@ -88,7 +88,9 @@
 // psc_i, the power of two putting the row's largest |P_ij| into [2^13,
 // 2^14) (as the keyed kernel scales P's rows for its out), and psc [C],
 // then its inverse [C], after P's blocks, and the chunk's beta [C] (so
-// that the rows kernel reads no input of the op but q, k and v).
+// that the rows kernel reads no input of the op but q, k and v); in bf16
+// then the chunk's k and q rows as f16 (REC_KQ; the rows kernel reads them
+// in place of q and k).
 // A record is written by the pre-pass of the same command before the keyed
 // kernel (or the rows kernel) reads it. After the (ceil(T / C) + S) VH
 // records, a word each: the streamed form's flags (record (r, h)'s at r VH +
@@ -105,7 +107,7 @@
 // (KH dividing VH), KILN_ROWS (32 or 64: rows of the state a block),
 // KILN_VEC (8: 16-byte loads of k, q, v with DK and DV multiples of 8,
 // 16-byte aligned k, q, v and 8-byte aligned state; 1: scalar). 256 threads
-// (the rows kernel: 2 KILN_ROWS, + 64 in bf16, + 32 streamed) and dynamic shared memory
+// (the rows kernel: 2 KILN_ROWS, + 32 streamed) and dynamic shared memory
 // sizeof(chunk_smem) for both chunked kernels (sizeof(rows_smem) for the rows kernel),
 // sizeof(keys_smem) for the pre-pass, which the provider computes by the
 // same layouts (a chunked or rows launch with less, or with other threads,
@@ -170,6 +172,15 @@
 #define REC_S (REC_P + 10 * BLK)      // and before P's row scales (split records)
 #define REC_B (REC_S + 2 * C)         // and before beta (split records)
 #define REC_FLOATS (REC_S + 3 * C)    // a record: 5568 floats, 22272 bytes
+// bf16: a record then holds the chunk's k and q rows as the norms' step
+// rewrote them in f16, [2][C][DKP] halves (room for DK 128), which the rows
+// kernel reads rather than rewriting them itself; the records' stride.
+#if KILN_BF16
+#define REC_KQ REC_FLOATS
+#define REC_STRIDE (REC_FLOATS + C * 128) // 13760 floats, 55040 bytes
+#else
+#define REC_STRIDE REC_FLOATS
+#endif
 
 struct chunk_at {
     float a[C][LDF]; // A, strictly lower (block rows' lower blocks only)
@@ -936,7 +947,7 @@ __device__ __forceinline__ bool span_begin(const kiln_u32 *spans, kiln_u32 seq, 
 }
 
 // The sequence's first record of value head h in ws (its chunk c's at
-// c · VH · REC_FLOATS past it) into rec, by the whole block of NT threads;
+// c · VH · REC_STRIDE past it) into rec, by the whole block of NT threads;
 // false where its records would pass the `records` capacity (only spans
 // that share tokens do).
 template <int NT = THREADS>
@@ -944,7 +955,7 @@ __device__ bool seq_records(const kiln_u32 *spans, kiln_u32 seq, kiln_u32 tokens
                             const float *ws, kiln_u32 records, kiln_u32 *red, int tid, const float *&rec)
 {
     const kiln_u32 base = records_before<NT>(spans, seq, tokens, red, tid);
-    rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_FLOATS;
+    rec = ws + ((kiln_u64)base * KILN_VH + h) * REC_STRIDE;
     return base <= records && chunks <= records - base;
 }
 
@@ -1048,13 +1059,13 @@ __device__ __forceinline__ void chunk_run(chunk_smem &sm, const kiln_elt *__rest
     kiln_u32 start, count, chunks;
     if (!span_begin(spans, seq, tokens, h == 0 && rb == 0 && tid == 0, fault, start, count, chunks))
         return;
-    // The sequence's records: chunk c's at rec + c · VH · REC_FLOATS.
+    // The sequence's records: chunk c's at rec + c · VH · REC_STRIDE.
     const float *rec = ws;
     if constexpr (KEYED) {
         if (!seq_records(spans, seq, tokens, chunks, h, ws, records, sm.red, tid, rec))
             return;
     }
-    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_STRIDE;
     load_chunk<!KEYED>(sm, 0, q, k, v, g, beta, start, count, 0, h, kh, row0, tid);
     if constexpr (KEYED)
         load_keys(sm, 0, rec, tid);
@@ -1518,6 +1529,21 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
     __syncthreads();
     norms_gamma(sm, 0, rsqrt_approx((float)KILN_DK), tid, w, lane);
     __syncthreads();
+#if KILN_BF16
+    // The rows kernel's k and q (a split record's), as the norms rewrote
+    // them: [2][C][DKP] halves at REC_KQ.
+    if (split) {
+        constexpr int KP = DKP / 8;
+        kiln_f16 *kq = reinterpret_cast<kiln_f16 *>(ws + ((kiln_u64)r * KILN_VH + h) * REC_STRIDE + REC_KQ);
+#pragma unroll
+        for (int i = 0; i < (2 * C * KP + THREADS - 1) / THREADS; i++) {
+            const int e = tid + i * THREADS, r2 = e / KP, p = e % KP;
+            if (2 * C * KP % THREADS == 0 || e < 2 * C * KP)
+                kiln_stg16(kq + r2 * DKP + p * 8,
+                           *reinterpret_cast<const kiln_u32x4 *>(r2 < C ? &sm.k[0][r2][p * 8] : &sm.q[0][r2 - C][p * 8]));
+        }
+    }
+#endif
     const int mb = w & 3;
     const bool isq = w >= 4;
     float acc[8][4], xs[NTV][4];
@@ -1527,7 +1553,7 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
     __syncthreads();
     t_inverse(sm, w, lane, g4, t4);
 
-    float *rec = ws + ((kiln_u64)r * KILN_VH + h) * REC_FLOATS;
+    float *rec = ws + ((kiln_u64)r * KILN_VH + h) * REC_STRIDE;
     if (tid < REC_T / 4)
         kiln_stg16(rec + tid * 4, reinterpret_cast<const kiln_u32x4 *>(&sm.kv[0])[tid]);
     // T's blocks, a warp's each (fragment order: afrag_f32's reads); split:
@@ -1633,9 +1659,9 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // workspace above): T's and P's blocks already in hi and lo terms, whose A
 // fragments hold Tᵀ's and Pᵀ's B fragments, P's rows (outᵀ's columns)
 // scaled as the keyed kernel scales them, so that no warp splits or scales
-// them again. A block is a warp to 16 rows (four at 64 rows, two at 32;
-// in bf16 two more rewrite k and q, rows_rewrite) for
-// a (sequence, value head, KILN_ROWS rows). A chunk is then a warp's own
+// them again (nor, in bf16, rewrites k and q: load_rkq). A block is a warp
+// to 16 rows (four at 64 rows, two at 32) for a (sequence, value head,
+// KILN_ROWS rows). A chunk is then a warp's own
 // dependent products rather than the keyed kernel's phases between eight
 // barriers. Its results match the keyed kernel's within rounding, not bit
 // for bit (the sums run in another order). With a warp a scheduler it is
@@ -1646,16 +1672,6 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // was slower still; in one term it beats it everywhere.
 #define RWARPS (KILN_ROWS / 16)
 #define RTHREADS (RWARPS * 32)
-// bf16: warps that load each chunk's k and q and rewrite them as f16 while
-// the compute warps run the chunk before (rows_rewrite); two, so that at 32
-// rows a block streamed (five warps of 255 registers) still fits an SM
-// beside a block of the pre-pass. The host's rows_threads agrees.
-#if KILN_BF16
-#define HWARPS 2
-#else
-#define HWARPS 0
-#endif
-#define HTHREADS (HWARPS * 32)
 #define LDO 24 // elements a row of a warp's output tile (16 columns, +8)
 #define KSW (DKP / 16) // k-steps of the key dim
 struct rows_smem {
@@ -1681,6 +1697,26 @@ template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st
         if (N % NT == 0 || e < N)
             cp16(&sm.rec[st][at * 4], rec + at * 4, true);
     }
+}
+
+// A split record's k and q rows into stage st (bf16, where the pre-pass
+// wrote them rewritten as f16 at REC_KQ; f16 loads them from q and k), by
+// NT threads in 16-byte copies, a thread's column the same in every row.
+template <int NT> __device__ __forceinline__ void load_rkq(rows_smem &sm, int st, const float *rec, int tid)
+{
+#if KILN_BF16
+    constexpr int KP = DKP / 8, RS = NT / KP; // NT a multiple of 32, KP a power of two <= 16
+    const int p = tid % KP, r0 = tid / KP;
+    const kiln_f16 *src = reinterpret_cast<const kiln_f16 *>(rec + REC_KQ) + r0 * DKP + p * 8;
+#pragma unroll 8
+    for (int i = 0; i < C / RS; i++)
+        cp16(&sm.k[st][r0 + i * RS][p * 8], src + i * RS * DKP, true);
+#pragma unroll 8
+    for (int i = 0; i < C / RS; i++)
+        cp16(&sm.q[st][r0 + i * RS][p * 8], src + (C + i * RS) * DKP, true);
+#else
+    (void)sm, (void)st, (void)rec, (void)tid;
+#endif
 }
 
 // The A fragment of a 16 x 16 block whose two n-tiles of accumulators are
@@ -1807,7 +1843,7 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 }
 
 // The streamed rows kernel's last warp: the sequence's records (chunk c's
-// at rec + c VH REC_FLOATS, its flag at fl[c VH]) into their stages, each
+// at rec + c VH REC_STRIDE, its flag at fl[c VH]) into their stages, each
 // once its flag is set, while the other warps compute, so that the waits
 // stay off their chain; at the block's barrier of the compute loop, one a
 // chunk. These barriers are the compute warps' at other call sites, as
@@ -1817,11 +1853,12 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const float *rec, kiln_u32 chunks,
                                        int lane)
 {
-    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_STRIDE;
     if (lane == 0)
         flag_wait(fl);
     syncwarp();
     load_rec<32>(sm, 0, rec, lane);
+    load_rkq<32>(sm, 0, rec, lane);
     cp_commit();
 #pragma unroll 1
     for (kiln_u32 c = 0; c < chunks; c++) {
@@ -1832,69 +1869,11 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
                 flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
             syncwarp();
             load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
+            load_rkq<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
         }
         cp_commit();
     }
 }
-
-#if KILN_BF16
-// rescale_rows by a thread a row: the row's vectors in registers, no
-// shuffles, so that two warps rewrite a chunk's 128 rows within the compute
-// warps' chunk (the half-warp form took 4.6 us a chunk on two warps:
-// bench_recurrent --dtype bf16). The same bits: the maximum is exact.
-template <int NT> __device__ __forceinline__ void rewrite_rows(rows_smem &sm, int st, int tid)
-{
-    constexpr int PV = DKP / 8;
-#pragma unroll 1
-    for (int r = tid; r < 2 * C; r += NT) {
-        kiln_f16 *row = r < C ? sm.k[st][r] : sm.q[st][r - C];
-        kiln_u32x4 x[PV];
-        float m = 0.0f;
-#pragma unroll
-        for (int p = 0; p < PV; p++) {
-            x[p] = *reinterpret_cast<const kiln_u32x4 *>(row + p * 8);
-            float f[8];
-            kiln_e8_to_f32(x[p], f);
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                m = max_f32(m, abs_f32(f[e]));
-        }
-        float sc, inv;
-        row_scale(m, sc, inv);
-#pragma unroll
-        for (int p = 0; p < PV; p++) {
-            float f[8];
-            kiln_e8_to_f32(x[p], f);
-            *reinterpret_cast<kiln_u32x4 *>(row + p * 8) =
-                kiln_u32x4{pack2(f[0] * sc, f[1] * sc), pack2(f[2] * sc, f[3] * sc), pack2(f[4] * sc, f[5] * sc),
-                           pack2(f[6] * sc, f[7] * sc)};
-        }
-    }
-}
-
-// The bf16 rows kernel's helper warps (ht: 0 .. HTHREADS - 1): chunk c + 1's
-// k and q into the other stage and rewritten as f16 (as the pre-pass's
-// norms rewrote them) while the compute warps run chunk c, so that the
-// rewrite stays off their chain; at the compute loop's barrier, one a
-// chunk, as rows_poll. Barrier 1 orders the helpers' copies before their
-// rewrite (a row's copies and its rewrite are different threads').
-__device__ __noinline__ void rows_rewrite(rows_smem &sm, const kiln_elt *q, const kiln_elt *k, kiln_u32 start,
-                                          kiln_u32 count, kiln_u32 chunks, kiln_u32 kh, int ht)
-{
-#pragma unroll 1
-    for (kiln_u32 c = 0; c <= chunks; c++) {
-        if (c) // stage c & 1 is free: the compute warps are past chunk c - 2
-            __syncthreads();
-        if (c < chunks) {
-            load_kq<rows_smem, HTHREADS>(sm, c & 1, q, k, start, count, c, kh, ht);
-            cp_commit();
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-            asm volatile("bar.sync 1, %0;" ::"n"(HTHREADS) : "memory");
-            rewrite_rows<HTHREADS>(sm, c & 1, ht);
-        }
-    }
-}
-#endif
 
 // The rows kernel's body (kiln_gated_delta_rows).
 __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
@@ -1904,7 +1883,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
                                          kiln_u32 records, const kiln_u32 *__restrict__ flags)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    if (!launch_holds(sizeof(rows_smem), RTHREADS + HTHREADS + (flags ? 32u : 0u), fault))
+    if (!launch_holds(sizeof(rows_smem), RTHREADS + (flags ? 32u : 0u), fault))
         return;
     rows_smem &sm = *reinterpret_cast<rows_smem *>(smem_raw);
     const kiln_u32 rb = blockIdx.x % ROW_BLOCKS, sh = blockIdx.x / ROW_BLOCKS;
@@ -1918,24 +1897,24 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
     const float *rec;
     if (!seq_records<RTHREADS>(spans, seq, tokens, chunks, h, ws, records, sm.red, tid, rec))
         return;
-    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_FLOATS;
+    constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_STRIDE;
     // Streamed, the last warp loads the records (record base(seq) + c of
     // head h, chunk c's, has its flag at flags[(base(seq) + c) VH + h]).
-    if (flags && tid >= RTHREADS + HTHREADS) {
-        rows_poll(sm, flags + (rec - ws) / REC_FLOATS, rec, chunks, lane);
+    if (flags && tid >= RTHREADS) {
+        rows_poll(sm, flags + (rec - ws) / REC_STRIDE, rec, chunks, lane);
         return;
     }
+    // k and q: in f16 the inputs; in bf16 the records' (load_rkq).
 #if KILN_BF16
-    if (tid >= RTHREADS) {
-        rows_rewrite(sm, q, k, start, count, chunks, kh, tid - RTHREADS);
-        return;
-    }
+    (void)q, (void)k, (void)kh;
 #else
     load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
 #endif
     load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
-    if (!flags)
+    if (!flags) {
         load_rec<RTHREADS>(sm, 0, rec, tid);
+        load_rkq<RTHREADS>(sm, 0, rec, tid);
+    }
     cp_commit();
 
     // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
@@ -1963,8 +1942,10 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
             load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
 #endif
             load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
-            if (!flags)
+            if (!flags) {
                 load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
+                load_rkq<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
+            }
         }
         cp_commit();
         const kiln_f16(*K)[LDK] = sm.k[st];
@@ -2081,7 +2062,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
 }
 
 // kiln_gated_delta_chunk_keyed's arguments and the streamed pre-pass's flags
-// (or NULL); grid S VH ROW_BLOCKS, RTHREADS + HTHREADS threads (streamed:
+// (or NULL); grid S VH ROW_BLOCKS, RTHREADS threads (streamed:
 // 32 more, the last warp loading the records), sizeof(rows_smem) of dynamic
 // shared memory. Streamed, it launches beside the pre-pass once that
 // one has waited for the kernels ahead of it (so it reads its inputs, the
@@ -2089,7 +2070,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
 // record's flag rather than on the pre-pass's grid, and waits for the
 // pre-pass at its end, so that this grid completes only after it (the
 // kernels after this one wait on this grid alone).
-extern "C" __global__ void __launch_bounds__(RTHREADS + HTHREADS + 32, 1)
+extern "C" __global__ void __launch_bounds__(RTHREADS + 32, 1)
 kiln_gated_delta_rows(const kiln_elt *__restrict__ q, const kiln_elt *__restrict__ k,
                       const kiln_elt *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
                       float *__restrict__ state, const kiln_u32 *__restrict__ spans, kiln_elt *__restrict__ out,

@@ -297,23 +297,30 @@ static void test_spec_and_size_arguments(void **state)
                 kiln_errmsg(), "out of range", NULL);
     KILN_EXPECT(kiln_op_gated_delta_state_bytes(1, 1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
                 NULL);
-    /* The workspace: (ceil(T / 64) + S) records a value head of 22272 bytes and a 4-byte flag. */
+    /* The workspace: (ceil(T / 64) + S) records a value head of 22272 bytes
+     * (bf16: 55040, with the chunk's k and q rows as f16) and a 4-byte flag. */
+    const kiln_dtype f16 = KILN_DTYPE_F16;
     b = 1;
-    KILN_CHECK(kiln_op_gated_delta_workspace(4096, 8, 32, &b));
+    KILN_CHECK(kiln_op_gated_delta_workspace(f16, 4096, 8, 32, &b));
     assert_int_equal(b, (size_t)(64 + 8) * 32 * 22276);
-    KILN_CHECK(kiln_op_gated_delta_workspace(4097, 1, 32, &b));
+    KILN_CHECK(kiln_op_gated_delta_workspace(KILN_DTYPE_BF16, 4096, 8, 32, &b));
+    assert_int_equal(b, (size_t)(64 + 8) * 32 * 55044);
+    KILN_CHECK(kiln_op_gated_delta_workspace(f16, 4097, 1, 32, &b));
     assert_int_equal(b, (size_t)(65 + 1) * 32 * 22276);
-    KILN_CHECK(kiln_op_gated_delta_workspace(0, 3, 1, &b));
+    KILN_CHECK(kiln_op_gated_delta_workspace(f16, 0, 3, 1, &b));
     assert_int_equal(b, (size_t)3 * 22276);
-    KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 0, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_workspace(KILN_DTYPE_F32, 4096, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT,
+                kiln_errmsg(), "element type f32", "(f16 or bf16)");
+    KILN_EXPECT(kiln_op_gated_delta_workspace(f16, 4096, 0, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "0 sequences", "out of range");
-    KILN_EXPECT(kiln_op_gated_delta_workspace(4096, 8, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_workspace(f16, 4096, 8, 0, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "0 value heads", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_workspace(-1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
+    KILN_EXPECT(kiln_op_gated_delta_workspace(f16, -1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT, kiln_errmsg(),
                 "-1 tokens", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_workspace((int64_t)UINT32_MAX + 1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT,
+    KILN_EXPECT(kiln_op_gated_delta_workspace(f16, (int64_t)UINT32_MAX + 1, 8, 32, &b), KILN_ERR_RUNTIME_CONTRACT,
                 kiln_errmsg(), "4294967296 tokens", NULL);
-    KILN_EXPECT(kiln_op_gated_delta_workspace(1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL, NULL);
+    KILN_EXPECT(kiln_op_gated_delta_workspace(f16, 1, 1, 1, NULL), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), NULL,
+                NULL);
     KILN_CHECK(kiln_op_gated_delta_chunk_spec(KILN_DTYPE_F16, 128, 128, 16, 32, 64, 8, &s));
     KILN_CHECK(kiln_spec_constants_text(&s, text, sizeof text));
     assert_string_equal(text, "BF16=0;DK=128;DV=128;KH=16;ROWS=64;VEC=8;VH=32");
@@ -495,7 +502,7 @@ static void test_validation_names_binding_and_values(void **state)
      * refused naming both sizes or the binding; the first two layouts (no
      * workspace field) read it as NULL. */
     size_t need;
-    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, VH, &need));
+    KILN_CHECK(kiln_op_gated_delta_workspace(KILN_DTYPE_F16, T, S, VH, &need));
     kiln_region ws = {buf, 32 * MB, 32 * MB + need};
     c = b;
     c.workspace = &ws;

@@ -337,14 +337,14 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
      * each from the same initial state and poisoned outputs, with two f16
      * terms an f32 operand
      * ($KILN_GATED_DELTA_TERMS=2); then the same forms again in one (=1, the
-     * default). Each runs with $KILN_GATED_DELTA_STREAM=1 (streamed
-     * wherever it can, bf16 too), and a path the encode ran streamed (the
+     * default). Each runs with $KILN_GATED_DELTA_STREAM unset (streamed
+     * wherever it can), and a path the encode ran streamed (the
      * rows kernel beside the pre-pass) runs again unstreamed
      * ($KILN_GATED_DELTA_STREAM=0), to the same bits. */
     const int rows_kernel = c->dk % 8 == 0 && c->dv % 8 == 0 && c->state_skew % 8 == 0;
     const int forms = c->kernel == CHUNK ? 2 + 2 * rows_kernel : 1, paths = c->kernel == CHUNK ? 2 * forms : 1;
     size_t ws_bytes;
-    KILN_CHECK(kiln_op_gated_delta_workspace(p.tokens, c->seqs, c->vh, &ws_bytes));
+    KILN_CHECK(kiln_op_gated_delta_workspace(elt, p.tokens, c->seqs, c->vh, &ws_bytes));
     kiln_buffer *bw = paths > 1 ? buffer(f->rt, ws_bytes) : NULL;
     const kiln_region ws = {bw, 0, ws_bytes};
     uint16_t *got_os[8] = {NULL};
@@ -364,7 +364,10 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
                 setenv("KILN_GATED_DELTA_CHUNK", form == 2 ? "32" : "64", 1);
             if (terms)
                 setenv("KILN_GATED_DELTA_TERMS", terms == 1 ? "1" : "2", 1);
-            setenv("KILN_GATED_DELTA_STREAM", pass ? "0" : "1", 1);
+            if (pass)
+                setenv("KILN_GATED_DELTA_STREAM", "0", 1);
+            else
+                unsetenv("KILN_GATED_DELTA_STREAM");
             kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk,        &tv,           &tg, &tb, &ts, &tsp,
                                               &to,         c->max_span, form ? &ws : NULL};
             kiln_command *cmd;
@@ -572,7 +575,7 @@ static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
     /* One sequence's rows kernel at 32 rows is 128 blocks: on sm_90 with
      * programmatic dependent launch and at least 128 SMs (an H100 or H200)
      * the encode streams it beside the pre-pass under
-     * $KILN_GATED_DELTA_STREAM=1, so the streamed form ran. */
+     * $KILN_GATED_DELTA_STREAM unset, so the streamed form ran. */
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     const char *pdl = getenv("KILN_PDL");
@@ -582,10 +585,10 @@ static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
 }
 
 /* The default stream policy ($KILN_GATED_DELTA_STREAM unset): one sequence's
- * rows kernel at 32 rows (128 blocks) runs streamed beside the pre-pass in
- * f16 where the device can (sm_90 with programmatic dependent launch and at
- * least 128 SMs), and never in bf16, where streaming was slower
- * (bench_recurrent --dtype bf16). The encode alone decides; nothing runs. */
+ * rows kernel at 32 rows (128 blocks) runs streamed beside the pre-pass
+ * where the device can (sm_90 with programmatic dependent launch and at
+ * least 128 SMs), in either element type; never under
+ * $KILN_GATED_DELTA_STREAM=0. The encode alone decides; nothing runs. */
 static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
 {
     if (!chunk_device(f))
@@ -602,29 +605,36 @@ static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
     tk.offset = MB;
     tb.offset = 4 * MB + MB / 2;
     size_t need;
-    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, 32, &need));
+    KILN_CHECK(kiln_op_gated_delta_workspace(elt, T, S, 32, &need));
     kiln_buffer *bw = buffer(f->rt, need);
     const kiln_region ws = {bw, 0, need};
     kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, (uint32_t)T, &ws};
     setenv("KILN_GATED_DELTA_PREP", "1", 1);
     setenv("KILN_GATED_DELTA_ROWS", "1", 1);
     setenv("KILN_GATED_DELTA_CHUNK", "32", 1);
-    unsetenv("KILN_GATED_DELTA_STREAM");
-    kiln_command *cmd = NULL;
-    const kiln_status st = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
-    unsetenv("KILN_GATED_DELTA_PREP");
-    unsetenv("KILN_GATED_DELTA_ROWS");
-    unsetenv("KILN_GATED_DELTA_CHUNK");
-    KILN_CHECK(st);
-    kiln_command_release(cmd);
-    assert_int_equal(kiln__gated_delta_last_keyed(), 2);
-    assert_int_equal(kiln__gated_delta_last_rows(), 32);
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     const int can = !strcmp(info.arch, "sm_90") && info.multiprocessors >= 128 && kiln__runtime_pdl(f->rt);
-    fprintf(stderr, "default stream policy (%s, %s, %d SMs): %s\n", elt == KILN_DTYPE_BF16 ? "bf16" : "f16",
-            info.arch, info.multiprocessors, kiln__gated_delta_last_streamed() ? "streamed" : "unstreamed");
-    assert_int_equal(kiln__gated_delta_last_streamed(), elt == KILN_DTYPE_F16 && can);
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("KILN_GATED_DELTA_STREAM", "0", 1);
+        else
+            unsetenv("KILN_GATED_DELTA_STREAM");
+        kiln_command *cmd = NULL;
+        const kiln_status st = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
+        unsetenv("KILN_GATED_DELTA_STREAM");
+        KILN_CHECK(st);
+        kiln_command_release(cmd);
+        assert_int_equal(kiln__gated_delta_last_keyed(), 2);
+        assert_int_equal(kiln__gated_delta_last_rows(), 32);
+        fprintf(stderr, "stream policy (%s, %s, %d SMs, %s): %s\n", elt == KILN_DTYPE_BF16 ? "bf16" : "f16",
+                info.arch, info.multiprocessors, off ? "=0" : "unset",
+                kiln__gated_delta_last_streamed() ? "streamed" : "unstreamed");
+        assert_int_equal(kiln__gated_delta_last_streamed(), can && !off);
+    }
+    unsetenv("KILN_GATED_DELTA_PREP");
+    unsetenv("KILN_GATED_DELTA_ROWS");
+    unsetenv("KILN_GATED_DELTA_CHUNK");
     kiln_buffer_destroy(bw);
     kiln_buffer_destroy(b);
 }
@@ -704,7 +714,7 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dty
     KILN_CHECK(kiln_buffer_upload(b, tsp.offset, spans, sizeof spans));
     kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, max_span, NULL};
     size_t need;
-    KILN_CHECK(kiln_op_gated_delta_workspace(T, S, VH, &need));
+    KILN_CHECK(kiln_op_gated_delta_workspace(elt, T, S, VH, &need));
     kiln_region ws = {b, 7 * MB, 7 * MB + need - 1};
     if (keyed) {
         char msg[96];

@@ -101,15 +101,14 @@
  * two at 64 rows a block; sm_90), it runs streamed: the pre-pass deals its records
  * round a block an SM and flags each one in the workspace, and the rows
  * kernel, launched beside it, waits on its records' flags rather than on
- * the whole pre-pass: in f16 ($KILN_GATED_DELTA_STREAM=0: never; 1: bf16
- * too, where streaming measured slower).
+ * the whole pre-pass ($KILN_GATED_DELTA_STREAM=0: never).
  * It runs where $KILN_GATED_DELTA_PREP is 1 (and the chunked
  * kernel runs), never where it is 0, and otherwise where the spans (the
  * hint above) are at least KILN_GATED_DELTA_PREP_MIN_TOKENS long. No workspace
  * (NULL) is the single kernel, as before. The workspace is written and read
  * within the command only (its contents need not survive it); it must be on
  * the runtime, 256-byte aligned on its device address, at least the bytes
- * the function gives for (T, S, VH), and overlap no binding. With it, spans
+ * the function gives for (q's element type, T, S, VH), and overlap no binding. With it, spans
  * that share tokens (see Spans) may also leave a sequence uncomputed.
  *
  * Validation and errors as in kiln/op_norm.h: KILN_ERR_RUNTIME_CONTRACT names
@@ -175,16 +174,17 @@ KILN_API kiln_status kiln_op_gated_delta(kiln_jit *jit, const kiln_gated_delta_b
  * KILN_ERR_INVALID_ARGUMENT for a NULL bytes. */
 KILN_API kiln_status kiln_op_gated_delta_state_bytes(int64_t seqs, int64_t num_v_heads, int64_t dv, int64_t dk,
                                                      size_t *bytes);
-/* Bytes of the workspace (see above) of a command of T = tokens, S = seqs
- * and num_v_heads value heads: (ceil(T / 64) + S) · VH records of 22272
- * bytes, one per (chunk of a sequence, value head), and a 4-byte flag each
- * (22276 bytes a record in all); spans that share no tokens have at most
- * that many chunks. KILN_ERR_RUNTIME_CONTRACT for
- * tokens outside [0, 2^32 - 1], seqs outside [1, 2^31 - 1], num_v_heads
- * outside [1, KILN_MODEL_MAX_HEADS] or an overflow; KILN_ERR_INVALID_ARGUMENT
- * for a NULL bytes. */
-KILN_API kiln_status kiln_op_gated_delta_workspace(int64_t tokens, int64_t seqs, int64_t num_v_heads,
-                                                   size_t *bytes);
+/* Bytes of the workspace (see above) of a command of element type elt
+ * (q's), T = tokens, S = seqs and num_v_heads value heads: (ceil(T / 64) +
+ * S) · VH records, one per (chunk of a sequence, value head), of 22272 bytes
+ * in f16 and 55040 in bf16 (the chunk's k and q rows rewritten as f16, which
+ * the rows kernel reads), and a 4-byte flag each; spans that share no
+ * tokens have at most that many chunks. KILN_ERR_RUNTIME_CONTRACT for elt
+ * not f16 or bf16, tokens outside [0, 2^32 - 1], seqs outside [1, 2^31 -
+ * 1], num_v_heads outside [1, KILN_MODEL_MAX_HEADS] or an overflow;
+ * KILN_ERR_INVALID_ARGUMENT for a NULL bytes. */
+KILN_API kiln_status kiln_op_gated_delta_workspace(kiln_dtype elt, int64_t tokens, int64_t seqs,
+                                                   int64_t num_v_heads, size_t *bytes);
 
 /* The specialization for the element type elt (KILN_DTYPE_F16 or
  * KILN_DTYPE_BF16), these sizes and a vector width (4: dk % 4 == 0; or 1).
