@@ -1701,19 +1701,31 @@ template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st
 
 // A split record's k and q rows into stage st (bf16, where the pre-pass
 // wrote them rewritten as f16 at REC_KQ; f16 loads them from q and k), by
-// NT threads in 16-byte copies, a thread's column the same in every row.
+// NT threads in 16-byte copies: where NT is a multiple of a row's copies,
+// a thread's column the same in every row, else a bare loop.
 template <int NT> __device__ __forceinline__ void load_rkq(rows_smem &sm, int st, const float *rec, int tid)
 {
 #if KILN_BF16
-    constexpr int KP = DKP / 8, RS = NT / KP; // NT a multiple of 32, KP a power of two <= 16
-    const int p = tid % KP, r0 = tid / KP;
-    const kiln_f16 *src = reinterpret_cast<const kiln_f16 *>(rec + REC_KQ) + r0 * DKP + p * 8;
+    constexpr int KP = DKP / 8, N = 2 * C * KP;
+    const kiln_f16 *kq = reinterpret_cast<const kiln_f16 *>(rec + REC_KQ);
+    if constexpr (NT % KP == 0 && C % (NT / KP) == 0) {
+        constexpr int RS = NT / KP;
+        const int p = tid % KP, r0 = tid / KP;
+        const kiln_f16 *src = kq + r0 * DKP + p * 8;
 #pragma unroll 8
-    for (int i = 0; i < C / RS; i++)
-        cp16(&sm.k[st][r0 + i * RS][p * 8], src + i * RS * DKP, true);
+        for (int i = 0; i < C / RS; i++)
+            cp16(&sm.k[st][r0 + i * RS][p * 8], src + i * RS * DKP, true);
 #pragma unroll 8
-    for (int i = 0; i < C / RS; i++)
-        cp16(&sm.q[st][r0 + i * RS][p * 8], src + (C + i * RS) * DKP, true);
+        for (int i = 0; i < C / RS; i++)
+            cp16(&sm.q[st][r0 + i * RS][p * 8], src + (C + i * RS) * DKP, true);
+    } else {
+#pragma unroll 4
+        for (int i = 0; i < (N + NT - 1) / NT; i++) {
+            const int e = tid + i * NT, r = e / KP, p = e % KP;
+            if (N % NT == 0 || e < N)
+                cp16(r < C ? &sm.k[st][r][p * 8] : &sm.q[st][r - C][p * 8], kq + r * DKP + p * 8, true);
+        }
+    }
 #else
     (void)sm, (void)st, (void)rec, (void)tid;
 #endif
