@@ -1540,7 +1540,8 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
             const int e = tid + i * THREADS, r2 = e / KP, p = e % KP;
             if (2 * C * KP % THREADS == 0 || e < 2 * C * KP)
                 kiln_stg16(kq + r2 * DKP + p * 8,
-                           *reinterpret_cast<const kiln_u32x4 *>(r2 < C ? &sm.k[0][r2][p * 8] : &sm.q[0][r2 - C][p * 8]));
+                           *reinterpret_cast<const kiln_u32x4 *>(r2 < C ? &sm.k[0][r2][p * 8]
+                                                                        : &sm.q[0][r2 - C][p * 8]));
         }
     }
 #endif
