@@ -448,9 +448,9 @@ static int keyed_plan(const kiln_tensor *const t[N_BINDINGS], const kiln_region 
  * never takes it, 1 always. By default, in one term or bf16, it serves
  * wherever it can: its chain of halved products beat the keyed kernel's at
  * every shape (bench_recurrent: 1 x 16384 0.83x, 4 x 1024 0.7x; in bf16,
- * its helper warps rewriting k and q off the chain, 0.73x in one term and
- * 0.92x in two at 1 x 4096, where the keyed kernel's eight warps rewrite
- * them on it). In f16 and two terms it serves only where the keyed
+ * reading k and q as the pre-pass rewrote them, 0.68x in one term and 0.88x
+ * in two at 1 x 4096, where the keyed kernel's eight warps rewrite them on
+ * its chain). In f16 and two terms it serves only where the keyed
  * kernel's blocks at its own rows (chunk_rows: 64, or 32 with DV <= 32)
  * need more than one wave over the SMs: a warp a scheduler leaves it
  * latency-bound, ahead of the keyed kernel's second wave but behind its
