@@ -1005,13 +1005,16 @@ __device__ bool find_record(const kiln_u32 *spans, kiln_u32 seqs, kiln_u32 token
 }
 
 
-// Whether the launch gave the block at least bytes of dynamic shared memory.
-__device__ __forceinline__ bool smem_holds(kiln_u64 bytes)
+// The launch's dynamic shared memory a block, in bytes.
+__device__ __forceinline__ kiln_u32 dynamic_smem()
 {
     kiln_u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    return dyn >= bytes;
+    return dyn;
 }
+
+// Whether the launch gave the block at least bytes of dynamic shared memory.
+__device__ __forceinline__ bool smem_holds(kiln_u64 bytes) { return dynamic_smem() >= bytes; }
 
 // Whether the launch gave the block the threads and the shared memory the
 // kernel was built for; else (the host's sizes against the template's: an
@@ -1019,8 +1022,7 @@ __device__ __forceinline__ bool smem_holds(kiln_u64 bytes)
 // the next synchronize rather than as outputs never written.
 __device__ __forceinline__ bool launch_holds(kiln_u64 bytes, kiln_u32 threads, kiln_fault *fault)
 {
-    kiln_u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const kiln_u32 dyn = dynamic_smem();
     if (dyn >= bytes && blockDim.x == threads)
         return true;
     if (threadIdx.x == 0) {
@@ -1660,7 +1662,7 @@ kiln_gated_delta_keys(const kiln_elt *__restrict__ q, const kiln_elt *__restrict
 // workspace above): T's and P's blocks already in hi and lo terms, whose A
 // fragments hold Tᵀ's and Pᵀ's B fragments, P's rows (outᵀ's columns)
 // scaled as the keyed kernel scales them, so that no warp splits or scales
-// them again (nor, in bf16, rewrites k and q: load_rkq). A block is a warp
+// them again (nor, in bf16, rewrites k and q: load_rec). A block is a warp
 // to 16 rows (four at 64 rows, two at 32) for a (sequence, value head,
 // KILN_ROWS rows). A chunk is then a warp's own
 // dependent products rather than the keyed kernel's phases between eight
@@ -1683,30 +1685,13 @@ struct rows_smem {
     kiln_u32 red[16];
 };
 
-// A split record into stage st by NT threads (tid: 0 .. NT - 1), in 16-byte
-// copies: whole, or in one term (no lo terms read) its keys, the hi halves
-// of its 20 blocks, P's scales and beta.
-template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
-{
-    constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 3 * C / 4;
-#pragma unroll
-    for (int i = 0; i < (N + NT - 1) / NT; i++) {
-        const int e = tid + i * NT;
-        int at = e; // the copy's place in the record, in 16-byte units
-        if (!LO && e >= HEAD)
-            at = e < HEAD + 20 * HALF ? HEAD + (e - HEAD) / HALF * (2 * HALF) + (e - HEAD) % HALF : e + 20 * HALF;
-        if (N % NT == 0 || e < N)
-            cp16(&sm.rec[st][at * 4], rec + at * 4, true);
-    }
-}
-
-// A split record's k and q rows into stage st (bf16, where the pre-pass
-// wrote them rewritten as f16 at REC_KQ; f16 loads them from q and k), by
-// NT threads in 16-byte copies: where NT is a multiple of a row's copies,
-// a thread's column the same in every row, else a bare loop.
+// A bf16 split record's k and q rows (REC_KQ, as the pre-pass rewrote them
+// in f16) into stage st's k and q, for load_rec: where NT is a multiple of
+// a row's 16-byte copies, a thread's column the same in every row, else a
+// bare loop. (f16 loads k and q from the inputs.)
+#if KILN_BF16
 template <int NT> __device__ __forceinline__ void load_rkq(rows_smem &sm, int st, const float *rec, int tid)
 {
-#if KILN_BF16
     constexpr int KP = DKP / 8, N = 2 * C * KP;
     const kiln_f16 *kq = reinterpret_cast<const kiln_f16 *>(rec + REC_KQ);
     if constexpr (NT % KP == 0 && C % (NT / KP) == 0) {
@@ -1727,8 +1712,26 @@ template <int NT> __device__ __forceinline__ void load_rkq(rows_smem &sm, int st
                 cp16(r < C ? &sm.k[st][r][p * 8] : &sm.q[st][r - C][p * 8], kq + r * DKP + p * 8, true);
         }
     }
-#else
-    (void)sm, (void)st, (void)rec, (void)tid;
+}
+#endif
+
+// A split record into stage st by NT threads (tid: 0 .. NT - 1), in 16-byte
+// copies: whole, or in one term (no lo terms read) its keys, the hi halves
+// of its 20 blocks, P's scales and beta; in bf16 then its k and q rows.
+template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
+{
+    constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 3 * C / 4;
+#pragma unroll
+    for (int i = 0; i < (N + NT - 1) / NT; i++) {
+        const int e = tid + i * NT;
+        int at = e; // the copy's place in the record, in 16-byte units
+        if (!LO && e >= HEAD)
+            at = e < HEAD + 20 * HALF ? HEAD + (e - HEAD) / HALF * (2 * HALF) + (e - HEAD) % HALF : e + 20 * HALF;
+        if (N % NT == 0 || e < N)
+            cp16(&sm.rec[st][at * 4], rec + at * 4, true);
+    }
+#if KILN_BF16
+    load_rkq<NT>(sm, st, rec, tid);
 #endif
 }
 
@@ -1871,7 +1874,6 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
         flag_wait(fl);
     syncwarp();
     load_rec<32>(sm, 0, rec, lane);
-    load_rkq<32>(sm, 0, rec, lane);
     cp_commit();
 #pragma unroll 1
     for (kiln_u32 c = 0; c < chunks; c++) {
@@ -1882,7 +1884,6 @@ __device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const 
                 flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
             syncwarp();
             load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
-            load_rkq<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
         }
         cp_commit();
     }
@@ -1917,17 +1918,15 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
         rows_poll(sm, flags + (rec - ws) / REC_STRIDE, rec, chunks, lane);
         return;
     }
-    // k and q: in f16 the inputs; in bf16 the records' (load_rkq).
+    // k and q: in f16 the inputs; in bf16 the records' (load_rec).
 #if KILN_BF16
     (void)q, (void)k, (void)kh;
 #else
     load_kq<rows_smem, RTHREADS>(sm, 0, q, k, start, count, 0, kh, tid);
 #endif
     load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
-    if (!flags) {
+    if (!flags)
         load_rec<RTHREADS>(sm, 0, rec, tid);
-        load_rkq<RTHREADS>(sm, 0, rec, tid);
-    }
     cp_commit();
 
     // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
@@ -1949,16 +1948,14 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
     for (kiln_u32 c = 0; c < chunks; c++) {
         const int st = c & 1;
         asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncthreads(); // stage st is in (bf16: k and q rewritten); every warp is done with the other
+        __syncthreads(); // stage st is in; every warp is done with the other
         if (c + 1 < chunks) {
 #if !KILN_BF16
             load_kq<rows_smem, RTHREADS>(sm, st ^ 1, q, k, start, count, c + 1, kh, tid);
 #endif
             load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
-            if (!flags) {
+            if (!flags)
                 load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
-                load_rkq<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
-            }
         }
         cp_commit();
         const kiln_f16(*K)[LDK] = sm.k[st];

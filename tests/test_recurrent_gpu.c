@@ -584,6 +584,32 @@ static void chunked_prefill_qwen3_next(gpu_fixture *f, kiln_dtype elt)
         fail_msg("no path ran streamed on %s with %d SMs", info.arch, info.multiprocessors);
 }
 
+/* Qwen3-Next's gated delta bindings (16 key heads, 32 value heads, dims 128)
+ * of T <= 256 tokens and S <= 2 sequences, laid out in b (16 MiB), for
+ * tests that only encode; the workspace is the caller's. */
+typedef struct qwen_views {
+    kiln_tensor q, k, v, g, beta, state, spans, out;
+} qwen_views;
+
+static void qwen_bindings(kiln_buffer *b, kiln_dtype elt, int64_t T, int64_t S, qwen_views *x,
+                          kiln_gated_delta_bindings *bind)
+{
+    const size_t MB = 1 << 20;
+    x->q = (kiln_tensor){.buffer = b, .dtype = elt, .rank = 3, .dims = {T, 16, 128}};
+    x->k = x->q;
+    x->k.offset = MB;
+    x->v = (kiln_tensor){.buffer = b, .offset = 2 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
+    x->g = (kiln_tensor){.buffer = b, .offset = 4 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}};
+    x->beta = x->g;
+    x->beta.offset = 4 * MB + MB / 2;
+    x->state = (kiln_tensor){.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4,
+                             .dims = {S, 32, 128, 128}};
+    x->spans = (kiln_tensor){.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}};
+    x->out = (kiln_tensor){.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
+    *bind = (kiln_gated_delta_bindings){sizeof *bind, &x->q,     &x->k,   &x->v, &x->g, &x->beta,
+                                        &x->state,    &x->spans, &x->out, 0,     NULL};
+}
+
 /* The default stream policy ($KILN_GATED_DELTA_STREAM unset): one sequence's
  * rows kernel at 32 rows (128 blocks) runs streamed beside the pre-pass
  * where the device can (sm_90 with programmatic dependent launch and at
@@ -594,21 +620,16 @@ static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
     if (!chunk_device(f))
         skip();
     const int64_t T = 256, S = 1;
-    const size_t MB = 1 << 20;
-    kiln_buffer *b = buffer(f->rt, 16 * MB);
-    kiln_tensor tq = {.buffer = b, .dtype = elt, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
-                tv = {.buffer = b, .offset = 2 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}},
-                tg = {.buffer = b, .offset = 4 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}}, tb = tg,
-                ts = {.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, 32, 128, 128}},
-                tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
-                to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
-    tk.offset = MB;
-    tb.offset = 4 * MB + MB / 2;
+    kiln_buffer *b = buffer(f->rt, 16 << 20);
+    qwen_views x;
+    kiln_gated_delta_bindings bind;
+    qwen_bindings(b, elt, T, S, &x, &bind);
     size_t need;
     KILN_CHECK(kiln_op_gated_delta_workspace(elt, T, S, 32, &need));
     kiln_buffer *bw = buffer(f->rt, need);
     const kiln_region ws = {bw, 0, need};
-    kiln_gated_delta_bindings bind = {sizeof bind, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, (uint32_t)T, &ws};
+    bind.max_span_tokens = (uint32_t)T;
+    bind.workspace = &ws;
     setenv("KILN_GATED_DELTA_PREP", "1", 1);
     setenv("KILN_GATED_DELTA_ROWS", "1", 1);
     setenv("KILN_GATED_DELTA_CHUNK", "32", 1);
@@ -881,22 +902,16 @@ static void prewarmed_model_compiles_nothing(gpu_fixture *f, kiln_dtype elt)
     KILN_CHECK(kiln_jit_create(&jo, &jit));
     const int64_t T = 4, S = 2;
     kiln_buffer *b = buffer(f->rt, 16 << 20);
-    const size_t MB = 1 << 20;
-    kiln_tensor tq = {.buffer = b, .dtype = elt, .rank = 3, .dims = {T, 16, 128}}, tk = tq,
-                tv = {.buffer = b, .offset = 2 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}},
-                tg = {.buffer = b, .offset = 3 * MB, .dtype = KILN_DTYPE_F32, .rank = 2, .dims = {T, 32}}, tb = tg,
-                ts = {.buffer = b, .offset = 8 * MB, .dtype = KILN_DTYPE_F32, .rank = 4, .dims = {S, 32, 128, 128}},
-                tsp = {.buffer = b, .offset = 5 * MB, .dtype = KILN_DTYPE_U32, .rank = 2, .dims = {S, 2}},
-                to = {.buffer = b, .offset = 6 * MB, .dtype = elt, .rank = 3, .dims = {T, 32, 128}};
-    tk.offset = MB;
-    tb.offset = 4 * MB;
-    kiln_gated_delta_bindings bind = {0, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, 0, NULL};
+    qwen_views x;
+    kiln_gated_delta_bindings bind;
+    qwen_bindings(b, elt, T, S, &x, &bind);
+    bind.size = 0; /* 0 reads as sizeof, as this test always took it */
     kiln_command *c;
     KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
     kiln_command_release(c);
     assert_int_equal(kiln__gated_delta_last_rows(), 0);
     /* A prefill of 2 x 64 tokens takes the chunked kernel, also prewarmed. */
-    kiln_tensor *const longer[] = {&tq, &tk, &tv, &tg, &tb, &to};
+    kiln_tensor *const longer[] = {&x.q, &x.k, &x.v, &x.g, &x.beta, &x.out};
     for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
         longer[i]->dims[0] = 128;
     KILN_CHECK(kiln_op_gated_delta_encode(jit, &bind, &c));
