@@ -222,12 +222,19 @@ struct chunk_smem {
 static_assert(P_AT * 4 >= 10 * BLK * 4 && (P_AT + 10 * BLK) * 4 <= sizeof(chunk_at), "T's and P's blocks fit in sm.x");
 // The pre-pass's: one stage of the inputs, A and T, T's sums and one stage of
 // the keys (members named as chunk_smem's, for the functions both use).
+// A and T (x) take the place of k and q once the products have read them
+// (keys_record), so that two blocks fit an SM beside a rows block (the
+// streamed form).
 struct keys_smem {
-    kiln_f16 k[1][C][LDK], q[1][C][LDK];
+    union {
+        struct {
+            kiln_f16 k[1][C][LDK], q[1][C][LDK];
+        };
+        struct {
+            chunk_at at;
+        } x;
+    };
     float g[1][C], beta[1][C];
-    struct {
-        chunk_at at;
-    } x;
     float m[3][16][16];
     chunk_keys kv[1];
     kiln_u32 red[16];
@@ -1554,6 +1561,7 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
     float acc[8][4], xs[NTV][4];
     zero_tiles(acc);
     products<true, false>(sm, 0, mb, isq, lane, acc, xs);
+    __syncthreads(); // k and q read: A (key_post) takes their place
     key_post(sm, 0, mb, isq, g4, t4, acc);
     __syncthreads();
     t_inverse(sm, w, lane, g4, t4);
@@ -1607,8 +1615,9 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
 // reports it). Three blocks an SM (80 registers), so that one's loads and
 // barriers hide behind the others' work.
 // Streamed (flags: a word a record, (ceil(T / C) + S) VH of them): a grid of
-// at most one block an SM deals the records round the blocks, record-major
-// (item i = r VH + h, so one sequence's chunks come in order), and sets
+// at most two blocks an SM (beside a rows block) deals the records round
+// the blocks, record-major (item i = r VH + h, so one sequence's chunks
+// come in order), and sets
 // flags[i] once record i is written. It first waits for the kernels ahead,
 // clears its own items' flags and only then lets the next kernel (the rows
 // kernel, which waits on the flags rather than on this grid) launch, so
