@@ -492,9 +492,10 @@ static unsigned stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads,
     const char *env = getenv("KILN_GATED_DELTA_STREAM");
     if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
         return 0;
+    const int always = env && !strcmp(env, "1");
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    if (info.multiprocessors <= 0 || grid > (unsigned)info.multiprocessors)
+    if (info.multiprocessors <= 0 || (!always && grid > (unsigned)info.multiprocessors))
         return 0;
     for (unsigned per = 2; per; per--)
         if (kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, per, rows, threads) >=
