@@ -151,14 +151,12 @@ static unsigned rows_threads(int rows, int streamed)
     return 32u * ((unsigned)rows / 16u + (streamed ? 1u : 0u));
 }
 
-/* The pre-pass's: sizeof(keys_smem), one stage of k and q or (in their
- * place) A and T, g and beta, T's partial sums, one stage of γ, rk and rq,
- * and the sums. */
+/* The pre-pass's: sizeof(keys_smem), one stage of k, q, g and beta, A and
+ * T, T's partial sums, one stage of γ, rk and rq, and the sums. */
 static unsigned keys_smem(int64_t dk)
 {
     const uint64_t C = CHUNK_TOKENS, ldk = (uint64_t)(dk + 15) / 16 * 16 + 8, ldf = C + 4;
-    const uint64_t kq = 2 * C * ldk * 2, at = 2 * C * ldf * 4;
-    return (unsigned)((kq > at ? kq : at) + 2 * C * 4 + 3 * 16 * 16 * 4 + 4 * C * 4 + 16 * 4);
+    return (unsigned)(2 * C * ldk * 2 + 2 * C * 4 + 2 * C * ldf * 4 + 3 * 16 * 16 * 4 + 4 * C * 4 + 16 * 4);
 }
 
 /* The opt-in shared memory a block may have on sm, in KiB (0: unknown arch). */
@@ -474,36 +472,28 @@ static int rows_plan(kiln_runtime *rt, const kiln_tensor *const t[N_BINDINGS], i
     return rows_smem(DK, chunk_rows) <= optin_kib(kiln__arch_number(info.arch)) * 1024u;
 }
 
-/* The pre-pass's blocks (two an SM where two fit beside a rows block, else
- * one; never more than its items) where the rows kernel (rows, its
- * function, threads and shared memory) runs streamed beside it (keys,
- * ksmem), else 0: each of its blocks waits on its records' flags rather
- * than on the whole pre-pass, which deals its records round its blocks, so
- * the chain starts once its first records are in and, where the pre-pass
- * keeps ahead, runs at its own pace. It needs programmatic dependent
- * launch, the rows kernel's grid within the SMs and a block of it fitting
- * one SM beside the pre-pass's (else a block of the chain could start only
- * as the pre-pass ends); one long sequence, where the pre-pass is time the
- * chain's blocks would spend waiting (bench_recurrent).
- * $KILN_GATED_DELTA_STREAM=0: never. */
+/* The pre-pass's blocks (at most one an SM, never more than its items)
+ * where the rows kernel (rows, its function, threads and shared memory)
+ * runs streamed beside it (keys, ksmem), else 0: each of its blocks waits
+ * on its records' flags rather than on the whole pre-pass, which deals its
+ * records round one block an SM, so the chain starts once its first records
+ * are in. It needs programmatic dependent launch, the rows kernel's grid
+ * within the SMs and a block of each fitting one SM together (else a
+ * block of the chain could start only as the pre-pass ends); one long
+ * sequence, where the pre-pass is time the chain's blocks would spend
+ * waiting (bench_recurrent). $KILN_GATED_DELTA_STREAM=0: never. */
 static unsigned stream_plan(kiln_runtime *rt, CUfunction rows, unsigned threads, unsigned smem, unsigned grid,
                             CUfunction keys, unsigned ksmem, uint64_t items)
 {
     const char *env = getenv("KILN_GATED_DELTA_STREAM");
     if ((env && !strcmp(env, "0")) || !kiln__runtime_pdl(rt))
         return 0;
-    const int always = env && !strcmp(env, "1");
     kiln_runtime_info info;
     kiln_runtime_get_info(rt, &info);
-    if (info.multiprocessors <= 0 || (!always && grid > (unsigned)info.multiprocessors))
+    if (info.multiprocessors <= 0 || grid > (unsigned)info.multiprocessors ||
+        kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, rows, threads) < (size_t)ksmem + smem)
         return 0;
-    for (unsigned per = 2; per; per--)
-        if (kiln__function_pair_shared_bytes(rt, keys, CHUNK_THREADS, per, rows, threads) >=
-            (size_t)per * ksmem + smem) {
-            const uint64_t blocks = (uint64_t)per * (uint64_t)info.multiprocessors;
-            return (unsigned)(items < blocks ? items : blocks);
-        }
-    return 0;
+    return (unsigned)(items < (uint64_t)info.multiprocessors ? items : (uint64_t)info.multiprocessors);
 }
 
 /* Raises fn's dynamic shared memory limit to smem (and, with carveout, asks

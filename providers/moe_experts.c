@@ -256,7 +256,7 @@ static kiln_status tma_shared(kiln_runtime *rt, kiln__errslot *err, tma_launch *
 {
     const unsigned gu_stage = (2u * gu_warps + 1u) * 1024u, dn_stage = (2u * dn_warps + 1u) * 1024u;
     size_t gu_most = SIZE_MAX, dn_most = SIZE_MAX;
-    const size_t both = kiln__function_pair_shared_bytes(rt, l->gate_up, l->gu_threads, 1, l->down, l->dn_threads);
+    const size_t both = kiln__function_pair_shared_bytes(rt, l->gate_up, l->gu_threads, l->down, l->dn_threads);
     size_t gu_stages = TMA_GATE_UP_SHARE / gu_stage;
     gu_stages = gu_stages < 2 ? 2 : gu_stages > TMA_MAX_STAGES ? TMA_MAX_STAGES : gu_stages;
     const size_t gu_want = gu_stages * gu_stage + 1024u;

@@ -43,8 +43,8 @@ static int block_registers(kiln_runtime *rt, CUfunction fn, unsigned threads, in
     return (int)((threads + 31) / 32) * 32 * ((regs + 7) / 8 * 8);
 }
 
-size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned threads_a, unsigned blocks_a,
-                                        CUfunction b, unsigned threads_b)
+size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned threads_a, CUfunction b,
+                                        unsigned threads_b)
 {
     int sm_smem = 0, reserved = 0, sm_regs = 0, sm_threads = 0, smem_a = 0, smem_b = 0;
     if (kiln__runtime_enter(rt) ||
@@ -54,10 +54,9 @@ size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned
         rt->d->cuDeviceGetAttribute(&sm_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, rt->dev))
         return 0;
     const int ra = block_registers(rt, a, threads_a, &smem_a), rb = block_registers(rt, b, threads_b, &smem_b);
-    const int64_t na = blocks_a;
-    if (ra < 0 || rb < 0 || na * ra + rb > sm_regs || na * threads_a + threads_b > sm_threads)
+    if (ra < 0 || rb < 0 || (int64_t)ra + rb > sm_regs || (int64_t)threads_a + threads_b > sm_threads)
         return 0;
-    const int64_t left = (int64_t)sm_smem - (na + 1) * (int64_t)reserved - na * smem_a - smem_b;
+    const int64_t left = (int64_t)sm_smem - 2 * (int64_t)reserved - smem_a - smem_b;
     return left > 0 ? (size_t)left : 0;
 }
 

@@ -50,14 +50,14 @@ CUresult kiln__function_set_attribute(kiln_runtime *rt, CUfunction fn, CUfunctio
  * holds at once, after making the context current; 0 when the driver cannot
  * say. */
 int kiln__function_blocks_per_sm(kiln_runtime *rt, CUfunction fn, unsigned threads, unsigned shared_bytes);
-/* The dynamic shared memory that blocks_a blocks of a (threads_a each) and
- * one of b (threads_b) have between them on one SM holding them all at once
- * (the SM's shared memory less each block's static bytes and reservation);
- * 0 where their threads or registers do not fit one SM together, or the
- * driver cannot say. A kernel launched while another runs (programmatic
- * dependent launch) can then start its loads beside it. */
-size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned threads_a, unsigned blocks_a,
-                                        CUfunction b, unsigned threads_b);
+/* The dynamic shared memory that a block of a (threads_a) and one of b
+ * (threads_b) have between them on one SM holding both at once (the SM's
+ * shared memory less each one's static bytes and reservation); 0 where their
+ * threads or registers do not fit one SM together, or the driver cannot say.
+ * A kernel launched while another runs (programmatic dependent launch) can
+ * then start its loads beside it. */
+size_t kiln__function_pair_shared_bytes(kiln_runtime *rt, CUfunction a, unsigned threads_a, CUfunction b,
+                                        unsigned threads_b);
 /* fn declares its cluster size itself (__cluster_dims__): the occupancy query
  * names none. */
 #define KILN__CLUSTER_DECLARED 1u
