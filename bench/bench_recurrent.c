@@ -26,9 +26,12 @@
  * bf16; the state, g and beta are f32 either way), named in each line.
  *
  * --only S,L: the shapes of S sequences of L tokens alone (for a profiler:
- * e.g. --only 1,16384, the chunked kernel at one long sequence).
+ * e.g. --only 1,16384, the chunked kernel at one long sequence). --form
+ * single|keyed|rows and --terms 1|2: the chunked shapes' runs of that form
+ * or that many terms alone (the scan's shapes run either way).
  *
  * Usage: bench_recurrent [--iters 20] [--reps 5] [--dtype f16|bf16] [--only S,L]
+ *                        [--form single|keyed|rows] [--terms 1|2]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +86,8 @@ int main(int argc, char **argv)
     kiln_dtype elt = KILN_DTYPE_F16;
     int bad = 0;
     long only_s = 0, only_l = 0;
+    int only_form = -1, only_terms = 0; /* -1, 0: every form, both term counts */
+    static const char *const form_names[] = {"single", "keyed", "rows"};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters"))
             iters = bench_parse_positive(argv[i + 1]);
@@ -96,11 +101,21 @@ int main(int argc, char **argv)
             char tail;
             if (sscanf(argv[i + 1], "%ld,%ld%c", &only_s, &only_l, &tail) != 2 || only_s <= 0 || only_l <= 0)
                 bad = 1;
+        } else if (!strcmp(argv[i], "--form")) {
+            only_form = -2;
+            for (int f = 0; f < 3; f++)
+                if (!strcmp(argv[i + 1], form_names[f]))
+                    only_form = f;
+            bad |= only_form < 0;
+        } else if (!strcmp(argv[i], "--terms")) {
+            only_terms = !strcmp(argv[i + 1], "1") ? 1 : !strcmp(argv[i + 1], "2") ? 2 : -1;
+            bad |= only_terms < 0;
         } else
             bad = 1;
     }
     if (iters <= 0 || reps <= 0 || bad || argc % 2 == 0) {
-        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N] [--dtype f16|bf16] [--only S,L]\n");
+        fprintf(stderr, "usage: bench_recurrent [--iters N] [--reps N] [--dtype f16|bf16] [--only S,L] "
+                        "[--form single|keyed|rows] [--terms 1|2]\n");
         return 2;
     }
     /* q, k, v filled with one byte: about 1.06, 0.9 and 1.06 in f16; 0.75 in bf16. */
@@ -166,13 +181,15 @@ int main(int argc, char **argv)
         }
         const kiln_region ws = {bw, 0, ws_bytes};
         for (int run = 0; run < runs; run++) {
-            const int form = run % forms, keyed = form > 0;
+            const int form = run % forms, keyed = form > 0, run_terms = run >= forms ? 1 : 2;
+            if (forms > 1 && ((only_form >= 0 && form != only_form) || (only_terms && run_terms != only_terms)))
+                continue;
             kiln_gated_delta_bindings b = {sizeof b, &tq, &tk, &tv, &tg, &tb, &ts, &tsp, &to, sh->max_span,
                                            keyed ? &ws : NULL};
             kiln_command *cmd;
             setenv("KILN_GATED_DELTA_PREP", keyed ? "1" : "0", 1);
             setenv("KILN_GATED_DELTA_ROWS", form == 2 ? "1" : "0", 1);
-            setenv("KILN_GATED_DELTA_TERMS", run >= forms ? "1" : "2", 1);
+            setenv("KILN_GATED_DELTA_TERMS", run_terms == 1 ? "1" : "2", 1);
             const kiln_status est = kiln_op_gated_delta_encode(jit, &b, &cmd);
             unsetenv("KILN_GATED_DELTA_PREP");
             unsetenv("KILN_GATED_DELTA_ROWS");
