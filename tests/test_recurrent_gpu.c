@@ -630,19 +630,22 @@ static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
     const kiln_region ws = {bw, 0, need};
     bind.max_span_tokens = (uint32_t)T;
     bind.workspace = &ws;
-    setenv("KILN_GATED_DELTA_PREP", "1", 1);
-    setenv("KILN_GATED_DELTA_ROWS", "1", 1);
-    setenv("KILN_GATED_DELTA_CHUNK", "32", 1);
     kiln_runtime_info info;
     kiln_runtime_get_info(f->rt, &info);
     const int can = !strcmp(info.arch, "sm_90") && info.multiprocessors >= 128 && kiln__runtime_pdl(f->rt);
     for (int off = 0; off < 2; off++) {
+        setenv("KILN_GATED_DELTA_PREP", "1", 1);
+        setenv("KILN_GATED_DELTA_ROWS", "1", 1);
+        setenv("KILN_GATED_DELTA_CHUNK", "32", 1);
         if (off)
             setenv("KILN_GATED_DELTA_STREAM", "0", 1);
         else
             unsetenv("KILN_GATED_DELTA_STREAM");
         kiln_command *cmd = NULL;
         const kiln_status st = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
+        unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later tests */
+        unsetenv("KILN_GATED_DELTA_ROWS");
+        unsetenv("KILN_GATED_DELTA_CHUNK");
         unsetenv("KILN_GATED_DELTA_STREAM");
         KILN_CHECK(st);
         kiln_command_release(cmd);
@@ -653,9 +656,6 @@ static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
                 kiln__gated_delta_last_streamed() ? "streamed" : "unstreamed");
         assert_int_equal(kiln__gated_delta_last_streamed(), can && !off);
     }
-    unsetenv("KILN_GATED_DELTA_PREP");
-    unsetenv("KILN_GATED_DELTA_ROWS");
-    unsetenv("KILN_GATED_DELTA_CHUNK");
     kiln_buffer_destroy(bw);
     kiln_buffer_destroy(b);
 }

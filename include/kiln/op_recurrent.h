@@ -108,8 +108,9 @@
  * (NULL) is the single kernel, as before. The workspace is written and read
  * within the command only (its contents need not survive it); it must be on
  * the runtime, 256-byte aligned on its device address, at least the bytes
- * the function gives for (q's element type, T, S, VH), and overlap no binding. With it, spans
- * that share tokens (see Spans) may also leave a sequence uncomputed.
+ * the function gives for (q's element type, T, S, VH), and overlap no
+ * binding. With it, spans that share tokens (see Spans) may also leave a
+ * sequence uncomputed.
  *
  * Validation and errors as in kiln/op_norm.h: KILN_ERR_RUNTIME_CONTRACT names
  * the binding, the expected and the actual value; KILN_ERR_NO_DEVICE offline;
