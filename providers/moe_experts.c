@@ -279,18 +279,7 @@ typedef struct experts_launch {
     CUdeviceptr x, ids, weights, gate_up_w, down_w, shared, shared_gate, out;
     CUdeviceptr n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y;
     uint32_t tokens, pairs, rows, max_tiles, smem, gu_cols, down_cols, gemm_threads;
-    uint32_t sms; /* the wgmma products' grid: persistent, at most a block an SM (0: a block a tile) */
 } experts_launch;
-
-/* A product's grid: a block a (column tile, row tile), or for the persistent
- * wgmma products a block an SM, none idle from the start. */
-static void gemm_grid(const experts_launch *l, uint32_t cols, unsigned g[3])
-{
-    const uint64_t items = (uint64_t)cols * l->max_tiles;
-    g[0] = l->sms ? (unsigned)(items < l->sms ? items : l->sms) : cols;
-    g[1] = l->sms ? 1 : l->max_tiles;
-    g[2] = 1;
-}
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
@@ -303,10 +292,8 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *da[] = {&l->h,      &l->down_w, &l->y,      &l->n_tiles, &l->offsets,
                   &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma};
     void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
-    const unsigned one[3] = {1, 1, 1}, cb[3] = {l->tokens, 1, 1};
-    unsigned gu[3], dn[3];
-    gemm_grid(l, l->gu_cols, gu);
-    gemm_grid(l, l->down_cols, dn);
+    const unsigned one[3] = {1, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
+                   cb[3] = {l->tokens, 1, 1};
     kiln_status st;
     if ((st = kiln__launch_ex(ctx, l->rt, l->group, one, GROUP_THREADS, 0, ga, KILN__LAUNCH_PDL)) ||
         (st = kiln__launch_ex(ctx, l->rt, l->gate_up, gu, l->gemm_threads, l->smem, ua, KILN__LAUNCH_PDL)) ||
@@ -543,7 +530,6 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->gu_cols = (uint32_t)I / tl->cols_gu;
     l->down_cols = (uint32_t)H / tl->cols_down;
     l->gemm_threads = tl->threads;
-    l->sms = wg ? (uint32_t)(info.multiprocessors > 0 ? info.multiprocessors : 1) : 0;
     /* The wgmma products read the weights by TMA: rows of the inner
      * dimension, boxes of 64 x 128 (gate_up's two halves of a column tile)
      * and 64 x 256 (down's). */

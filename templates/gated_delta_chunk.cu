@@ -89,9 +89,8 @@
 // 2^14) (as the keyed kernel scales P's rows for its out), and psc [C],
 // then its inverse [C], after P's blocks, and the chunk's beta [C] (so
 // that the rows kernel reads no input of the op but q, k and v); in bf16
-// then the chunk's k and q rows as f16 (REC_KQ, in the records of each key
-// head's first value head, h mod GROUP = 0, alone; the rows kernel of every
-// value head of the key head reads them there in place of q and k).
+// then the chunk's k and q rows as f16 (REC_KQ; the rows kernel reads them
+// in place of q and k).
 // A record is written by the pre-pass of the same command before the keyed
 // kernel (or the rows kernel) reads it. After the (ceil(T / C) + S) VH
 // records, a word each: the streamed form's flags (record (r, h)'s at r VH +
@@ -1534,9 +1533,8 @@ __device__ __forceinline__ bool keys_record(keys_smem &sm, const kiln_elt *__res
     __syncthreads();
 #if KILN_BF16
     // The rows kernel's k and q (a split record's), as the norms rewrote
-    // them: [2][C][DKP] halves at REC_KQ, in the record of the key head's
-    // first value head only (the group's others read them there).
-    if (split && h % GROUP == 0) {
+    // them: [2][C][DKP] halves at REC_KQ.
+    if (split) {
         constexpr int KP = DKP / 8;
         kiln_f16 *kq = reinterpret_cast<kiln_f16 *>(ws + ((kiln_u64)r * KILN_VH + h) * REC_STRIDE + REC_KQ);
 #pragma unroll
@@ -1719,11 +1717,8 @@ template <int NT> __device__ __forceinline__ void load_rkq(rows_smem &sm, int st
 
 // A split record into stage st by NT threads (tid: 0 .. NT - 1), in 16-byte
 // copies: whole, or in one term (no lo terms read) its keys, the hi halves
-// of its 20 blocks, P's scales and beta; in bf16 then its k and q rows,
-// from the record hg heads back (value head h's key head's first, hg = h
-// mod GROUP).
-template <int NT>
-__device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, kiln_u32 hg, int tid)
+// of its 20 blocks, P's scales and beta; in bf16 then its k and q rows.
+template <int NT> __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec, int tid)
 {
     constexpr int HEAD = REC_T / 4, HALF = BLK / 8, N = LO ? REC_FLOATS / 4 : HEAD + 20 * HALF + 3 * C / 4;
 #pragma unroll
@@ -1736,9 +1731,7 @@ __device__ __forceinline__ void load_rec(rows_smem &sm, int st, const float *rec
             cp16(&sm.rec[st][at * 4], rec + at * 4, true);
     }
 #if KILN_BF16
-    load_rkq<NT>(sm, st, rec - (kiln_u64)hg * REC_STRIDE, tid);
-#else
-    (void)hg;
+    load_rkq<NT>(sm, st, rec, tid);
 #endif
 }
 
@@ -1865,41 +1858,32 @@ __device__ __forceinline__ void store_tile(kiln_elt (*O)[LDO], kiln_elt *obase, 
 #endif
 }
 
-// Lane 0 of the streamed rows kernel's last warp waits for a record's flag
-// (fl) and, in bf16, for the flag of the record that holds its k and q (hg
-// heads back, see load_rec); the warp barrier orders the other lanes'
-// copies after it.
-__device__ __forceinline__ void rows_wait(const kiln_u32 *fl, kiln_u32 hg, int lane)
-{
-    if (lane == 0) {
-        flag_wait(fl);
-        if (KILN_BF16 && hg)
-            flag_wait(fl - hg);
-    }
-    syncwarp();
-}
-
 // The streamed rows kernel's last warp: the sequence's records (chunk c's
 // at rec + c VH REC_STRIDE, its flag at fl[c VH]) into their stages, each
-// once its flags are set (rows_wait), while the other warps compute, so
-// that the waits stay off their chain; at the block's barrier of the
-// compute loop, one a chunk. These barriers are the compute warps' at other
-// call sites, as warp-specialized kernels have them; each warp reaches the
-// same count.
-__device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const float *rec, kiln_u32 hg,
-                                       kiln_u32 chunks, int lane)
+// once its flag is set, while the other warps compute, so that the waits
+// stay off their chain; at the block's barrier of the compute loop, one a
+// chunk. These barriers are the compute warps' at other call sites, as
+// warp-specialized kernels have them; each warp reaches the same count.
+// Lane 0 acquires a flag; the warp barrier orders the other lanes' copies
+// after it.
+__device__ __noinline__ void rows_poll(rows_smem &sm, const kiln_u32 *fl, const float *rec, kiln_u32 chunks,
+                                       int lane)
 {
     constexpr kiln_u64 REC_STEP = (kiln_u64)KILN_VH * REC_STRIDE;
-    rows_wait(fl, hg, lane);
-    load_rec<32>(sm, 0, rec, hg, lane);
+    if (lane == 0)
+        flag_wait(fl);
+    syncwarp();
+    load_rec<32>(sm, 0, rec, lane);
     cp_commit();
 #pragma unroll 1
     for (kiln_u32 c = 0; c < chunks; c++) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();
         if (c + 1 < chunks) {
-            rows_wait(fl + (kiln_u64)(c + 1) * KILN_VH, hg, lane);
-            load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, hg, lane);
+            if (lane == 0)
+                flag_wait(fl + (kiln_u64)(c + 1) * KILN_VH);
+            syncwarp();
+            load_rec<32>(sm, (c + 1) & 1, rec + (c + 1) * REC_STEP, lane);
         }
         cp_commit();
     }
@@ -1931,7 +1915,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
     // Streamed, the last warp loads the records (record base(seq) + c of
     // head h, chunk c's, has its flag at flags[(base(seq) + c) VH + h]).
     if (flags && tid >= RTHREADS) {
-        rows_poll(sm, flags + (rec - ws) / REC_STRIDE, rec, h % GROUP, chunks, lane);
+        rows_poll(sm, flags + (rec - ws) / REC_STRIDE, rec, chunks, lane);
         return;
     }
     // k and q: in f16 the inputs; in bf16 the records' (load_rec).
@@ -1942,7 +1926,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
 #endif
     load_v<rows_smem, RTHREADS>(sm, 0, v, start, count, 0, h, brow, tid);
     if (!flags)
-        load_rec<RTHREADS>(sm, 0, rec, h % GROUP, tid);
+        load_rec<RTHREADS>(sm, 0, rec, tid);
     cp_commit();
 
     // The warp's rows of S (rows brow + wrow + g4, + 8), n-tile n the
@@ -1971,7 +1955,7 @@ __device__ __forceinline__ void rows_run(const kiln_elt *__restrict__ q, const k
 #endif
             load_v<rows_smem, RTHREADS>(sm, st ^ 1, v, start, count, c + 1, h, brow, tid);
             if (!flags)
-                load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, h % GROUP, tid);
+                load_rec<RTHREADS>(sm, st ^ 1, rec + (c + 1) * REC_STEP, tid);
         }
         cp_commit();
         const kiln_f16(*K)[LDK] = sm.k[st];

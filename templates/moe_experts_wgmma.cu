@@ -1,15 +1,12 @@
 // The routed experts' two grouped products on Hopper's warpgroup MMA
-// (sm_90a), for prefill-sized commands: the same contract and workspace as
-// kiln_moe_gate_up_l / kiln_moe_down_l (templates/moe_experts.cu, whose
-// group and combine kernels run around these), with row tiles of 128 rows
-// (the group kernel's bm) and column tiles of 256 weight rows:
+// (sm_90a), for prefill-sized commands: the same contract, workspace and
+// grid as kiln_moe_gate_up_l / kiln_moe_down_l (templates/moe_experts.cu,
+// whose group and combine kernels run around these), with row tiles of 128
+// rows (the group kernel's bm) and column tiles of 256 weight rows:
 //   kiln_moe_gate_up_w  h[r, n0 + c] = elt(silu(g) u), c < 128: g from the
 //                       expert's gate rows n0 + c, u from its up rows I + n0 + c;
 //   kiln_moe_down_w     y[r, n0 + c] = elt(h[r] down[e][n0 + c]^T), c < 256.
-// Persistent: block b takes the items (row tile, column tile) b, b + grid,
-// ..., so that its producer fills the next item's stages while the
-// consumers finish the last one's products and stores. Warp specialized,
-// 384 threads, as templates/paged_prefill.cu:
+// Warp specialized, 384 threads, as templates/paged_prefill.cu:
 //   warpgroup 2, the producer: each 64-wide k-step's A rows (x gathered by
 //     token through the sorted pairs, or h's rows in order; rows past the
 //     tile's zero) by cp.async, and the 256 weight rows by TMA (wmap: the
@@ -19,12 +16,14 @@
 //     them, full and empty mbarriers;
 //   warpgroups 0 and 1, 64 rows each: two wgmma m64n128k16 a 16-wide step
 //     (weight rows 0-127 and 128-255 of the stage), f32 accumulators in
-//     registers, one commit group kept in flight; each item's outputs
-//     stored from the registers.
+//     registers, one commit group kept in flight; the tile's outputs
+//     staged in shared memory (the stages, free by then) and written 16
+//     bytes a copy.
 // Constants: KILN_BF16, KILN_HIDDEN (H, a multiple of 256 here), KILN_INTER
 // (I, a multiple of 128 here), KILN_EXPERTS, KILN_TOP_K: the moe_experts
 // spec's (providers/moe_experts.c takes this kernel only for such sizes).
-// Dynamic shared memory SMEM_BYTES; grid x = at most one block an SM.
+// Dynamic shared memory SMEM_BYTES; grid x = column tiles (I / 128 for
+// gate_up, H / 256 for down), y = the most row tiles a routing can have.
 #include "kiln_tma.cuh"    // saddr, swz, bar_wait, cp_async16
 #include "kiln_reduce.cuh" // kiln_f32_to_e2
 #include "kiln_wgmma.cuh"
@@ -46,26 +45,15 @@
 #define STAGE_BYTES (A_BYTES + BN * 128)
 #define STAGES 4
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
-#define PRODUCER_REGS 72              // 128 x 72 + 256 x 216 = 384 x 168, the block's registers (56 spilled)
-#define CONSUMER_REGS 216
+#define OUT_LD(cols) ((cols) * 2 + 16) // bytes a staged output row: 16 more, no bank conflicts
+#define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 <= 65536
+#define CONSUMER_REGS 224
 
 #if H % 256 != 0 || I % 128 != 0
 #error "the wgmma experts take KILN_HIDDEN a multiple of 256 and KILN_INTER of 128"
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Tile t's expert e, first row r0 and rows (at most BM).
-struct moe_tile {
-    kiln_u32 e, r0, nrows;
-};
-
-__device__ __forceinline__ moe_tile tile_at(kiln_u32 t, const kiln_u32 *__restrict__ offsets,
-                                            const kiln_u32 *__restrict__ tile_e, const kiln_u32 *__restrict__ tile_r)
-{
-    const kiln_u32 e = tile_e[t], r0 = tile_r[t], n = offsets[e + 1] - r0;
-    return {e, r0, n < (kiln_u32)BM ? n : (kiln_u32)BM};
-}
-
 template <bool GATED>
 __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
                                               kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,
@@ -78,14 +66,19 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
     constexpr kiln_u32 KD = GATED ? H : I;   // the inner dimension
     constexpr kiln_u32 NOUT = GATED ? I : H; // output columns of a row
     constexpr kiln_u32 KSTEPS = KD / BK;
-    constexpr kiln_u32 NCOL = GATED ? I / (BN / 2) : H / BN; // column tiles a row tile
     __shared__ __align__(8) kiln_u64 full[STAGES], empty[STAGES];
-    // Items (row tile, column tile), column tiles fastest, so that the
-    // blocks running at once share their row tiles' rows and experts.
-    const kiln_u32 items = *n_tiles * NCOL;
+    __shared__ kiln_u32 arow[BM]; // the source row of each tile row (0xffffffff: past the tile)
+    const kiln_u32 tile = blockIdx.y;
+    if (tile >= *n_tiles)
+        return;
+    const kiln_u32 e = tile_e[tile], r0 = tile_r[tile], end = offsets[e + 1];
+    const kiln_u32 nrows = end - r0 < (kiln_u32)BM ? end - r0 : (kiln_u32)BM;
+    const kiln_u32 n0 = blockIdx.x * (GATED ? BN / 2 : BN);
     const kiln_u32 tid = threadIdx.x;
     unsigned char *sm = smem_raw + ((1024u - (saddr(smem_raw) & 1023u)) & 1023u);
     const kiln_u32 s0 = saddr(sm);
+    if (tid < BM)
+        arow[tid] = tid < nrows ? (GATED ? sorted[r0 + tid] / K : r0 + tid) : 0xffffffffu;
     stage_barriers_init<STAGES, THREADS - CONSUMERS, CONSUMERS>(full, empty);
     __syncthreads(); // the last block-wide barrier: the roles part here
 
@@ -93,114 +86,95 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         // Thread p copies chunk p % 8 of rows p / 8 + 16 i: A's 8 rows, B's 16.
         const kiln_u32 p = tid - CONSUMERS, ch = p % 8, rr = p / 8;
-        // Each tile row's source (0xffffffff: past the tile), an item's in
-        // one of two buffers, so that one barrier of the producer's threads
-        // an item serves (in registers, gate_up's producer spilled).
-        __shared__ kiln_u32 arows[2][BM];
-        kiln_u32 g = 0, par = 0; // the block's k-steps so far (its stage and phase), the item's buffer
-        for (kiln_u32 item = blockIdx.x; item < items; item += gridDim.x, par ^= 1) {
-            const moe_tile t = tile_at(item / NCOL, offsets, tile_e, tile_r);
-            const kiln_u32 n0 = item % NCOL * (GATED ? BN / 2 : BN);
-            const kiln_u32 *arow = arows[par];
-            arows[par][p] = p < t.nrows ? (GATED ? sorted[t.r0 + p] / K : t.r0 + p) : 0xffffffffu;
-            asm volatile("bar.sync 1, %0;" ::"n"(THREADS - CONSUMERS) : "memory");
-            const kiln_elt *we = w + (kiln_u64)t.e * (GATED ? 2 * I : H) * KD + ch * 8;
-            for (kiln_u32 ks = 0; ks < KSTEPS; ks++, g++) {
-                const kiln_u32 st = g % STAGES, sa = s0 + st * STAGE_BYTES, sb = sa + A_BYTES;
-                if (g >= STAGES)
-                    bar_wait(saddr(&empty[st]), (g / STAGES - 1) & 1);
+        const kiln_elt *we = w + (kiln_u64)e * (GATED ? 2 * I : H) * KD + ch * 8;
+        for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
+            const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES, sb = sa + A_BYTES;
+            if (ks >= STAGES)
+                bar_wait(saddr(&empty[st]), (ks / STAGES - 1) & 1);
 #pragma unroll
-                for (kiln_u32 i = 0; i < BM / 16; i++) {
-                    const kiln_u32 r = rr + 16 * i, row = arow[r];
-                    const bool ok = row != 0xffffffffu;
-                    cp_async16(sa + swz(r, ch), ok ? src + (kiln_u64)row * KD + ks * BK + ch * 8 : src, ok ? 16 : 0);
-                }
-                if (!w_tma)
-#pragma unroll
-                    for (kiln_u32 i = 0; i < BN / 16; i++) {
-                        const kiln_u32 rho = rr + 16 * i;
-                        // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
-                        const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
-                        cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
-                    }
-                if (w_tma && p == 0) {
-                    // The weight's rows by TMA, counted before this thread's
-                    // cp.async arrival (which the phase waits for).
-                    const kiln_u32 bar = saddr(&full[st]), wrow = t.e * (GATED ? 2 * I : H) + n0;
-                    expect_only(bar, BN * 128);
-                    if (GATED) {
-                        tma(sb, wmap, ks * BK, wrow, bar);
-                        tma(sb + 128 * 128, wmap, ks * BK, wrow + I, bar);
-                    } else {
-                        tma(sb, wmap, ks * BK, wrow, bar);
-                    }
-                }
-                bar_arrive_cp_async(saddr(&full[st]));
+            for (kiln_u32 i = 0; i < BM / 16; i++) {
+                const kiln_u32 r = rr + 16 * i, row = arow[r];
+                const bool ok = row != 0xffffffffu;
+                cp_async16(sa + swz(r, ch), ok ? src + (kiln_u64)row * KD + ks * BK + ch * 8 : src, ok ? 16 : 0);
             }
+            if (!w_tma)
+#pragma unroll
+                for (kiln_u32 i = 0; i < BN / 16; i++) {
+                    const kiln_u32 rho = rr + 16 * i;
+                    // gate_up: rows n0 + c of the gate half, then I + n0 + c of the up half.
+                    const kiln_u32 grow = GATED ? (rho / 128) * I + n0 + rho % 128 : n0 + rho;
+                    cp_async16(sb + swz(rho, ch), we + (kiln_u64)grow * KD + ks * BK, 16);
+                }
+            if (w_tma && p == 0) {
+                // The weight's rows by TMA, counted before this thread's
+                // cp.async arrival (which the phase waits for).
+                const kiln_u32 bar = saddr(&full[st]), wrow = e * (GATED ? 2 * I : H) + n0;
+                expect_only(bar, BN * 128);
+                if (GATED) {
+                    tma(sb, wmap, ks * BK, wrow, bar);
+                    tma(sb + 128 * 128, wmap, ks * BK, wrow + I, bar);
+                } else {
+                    tma(sb, wmap, ks * BK, wrow, bar);
+                }
+            }
+            bar_arrive_cp_async(saddr(&full[st]));
         }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32;
-    const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4; // registers 4 j + {0, 1}: row ra; 4 j + {2, 3}: ra + 8
-    kiln_u32 g = 0;
-    for (kiln_u32 item = blockIdx.x; item < items; item += gridDim.x) {
-        const moe_tile t = tile_at(item / NCOL, offsets, tile_e, tile_r);
-        const kiln_u32 n0 = item % NCOL * (GATED ? BN / 2 : BN);
-        // A warpgroup whose 64 rows are all past the tile's (half of the
-        // experts' last tiles) issues no products, so the other's run at the
-        // SM's whole rate; it only keeps the stages' barriers (bench_moe
-        // --tokens 4096).
-        const bool idle = wg * 64 >= t.nrows;
-        float d0[64], d1[64];
+    float d0[64], d1[64];
 #pragma unroll
-        for (int i = 0; i < 64; i++)
-            d0[i] = d1[i] = 0.0f;
-        for (kiln_u32 ks = 0; ks < KSTEPS; ks++, g++) {
-            const kiln_u32 st = g % STAGES, sa = s0 + st * STAGE_BYTES + wg * 8192, sb = s0 + st * STAGE_BYTES + A_BYTES;
-            bar_wait(saddr(&full[st]), (g / STAGES) & 1);
-            if (idle) {
-                bar_arrive(saddr(&empty[st]));
-                continue;
-            }
-            fence_proxy_async(); // the producer's cp.async writes, to wgmma's proxy
-            wgmma_fence();
+    for (int i = 0; i < 64; i++)
+        d0[i] = d1[i] = 0.0f;
+    for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
+        const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES + wg * 8192, sb = s0 + st * STAGE_BYTES + A_BYTES;
+        bar_wait(saddr(&full[st]), (ks / STAGES) & 1);
+        fence_proxy_async(); // the producer's cp.async writes, to wgmma's proxy
+        wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
-                const kiln_u64 da = wgmma_desc(sa + kk * 32, 16, 1024);
-                wgmma_ss_n128(d0, da, wgmma_desc(sb + kk * 32, 16, 1024));
-                wgmma_ss_n128(d1, da, wgmma_desc(sb + 128 * 128 + kk * 32, 16, 1024));
-            }
-            wgmma_commit();
-            wgmma_wait<1>(); // step g - 1's products are done: its stage is free
-            if (ks > 0)
-                bar_arrive(saddr(&empty[(g - 1) % STAGES]));
+        for (int kk = 0; kk < BK / 16; kk++) {
+            const kiln_u64 da = wgmma_desc(sa + kk * 32, 16, 1024);
+            wgmma_ss_n128(d0, da, wgmma_desc(sb + kk * 32, 16, 1024));
+            wgmma_ss_n128(d1, da, wgmma_desc(sb + 128 * 128 + kk * 32, 16, 1024));
         }
-        if (idle)
-            continue;
-        wgmma_wait<0>();
-        bar_arrive(saddr(&empty[(g - 1) % STAGES])); // the producer is already on the next item
-        // Stored from the registers, 4 bytes a copy (the stages are the
-        // next item's): columns 8 j + 2 (lane % 4) + {0, 1} of each half.
+        wgmma_commit();
+        wgmma_wait<1>(); // step ks - 1's products are done: its stage is free
+        if (ks > 0)
+            bar_arrive(saddr(&empty[(ks - 1) % STAGES]));
+    }
+    wgmma_wait<0>();
+
+    // Registers 4 j + {0, 1}: row ra, columns 8 j + 2 (lane % 4) + {0, 1} of
+    // a half; 4 j + {2, 3}: row ra + 8. Each warpgroup stages its 64 rows
+    // in the stages once both warpgroups' products are done (the other may
+    // still read any stage until then), then copies them out 16 bytes a copy.
+    asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+    constexpr kiln_u32 COLS = GATED ? BN / 2 : BN, LD = OUT_LD(COLS);
+    const kiln_u32 ra = wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const kiln_u32 r = ra + 8 * half;
-            if (r >= t.nrows)
-                continue;
-            kiln_elt *out = dst + (kiln_u64)(t.r0 + r) * NOUT + n0 + 2 * (lane % 4);
+    for (int half = 0; half < 2; half++) {
+        unsigned char *row = sm + (ra + 8 * half) * LD + 4 * (lane % 4);
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const float *a = &d0[4 * j + 2 * half], *b = &d1[4 * j + 2 * half];
-                if (GATED) {
-                    *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(a[0] / (1.0f + __expf(-a[0])) * b[0],
-                                                                a[1] / (1.0f + __expf(-a[1])) * b[1]);
-                } else {
-                    *(kiln_u32 *)(out + 8 * j) = kiln_f32_to_e2(a[0], a[1]);
-                    *(kiln_u32 *)(out + 128 + 8 * j) = kiln_f32_to_e2(b[0], b[1]);
-                }
+        for (int j = 0; j < 16; j++) {
+            const float *g = &d0[4 * j + 2 * half], *u = &d1[4 * j + 2 * half];
+            if (GATED) {
+                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
+                                                             g[1] / (1.0f + __expf(-g[1])) * u[1]);
+            } else {
+                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0], g[1]);
+                *(kiln_u32 *)(row + 256 + 16 * j) = kiln_f32_to_e2(u[0], u[1]);
             }
         }
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+    constexpr kiln_u32 CH = COLS / 8; // 16-byte chunks a row
+#pragma unroll 4
+    for (kiln_u32 c = tid % 128; c < 64 * CH; c += 128) {
+        const kiln_u32 r = wg * 64 + c / CH, q = c % CH;
+        if (r < nrows)
+            kiln_stg16(dst + (kiln_u64)(r0 + r) * NOUT + n0 + q * 8, *(const kiln_u32x4 *)(sm + r * LD + q * 16));
     }
 }
 #endif

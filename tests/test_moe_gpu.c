@@ -773,8 +773,6 @@ static uint64_t acquisitions(fixture *f)
 
 /* On sm_90: the wgmma products (the default there) over partial and full
  * 128-row tiles, several column tiles, one expert set, a shared expert,
- * blocks of the persistent grid taking several items whose k-steps (2 of
- * down's at inter 128) are fewer than the stages (8192 tokens),
  * then one command replayed over new routings, each encode acquiring both
  * kernels (moe_experts and moe_experts_wgmma); then the same cases with
  * KILN_MOE_WGMMA=0 on the 64-row mma.sync tiles, one kernel each. */
@@ -791,7 +789,6 @@ static void test_experts_wgmma(void **state)
     static const struct { moe_case c; int one_set; } cases[] = {
         {{600, 256, 128, 8, 2, 0, 0}, 0},   {{2048, 512, 256, 16, 4, 0, 0}, 0}, {{1000, 768, 384, 8, 2, 1, 1}, 0},
         {{300, 256, 128, 2, 1, 0, 0}, 0},   {{129, 512, 128, 8, 8, 0, 0}, 1},   {{4096, 256, 256, 64, 4, 1, 0}, 0},
-        {{8192, 256, 128, 64, 4, 0, 0}, 0},
     };
     for (int mma = 0; mma < 2; mma++) {
         if (mma)
