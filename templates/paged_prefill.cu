@@ -78,7 +78,7 @@
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define SMEM_BYTES (Q_BYTES + (KSTAGES + VSTAGES) * TILE_BYTES + 1024) // and the slack to align to 1024
-#define PRODUCER_REGS 40        // registers a thread after setmaxnreg: 128 x 40 + 256 x 232 <= 65536
+#define PRODUCER_REGS 40        // after setmaxnreg: 128 x 40 + 256 x 232 = 384 x 168, all a block has (more hangs .inc)
 #define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
