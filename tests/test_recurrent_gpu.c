@@ -261,6 +261,17 @@ typedef struct delta_case {
 
 enum { SCAN = 1, CHUNK };
 
+/* Clears every $KILN_GATED_DELTA_* knob a check set, right after its
+ * encode and before its assertions: a failure must not leave them to later
+ * checks. */
+static void knobs_clear(void)
+{
+    static const char *const names[] = {"KILN_GATED_DELTA_PREP", "KILN_GATED_DELTA_ROWS", "KILN_GATED_DELTA_CHUNK",
+                                        "KILN_GATED_DELTA_TERMS", "KILN_GATED_DELTA_STREAM"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        unsetenv(names[i]);
+}
+
 /* Whether the device runs the chunked kernel at all (kiln/op_recurrent.h). */
 static int chunk_device(gpu_fixture *f)
 {
@@ -372,11 +383,7 @@ static void run_case(gpu_fixture *f, const delta_case *c, kiln_dtype elt)
                                               &to,         c->max_span, form ? &ws : NULL};
             kiln_command *cmd;
             const kiln_status est = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
-            unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later cases */
-            unsetenv("KILN_GATED_DELTA_ROWS");
-            unsetenv("KILN_GATED_DELTA_CHUNK");
-            unsetenv("KILN_GATED_DELTA_TERMS");
-            unsetenv("KILN_GATED_DELTA_STREAM");
+            knobs_clear();
             KILN_CHECK(est);
             assert_true(kiln_command_replayable(cmd));
             rows = kiln__gated_delta_last_rows();
@@ -643,10 +650,7 @@ static void default_stream_policy(gpu_fixture *f, kiln_dtype elt)
             unsetenv("KILN_GATED_DELTA_STREAM");
         kiln_command *cmd = NULL;
         const kiln_status st = kiln_op_gated_delta_encode(f->jit, &bind, &cmd);
-        unsetenv("KILN_GATED_DELTA_PREP"); /* before the check: a failure must not leave them to later tests */
-        unsetenv("KILN_GATED_DELTA_ROWS");
-        unsetenv("KILN_GATED_DELTA_CHUNK");
-        unsetenv("KILN_GATED_DELTA_STREAM");
+        knobs_clear();
         KILN_CHECK(st);
         kiln_command_release(cmd);
         assert_int_equal(kiln__gated_delta_last_keyed(), 2);
@@ -749,8 +753,7 @@ static void span_past_end(gpu_fixture *f, uint32_t max_span, int keyed, kiln_dty
         setenv("KILN_GATED_DELTA_ROWS", keyed == 2 ? "1" : "0", 1);
     }
     const kiln_status est = kiln_op_gated_delta(f->jit, &bind);
-    unsetenv("KILN_GATED_DELTA_PREP");
-    unsetenv("KILN_GATED_DELTA_ROWS");
+    knobs_clear();
     KILN_CHECK(est);
     assert_int_equal(kiln__gated_delta_last_rows() > 0, max_span > 1 && chunk_device(f));
     assert_int_equal(kiln__gated_delta_last_keyed(), chunk_device(f) ? keyed : 0);
