@@ -24,7 +24,7 @@ static const kiln__op_row rows[] = {
     {"token_embedding", KILN__VERSION_TOKEN_EMBEDDING, KERNELS, ELT, PACKED, "token_embedding", NULL,
      kiln__token_embedding_specs, NULL},
     {"dense_swiglu", KILN__VERSION_DENSE_SWIGLU, BLAS, ELT, PACKED, "swiglu tma_swiglu skinny_linear",
-     "kiln_op_dense_swiglu_workspace", kiln__dense_swiglu_specs, NULL},
+     "kiln_op_dense_swiglu_workspace", NULL, kiln__dense_swiglu_arch_specs},
     {"last_token_linear", KILN__VERSION_LAST_TOKEN_LINEAR, BLAS, ELT, PACKED, "gather_last",
      "kiln_op_last_token_linear_workspace", kiln__last_token_linear_specs, NULL},
     {"rms_norm", KILN__VERSION_RMS_NORM, KERNELS, ELT, PACKED, "rms_norm", "kiln_op_rms_norm_workspace",
@@ -48,7 +48,7 @@ static const kiln__op_row rows[] = {
     {"dense_linear", KILN__VERSION_DENSE_LINEAR, BLAS, ELT, PACKED, "skinny_linear", "kiln_op_dense_linear_workspace",
      kiln__skinny_linear_specs, NULL},
     {"dense_linear_norm", KILN__VERSION_DENSE_LINEAR_NORM, BLAS, ELT, PACKED, "tma_linear skinny_linear rms_norm",
-     "kiln_op_dense_linear_norm_workspace", kiln__linear_norm_specs, NULL},
+     "kiln_op_dense_linear_norm_workspace", NULL, kiln__linear_norm_arch_specs},
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 

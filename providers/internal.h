@@ -146,8 +146,10 @@ kiln_status kiln__head_rms_norm_check(kiln_runtime *rt, const kiln_head_rms_norm
 /* bytes[7]: each binding's bytes, in the order of kiln_masked_argmax_bindings. */
 kiln_status kiln__masked_argmax_check(kiln_runtime *rt, const kiln_masked_argmax_bindings *b, size_t bytes[7],
                                       int *vec);
-kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
-kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
+kiln_status kiln__dense_swiglu_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                          void *user);
+kiln_status kiln__linear_norm_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user);
 kiln_status kiln__last_token_linear_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user);
 /* The scan's and the chunked kernel's specializations for a model on arch (NULL: not known). */
 kiln_status kiln__gated_delta_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,

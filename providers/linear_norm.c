@@ -147,8 +147,11 @@ static kiln_status tma_linear_spec(kiln_dtype elt, int64_t in, int64_t out, kiln
     return KILN_OK;
 }
 
-kiln_status kiln__linear_norm_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+kiln_status kiln__linear_norm_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                         void *user)
 {
+    if (!kiln__tma_arch(arch))
+        return KILN_OK; /* its kernel is the TMA one (9 to 32 tokens on sm_90); else cuBLASLt's or the skinny's */
     /* A decoder's o_proj (in heads x head_dim) and down_proj (in intermediate), both out hidden; a mixture
      * of experts adds its experts' sum to the residual apart (rms_norm_residual), not by a product. */
     const int64_t ins[2] = {cfg->num_attention_heads * cfg->head_dim, cfg->num_experts ? 0 : cfg->intermediate_size};

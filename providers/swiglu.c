@@ -69,7 +69,8 @@ static kiln_status tma_swiglu_spec(kiln_dtype elt, int64_t hidden, int64_t inter
     return KILN_OK;
 }
 
-kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_sink sink, void *user)
+kiln_status kiln__dense_swiglu_arch_specs(const kiln_model_config *cfg, const char *arch, kiln__spec_sink sink,
+                                          void *user)
 {
     kiln_spec spec;
     const int64_t inter = kiln__dense_intermediate(cfg);
@@ -80,7 +81,7 @@ kiln_status kiln__dense_swiglu_specs(const kiln_model_config *cfg, kiln__spec_si
     if (st || (st = sink(user, &spec)))
         return st;
     /* 9 to 32 tokens on sm_90 (the TMA kernel), where the sizes allow it. */
-    if (cfg->hidden_size % KILN__TMA_K || inter % 8)
+    if (!kiln__tma_arch(arch) || cfg->hidden_size % KILN__TMA_K || inter % 8)
         return KILN_OK;
     return (st = tma_swiglu_spec(cfg->dtype, cfg->hidden_size, inter, &spec)) ? st : sink(user, &spec);
 }

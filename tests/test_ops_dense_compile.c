@@ -298,19 +298,20 @@ static void test_encode_offline_is_a_clear_error(void **state)
     assert_int_equal(kiln_op_dense_swiglu_encode(f->jit, &t, &t, &t, &ws, NULL), KILN_ERR_INVALID_ARGUMENT);
 }
 
-/* Every kernel of the default model (Llama-3-8B) compiles for the
- * architectures after sm_90 too: `kiln prewarm --arch sm_100` or sm_120 must
- * not fail on a template that only suits Hopper. */
-static void test_default_model_compiles_for_newer_archs(void **state)
+/* Every kernel of the default model (Llama-3-8B) that prewarm lists for an
+ * architecture other than sm_90 compiles for it: `kiln prewarm --arch
+ * sm_100`, sm_120 or an Ampere or Ada one must not fail on a template that
+ * only suits Hopper. */
+static void test_default_model_compiles_for_other_archs(void **state)
 {
     offline_fixture *f = *state;
     kiln_model_config c;
     kiln_model_config_default(&c);
-    kiln_spec *specs = NULL;
-    size_t n = 0;
-    KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
-    static const char *const archs[] = {"sm_100", "sm_120"};
+    static const char *const archs[] = {"sm_100", "sm_120", "sm_80", "sm_86", "sm_89"};
     for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_spec *specs = NULL;
+        size_t n = 0;
+        KILN_CHECK(kiln_model_specializations_for_arch(&c, archs[a], &specs, &n));
         kiln_jit_options jo = {.cache = f->cache, .arch = archs[a]};
         kiln_jit *jit;
         KILN_CHECK(kiln_jit_create(&jo, &jit));
@@ -325,8 +326,32 @@ static void test_default_model_compiles_for_newer_archs(void **state)
         assert_int_equal(k.compiles, n);
         assert_int_equal(k.compile_errors, 0);
         kiln_jit_destroy(jit);
+        kiln_free(specs);
     }
-    kiln_free(specs);
+}
+
+/* The TMA products (9 to 32 tokens) run from sm_90 on only
+ * (kiln__tma_applies), so prewarm lists them there and nowhere before. */
+static void test_tma_kernels_listed_from_sm_90(void **state)
+{
+    (void)state;
+    kiln_model_config c;
+    kiln_model_config_default(&c);
+    static const struct { const char *arch; size_t tma; } want[] = {
+        {NULL, 3}, {"sm_90", 3}, {"sm_90a", 3}, {"sm_100", 3}, {"sm_120", 3}, {"sm_89", 0}, {"sm_86", 0}, {"sm_80", 0}};
+    for (size_t a = 0; a < sizeof want / sizeof want[0]; a++) {
+        kiln_spec *specs = NULL;
+        size_t n = 0, tma = 0, skinny = 0;
+        KILN_CHECK(kiln_model_specializations_for_arch(&c, want[a].arch, &specs, &n));
+        for (size_t i = 0; i < n; i++) {
+            tma += !strcmp(specs[i].template_id, "tma_linear") || !strcmp(specs[i].template_id, "tma_swiglu");
+            skinny += !strcmp(specs[i].template_id, "skinny_linear");
+        }
+        if (tma != want[a].tma || skinny != 5)
+            fail_msg("%s: %zu TMA kernels listed (want %zu), %zu skinny (want 5)", want[a].arch ? want[a].arch : "default",
+                     tma, want[a].tma, skinny);
+        kiln_free(specs);
+    }
 }
 
 int main(void)
@@ -340,7 +365,8 @@ int main(void)
         cmocka_unit_test(test_spec_sizes_out_of_contract),
         cmocka_unit_test(test_workspace_estimates),
         T(test_encode_offline_is_a_clear_error),
-        T(test_default_model_compiles_for_newer_archs),
+        T(test_default_model_compiles_for_other_archs),
+        cmocka_unit_test(test_tma_kernels_listed_from_sm_90),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,14 +160,16 @@ KILN_API kiln_status kiln_model_rope_frequencies(const kiln_model_config *cfg, i
  * *specs is freed with kiln_free. KILN_ERR_CONFIG, naming the model, for one
  * kiln cannot serve, whose kernels would be another model's: a model_type
  * outside llama, mistral, qwen2 and qwen3 (a config without one is taken as
- * their layout), or a mixture of experts. */
+ * their layout) and the mixtures of experts mixtral, qwen2_moe and
+ * qwen3_moe. */
 KILN_API kiln_status kiln_model_specializations(const kiln_model_config *config, kiln_spec **specs,
                                                 size_t *count);
 /* The same for a known architecture ("sm_90"; NULL: as above): adds what
  * only that architecture takes (the two-kernel decode attention, where the
  * one-kernel decode's shared memory is more than a block gets: before sm_80,
  * sm_86, sm_89, sm_12x) and leaves out what it never takes (the one-kernel
- * decode before sm_80). kiln prewarm, export and explain list this way. */
+ * decode before sm_80, the TMA products before sm_90). kiln prewarm, export
+ * and explain list this way. */
 KILN_API kiln_status kiln_model_specializations_for_arch(const kiln_model_config *config, const char *arch,
                                                          kiln_spec **specs, size_t *count);
 
