@@ -288,8 +288,13 @@ int cli_load_model(const char *cmd, const char *model_path, const char *arch, ki
      * what only that architecture takes is listed. */
     kiln_status st = kiln_model_specializations_for_arch(config, kiln_jit_arch(probe), specs, n_specs);
     kiln_jit_destroy(probe);
-    if (st != KILN_OK)
-        return cli_fail(cmd, "model %s: %s", config->name, kiln_errmsg());
+    if (st != KILN_OK) {
+        /* Named once: the refusals of a model already begin "model NAME: ". */
+        const char *msg = kiln_errmsg();
+        const size_t len = strlen(config->name);
+        const int named = !strncmp(msg, "model ", 6) && !strncmp(msg + 6, config->name, len) && msg[6 + len] == ':';
+        return named ? cli_fail(cmd, "%s", msg) : cli_fail(cmd, "model %s: %s", config->name, msg);
+    }
     return CLI_EXIT_OK;
 }
 

@@ -112,9 +112,15 @@ __device__ __forceinline__ void kiln_e2_to_f32(kiln_u32 w, float *lo, float *hi)
 
 __device__ __forceinline__ kiln_u32 kiln_f32_to_e2(float lo, float hi)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // The paired conversion needs sm_80; f16 rounds each half alone (bf16
+    // never compiles before sm_80).
+    return (kiln_u32)kiln_f32_to_f16(lo) | (kiln_u32)kiln_f32_to_f16(hi) << 16;
+#else
     kiln_u32 w;
     asm("cvt.rn." KILN_ELT_PTX "x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
     return w;
+#endif
 }
 
 __device__ __forceinline__ void kiln_e8_to_f32(kiln_u32x4 v, float *f)

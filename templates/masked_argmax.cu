@@ -121,9 +121,17 @@ __device__ __forceinline__ kiln_u32 mask_nan(kiln_u32 h, kiln_u32 keep) { return
 // Elementwise max of two pairs; a NaN loses to the other operand.
 __device__ __forceinline__ kiln_u32 max2(kiln_u32 a, kiln_u32 b)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // max.f16x2 needs sm_80: in f32, where an f16 value and its order are exact.
+    float a0, a1, b0, b1;
+    kiln_e2_to_f32(a, &a0, &a1);
+    kiln_e2_to_f32(b, &b0, &b1);
+    return kiln_f32_to_e2(fmax_nan_ignoring(a0, b0), fmax_nan_ignoring(a1, b1));
+#else
     kiln_u32 r;
     asm("max." KILN_ELT_PTX "x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
+#endif
 }
 
 // Folds the 8 tokens of vector v (rb: their repetition bits) into best.

@@ -222,6 +222,14 @@ for arch in sm_80 sm_86 sm_89 sm_120; do
     grep -q -E '^paged_prefill_mma ' "$OUT" || fail "$arch lists no mma.sync prefill"
     [[ $arch == sm_120 ]] || grep -q -E '^masked_argmax BF16=1;CLUSTER=1;' "$OUT" || fail "$arch lists no one-block argmax"
 done
+# Turing (sm_75) compiles an f16 model; bf16 there is refused whole, the model named once.
+expect 0 "$KILN" prewarm --dtype f16 --arch sm_75 --db "$S/arch-sm_75/kernels.db" -j 2
+parse_summary
+[[ $N_SPECS -ge 1 && $N_COMPILED -eq $N_SPECS && $N_FAILED -eq 0 ]] ||
+    fail "the default model for sm_75: $N_COMPILED of $N_SPECS compiled, $N_FAILED failed"
+expect 1 "$KILN" prewarm --dtype bf16 --arch sm_75 --db "$S/arch-sm_75/kernels.db"
+grep -q -x "kiln prewarm: model llama-3-8b: bf16 needs sm_80 or later, and the arch is sm_75 (f16 runs there)" "$ERR" ||
+    fail "prewarm of bf16 for sm_75 is not one clear refusal"
 # Mixtures of experts (Qwen3-30B-A3B, Mixtral-8x7B): the router and the routed experts at the config's
 # sizes, named in the summary; no dense SwiGLU (neither has a shared expert).
 for spec in "qwen3-30b-a3b:EXPERTS=128;NORMALIZE=1;TOP_K=8:EXPERTS=128;HIDDEN=2048;INTER=768;TOP_K=8:128 experts (8 a token, 768 wide)" \

@@ -351,6 +351,15 @@ static void test_moe_fields_and_unknown_families(void **state)
     assert_false(lists(specs, n, "swiglu", NULL));
     kiln_free(specs);
     specs = NULL;
+    /* Before sm_80 the experts (mma.sync) cannot run: the model is refused
+     * whole, naming it and the arch. */
+    assert_int_equal(kiln_model_specializations_for_arch(&c, "sm_75", &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model qwen3_moe: its experts (mma.sync) need sm_80 or later, and the arch "
+                                          "is sm_75"));
+    assert_null(specs);
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_80", &specs, &n));
+    kiln_free(specs);
+    specs = NULL;
     KILN_CHECK(parse("{\"model_type\": \"qwen2_moe\", " DENSE ", \"num_experts\": 60, \"num_experts_per_tok\": 4,"
                      " \"moe_intermediate_size\": 1408, \"shared_expert_intermediate_size\": 5632,"
                      " \"norm_topk_prob\": false, \"mlp_only_layers\": null}", &c));
@@ -383,6 +392,16 @@ static void test_moe_fields_and_unknown_families(void **state)
     KILN_CHECK(parse("{\"model_type\": \"qwen3\", " DENSE ", \"num_experts\": null}", &c));
     assert_int_equal(c.num_experts, 0);
     KILN_CHECK(kiln_model_specializations(&c, &specs, &n));
+    kiln_free(specs);
+    specs = NULL;
+    /* bf16 before sm_80 is refused whole; f16 there is listed. */
+    KILN_CHECK(parse("{\"model_type\": \"qwen3\", " DENSE ", \"torch_dtype\": \"bfloat16\"}", &c));
+    assert_int_equal(kiln_model_specializations_for_arch(&c, "sm_75", &specs, &n), KILN_ERR_CONFIG);
+    assert_non_null(strstr(kiln_errmsg(), "model qwen3: bf16 needs sm_80 or later, and the arch is sm_75"));
+    assert_null(specs);
+    c.dtype = KILN_DTYPE_F16;
+    KILN_CHECK(kiln_model_specializations_for_arch(&c, "sm_75", &specs, &n));
+    assert_true(n > 0);
     kiln_free(specs);
     specs = NULL;
     /* A family kiln does not serve. */
