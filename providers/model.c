@@ -81,8 +81,8 @@ kiln_status kiln_model_specializations_for_arch(const kiln_model_config *cfg, co
      * rather than as one compile failure a kernel. */
     const int sm = kiln__arch_number(arch);
     if (sm && sm < 80 && cfg->dtype == KILN_DTYPE_BF16)
-        return kiln__fail(NULL, KILN_ERR_CONFIG, "model %s: bf16 needs sm_80 or later, and the arch is %s (f16 runs there)",
-                          cfg->name, arch);
+        return kiln__fail(NULL, KILN_ERR_CONFIG,
+                          "model %s: bf16 needs sm_80 or later, and the arch is %s (f16 runs there)", cfg->name, arch);
     if (sm && sm < 80 && cfg->num_experts)
         return kiln__fail(NULL, KILN_ERR_CONFIG,
                           "model %s: its experts (mma.sync) need sm_80 or later, and the arch is %s", cfg->name, arch);

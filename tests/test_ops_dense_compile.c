@@ -349,8 +349,8 @@ static void test_tma_kernels_listed_from_sm_90(void **state)
             skinny += !strcmp(specs[i].template_id, "skinny_linear");
         }
         if (tma != want[a].tma || skinny != 5)
-            fail_msg("%s: %zu TMA kernels listed (want %zu), %zu skinny (want 5)", want[a].arch ? want[a].arch : "default",
-                     tma, want[a].tma, skinny);
+            fail_msg("%s: %zu TMA kernels listed (want %zu), %zu skinny (want 5)",
+                     want[a].arch ? want[a].arch : "default", tma, want[a].tma, skinny);
         kiln_free(specs);
     }
 }
