@@ -43,9 +43,6 @@ typedef struct kiln__tma {
 
 /* Zeroed memory aligned for a struct holding a kiln__tma (free() frees it). */
 void *kiln__tma_calloc(size_t size);
-/* Whether a TMA kernel may serve tokens rows of x [tokens, in] by a weight at
- * dw: sm_90 or later, $KILN_TMA not "0", 9 to 32 tokens, in a multiple of
- * 64 x k_parts, x and the weight 16-byte aligned. */
 /* Whether prewarm for arch (NULL: the default, sm_90) lists the TMA kernels:
  * from sm_90 on, as kiln__tma_applies takes them. */
 static inline int kiln__tma_arch(const char *arch)
@@ -53,6 +50,9 @@ static inline int kiln__tma_arch(const char *arch)
     return !arch || kiln__arch_number(arch) >= 90;
 }
 
+/* Whether a TMA kernel may serve tokens rows of x [tokens, in] by a weight at
+ * dw: sm_90 or later, $KILN_TMA not "0", 9 to 32 tokens, in a multiple of
+ * 64 x k_parts, x and the weight 16-byte aligned. */
 int kiln__tma_applies(kiln_runtime *rt, int64_t tokens, int64_t in, int64_t k_parts, uint64_t dx, uint64_t dw);
 /* Fills t for fn: the weight's map ([w_rows, in], boxes of box_rows rows),
  * x's ([tokens, in], boxes of 32 rows), both of elements elt (f16 or bf16), grid blocks of 32 (warps + 1)
