@@ -53,6 +53,10 @@ kiln_status kiln__fingerprint_parts(const kiln__template *t, const kiln_spec *sp
  * the thread's message holds the log. *cubin is freed with free(). */
 kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
                           const char *arch, void **cubin, size_t *size);
+/* kiln__compile, and on success NVRTC's log in *log (freed with free(); what
+ * --ptxas-options=-v reports, for one). */
+kiln_status kiln__compile_logged(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
+                                 const char *arch, void **cubin, size_t *size, char **log);
 
 /* What providers need of a jit. */
 kiln_runtime *kiln__jit_runtime(const kiln_jit *jit);

@@ -210,9 +210,29 @@ kiln_status kiln__fingerprint_parts(const kiln__template *t, const kiln_spec *sp
     return KILN_OK;
 }
 
+static char *program_log(nvrtcProgram prog)
+{
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(prog, &log_size);
+    char *log = malloc(log_size + 1);
+    if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
+        log[log_size] = 0;
+    else if (log)
+        log[0] = 0;
+    return log;
+}
+
 kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
                           const char *arch, void **cubin, size_t *size)
 {
+    return kiln__compile_logged(t, spec, opts, arch, cubin, size, NULL);
+}
+
+kiln_status kiln__compile_logged(const kiln__template *t, const kiln_spec *spec, const kiln__nvrtc_options *opts,
+                                 const char *arch, void **cubin, size_t *size, char **log_out)
+{
+    if (log_out)
+        *log_out = NULL;
     *cubin = NULL;
     *size = 0;
     /* The prelude: one #define per constant, then the template from its line 1. */
@@ -264,13 +284,7 @@ kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const 
     }
     r = nvrtcCompileProgram(prog, (int)argc, argv);
     if (r != NVRTC_SUCCESS) {
-        size_t log_size = 0;
-        nvrtcGetProgramLogSize(prog, &log_size);
-        log = malloc(log_size + 1);
-        if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
-            log[log_size] = 0;
-        else if (log)
-            log[0] = 0;
+        log = program_log(prog);
         char consts[KILN_SPEC_MAX_CONSTANTS * (KILN_NAME_MAX + 24)];
         kiln_spec_constants_text(spec, consts, sizeof consts);
         st = kiln__fail(NULL, r == NVRTC_ERROR_COMPILATION ? KILN_ERR_NVRTC_COMPILE : KILN_ERR_NVRTC,
@@ -298,6 +312,12 @@ kiln_status kiln__compile(const kiln__template *t, const kiln_spec *spec, const 
     }
     *cubin = bin;
     *size = cubin_size;
+    if (log_out && !(*log_out = program_log(prog))) {
+        free(bin);
+        *cubin = NULL;
+        *size = 0;
+        st = kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory for NVRTC's log of %s", t->id);
+    }
 out_destroy:
     free(log);
     nvrtcDestroyProgram(&prog);
