@@ -162,6 +162,19 @@ static kiln_status compile_mode(int asked, int *strict)
     return KILN_OK;
 }
 
+/* $KILN_NVRTC_LINEINFO=1: every compile also takes -lineinfo, so that a
+ * profiler maps each instruction to its template line (other cubins, so
+ * other fingerprints and cache rows). */
+static kiln_status lineinfo_mode(int *on)
+{
+    const char *env = getenv("KILN_NVRTC_LINEINFO");
+    *on = env && !strcmp(env, "1");
+    if (env && strcmp(env, "0") && strcmp(env, "1"))
+        return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
+                          "kiln_jit_create: KILN_NVRTC_LINEINFO=\"%s\" is not \"0\" or \"1\" (unset means 0)", env);
+    return KILN_OK;
+}
+
 kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
 {
     kiln_jit_options o;
@@ -181,8 +194,8 @@ kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
     if (!arch)
         return kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
                           "kiln_jit_create: no architecture: name one (e.g. \"sm_90\") or give a runtime");
-    int strict = 0;
-    if ((st = kiln__arch_check(arch)) || (st = compile_mode(opts->compile, &strict)))
+    int strict = 0, lineinfo = 0;
+    if ((st = kiln__arch_check(arch)) || (st = compile_mode(opts->compile, &strict)) || (st = lineinfo_mode(&lineinfo)))
         return st;
     kiln_jit *j = calloc(1, sizeof *j);
     if (!j)
@@ -207,8 +220,24 @@ kiln_status kiln_jit_create(const kiln_jit_options *caller, kiln_jit **out)
         st = kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
         goto out_free;
     }
-    if ((st = kiln__options_normalize(opts->nvrtc_options, opts->n_nvrtc_options, &j->opts)) ||
-        (st = kiln__nvrtc_version(&j->nvrtc_major, &j->nvrtc_minor)))
+    const size_t n_opts = opts->n_nvrtc_options;
+    if (n_opts && !opts->nvrtc_options) {
+        st = kiln__fail(NULL, KILN_ERR_INVALID_ARGUMENT,
+                        "kiln_jit_create: kiln_jit_options.nvrtc_options is NULL and n_nvrtc_options is %zu", n_opts);
+        goto out_free;
+    }
+    const char **all = n_opts < SIZE_MAX / sizeof *all ? malloc((n_opts + 1) * sizeof *all) : NULL;
+    if (!all) {
+        st = kiln__fail(NULL, KILN_ERR_HOST_OUT_OF_MEMORY, "out of memory");
+        goto out_free;
+    }
+    for (size_t i = 0; i < n_opts; i++)
+        all[i] = opts->nvrtc_options[i];
+    if (lineinfo)
+        all[n_opts] = "-lineinfo";
+    st = kiln__options_normalize(all, n_opts + (lineinfo != 0), &j->opts);
+    free(all);
+    if (st || (st = kiln__nvrtc_version(&j->nvrtc_major, &j->nvrtc_minor)))
         goto out_free;
     *out = j;
     return KILN_OK;

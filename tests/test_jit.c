@@ -90,6 +90,64 @@ static void test_compiles_once_then_memory_then_database(void **state)
     KILN_EXPECT(kiln_jit_acquire(f->jit, &s, &k2), KILN_ERR_NO_DEVICE, kiln_errmsg(), "offline", NULL);
 }
 
+/* Whether the cubin holds line information (the section -lineinfo adds). */
+static int has_line_info(const void *cubin, size_t size)
+{
+    static const char name[] = ".nv_debug_line_sass";
+    for (size_t i = 0; i + sizeof name <= size; i++)
+        if (!memcmp((const char *)cubin + i, name, sizeof name - 1))
+            return 1;
+    return 0;
+}
+
+/* $KILN_NVRTC_LINEINFO=1 compiles with -lineinfo: another fingerprint, a
+ * cubin with line information beside the one without; 0 is unset; any
+ * other value is refused by name. */
+static void test_lineinfo_from_the_environment(void **state)
+{
+    fixture *f = *state;
+    kiln_spec s;
+    KILN_CHECK(kiln_op_token_embedding_spec(KILN_DTYPE_F16, 1000, 256, 8, &s));
+    uint8_t plain[32], zero[32], lined[32];
+    KILN_CHECK(kiln_jit_fingerprint(f->jit, &s, plain));
+    setenv("KILN_NVRTC_LINEINFO", "0", 1);
+    kiln_jit *j0 = new_jit(f->cache);
+    KILN_CHECK(kiln_jit_fingerprint(j0, &s, zero));
+    kiln_jit_destroy(j0);
+    assert_memory_equal(plain, zero, sizeof plain);
+    setenv("KILN_NVRTC_LINEINFO", "1", 1);
+    kiln_jit *j1 = new_jit(f->cache);
+    unsetenv("KILN_NVRTC_LINEINFO");
+    KILN_CHECK(kiln_jit_fingerprint(j1, &s, lined));
+    assert_memory_not_equal(plain, lined, sizeof plain);
+    KILN_CHECK(kiln_jit_prepare(j1, &s, NULL));
+    KILN_CHECK(kiln_jit_prepare(f->jit, &s, NULL));
+    kiln_jit_destroy(j1);
+    const uint8_t *fps[2] = {plain, lined};
+    for (int i = 0; i < 2; i++) {
+        void *cubin;
+        size_t size;
+        int found;
+        KILN_CHECK(kiln_cache_get(f->cache, fps[i], &cubin, &size, &found));
+        assert_int_equal(found, 1);
+        assert_int_equal(has_line_info(cubin, size), i);
+        kiln_free(cubin);
+    }
+
+    setenv("KILN_NVRTC_LINEINFO", "yes", 1);
+    kiln_jit *bad = (kiln_jit *)1;
+    kiln_jit_options o = {.arch = "sm_90"};
+    KILN_EXPECT(kiln_jit_create(&o, &bad), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "KILN_NVRTC_LINEINFO=\"yes\"",
+                NULL);
+    assert_null(bad);
+    unsetenv("KILN_NVRTC_LINEINFO");
+    /* Options named as many but not given. */
+    o.n_nvrtc_options = 2;
+    KILN_EXPECT(kiln_jit_create(&o, &bad), KILN_ERR_INVALID_ARGUMENT, kiln_errmsg(), "nvrtc_options is NULL",
+                "n_nvrtc_options is 2");
+    assert_null(bad);
+}
+
 typedef struct racer {
     kiln_jit *jit;
     kiln_spec spec;
@@ -413,6 +471,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_compiles_once_then_memory_then_database),
+        T(test_lineinfo_from_the_environment),
         T(test_eight_threads_one_key_one_compile),
         T(test_different_keys_compile_in_parallel),
         T(test_compiles_are_bounded),
