@@ -17,6 +17,10 @@
 #     BENCHES="bench_graph peer_torch_graph ..."   only these benchmark steps
 #     DECODE_MOE=1   adds bench_decode_moe (the mixture of experts' decode step, kiln and torch)
 #     PROFILE_MOE=1  adds moe-ncu.log: ncu's time of each kernel of a one-token MoE layer
+#     PROFILE_MOE_PREFILL=1  adds moe-prefill.ncu-rep (ncu --set full of the wgmma expert products at
+#                    4096 tokens, compiled with -lineinfo) and moe-prefill-ncu.log, its source page by
+#                    template line (read the report again with: ncu --import FILE --page source
+#                    --print-source cuda,sass --source-folders templates)
 #     PROFILE_DELTA=1  adds delta-ncu.log: ncu's warp states, scheduler and source counters of
 #                    the keyed gated delta kernel and the rows kernel at one sequence of 16384 tokens
 #                    (their chains of chunks; each launched twice: the warm-up and the timed run)
@@ -200,6 +204,14 @@ fi
 if [ "${PROFILE_MOE:-0}" = 1 ] && command -v ncu >/dev/null; then
     step profile_moe 150 0 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:kiln -c 30 \
         "$BUILD/bench/bench_moe" --tokens 1 --iters 1 --reps 1 --sets 1 >"$OUT/moe-ncu.log" 2>&1
+fi
+# Where the prefill expert products wait, by template line: only with PROFILE_MOE_PREFILL=1.
+if [ "${PROFILE_MOE_PREFILL:-0}" = 1 ] && command -v ncu >/dev/null && [ -x "$BUILD/bench/bench_moe" ]; then
+    step profile_moe_prefill 240 0 env KILN_NVRTC_LINEINFO=1 ncu --clock-control none --set full \
+        -k regex:"kiln_moe_(gate_up|down)_w" -c 2 -f -o "$OUT/moe-prefill" \
+        "$BUILD/bench/bench_moe" --tokens 4096 --iters 1 --reps 1 --sets 1 >"$OUT/moe-prefill-ncu.log" 2>&1 &&
+        ncu --import "$OUT/moe-prefill.ncu-rep" --page source --print-source cuda,sass --csv \
+            --source-folders "$ROOT/templates" >>"$OUT/moe-prefill-ncu.log" 2>&1
 fi
 # Where the keyed gated delta kernel's chain of chunks waits (ncu, one launch, clocks not locked):
 # only with PROFILE_DELTA=1.
