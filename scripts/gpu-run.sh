@@ -19,8 +19,8 @@
 #     PROFILE_MOE=1  adds moe-ncu.log: ncu's time of each kernel of a one-token MoE layer
 #     PROFILE_MOE_PREFILL=1  adds moe-prefill.ncu-rep (ncu --set full of the wgmma expert products at
 #                    4096 tokens, compiled with -lineinfo) and moe-prefill-ncu.log, its source page by
-#                    template line (read the report again with: ncu --import FILE --page source
-#                    --print-source cuda,sass --source-folders templates)
+#                    template line (the report holds the templates' source: --import-source; read it
+#                    again with ncu --import FILE --page source --print-source cuda,sass)
 #     PROFILE_DELTA=1  adds delta-ncu.log: ncu's warp states, scheduler and source counters of
 #                    the keyed gated delta kernel and the rows kernel at one sequence of 16384 tokens
 #                    (their chains of chunks; each launched twice: the warm-up and the timed run)
@@ -208,10 +208,12 @@ fi
 # Where the prefill expert products wait, by template line: only with PROFILE_MOE_PREFILL=1.
 if [ "${PROFILE_MOE_PREFILL:-0}" = 1 ] && command -v ncu >/dev/null && [ -x "$BUILD/bench/bench_moe" ]; then
     step profile_moe_prefill 240 0 env KILN_NVRTC_LINEINFO=1 ncu --clock-control none --set full \
-        -k regex:"kiln_moe_(gate_up|down)_w" -c 2 -f -o "$OUT/moe-prefill" \
-        "$BUILD/bench/bench_moe" --tokens 4096 --iters 1 --reps 1 --sets 1 >"$OUT/moe-prefill-ncu.log" 2>&1 &&
+        --import-source yes --source-folders "$ROOT/templates" -k regex:"kiln_moe_(gate_up|down)_w" -c 2 \
+        -f -o "$OUT/moe-prefill" "$BUILD/bench/bench_moe" --tokens 4096 --iters 1 --reps 1 --sets 1 \
+        >"$OUT/moe-prefill-ncu.log" 2>&1 &&
         ncu --import "$OUT/moe-prefill.ncu-rep" --page source --print-source cuda,sass --csv \
-            --source-folders "$ROOT/templates" >>"$OUT/moe-prefill-ncu.log" 2>&1
+            --resolve-source-file "$ROOT/templates/moe_experts_wgmma.cu,$ROOT/templates/kiln_wgmma.cuh,$ROOT/templates/kiln_tma.cuh" \
+            >>"$OUT/moe-prefill-ncu.log" 2>&1
 fi
 # Where the keyed gated delta kernel's chain of chunks waits (ncu, one launch, clocks not locked):
 # only with PROFILE_DELTA=1.
