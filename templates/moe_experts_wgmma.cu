@@ -14,8 +14,8 @@
 //     gate_up's two halves, 64 x 256 for down; cp.async where w_tma is 0),
 //     into 128-byte-swizzled stages (kiln_wgmma.cuh's layout), STAGES of
 //     them, full and empty mbarriers;
-//   warpgroups 0 and 1, 64 rows each: two wgmma m64n128k16 a 16-wide step
-//     (weight rows 0-127 and 128-255 of the stage), f32 accumulators in
+//   warpgroups 0 and 1, 64 rows each: a wgmma m64n256k16 a 16-wide step
+//     (the stage's 256 weight rows), f32 accumulators in
 //     registers, one commit group kept in flight; the tile's outputs
 //     staged in shared memory (the stages, free by then) and written 16
 //     bytes a copy.
@@ -124,10 +124,10 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
     const kiln_u32 wg = tid / 128, warp = tid % 128 / 32, lane = tid % 32;
-    float d0[64], d1[64];
+    float d[128]; // columns 0-127 of the tile in 0-63, 128-255 in 64-127
 #pragma unroll
-    for (int i = 0; i < 64; i++)
-        d0[i] = d1[i] = 0.0f;
+    for (int i = 0; i < 128; i++)
+        d[i] = 0.0f;
     for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
         const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES + wg * 8192, sb = s0 + st * STAGE_BYTES + A_BYTES;
         bar_wait(saddr(&full[st]), (ks / STAGES) & 1);
@@ -135,9 +135,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
-            const kiln_u64 da = wgmma_desc(sa + kk * 32, 16, 1024);
-            wgmma_ss_n128(d0, da, wgmma_desc(sb + kk * 32, 16, 1024));
-            wgmma_ss_n128(d1, da, wgmma_desc(sb + 128 * 128 + kk * 32, 16, 1024));
+            wgmma_ss_n256(d, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024));
         }
         wgmma_commit();
         wgmma_wait<1>(); // step ks - 1's products are done: its stage is free
@@ -158,7 +156,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
         unsigned char *row = sm + (ra + 8 * half) * LD + 4 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            const float *g = &d0[4 * j + 2 * half], *u = &d1[4 * j + 2 * half];
+            const float *g = &d[4 * j + 2 * half], *u = &d[64 + 4 * j + 2 * half];
             if (GATED) {
                 *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
                                                              g[1] / (1.0f + __expf(-g[1])) * u[1]);
