@@ -46,7 +46,10 @@
 #define STAGES 4
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
 #define OUT_LD(cols) ((cols) * 2 + 16) // bytes a staged output row: 16 more, no bank conflicts
-#define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 <= 65536
+// 128 x 56 + 256 x 224 = 384 x 168, the block's registers at launch: the
+// consumers' setmaxnreg.inc waits for what the producer's .dec frees, so a
+// sum past the launch's allocation hangs the block.
+#define PRODUCER_REGS 56
 #define CONSUMER_REGS 224
 
 #if H % 256 != 0 || I % 128 != 0
@@ -158,8 +161,12 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
         for (int j = 0; j < 16; j++) {
             const float *g = &d[4 * j + 2 * half], *u = &d[64 + 4 * j + 2 * half];
             if (GATED) {
-                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0] / (1.0f + __expf(-g[0])) * u[0],
-                                                             g[1] / (1.0f + __expf(-g[1])) * u[1]);
+                // silu(g) u; __fdividef gives 0 where 1 + exp(-g) passes
+                // 2^126 (silu's limit). The division's slow-path branch a
+                // value was a tenth of gate_up's warp samples (ncu's source
+                // page, bench_moe at 4096 tokens).
+                *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(__fdividef(g[0], 1.0f + __expf(-g[0])) * u[0],
+                                                             __fdividef(g[1], 1.0f + __expf(-g[1])) * u[1]);
             } else {
                 *(kiln_u32 *)(row + 16 * j) = kiln_f32_to_e2(g[0], g[1]);
                 *(kiln_u32 *)(row + 256 + 16 * j) = kiln_f32_to_e2(u[0], u[1]);
