@@ -8,6 +8,16 @@
 #pragma once
 #include "kiln_mma.cuh" // saddr
 
+// The registers a thread has at launch in a block of `threads` under
+// __launch_bounds__(threads, 1): the SM's 65536 over the threads, in the
+// allocation's steps of 8. A warp-specialized kernel's setmaxnreg split
+// must fit in threads times this: setmaxnreg.inc waits for registers that
+// a .dec has freed, so a split past the launch's allocation hangs the block.
+#define KILN_LAUNCH_REGS(threads) (65536 / (threads) / 8 * 8)
+#define KILN_SPLIT_FITS(producers, producer_regs, consumers, consumer_regs) \
+    ((producers) * (producer_regs) + (consumers) * (consumer_regs) <= \
+     ((producers) + (consumers)) * KILN_LAUNCH_REGS((producers) + (consumers)))
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }

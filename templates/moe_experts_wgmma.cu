@@ -46,10 +46,7 @@
 #define STAGES 4
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
 #define OUT_LD(cols) ((cols) * 2 + 16) // bytes a staged output row: 16 more, no bank conflicts
-// 128 x 56 + 256 x 224 = 384 x 168, the block's registers at launch: the
-// consumers' setmaxnreg.inc waits for what the producer's .dec frees, so a
-// sum past the launch's allocation hangs the block.
-#define PRODUCER_REGS 56
+#define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 = 384 x 168, all a block has
 #define CONSUMER_REGS 224
 
 #if H % 256 != 0 || I % 128 != 0
@@ -57,6 +54,9 @@
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static_assert(KILN_SPLIT_FITS(THREADS - CONSUMERS, PRODUCER_REGS, CONSUMERS, CONSUMER_REGS),
+              "the setmaxnreg split passes the block's registers at launch (kiln_wgmma.cuh)");
+
 template <bool GATED>
 __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, const kiln_elt *__restrict__ w,
                                               kiln_elt *__restrict__ dst, const kiln_u32 *__restrict__ n_tiles,

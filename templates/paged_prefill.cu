@@ -78,7 +78,7 @@
 #define Q_BYTES (BM * D * 2)
 #define TILE_BYTES (BN * D * 2) // K (or V) of one tile
 #define SMEM_BYTES (Q_BYTES + (KSTAGES + VSTAGES) * TILE_BYTES + 1024) // and the slack to align to 1024
-#define PRODUCER_REGS 40        // after setmaxnreg: 128 x 40 + 256 x 232 = 384 x 168, all a block has (more hangs .inc)
+#define PRODUCER_REGS 40        // after setmaxnreg: 128 x 40 + 256 x 232 = 384 x 168, all a block has
 #define CONSUMER_REGS 232
 #define BAR_Q 1                 // named barriers: the consumers' q is in shared memory,
 #define BAR_TURN 2              // and 2 + w: warpgroup w's turn to issue a product,
@@ -95,6 +95,9 @@
 #include "kiln_wgmma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static_assert(KILN_SPLIT_FITS(THREADS - CONSUMERS, PRODUCER_REGS, CONSUMERS, CONSUMER_REGS),
+              "the setmaxnreg split passes the block's registers at launch (kiln_wgmma.cuh)");
+
 __device__ __forceinline__ void named_sync(kiln_u32 id)
 {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(CONSUMERS) : "memory");
