@@ -11,6 +11,8 @@
 #     bench.err       the benchmarks' stderr
 #     env.txt         the machine: nvidia-smi -L, driver, python packages
 #     decode-check.log  examples/decode/check.py (kiln vs transformers, token for token)
+# and, where more than 8 files would come back, all but summary.txt and
+# bench.jsonl packed into logs.tar.gz (the GPU machine returns 8 at most).
 # A failing step does not stop the others; the script exits 1 when any failed.
 # Filters, for a run that cannot afford everything (device time is scarce):
 #     MEMCHECK_TESTS="test_graph_gpu ..."   memcheck only these binaries
@@ -255,4 +257,11 @@ sys.exit(1 if bad else 0)
 
 echo "total: $((SECONDS - START))s failed: $FAILED" >>"$SUMMARY"
 cat "$SUMMARY" >&2
+# The GPU machine's runner brings back at most 8 files: past that, all but
+# summary.txt and bench.jsonl travel as logs.tar.gz.
+mapfile -t extra < <(cd "$OUT" && find . -maxdepth 1 -type f ! -name summary.txt ! -name bench.jsonl \
+    ! -name logs.tar.gz -printf '%f\n' | sort)
+if [ $((${#extra[@]} + 2)) -gt 8 ]; then
+    (cd "$OUT" && tar czf logs.tar.gz --remove-files "${extra[@]}") && echo "logs: $OUT/logs.tar.gz" >&2
+fi
 exit "$FAILED"
