@@ -269,10 +269,11 @@ static kiln_status tma_shared(kiln_runtime *rt, kiln__errslot *err, tma_launch *
 }
 
 typedef struct experts_launch {
-    /* The wgmma products' maps of the experts' weights (first: CUtensorMap's
-     * alignment; the struct comes from kiln__tma_calloc) and whether they are
-     * encoded: their last two parameters, past the mma.sync kernels' last. */
-    CUtensorMap gu_map, dn_map;
+    /* The wgmma products' maps of the experts' weights and of h as down's A
+     * (first: CUtensorMap's alignment; the struct comes from
+     * kiln__tma_calloc) and whether they are encoded: their last parameters,
+     * past the mma.sync kernels' last. */
+    CUtensorMap gu_map, dn_map, h_map;
     uint32_t w_tma;
     kiln_runtime *rt;
     CUfunction group, gate_up, down, combine;
@@ -290,7 +291,7 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *ua[] = {&l->x,      &l->gate_up_w, &l->h,      &l->n_tiles, &l->offsets,
                   &l->tile_e, &l->tile_r,    &l->sorted, &l->gu_map,  &l->w_tma};
     void *da[] = {&l->h,      &l->down_w, &l->y,      &l->n_tiles, &l->offsets,
-                  &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma};
+                  &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma, &l->h_map};
     void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
     const unsigned one[3] = {1, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
                    cb[3] = {l->tokens, 1, 1};
@@ -532,10 +533,12 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->gemm_threads = tl->threads;
     /* The wgmma products read the weights by TMA: rows of the inner
      * dimension, boxes of 64 x 128 (gate_up's two halves of a column tile)
-     * and 64 x 256 (down's). */
+     * and 64 x 256 (down's); down reads h, a row a pair in the experts'
+     * order, in boxes of 64 x 128 (a row tile). */
     if (wg && (uint64_t)E * (uint64_t)(2 * I) <= INT32_MAX && (uint64_t)E * (uint64_t)H <= INT32_MAX) {
         if ((st = kiln__tma_map(rt, OP, elt, &l->gu_map, l->gate_up_w, H, E * 2 * I, 128)) ||
-            (st = kiln__tma_map(rt, OP, elt, &l->dn_map, l->down_w, I, E * H, 256))) {
+            (st = kiln__tma_map(rt, OP, elt, &l->dn_map, l->down_w, I, E * H, 256)) ||
+            (st = kiln__tma_map(rt, OP, elt, &l->h_map, l->h, I, (int64_t)P, 128))) {
             free(l);
             return kiln__propagate(err, st);
         }

@@ -8,10 +8,11 @@
 //   kiln_moe_down_w     y[r, n0 + c] = elt(h[r] down[e][n0 + c]^T), c < 256.
 // Warp specialized, 384 threads, as templates/paged_prefill.cu:
 //   warpgroup 2, the producer: each 64-wide k-step's A rows (x gathered by
-//     token through the sorted pairs, or h's rows in order; rows past the
-//     tile's zero) by cp.async, and the 256 weight rows by TMA (wmap: the
-//     experts' weights as rows of the inner dimension, boxes of 64 x 128 for
-//     gate_up's two halves, 64 x 256 for down; cp.async where w_tma is 0),
+//     token through the sorted pairs by cp.async, rows past the tile's zero;
+//     or h's 128 rows from the tile's first by TMA, amap, boxes of 64 x 128)
+//     and the 256 weight rows by TMA (wmap: the experts' weights as rows of
+//     the inner dimension, boxes of 64 x 128 for gate_up's two halves, 64 x
+//     256 for down); cp.async for all of them where w_tma is 0,
 //     into 128-byte-swizzled stages (kiln_wgmma.cuh's layout), STAGES of
 //     them, full and empty mbarriers;
 //   warpgroups 0 and 1, 64 rows each: a wgmma m64n256k16 a 16-wide step
@@ -46,8 +47,8 @@
 #define STAGES 4
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024) // and the slack to align to 1024
 #define OUT_LD(cols) ((cols) * 2 + 16) // bytes a staged output row: 16 more, no bank conflicts
-#define PRODUCER_REGS 56              // 128 x 56 + 256 x 224 = 384 x 168, all a block has
-#define CONSUMER_REGS 224
+#define PRODUCER_REGS 80              // the rows' sources in registers: 56 spills them
+#define CONSUMER_REGS 208             // 128 x 80 + 256 x 208 = 384 x 168, all a block has
 
 #if H % 256 != 0 || I % 128 != 0
 #error "the wgmma experts take KILN_HIDDEN a multiple of 256 and KILN_INTER of 128"
@@ -64,7 +65,7 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
                                               const kiln_u32 *__restrict__ tile_e,
                                               const kiln_u32 *__restrict__ tile_r,
                                               const kiln_u32 *__restrict__ sorted, unsigned char *smem_raw,
-                                              const kiln_tmap *wmap, kiln_u32 w_tma)
+                                              const kiln_tmap *wmap, const kiln_tmap *amap, kiln_u32 w_tma)
 {
     constexpr kiln_u32 KD = GATED ? H : I;   // the inner dimension
     constexpr kiln_u32 NOUT = GATED ? I : H; // output columns of a row
@@ -87,19 +88,30 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
 
     if (tid >= CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-        // Thread p copies chunk p % 8 of rows p / 8 + 16 i: A's 8 rows, B's 16.
+        // Thread p copies chunk p % 8 of rows p / 8 + 16 i: A's 8 rows, B's
+        // 16. The A rows' sources are read once: reading arow[] a k-step,
+        // each load waited behind the cp.async before it (the asm's memory
+        // clobber), a sixth of the products' warp samples (ncu's source
+        // page, bench_moe at 4096 tokens).
         const kiln_u32 p = tid - CONSUMERS, ch = p % 8, rr = p / 8;
+        const bool a_tma = !GATED && w_tma; // h's rows are in order: one box a k-step
         const kiln_elt *we = w + (kiln_u64)e * (GATED ? 2 * I : H) * KD + ch * 8;
+        const kiln_elt *asrc[BM / 16]; // row 0 where the row is past the tile (and nothing read)
+        kiln_u32 live = 0;             // bit i: row rr + 16 i is the tile's
+#pragma unroll
+        for (kiln_u32 i = 0; i < BM / 16; i++) {
+            const kiln_u32 row = arow[rr + 16 * i];
+            live |= row != 0xffffffffu ? 1u << i : 0u;
+            asrc[i] = src + (row != 0xffffffffu ? (kiln_u64)row * KD : 0) + ch * 8;
+        }
         for (kiln_u32 ks = 0; ks < KSTEPS; ks++) {
             const kiln_u32 st = ks % STAGES, sa = s0 + st * STAGE_BYTES, sb = sa + A_BYTES;
             if (ks >= STAGES)
                 bar_wait(saddr(&empty[st]), (ks / STAGES - 1) & 1);
+            if (!a_tma)
 #pragma unroll
-            for (kiln_u32 i = 0; i < BM / 16; i++) {
-                const kiln_u32 r = rr + 16 * i, row = arow[r];
-                const bool ok = row != 0xffffffffu;
-                cp_async16(sa + swz(r, ch), ok ? src + (kiln_u64)row * KD + ks * BK + ch * 8 : src, ok ? 16 : 0);
-            }
+                for (kiln_u32 i = 0; i < BM / 16; i++)
+                    cp_async16(sa + swz(rr + 16 * i, ch), asrc[i] + ks * BK, live >> i & 1 ? 16 : 0);
             if (!w_tma)
 #pragma unroll
                 for (kiln_u32 i = 0; i < BN / 16; i++) {
@@ -112,11 +124,14 @@ __device__ __forceinline__ void grouped_wgmma(const kiln_elt *__restrict__ src, 
                 // The weight's rows by TMA, counted before this thread's
                 // cp.async arrival (which the phase waits for).
                 const kiln_u32 bar = saddr(&full[st]), wrow = e * (GATED ? 2 * I : H) + n0;
-                expect_only(bar, BN * 128);
+                expect_only(bar, BN * 128 + (a_tma ? A_BYTES : 0));
                 if (GATED) {
                     tma(sb, wmap, ks * BK, wrow, bar);
                     tma(sb + 128 * 128, wmap, ks * BK, wrow + I, bar);
                 } else {
+                    // Rows past the tile are the next expert's or, past h's
+                    // pairs, TMA's zeros: the epilogue stores none of them.
+                    tma(sa, amap, ks * BK, r0, bar);
                     tma(sb, wmap, ks * BK, wrow, bar);
                 }
             }
@@ -191,18 +206,19 @@ kiln_moe_gate_up_w(KILN_MOE_GEMM_ARGS, const __grid_constant__ kiln_tmap wmap, k
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    grouped_wgmma<true>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, w_tma);
+    grouped_wgmma<true>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, &wmap, w_tma);
 #else
     __trap(); // wgmma needs sm_90a: providers/moe_experts.c takes this kernel only there
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-kiln_moe_down_w(KILN_MOE_GEMM_ARGS, const __grid_constant__ kiln_tmap wmap, kiln_u32 w_tma)
+kiln_moe_down_w(KILN_MOE_GEMM_ARGS, const __grid_constant__ kiln_tmap wmap, kiln_u32 w_tma,
+                const __grid_constant__ kiln_tmap amap)
 {
     kiln_grid_dependency_sync();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    grouped_wgmma<false>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, w_tma);
+    grouped_wgmma<false>(src, w, dst, n_tiles, offsets, tile_e, tile_r, sorted, smem, &wmap, &amap, w_tma);
 #else
     __trap();
 #endif
