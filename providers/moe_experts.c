@@ -18,6 +18,10 @@
  * plus a partial one an expert, at this many pairs) fit a grid's y (65535). */
 #define MAX_PAIRS 1000000u
 #define GROUP_THREADS 1024u
+/* Pairs a grouping block takes where there are more than this many
+ * (moe_experts.cu's SLICE): kiln_moe_count, then a kiln_moe_group block a
+ * slice. */
+#define GROUP_SLICE 2048u
 #define COMBINE_THREADS 256u
 #define WGMMA_TEMPLATE "moe_experts_wgmma"
 #define TMA_TEMPLATE "moe_experts_tma"
@@ -101,8 +105,8 @@ static int wgmma_serves(int sm, int64_t hidden, int64_t inter)
 
 /* Where each part of the workspace lies, bytes from its start. */
 typedef struct ws_layout {
-    size_t n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y, total;
-    uint32_t max_tiles;
+    size_t n_tiles, offsets, tile_e, tile_r, sorted, inv, hist, h, y, total;
+    uint32_t max_tiles, slices;
 } ws_layout;
 
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -124,7 +128,9 @@ static void layout(uint64_t pairs, uint64_t hidden, uint64_t inter, uint64_t exp
     w->tile_r = w->tile_e + up256((size_t)w->max_tiles * 4);
     w->sorted = w->tile_r + up256((size_t)w->max_tiles * 4);
     w->inv = w->sorted + up256(pairs * 4);
-    w->h = w->inv + up256(pairs * 4);
+    w->slices = pairs > GROUP_SLICE ? (uint32_t)((pairs + GROUP_SLICE - 1) / GROUP_SLICE) : 1;
+    w->hist = w->inv + up256(pairs * 4);
+    w->h = w->hist + up256(w->slices > 1 ? (size_t)w->slices * experts * 4 : 0);
     w->y = w->h + up256(hy_rows * inter * 2);
     w->total = w->y + up256(hy_rows * hidden * 2);
 }
@@ -276,27 +282,29 @@ typedef struct experts_launch {
     CUtensorMap gu_map, dn_map, h_map;
     uint32_t w_tma;
     kiln_runtime *rt;
-    CUfunction group, gate_up, down, combine;
+    CUfunction count, group, gate_up, down, combine;
     CUdeviceptr x, ids, weights, gate_up_w, down_w, shared, shared_gate, out;
-    CUdeviceptr n_tiles, offsets, tile_e, tile_r, sorted, inv, h, y;
-    uint32_t tokens, pairs, rows, max_tiles, smem, gu_cols, down_cols, gemm_threads;
+    CUdeviceptr n_tiles, offsets, tile_e, tile_r, sorted, inv, hist, h, y;
+    uint32_t tokens, pairs, rows, max_tiles, slices, smem, gu_cols, down_cols, gemm_threads;
 } experts_launch;
 
 static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
 {
     experts_launch *l = user;
     CUdeviceptr fault = (CUdeviceptr)kiln_launch_fault_record(ctx);
-    void *ga[] = {&l->ids, &l->pairs, &l->rows, &l->n_tiles, &l->offsets, &l->tile_e, &l->tile_r, &l->sorted, &l->inv,
-                  &fault};
+    void *na[] = {&l->ids, &l->pairs, &l->hist, &fault};
+    void *ga[] = {&l->ids,    &l->pairs,  &l->rows,   &l->hist, &l->n_tiles, &l->offsets,
+                  &l->tile_e, &l->tile_r, &l->sorted, &l->inv,  &fault};
     void *ua[] = {&l->x,      &l->gate_up_w, &l->h,      &l->n_tiles, &l->offsets,
                   &l->tile_e, &l->tile_r,    &l->sorted, &l->gu_map,  &l->w_tma};
     void *da[] = {&l->h,      &l->down_w, &l->y,      &l->n_tiles, &l->offsets,
                   &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma, &l->h_map};
     void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
-    const unsigned one[3] = {1, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
+    const unsigned slices[3] = {l->slices, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
                    cb[3] = {l->tokens, 1, 1};
     kiln_status st;
-    if ((st = kiln__launch_ex(ctx, l->rt, l->group, one, GROUP_THREADS, 0, ga, KILN__LAUNCH_PDL)) ||
+    if ((l->slices > 1 && (st = kiln__launch_ex(ctx, l->rt, l->count, slices, GROUP_THREADS, 0, na, KILN__LAUNCH_PDL))) ||
+        (st = kiln__launch_ex(ctx, l->rt, l->group, slices, GROUP_THREADS, 0, ga, KILN__LAUNCH_PDL)) ||
         (st = kiln__launch_ex(ctx, l->rt, l->gate_up, gu, l->gemm_threads, l->smem, ua, KILN__LAUNCH_PDL)) ||
         (st = kiln__launch_ex(ctx, l->rt, l->down, dn, l->gemm_threads, l->smem, da, KILN__LAUNCH_PDL)))
         return st;
@@ -499,6 +507,7 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     if ((st = kiln_op_moe_experts_spec(elt, H, I, E, K, &spec)) || (st = kiln_jit_acquire(jit, &spec, &k)) ||
         (wg && ((st = spec_of(WGMMA_TEMPLATE, elt, H, I, E, K, &spec)) ||
                 (st = kiln_jit_acquire(jit, &spec, &kw)))) ||
+        (st = function(rt, err, k, "kiln_moe_count", 0, &l->count)) ||
         (st = function(rt, err, k, "kiln_moe_group", 0, &l->group)) ||
         (st = function(rt, err, wg ? kw : k, tl->gate_up, l->smem, &l->gate_up)) ||
         (st = function(rt, err, wg ? kw : k, tl->down, l->smem, &l->down)) ||
@@ -522,12 +531,14 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
     l->tile_r = ws + w.tile_r;
     l->sorted = ws + w.sorted;
     l->inv = ws + w.inv;
+    l->hist = ws + w.hist;
     l->h = ws + w.h;
     l->y = ws + w.y;
     l->tokens = (uint32_t)T;
     l->pairs = (uint32_t)P;
     l->rows = tl->rows;
     l->max_tiles = w.max_tiles;
+    l->slices = w.slices;
     l->gu_cols = (uint32_t)I / tl->cols_gu;
     l->down_cols = (uint32_t)H / tl->cols_down;
     l->gemm_threads = tl->threads;
@@ -552,7 +563,8 @@ kiln_status kiln_op_moe_experts_encode(kiln_jit *jit, const kiln_moe_experts_des
         if (t[i])
             regions[n++] = kiln__tensor_region(t[i], bytes[i]);
     regions[n++] = *d.workspace;
-    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)T, .dispatches = 4, .regions = regions,
+    const kiln__kernel_command_desc cd = {.op = OP, .tokens = (uint32_t)T,
+                                          .dispatches = w.slices > 1 ? 5 : 4, .regions = regions,
                                           .n_regions = n, .enqueue = enqueue, .user = l, .kernel = k,
                                           KILN__PARAMS(params)};
     return kiln__kernel_command(rt, &cd, cmd);

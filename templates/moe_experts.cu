@@ -1,8 +1,10 @@
-// Routed SwiGLU experts (include/kiln/op_moe.h is the contract), four
-// launches over a workspace the provider lays out:
-//   kiln_moe_group     one block: the (token, slot) pairs counted per expert,
-//                      their offsets, a list of row tiles of bm rows (each
-//                      within one expert) and the permutation both ways;
+// Routed SwiGLU experts (include/kiln/op_moe.h is the contract), four or
+// five launches over a workspace the provider lays out:
+//   kiln_moe_count     where the pairs need more than one grouping block:
+//                      each slice's pairs counted per expert;
+//   kiln_moe_group     the (token, slot) pairs' offsets per expert, a list of
+//                      row tiles of bm rows (each within one expert) and the
+//                      permutation both ways, a block a slice;
 //   kiln_moe_gate_up_* per (column tile, row tile): h = elt(silu(g) u) of the
 //                      tile's rows, [g | u] = x[token] gate_up[e]^T in f32;
 //   kiln_moe_down_*    per (column tile, row tile): y = elt(h down[e]^T);
@@ -19,6 +21,7 @@
 #include "kiln_reduce.cuh" // kiln_block_sum, kiln_e8_to_f32, kiln_f32_to_e8
 #include "kiln_moe.cuh"     // KILN_MOE_GEMM_ARGS
 
+//! kiln:entry kiln_moe_count
 //! kiln:entry kiln_moe_group
 //! kiln:entry kiln_moe_gate_up_s
 //! kiln:entry kiln_moe_down_s
@@ -40,28 +43,99 @@
 #error "KILN_HIDDEN must be a multiple of 128, KILN_INTER of 64, KILN_EXPERTS in [1, 512], KILN_TOP_K in [1, min(16, experts)]"
 #endif
 
-// Grouping. The scan is one warp's: lane l owns experts [l EPL, (l + 1) EPL).
+// Grouping. Where the pairs pass SLICE, kiln_moe_count writes each slice's
+// counts an expert (hist[b E + e], slice b) and kiln_moe_group runs a block
+// a slice, each placing its own pairs after the slices before it; else one
+// block counts and places every pair. A block of one slice reads its ids
+// once, all in flight before any is used: one block of 1024 threads taking
+// 32768 pairs a load at a time was 49 us of the 4096-token layer (ncu,
+// bench_moe --tokens 4096), two dependent loads a pair and every scattered
+// store from one SM. The scan is one warp's: lane l owns experts
+// [l EPL, (l + 1) EPL).
 #define EPL ((E + 31) / 32)
+#define SLICE 2048                       // pairs a block where there are several blocks
+#define PER (SLICE / GROUP_THREADS)      // a thread's pairs of a slice
+
+// Thread tid's PER ids of pairs [p0, p1) (NO_ROW past p1), all loads issued first.
+__device__ __forceinline__ void load_ids(const kiln_u32 *__restrict__ ids, kiln_u32 p0, kiln_u32 p1,
+                                         kiln_u32 (&v)[PER])
+{
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const kiln_u32 p = p0 + threadIdx.x + j * GROUP_THREADS;
+        v[j] = p < p1 ? ids[p] : NO_ROW;
+    }
+}
+
+// Counts the ids of pairs [p0, p1) into cnt; reports an id past the experts.
+__device__ __forceinline__ void count_ids(const kiln_u32 *__restrict__ ids, kiln_u32 p0, kiln_u32 p1,
+                                          kiln_u32 *cnt, kiln_fault *fault)
+{
+    for (kiln_u32 q = p0; q < p1; q += SLICE) {
+        kiln_u32 v[PER];
+        load_ids(ids, q, p1, v);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const kiln_u32 p = q + threadIdx.x + j * GROUP_THREADS;
+            if (v[j] < E)
+                atomicAdd(&cnt[v[j]], 1u);
+            else if (p < p1)
+                kiln_report_fault(fault, KILN_FAULT_MOE_EXPERT_ID, p, v[j], E);
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
-kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, kiln_u32 *__restrict__ n_tiles,
-               kiln_u32 *__restrict__ offsets, kiln_u32 *__restrict__ tile_e, kiln_u32 *__restrict__ tile_r,
-               kiln_u32 *__restrict__ sorted, kiln_u32 *__restrict__ inv, kiln_fault *fault)
+kiln_moe_count(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 *__restrict__ hist, kiln_fault *fault)
 {
     kiln_grid_dependency_sync();
-    __shared__ kiln_u32 cnt[E], off[E + 1], toff[E + 1], fill[E];
-    const kiln_u32 tid = threadIdx.x;
+    __shared__ kiln_u32 cnt[E];
+    for (kiln_u32 e = threadIdx.x; e < E; e += GROUP_THREADS)
+        cnt[e] = 0;
+    __syncthreads();
+    const kiln_u32 p0 = blockIdx.x * SLICE;
+    count_ids(ids, p0, min(p0 + SLICE, pairs), cnt, fault);
+    __syncthreads();
+    for (kiln_u32 e = threadIdx.x; e < E; e += GROUP_THREADS)
+        hist[blockIdx.x * E + e] = cnt[e];
+}
+
+extern "C" __global__ void __launch_bounds__(GROUP_THREADS)
+kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, const kiln_u32 *__restrict__ hist,
+               kiln_u32 *__restrict__ n_tiles, kiln_u32 *__restrict__ offsets, kiln_u32 *__restrict__ tile_e,
+               kiln_u32 *__restrict__ tile_r, kiln_u32 *__restrict__ sorted, kiln_u32 *__restrict__ inv,
+               kiln_fault *fault)
+{
+    kiln_grid_dependency_sync();
+    __shared__ kiln_u32 cnt[E], before[E], off[E + 1], toff[E + 1];
+    const kiln_u32 tid = threadIdx.x, b = blockIdx.x, nb = gridDim.x;
+    const kiln_u32 p0 = b * SLICE, p1 = nb > 1 ? min(p0 + SLICE, pairs) : pairs;
     for (kiln_u32 e = tid; e < E; e += GROUP_THREADS) {
         cnt[e] = 0;
-        fill[e] = 0;
+        before[e] = 0;
     }
     __syncthreads();
-    for (kiln_u32 p = tid; p < pairs; p += GROUP_THREADS) {
-        const kiln_u32 id = ids[p];
-        if (id < E)
-            atomicAdd(&cnt[id], 1u);
-        else
-            kiln_report_fault(fault, KILN_FAULT_MOE_EXPERT_ID, p, id, E);
+    if (nb == 1) {
+        count_ids(ids, 0, pairs, cnt, fault);
+    } else {
+        // Every slice's counts (kiln_moe_count's), and those of the slices before this one.
+        for (kiln_u32 i0 = 0; i0 < nb * E; i0 += 4 * GROUP_THREADS) {
+            kiln_u32 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const kiln_u32 i = i0 + tid + j * GROUP_THREADS;
+                v[j] = i < nb * E ? hist[i] : 0;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const kiln_u32 i = i0 + tid + j * GROUP_THREADS;
+                if (v[j]) {
+                    atomicAdd(&cnt[i % E], v[j]);
+                    if (i / E < b)
+                        atomicAdd(&before[i % E], v[j]);
+                }
+            }
+        }
     }
     __syncthreads();
     if (tid < 32) {
@@ -95,34 +169,46 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, ki
         if (tid == 31) {
             off[E] = r;
             toff[E] = t;
-            *n_tiles = t;
+            if (b == 0)
+                *n_tiles = t;
         }
     }
     __syncthreads();
-    for (kiln_u32 e = tid; e <= E; e += GROUP_THREADS)
-        offsets[e] = off[e];
-    // Tile i belongs to the first expert e with toff[e + 1] > i (one that has
-    // tiles: toff[e] <= i); a thread a tile, whatever the routing.
-    for (kiln_u32 i = tid, n = toff[E]; i < n; i += GROUP_THREADS) {
-        kiln_u32 lo = 0, hi = E - 1;
-        while (lo < hi) {
-            const kiln_u32 mid = (lo + hi) / 2;
-            if (toff[mid + 1] > i)
-                hi = mid;
-            else
-                lo = mid + 1;
+    if (b == 0) {
+        for (kiln_u32 e = tid; e <= E; e += GROUP_THREADS)
+            offsets[e] = off[e];
+        // Tile i belongs to the first expert e with toff[e + 1] > i (one that
+        // has tiles: toff[e] <= i); a thread a tile, whatever the routing.
+        for (kiln_u32 i = tid, n = toff[E]; i < n; i += GROUP_THREADS) {
+            kiln_u32 lo = 0, hi = E - 1;
+            while (lo < hi) {
+                const kiln_u32 mid = (lo + hi) / 2;
+                if (toff[mid + 1] > i)
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            tile_e[i] = lo;
+            tile_r[i] = off[lo] + (i - toff[lo]) * bm;
         }
-        tile_e[i] = lo;
-        tile_r[i] = off[lo] + (i - toff[lo]) * bm;
     }
-    for (kiln_u32 p = tid; p < pairs; p += GROUP_THREADS) {
-        const kiln_u32 id = ids[p];
-        kiln_u32 pos = NO_ROW;
-        if (id < E) {
-            pos = off[id] + atomicAdd(&fill[id], 1u);
-            sorted[pos] = p;
+    // This block's pairs, after the slices before it: the next free row of
+    // their expert (before[] counts on as the fill).
+    for (kiln_u32 q = p0; q < p1; q += SLICE) {
+        kiln_u32 v[PER];
+        load_ids(ids, q, p1, v);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const kiln_u32 p = q + tid + j * GROUP_THREADS;
+            if (p < p1) {
+                kiln_u32 pos = NO_ROW;
+                if (v[j] < E) {
+                    pos = off[v[j]] + atomicAdd(&before[v[j]], 1u);
+                    sorted[pos] = p;
+                }
+                inv[p] = pos;
+            }
         }
-        inv[p] = pos;
     }
 }
 

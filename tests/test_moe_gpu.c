@@ -463,8 +463,8 @@ static void moe_expect_right(moe *m, const char *what)
 
 /* The launches of a command of T tokens of top_k K: on sm_90 for at most 8
  * tokens and 16 pairs (64 with KILN_MOE_TMA=1; none with KILN_MOE_TMA=0),
- * the TMA decode products and the combine; else the group, the two products
- * and the combine. */
+ * the TMA decode products and the combine; else the group (after the count,
+ * past 2048 pairs), the two products and the combine. */
 static uint32_t moe_dispatches(fixture *f, uint32_t tokens, uint32_t top_k)
 {
     kiln_runtime_info info;
@@ -472,7 +472,7 @@ static uint32_t moe_dispatches(fixture *f, uint32_t tokens, uint32_t top_k)
     const char *env = getenv("KILN_MOE_TMA");
     const uint32_t most = env && !strcmp(env, "1") ? 64 : 16;
     const int tma = !strcmp(info.arch, "sm_90") && tokens <= 8 && tokens * top_k <= most && (!env || strcmp(env, "0"));
-    return tma ? 3 : 4;
+    return tma ? 3 : tokens * top_k > 2048 ? 5 : 4; /* kiln_moe_count past 2048 pairs */
 }
 
 /* Replays cmd (encoded for m) once per pool, each time over a new routing
@@ -530,7 +530,8 @@ static void experts_case(fixture *f, int bf16, const moe_case *c, uint32_t pool)
 
 /* A decode step's batches (Qwen3-30B-A3B's hidden and inter among them),
  * the 16-row tile (under 32 rows an expert on average) and the prefill tile
- * (rows per expert not a multiple of 64), a single expert, the limits. */
+ * (rows per expert not a multiple of 64), a single expert, the limits, and
+ * 512 experts grouped by three blocks (4800 pairs: slices of 2048). */
 static void test_experts_against_float64(void **state)
 {
     fixture *f = *state;
@@ -539,7 +540,7 @@ static void test_experts_against_float64(void **state)
         {600, 256, 128, 8, 2, 0, 0},   {300, 384, 128, 128, 8, 0, 0}, {9, 128, 64, 1, 1, 0, 0},
         {20, 256, 64, 512, 16, 0, 0},  {1000, 128, 64, 4, 4, 0, 0}, {8, 256, 128, 64, 8, 0, 0},
         {9, 256, 128, 64, 8, 0, 0},    {4, 256, 64, 512, 16, 0, 0}, {7, 128, 64, 1, 1, 0, 0},
-        {2, 2048, 768, 8, 8, 0, 0},    {16, 256, 128, 64, 16, 0, 0},
+        {2, 2048, 768, 8, 8, 0, 0},    {16, 256, 128, 64, 16, 0, 0}, {300, 256, 64, 512, 16, 0, 0},
     };
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -586,13 +587,14 @@ static void run_ids_right(fixture *f, moe *m, int bad, const char *needle, const
 
 /* Ids at or past experts: the fault record names moe_experts and the lowest
  * bad pair's id at the next synchronization, the bad slots add nothing, every
- * other slot is right; the fault clears and the op goes on. Through the
- * immediate call (the runtime's stream). */
+ * other slot is right; the fault clears and the op goes on, with one
+ * grouping block and with three (4400 pairs). Through the immediate call
+ * (the runtime's stream). */
 static void test_experts_bad_ids_reported(void **state)
 {
     fixture *f = *state;
     static const moe_case cases[] = {{50, 256, 128, 16, 4, 0, 0}, {600, 256, 128, 8, 2, 1, 1},
-                                     {6, 256, 128, 16, 4, 1, 1}};
+                                     {6, 256, 128, 16, 4, 1, 1},  {1100, 256, 128, 16, 4, 0, 0}};
     for (int b = 0; b < 2; b++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             const moe_case *c = &cases[i];
