@@ -67,21 +67,28 @@ __device__ __forceinline__ void load_ids(const kiln_u32 *__restrict__ ids, kiln_
     }
 }
 
-// Counts the ids of pairs [p0, p1) into cnt; reports an id past the experts.
+// Counts ids v of pairs [q, p1) (load_ids') into cnt; reports an id past the experts.
+__device__ __forceinline__ void count_slice(const kiln_u32 (&v)[PER], kiln_u32 q, kiln_u32 p1, kiln_u32 *cnt,
+                                            kiln_fault *fault)
+{
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const kiln_u32 p = q + threadIdx.x + j * GROUP_THREADS;
+        if (v[j] < E)
+            atomicAdd(&cnt[v[j]], 1u);
+        else if (p < p1)
+            kiln_report_fault(fault, KILN_FAULT_MOE_EXPERT_ID, p, v[j], E);
+    }
+}
+
+// Counts the ids of pairs [p0, p1) into cnt.
 __device__ __forceinline__ void count_ids(const kiln_u32 *__restrict__ ids, kiln_u32 p0, kiln_u32 p1,
                                           kiln_u32 *cnt, kiln_fault *fault)
 {
     for (kiln_u32 q = p0; q < p1; q += SLICE) {
         kiln_u32 v[PER];
         load_ids(ids, q, p1, v);
-#pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const kiln_u32 p = q + threadIdx.x + j * GROUP_THREADS;
-            if (v[j] < E)
-                atomicAdd(&cnt[v[j]], 1u);
-            else if (p < p1)
-                kiln_report_fault(fault, KILN_FAULT_MOE_EXPERT_ID, p, v[j], E);
-        }
+        count_slice(v, q, p1, cnt, fault);
     }
 }
 
@@ -110,29 +117,32 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, co
     __shared__ kiln_u32 cnt[E], before[E], off[E + 1], toff[E + 1];
     const kiln_u32 tid = threadIdx.x, b = blockIdx.x, nb = gridDim.x;
     const kiln_u32 p0 = b * SLICE, p1 = nb > 1 ? min(p0 + SLICE, pairs) : pairs;
+    kiln_u32 v[PER]; // the first slice's ids, asked for before the counts: the two loads overlap
+    load_ids(ids, p0, p1, v);
     for (kiln_u32 e = tid; e < E; e += GROUP_THREADS) {
         cnt[e] = 0;
         before[e] = 0;
     }
     __syncthreads();
     if (nb == 1) {
-        count_ids(ids, 0, pairs, cnt, fault);
+        count_slice(v, p0, p1, cnt, fault);
+        count_ids(ids, p0 + SLICE, p1, cnt, fault);
     } else {
         // Every slice's counts (kiln_moe_count's), and those of the slices before this one.
         for (kiln_u32 i0 = 0; i0 < nb * E; i0 += 4 * GROUP_THREADS) {
-            kiln_u32 v[4];
+            kiln_u32 h[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const kiln_u32 i = i0 + tid + j * GROUP_THREADS;
-                v[j] = i < nb * E ? hist[i] : 0;
+                h[j] = i < nb * E ? hist[i] : 0;
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const kiln_u32 i = i0 + tid + j * GROUP_THREADS;
-                if (v[j]) {
-                    atomicAdd(&cnt[i % E], v[j]);
+                if (h[j]) {
+                    atomicAdd(&cnt[i % E], h[j]);
                     if (i / E < b)
-                        atomicAdd(&before[i % E], v[j]);
+                        atomicAdd(&before[i % E], h[j]);
                 }
             }
         }
@@ -195,8 +205,8 @@ kiln_moe_group(const kiln_u32 *__restrict__ ids, kiln_u32 pairs, kiln_u32 bm, co
     // This block's pairs, after the slices before it: the next free row of
     // their expert (before[] counts on as the fill).
     for (kiln_u32 q = p0; q < p1; q += SLICE) {
-        kiln_u32 v[PER];
-        load_ids(ids, q, p1, v);
+        if (q != p0)
+            load_ids(ids, q, p1, v);
 #pragma unroll
         for (int j = 0; j < PER; j++) {
             const kiln_u32 p = q + tid + j * GROUP_THREADS;
