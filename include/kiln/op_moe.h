@@ -90,6 +90,7 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * overlap nothing written. The workspace (kiln_op_moe_experts_workspace
  * bytes, 256-byte aligned) holds the grouping, h and y.
  * Four launches: the (token, slot) pairs grouped by expert on the device (a
+ * count kernel first past 2048 pairs, then a block a slice of 2048; a
  * permutation and a tile list in the workspace: the host never sees the
  * routing, so one command serves every step whatever it routes); the gate_up
  * product of every selected expert's rows with its silu(g)·u epilogue, one
@@ -106,7 +107,8 @@ KILN_API kiln_status kiln_op_moe_router_workspace(int64_t tokens, int64_t expert
  * synchronization, naming the pair and the id) and its slot adds nothing.
  * Replayable (its key: the kernel's fingerprint, every binding's address,
  * T, the tile size, or on the TMA path its stages and threads). Attribution:
- * op "moe_experts", tokens T, 4 dispatches (3 on the TMA path).
+ * op "moe_experts", tokens T, 4 dispatches (5 past 2048 pairs, 3 on the
+ * TMA path).
  * Checked at encode as the router is (KILN_ERR_RUNTIME_CONTRACT naming the
  * binding, the expected and the actual). */
 typedef struct kiln_moe_experts_desc {
