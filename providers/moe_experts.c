@@ -300,10 +300,11 @@ static kiln_status enqueue(void *user, const kiln_launch_context *ctx)
     void *da[] = {&l->h,      &l->down_w, &l->y,      &l->n_tiles, &l->offsets,
                   &l->tile_e, &l->tile_r, &l->sorted, &l->dn_map,  &l->w_tma, &l->h_map};
     void *ca[] = {&l->y, &l->inv, &l->weights, &l->x, &l->shared, &l->shared_gate, &l->out};
-    const unsigned slices[3] = {l->slices, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1}, dn[3] = {l->down_cols, l->max_tiles, 1},
-                   cb[3] = {l->tokens, 1, 1};
+    const unsigned slices[3] = {l->slices, 1, 1}, gu[3] = {l->gu_cols, l->max_tiles, 1},
+                   dn[3] = {l->down_cols, l->max_tiles, 1}, cb[3] = {l->tokens, 1, 1};
     kiln_status st;
-    if ((l->slices > 1 && (st = kiln__launch_ex(ctx, l->rt, l->count, slices, GROUP_THREADS, 0, na, KILN__LAUNCH_PDL))) ||
+    if ((l->slices > 1 &&
+         (st = kiln__launch_ex(ctx, l->rt, l->count, slices, GROUP_THREADS, 0, na, KILN__LAUNCH_PDL))) ||
         (st = kiln__launch_ex(ctx, l->rt, l->group, slices, GROUP_THREADS, 0, ga, KILN__LAUNCH_PDL)) ||
         (st = kiln__launch_ex(ctx, l->rt, l->gate_up, gu, l->gemm_threads, l->smem, ua, KILN__LAUNCH_PDL)) ||
         (st = kiln__launch_ex(ctx, l->rt, l->down, dn, l->gemm_threads, l->smem, da, KILN__LAUNCH_PDL)))
