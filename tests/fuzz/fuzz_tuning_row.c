@@ -14,8 +14,9 @@
  *   byte  0       mode: bit 0 id as given (else computed), bit 1 checksum as
  *                 given (else computed), bit 2 payload stored as text, bit 3
  *                 kind stored as an integer (its length: SQLite keeps it as
- *                 decimal text in the TEXT column, so a kind that is that
- *                 text is still valid), bit 4 a coverage record
+ *                 decimal text in the TEXT column; computed digests cover
+ *                 that text, and the lookup still asks for the kind bytes),
+ *                 bit 4 a coverage record
  *   byte  1       kind length; bytes 2..3 key length (little-endian)
  *   bytes 4..35   the id field; bytes 36..67 the checksum field
  *   then          kind, key, then the payload (a record's needs) to the end
@@ -150,16 +151,6 @@ static void bind_text_or(sqlite3_stmt *q, int i, const uint8_t *s, size_t n, int
         sqlite3_bind_text(q, i, (const char *)s, (int)n, SQLITE_TRANSIENT);
 }
 
-/* Whether the column bind_text_or(..., as_int) stored holds s: an integer
- * (n) bound to a TEXT column is stored as its decimal text, so the row then
- * holds s exactly when s is that text. */
-static int stored_as(const uint8_t *s, size_t n, int as_int)
-{
-    char text[24];
-    const int k = snprintf(text, sizeof text, "%d", (int)n);
-    return !as_int || ((size_t)k == n && !memcmp(text, s, n));
-}
-
 typedef struct seen {
     int n, valid;
 } seen;
@@ -188,6 +179,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *key = rest + kind_len, *payload = key + key_len;
     size_t payload_len = left - kind_len - key_len;
     g_stats.inputs++;
+    /* The kind as the row holds it: an integer (its length) bound to the TEXT
+     * column is stored as its decimal text, and the digests a writer computed
+     * over that text make a valid row. */
+    char kind_text[24];
+    const uint8_t *stored = kind;
+    size_t stored_len = kind_len;
+    if (mode & 8) {
+        stored_len = (size_t)snprintf(kind_text, sizeof kind_text, "%d", (int)kind_len);
+        stored = (const uint8_t *)kind_text;
+    }
+    const int stored_is_kind = stored_len == kind_len && !memcmp(stored, kind, kind_len);
     sqlite3_exec(g.db, "DELETE FROM tuning; DELETE FROM coverage;", NULL, NULL, NULL);
 
     uint8_t id[32], sum[32];
@@ -199,8 +201,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t want_id[32], want_sum[32];
         H(ip, in, 5, want_id);
         memcpy(id, mode & 1 ? head + 4 : want_id, 32);
-        const void *cp[] = {"kiln-coverage-1", id, kind, digest, key, "sm_90", "13.0", payload};
-        const size_t cn[] = {15, 32, kind_len, 64, key_len, 5, 4, payload_len};
+        const void *cp[] = {"kiln-coverage-1", id, stored, digest, key, "sm_90", "13.0", payload};
+        const size_t cn[] = {15, 32, stored_len, 64, key_len, 5, 4, payload_len};
         H(cp, cn, 8, want_sum);
         memcpy(sum, mode & 2 ? head + 36 : want_sum, 32);
         const int digests_ok = !memcmp(id, want_id, 32) && !memcmp(sum, want_sum, 32);
@@ -220,8 +222,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sqlite3_bind_blob(ins, 6, sum, 32, SQLITE_STATIC);
         FUZZ_CHECK(sqlite3_step(ins) == SQLITE_DONE, "insert: %s", sqlite3_errmsg(g.db));
         sqlite3_finalize(ins);
-        const int want = digests_ok && !(mode & 4) && stored_as(kind, kind_len, mode & 8) && kind_len > 0 &&
-                         !memchr(kind, 0, kind_len) &&
+        const int want = digests_ok && !(mode & 4) && stored_len > 0 && !memchr(stored, 0, stored_len) &&
                          !memchr(key, 0, key_len) && needs_ok(payload, payload_len);
         seen s = {0};
         FUZZ_CHECK(kiln_cache_coverage_foreach(g.cache, on_record, &s) == KILN_OK, "foreach: %s", kiln_errmsg());
@@ -233,13 +234,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t lines;
         (void)kiln__coverage_needs_check((const char *)payload, payload_len, &lines, detail, sizeof detail);
     } else {
-        const void *ip[] = {"kiln-tuning-id-1", kind, key};
-        const size_t in[] = {16, kind_len, key_len};
+        const void *ip[] = {"kiln-tuning-id-1", stored, key};
+        const size_t in[] = {16, stored_len, key_len};
         uint8_t want_id[32], want_sum[32];
         H(ip, in, 3, want_id);
         memcpy(id, mode & 1 ? head + 4 : want_id, 32);
-        const void *cp[] = {"kiln-tuning-1", id, kind, key, payload};
-        const size_t cn[] = {13, 32, kind_len, key_len, payload_len};
+        const void *cp[] = {"kiln-tuning-1", id, stored, key, payload};
+        const size_t cn[] = {13, 32, stored_len, key_len, payload_len};
         H(cp, cn, 5, want_sum);
         memcpy(sum, mode & 2 ? head + 36 : want_sum, 32);
         const int digests_ok = !memcmp(id, want_id, 32) && !memcmp(sum, want_sum, 32);
@@ -268,7 +269,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const void *lp[] = {"kiln-tuning-id-1", kbuf, ybuf};
         const size_t ln[] = {16, strlen(kbuf), strlen(ybuf)};
         H(lp, ln, 3, lookup);
-        const int valid = exact && args_ok && digests_ok && !(mode & 4) && stored_as(kind, kind_len, mode & 8) &&
+        const int valid = exact && args_ok && digests_ok && !(mode & 4) && stored_is_kind &&
                           payload_len >= 1 &&
                           payload_len <= KILN_TUNING_PAYLOAD_MAX;
         const int same_id = !memcmp(lookup, id, 32);
